@@ -1,0 +1,66 @@
+# One entry point. `make run` and `make test` set everything up on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_OUT := edge/node/_proto
+PROTO_SRC := protos/iop/node/v1/node.proto
+
+.PHONY: setup proto proto-check run sim test chaos bench lint format typecheck check clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+# Regenerate the betterproto2 code from the .proto (committed; CI checks it is current).
+proto: $(STAMP)
+	rm -rf $(PROTO_OUT)
+	mkdir -p $(PROTO_OUT)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
+		--python_betterproto2_out=$(PROTO_OUT) \
+		--python_betterproto2_opt=client_generation=async,server_generation=async \
+		$(PROTO_SRC)
+
+proto-check: $(STAMP)
+	@tmp=$$(mktemp -d) && \
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
+		--python_betterproto2_out=$$tmp \
+		--python_betterproto2_opt=client_generation=async,server_generation=async \
+		$(PROTO_SRC) >/dev/null && \
+	diff -r $$tmp $(PROTO_OUT) -x __pycache__ >/dev/null && rm -rf $$tmp && echo "generated code is current" || \
+	{ echo "edge/node/_proto is stale: run 'make proto'"; rm -rf $$tmp; exit 1; }
+
+run: $(STAMP)
+	$(BIN)/iop-edge --config config.toml
+
+sim: $(STAMP)
+	$(BIN)/iop-sim-node --listen 127.0.0.1:50051
+
+test: $(STAMP)
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q tests
+
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: lint typecheck proto-check test
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,5 @@
+import sys
+
+from edge.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The OpenAI wire format: pure, no I/O."""

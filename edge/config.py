@@ -1,0 +1,256 @@
+"""Typed configuration from TOML, and one clear error line per mistake.
+
+`load_config(path)` returns a frozen `Config` or raises `ConfigError` whose
+message names the file and the key. Unknown keys are errors. This module
+knows nothing of the daemon that uses it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edge.stream.sentinel import DEFAULT_SENTINELS
+from edge.stream.toolparse import DEFAULT_FORMATS
+
+REASONING_PARSERS = ("none", "think", "think_start")
+
+
+class ConfigError(Exception):
+    """A configuration mistake; the message is one line naming the file and key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    listen: str = "127.0.0.1:8080"
+    api_keys: tuple[str, ...] = ()
+    api_keys_file: str | None = None
+    drain_timeout_s: float = 30.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    # SSE comment sent while waiting for the first token; 0 = never.
+    keepalive_s: float = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    level: str = "INFO"
+    format: str = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class TimeoutsConfig:
+    first_event_s: float = 120.0
+    idle_s: float = 60.0
+    total_s: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    name: str
+    address: str
+
+    @property
+    def embedded(self) -> bool:
+        return self.address == "embedded"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Per-model output settings (`[models.NAME]`)."""
+
+    strict: bool = False
+    stream_buffer: bool = False
+    reasoning_parser: str = "none"
+    tool_call_formats: tuple[str, ...] = DEFAULT_FORMATS
+    sentinels: tuple[str, ...] = DEFAULT_SENTINELS
+    trace_stream: bool = False
+
+
+DEFAULT_MODEL = ModelConfig()
+# The simulated models write <think> into content like the models they stand for.
+SIM_MODEL = ModelConfig(reasoning_parser="think")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    nodes: tuple[NodeConfig, ...] = (NodeConfig("embedded", "embedded"),)
+    models: Mapping[str, ModelConfig] = field(default_factory=dict)
+    source: str = "<defaults>"
+
+    def model(self, name: str) -> ModelConfig:
+        found = self.models.get(name)
+        if found is not None:
+            return found
+        return SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
+
+
+class _Reader:
+    """Reads one table, checking types and rejecting unknown keys."""
+
+    def __init__(self, source: str, prefix: str, table: object) -> None:
+        self.source = source
+        self.prefix = prefix
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [{prefix}] must be a table")
+        self.table: dict[str, Any] = dict(table)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {self._key(key)}: {message}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        if key not in self.table:
+            return default
+        value = self.table.pop(key)
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            raise self.fail(key, f"expected {_names(kinds)}, got a boolean")
+        if not isinstance(value, kinds):
+            raise self.fail(key, f"expected {_names(kinds)}, got {type(value).__name__}")
+        return value
+
+    def number(self, key: str, default: float, *, minimum: float = 0.0) -> float:
+        value = float(self.get(key, (int, float), default))
+        if value < minimum:
+            raise self.fail(key, f"must be >= {minimum}")
+        return value
+
+    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self.get(key, list, None)
+        if value is None:
+            return default
+        if not all(isinstance(v, str) for v in value):
+            raise self.fail(key, "expected a list of strings")
+        return tuple(value)
+
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        value = str(self.get(key, str, default))
+        if value not in choices:
+            raise self.fail(key, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def done(self) -> None:
+        for key in self.table:
+            raise ConfigError(f"{self.source}: unknown key {self._key(key)}")
+
+
+def _names(kinds: tuple[type, ...]) -> str:
+    return " or ".join({int: "an integer", float: "a number", str: "a string", bool: "a boolean",
+                        list: "a list", dict: "a table"}.get(k, k.__name__) for k in kinds)
+
+
+def parse_config(doc: Mapping[str, Any], source: str) -> Config:
+    root = _Reader(source, "", doc)
+    srv, tmo = ServerConfig(), TimeoutsConfig()
+
+    r = _Reader(source, "server", root.get("server", dict, {}))
+    server = ServerConfig(
+        listen=r.get("listen", str, srv.listen),
+        api_keys=r.strings("api_keys", ()),
+        api_keys_file=r.get("api_keys_file", str, None),
+        drain_timeout_s=r.number("drain_timeout_s", srv.drain_timeout_s),
+        max_body_bytes=int(r.number("max_body_bytes", srv.max_body_bytes, minimum=1024)),
+        keepalive_s=r.number("keepalive_s", srv.keepalive_s),
+    )
+    _check_listen(r, server.listen)
+    r.done()
+
+    r = _Reader(source, "log", root.get("log", dict, {}))
+    log = LogConfig(
+        level=r.choice("level", "INFO", ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR")),
+        format=r.choice("format", "text", ("text", "json")),
+    )
+    r.done()
+
+    r = _Reader(source, "timeouts", root.get("timeouts", dict, {}))
+    timeouts = TimeoutsConfig(
+        first_event_s=r.number("first_event_s", tmo.first_event_s, minimum=0.001),
+        idle_s=r.number("idle_s", tmo.idle_s, minimum=0.001),
+        total_s=r.number("total_s", tmo.total_s, minimum=0.001),
+    )
+    r.done()
+
+    nodes: list[NodeConfig] = []
+    raw_nodes = root.get("nodes", list, None)
+    if raw_nodes is not None:
+        for i, raw in enumerate(raw_nodes):
+            r = _Reader(source, f"nodes[{i}]", raw)
+            address = r.get("address", str, None)
+            if address is None:
+                raise r.fail("address", "missing (HOST:PORT or \"embedded\")")
+            name = r.get("name", str, address)
+            if address != "embedded":
+                _check_address(r, "address", address)
+            r.done()
+            if any(n.name == name for n in nodes):
+                raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
+            nodes.append(NodeConfig(name=name, address=address))
+
+    models: dict[str, ModelConfig] = {}
+    for name, raw in root.get("models", dict, {}).items():
+        r = _Reader(source, f"models.{name}", raw)
+        base = SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
+        formats = r.strings("tool_call_formats", base.tool_call_formats)
+        for fmt in formats:
+            if fmt not in DEFAULT_FORMATS:
+                raise r.fail("tool_call_formats", f"unknown format {fmt!r} "
+                             f"(known: {', '.join(DEFAULT_FORMATS)})")
+        models[name] = ModelConfig(
+            strict=r.get("strict", bool, base.strict),
+            stream_buffer=r.get("stream_buffer", bool, base.stream_buffer),
+            reasoning_parser=r.choice("reasoning_parser", base.reasoning_parser, REASONING_PARSERS),
+            tool_call_formats=formats,
+            sentinels=r.strings("sentinels", base.sentinels),
+            trace_stream=r.get("trace_stream", bool, base.trace_stream),
+        )
+        r.done()
+    root.done()
+    return Config(
+        server=server,
+        log=log,
+        timeouts=timeouts,
+        nodes=tuple(nodes) if raw_nodes is not None else Config().nodes,
+        models=models,
+        source=source,
+    )
+
+
+def _check_listen(r: _Reader, value: str) -> None:
+    _check_address(r, "listen", value)
+
+
+def _check_address(r: _Reader, key: str, value: str) -> None:
+    try:
+        split_address(value)
+    except ValueError as exc:
+        raise r.fail(key, str(exc)) from None
+
+
+def split_address(value: str) -> tuple[str, int]:
+    """`HOST:PORT` as (host, port); raises ValueError with a readable message."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def load_config(path: Path) -> Config:
+    """Read `path`; a missing file is an error (the caller decides about defaults)."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    return parse_config(doc, source)

@@ -1,0 +1,129 @@
+"""The daemon: the root nursery that holds the server, the nodes and the runs.
+
+`serve(config)` opens the asyncio loop the node bridge needs, starts any
+embedded simulated node, learns the nodes' models, and serves HTTP with
+hypercorn's trio worker until `shutdown` is set. Runs live in their own
+nursery, so a stream can outlive the handler that started it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+from loguru import logger
+
+from edge.config import Config, split_address
+from edge.http.app import create_app
+from edge.http.chat import ChatService, OutcomeHook
+from edge.node.bridge import asyncio_loop
+from edge.node.client import GrpcNodeClient, NodeClient
+from edge.node.embedded import embedded_node
+from edge.node.pool import NodePool
+
+
+@dataclass
+class Edge:
+    """A running edge, as `serve` reports it through `task_status`."""
+
+    url: str
+    pool: NodePool
+    chat: ChatService
+    shutdown: trio.Event
+    embedded: list[object] = field(default_factory=list)
+
+
+def _hypercorn_config(listen: str) -> HypercornConfig:
+    hc = HypercornConfig()
+    hc.bind = [listen]
+    hc.backlog = 2048
+    hc.graceful_timeout = 5.0
+    hc.keep_alive_timeout = 75.0
+    hc.accesslog = None
+    # Hand hypercorn a stdlib logger (routed into loguru), or it writes to stderr itself.
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    return hc
+
+
+async def serve(
+    config: Config,
+    *,
+    runs_log: Path | None = None,
+    on_outcome: OutcomeHook | None = None,
+    shutdown: trio.Event | None = None,
+    task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the edge until its `shutdown` event is set."""
+    if shutdown is None:
+        shutdown = trio.Event()
+    async with asyncio_loop(), AsyncExitStack() as stack:
+        clients: list[NodeClient] = []
+        embedded: list[object] = []
+        for node in config.nodes:
+            if node.embedded:
+                sim, port = await stack.enter_async_context(embedded_node(node.name, runs_log))
+                embedded.append(sim)
+                clients.append(GrpcNodeClient(node.name, "127.0.0.1", port))
+            else:
+                host, port = split_address(node.address)
+                clients.append(GrpcNodeClient(node.name, host, port))
+        pool = NodePool(clients)
+        stack.push_async_callback(pool.aclose)
+        await pool.refresh()
+        for state in pool.nodes:
+            if not state.healthy:
+                logger.warning("node {} ({}) is not reachable yet: {}", state.client.name,
+                               state.client.address, state.error)
+        async with trio.open_nursery() as root:
+            root.start_soon(pool.run_refresh)
+            async with trio.open_nursery() as runs:
+                chat = ChatService(config, pool, runs, on_outcome)
+                app = create_app(chat, max_body_bytes=config.server.max_body_bytes)
+                binds = await root.start(
+                    _serve_http, app, _hypercorn_config(config.server.listen), shutdown
+                )
+                url = binds[0]
+                logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
+                task_status.started(Edge(url, pool, chat, shutdown, embedded))
+                await shutdown.wait()
+                app.extensions["start_draining"]()
+                # hypercorn drains its connections (graceful_timeout) and returns.
+                with trio.move_on_after(config.server.drain_timeout_s):
+                    await _wait_http_done(root)
+                runs.cancel_scope.cancel()
+            root.cancel_scope.cancel()
+
+
+async def _serve_http(
+    app: object,
+    hc: HypercornConfig,
+    shutdown: trio.Event,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)  # type: ignore[arg-type]
+
+
+async def _wait_http_done(root: trio.Nursery) -> None:
+    # The HTTP server task ends once hypercorn has finished draining.
+    while len(root.child_tasks) > 1:
+        await trio.sleep(0.05)
+
+
+def run_forever(config: Config, signals: Callable[[trio.Event], Awaitable[None]]) -> None:
+    """Serve until `signals` sets the shutdown event; returns once drained."""
+
+    async def main() -> None:
+        shutdown = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(signals, shutdown)
+            await serve(config, shutdown=shutdown)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

@@ -1,0 +1,110 @@
+"""The edge's one error tree.
+
+Every failure the edge reports to a caller is an `EdgeError`: it carries the
+HTTP status, the OpenAI error `type`, and optionally `param` and `code`.
+Library errors (grpclib, OS, JSON) are translated into this tree exactly once,
+where they enter: `edge.node` for the node side, `edge.api` for requests.
+`edge.http` renders these, and only these, into HTTP bodies and SSE frames.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class EdgeError(Exception):
+    """Root of every error the edge reports to a caller."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def to_dict(self) -> dict[str, object]:
+        """The OpenAI error object: `{"error": {message, type, param, code}}`."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+# --- the caller's mistakes (4xx): the caller should fix the request -----------
+
+
+class RequestError(EdgeError):
+    """The request is malformed or invalid."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationError(EdgeError):
+    status = 401
+    type = "authentication_error"
+
+
+class NotFoundError(RequestError):
+    """An unknown model or route."""
+
+    status = 404
+
+
+class MethodNotAllowedError(RequestError):
+    status = 405
+
+
+class PayloadTooLargeError(RequestError):
+    status = 413
+
+
+# --- the node side (5xx): the operator should act ------------------------------
+
+
+class NodeError(EdgeError):
+    """A node could not serve the run."""
+
+    status = 502
+    type = "node_error"
+
+
+class NodeUnavailableError(NodeError):
+    """No node could be reached for the model: retry later."""
+
+    status = 503
+    type = "node_unavailable"
+
+
+class NodeTimeoutError(NodeError):
+    """The node did not answer in time."""
+
+    status = 504
+    type = "timeout"
+
+
+class NodeFailedError(NodeError):
+    """The node answered with a failure, or its stream broke mid-run."""
+
+    status = 502
+    type = "run_error"
+
+
+class ShuttingDownError(EdgeError):
+    """The edge is draining and takes no new requests."""
+
+    status = 503
+    type = "service_unavailable"
+
+
+class ToolValidationError(EdgeError):
+    """The model produced a tool call that breaks the declared tools or tool_choice."""
+
+    status = 422
+    type = "tool_validation_error"

@@ -1,0 +1,183 @@
+"""Nodes as the rest of the edge sees them: `NodeClient` and `RunHandle`.
+
+A run is started with `start_run`, which returns once the node has accepted
+it (or raises NodeUnavailableError / NodeFailedError, so the HTTP layer can
+still choose a status). The run's events then arrive on `RunHandle.events`.
+`RunHandle.cancel(reason)` is the only way to end a run early: synchronous,
+idempotent, first reason wins. CancelRun is sent from exactly one place, the
+run task's cleanup, only when the node did not finish the run itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+from loguru import logger
+
+from edge.errors import EdgeError, NodeFailedError, NodeUnavailableError
+from edge.node._proto.iop.node import v1 as pb
+from edge.node.bridge import Item, TrioSink, call_asyncio
+from edge.node.grpc import Accepted, GrpcNode
+from edge.stream.events import NodeEvent
+
+# Events buffered between the node's read loop and the stream's writer; past
+# this the read loop waits and HTTP/2 flow control slows the node down.
+EVENT_BUFFER = 512
+CANCEL_RPC_TIMEOUT_S = 2.0
+DESCRIBE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDescription:
+    name: str
+    models: tuple[str, ...]
+    active_runs: int = 0
+    max_runs: int = 0
+
+
+class RunHandle:
+    """One run on a node, from acceptance to its end.
+
+    Attributes:
+        events: our node events, in order; closed when the run task ends.
+        error: set when the node's stream broke (the fail-stream path).
+        cancel_reason: set by the first `cancel()`, or "timeout" when the
+            run's total deadline expired.
+        finished: the node sent a terminal event itself.
+    """
+
+    __slots__ = (
+        "_ended",
+        "_scope",
+        "cancel_reason",
+        "error",
+        "events",
+        "finished",
+        "node_name",
+        "run_id",
+    )
+
+    def __init__(
+        self, run_id: str, node_name: str, events: trio.MemoryReceiveChannel[Item]
+    ) -> None:
+        self.run_id = run_id
+        self.node_name = node_name
+        self.events: trio.MemoryReceiveChannel[NodeEvent] = events  # type: ignore[assignment]
+        self.error: EdgeError | None = None
+        self.cancel_reason: str | None = None
+        self.finished = False
+        self._scope = trio.CancelScope()
+        self._ended = trio.Event()
+
+    def cancel(self, reason: str) -> None:
+        """End the run early. Idempotent; the first reason wins; never blocks."""
+        if self.cancel_reason is None and not self.finished:
+            self.cancel_reason = reason
+        self._scope.cancel()
+
+    @property
+    def ended(self) -> bool:
+        """The run task is over: its events are closed and any CancelRun was sent."""
+        return self._ended.is_set()
+
+    async def wait_ended(self) -> None:
+        await self._ended.wait()
+
+
+class NodeClient(Protocol):
+    """A node the edge can run models on."""
+
+    name: str
+    address: str
+
+    async def start_run(
+        self, nursery: trio.Nursery, request: pb.RunRequest, *, deadline: float
+    ) -> RunHandle: ...
+
+    async def describe(self) -> NodeDescription: ...
+
+    async def aclose(self) -> None: ...
+
+
+class GrpcNodeClient:
+    """A NodeClient over grpclib, through the trio-asyncio bridge."""
+
+    def __init__(self, name: str, host: str, port: int) -> None:
+        self.name = name
+        self.address = f"{host}:{port}"
+        self._grpc = GrpcNode(host, port)
+        self.cancels_sent = 0
+
+    async def start_run(
+        self, nursery: trio.Nursery, request: pb.RunRequest, *, deadline: float
+    ) -> RunHandle:
+        """Start `request` in `nursery`; return once the node accepted it.
+
+        `deadline` (trio clock) bounds the whole run: past it the run is
+        cancelled with reason "timeout".
+        """
+        send, receive = trio.open_memory_channel[Item](EVENT_BUFFER)
+        handle = RunHandle(request.run_id, self.name, receive)
+        handle._scope.deadline = deadline
+        nursery.start_soon(self._run, handle, request, send)
+        try:
+            first = await receive.receive()
+        except trio.EndOfChannel:
+            if handle.error is not None:
+                raise handle.error from None
+            raise NodeFailedError(f"node {self.name} ended the run before accepting it") from None
+        except BaseException:
+            handle.cancel("client_disconnected")
+            raise
+        assert isinstance(first, Accepted)
+        return handle
+
+    async def _run(
+        self, handle: RunHandle, request: pb.RunRequest, send: trio.MemorySendChannel[Item]
+    ) -> None:
+        try:
+            with handle._scope:
+                try:
+                    handle.finished = await call_asyncio(
+                        self._grpc.read_run, request, TrioSink(send)
+                    )
+                except EdgeError as exc:
+                    handle.error = exc
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    handle.cancel("consumer_gone")
+            if handle._scope.cancelled_caught and handle.cancel_reason is None:
+                handle.cancel_reason = "timeout"
+            # The reason is final: now the writer may see the end of the events.
+            send.close()
+            if not handle.finished and not isinstance(handle.error, NodeUnavailableError):
+                await self._cancel_on_node(handle)
+        finally:
+            send.close()
+            handle._ended.set()
+
+    async def _cancel_on_node(self, handle: RunHandle) -> None:
+        reason = handle.cancel_reason or "stream_broken"
+        with trio.move_on_after(CANCEL_RPC_TIMEOUT_S, shield=True):
+            try:
+                self.cancels_sent += 1
+                await call_asyncio(self._grpc.cancel_run, handle.run_id, reason, CANCEL_RPC_TIMEOUT_S)
+            except EdgeError as exc:
+                logger.warning(
+                    "CancelRun for run {} on node {} failed: {}", handle.run_id, self.name, exc
+                )
+
+    async def describe(self) -> NodeDescription:
+        with trio.fail_after(DESCRIBE_TIMEOUT_S * 2):
+            response = await call_asyncio(self._grpc.describe, DESCRIBE_TIMEOUT_S)
+        return NodeDescription(
+            name=response.node_name or self.name,
+            models=tuple(m.id for m in response.models),
+            active_runs=response.active_runs,
+            max_runs=response.max_runs,
+        )
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await call_asyncio(self._grpc.aclose)

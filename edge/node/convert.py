@@ -1,0 +1,118 @@
+"""Translation between protobuf messages and the edge's own types.
+
+Pure functions, both directions: RunEvent -> `edge.stream.events`, and the
+parsed OpenAI request -> RunRequest. The only place protobuf types meet ours.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from edge.node._proto.iop.node import v1 as pb
+from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+
+if TYPE_CHECKING:
+    from edge.api.request import ChatRequest
+
+__all__ = ["event_from_pb", "run_request_from_chat"]
+
+
+def _usage(message: pb.Usage | None) -> Usage | None:
+    if message is None:
+        return None
+    return Usage(
+        input_tokens=message.input_tokens,
+        output_tokens=message.output_tokens,
+        reasoning_tokens=message.reasoning_tokens,
+        cached_input_tokens=message.cached_input_tokens,
+    )
+
+
+def event_from_pb(message: pb.RunEvent) -> NodeEvent | None:
+    """One RunEvent as our event; None for a type this edge does not know (skipped)."""
+    kind = message.type
+    if kind == "delta":
+        return Delta(message.delta)
+    if kind == "reasoning_delta":
+        return ReasoningDelta(message.delta)
+    if kind == "complete":
+        return Complete(usage=_usage(message.usage), metadata=dict(message.metadata))
+    if kind == "error" or kind == "cancelled":
+        return Failed(
+            kind=kind, error=message.error, message=message.message, usage=_usage(message.usage)
+        )
+    return None
+
+
+def _message_to_pb(msg: object) -> pb.Message:
+    from edge.api.request import ChatMessage
+
+    assert isinstance(msg, ChatMessage)
+    parts = [
+        pb.ContentPart(
+            type=p.type,
+            text=p.text,
+            json="" if p.type == "text" else json.dumps(p.raw, separators=(",", ":")),
+        )
+        for p in msg.parts
+    ]
+    return pb.Message(
+        role=msg.role,
+        content=msg.content,
+        parts=parts,
+        name=msg.name or "",
+        tool_call_id=msg.tool_call_id or "",
+        tool_calls=[
+            pb.ToolCall(id=c.id, type=c.type, name=c.name, arguments=c.arguments)
+            for c in msg.tool_calls
+        ],
+        reasoning_content=msg.reasoning_content,
+    )
+
+
+def run_request_from_chat(
+    request: ChatRequest, *, run_id: str, model: str, deadline_unix_ms: int = 0
+) -> pb.RunRequest:
+    """Every field of the caller's request that a node needs, as a RunRequest."""
+    policy = request.tools
+    choice = policy.choice
+    if not policy.tools:
+        tool_choice = ""
+    elif choice.mode == "function":
+        tool_choice = choice.name or ""
+    else:
+        tool_choice = choice.mode
+    return pb.RunRequest(
+        run_id=run_id,
+        model=model,
+        messages=[_message_to_pb(m) for m in request.messages],
+        tools=[
+            pb.Tool(
+                type="function",
+                name=t.name,
+                description=t.description,
+                parameters_json=""
+                if t.parameters is None
+                else json.dumps(t.parameters, separators=(",", ":")),
+                strict=t.strict,
+            )
+            for t in policy.tools
+        ],
+        tool_choice=tool_choice,
+        parallel_tool_calls=policy.parallel_tool_calls if policy.tools else None,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        max_tokens=request.max_tokens,
+        stop=list(request.stop),
+        seed=request.seed,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        response_format_json=""
+        if request.response_format is None
+        else json.dumps(request.response_format, separators=(",", ":")),
+        metadata=dict(request.metadata),
+        deadline_unix_ms=deadline_unix_ms,
+        include_reasoning=request.include_reasoning,
+        extra_json="" if not request.extra else json.dumps(request.extra, separators=(",", ":")),
+    )

@@ -1,0 +1,193 @@
+"""The asyncio side of talking to a node: grpclib channels, the run read loop.
+
+Everything here runs on the asyncio loop that `edge.node.bridge` hosts inside
+trio. It knows nothing of trio: events leave through an `EventSink`, and every
+grpclib/OS error is translated here, once, into the edge's error tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Protocol
+
+from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
+from edge.node._proto.iop.node import v1 as pb
+from edge.node.convert import event_from_pb
+from edge.stream.events import Complete, Failed, NodeEvent
+
+RUN_ROUTE = "/iop.node.v1.NodeService/Run"
+CANCEL_ROUTE = "/iop.node.v1.NodeService/CancelRun"
+DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
+
+# grpclib servers advertise MAX_CONCURRENT_STREAMS=100 and the client silently
+# queues stream 101 and up: open another connection before that.
+STREAMS_PER_CHANNEL = 90
+# A 256 KiB stream window stops one stalled run from freezing its connection.
+_H2_CONFIG = Configuration(
+    http2_connection_window_size=64 * 1024 * 1024,
+    http2_stream_window_size=256 * 1024,
+)
+_CONNECT_ERRORS = (OSError, asyncio.TimeoutError, ConnectionError)
+
+
+class Accepted:
+    """First item a run sends into its sink: the node has accepted the run."""
+
+    __slots__ = ()
+
+
+ACCEPTED = Accepted()
+
+
+class EventSink(Protocol):
+    """Where a run's events go; `put_nowait` says False when the sink is full."""
+
+    def put_nowait(self, item: NodeEvent | Accepted) -> bool: ...
+
+    def put(self, item: NodeEvent | Accepted) -> Awaitable[None]: ...
+
+
+def _describe_status(err: GRPCError) -> str:
+    return f"{err.status.name}: {err.message}" if err.message else err.status.name
+
+
+def translate_error(exc: BaseException, *, accepted: bool, address: str) -> EdgeError:
+    """A grpclib or OS error as the edge's error: the one translation point."""
+    if isinstance(exc, GRPCError):
+        if exc.status is Status.DEADLINE_EXCEEDED:
+            return NodeTimeoutError(f"node {address} timed out")
+        if exc.status is Status.UNAVAILABLE and not accepted:
+            return NodeUnavailableError(f"node {address} is unavailable: {_describe_status(exc)}")
+        return NodeFailedError(f"node {address} failed the run: {_describe_status(exc)}")
+    if not accepted and isinstance(exc, _CONNECT_ERRORS):
+        return NodeUnavailableError(f"node {address} is unreachable: {exc or type(exc).__name__}")
+    return NodeFailedError(f"node {address} stream broke: {exc or type(exc).__name__}")
+
+
+@dataclass(slots=True)
+class _PooledChannel:
+    channel: Channel
+    active: int = 0
+
+
+class GrpcNode:
+    """Connections to one node, opened lazily, reused across runs.
+
+    Runs are spread over several HTTP/2 connections so that no connection
+    carries more than `STREAMS_PER_CHANNEL` streams at once.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.address = f"{host}:{port}"
+        self._channels: list[_PooledChannel] = []
+
+    def _acquire(self) -> _PooledChannel:
+        best: _PooledChannel | None = None
+        for pooled in self._channels:
+            if pooled.active < STREAMS_PER_CHANNEL and (best is None or pooled.active < best.active):
+                best = pooled
+        if best is None:
+            best = _PooledChannel(Channel(self.host, self.port, config=_H2_CONFIG))
+            self._channels.append(best)
+        best.active += 1
+        return best
+
+    def _release(self, pooled: _PooledChannel) -> None:
+        pooled.active -= 1
+        # Keep one idle connection; close the extra ones once drained.
+        if pooled.active == 0 and len(self._channels) > 1:
+            self._channels.remove(pooled)
+            pooled.channel.close()
+
+    async def read_run(self, request: pb.RunRequest, sink: EventSink) -> bool:
+        """Run `request` on the node, putting ACCEPTED and then each event into `sink`.
+
+        Returns True when the node sent a terminal event (complete, error,
+        cancelled), False if the stream ended without one. Raises an EdgeError
+        when the node cannot be reached or the stream breaks.
+        """
+        pooled = self._acquire()
+        accepted = False
+        terminal = False
+        try:
+            async with pooled.channel.request(
+                RUN_ROUTE, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent
+            ) as stream:
+                await stream.send_message(request, end=True)
+                await stream.recv_initial_metadata()
+                accepted = True
+                if not sink.put_nowait(ACCEPTED):
+                    await sink.put(ACCEPTED)
+                put_nowait = sink.put_nowait
+                while (message := await stream.recv_message()) is not None:
+                    event = event_from_pb(message)
+                    if event is None:
+                        continue
+                    if not put_nowait(event):
+                        await sink.put(event)
+                    if isinstance(event, (Complete, Failed)):
+                        terminal = True
+                        break
+            if not terminal:
+                raise NodeFailedError(
+                    f"node {self.address} ended the run's stream without a terminal event"
+                )
+            return True
+        except EdgeError:
+            raise
+        except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
+            if terminal:
+                return True  # the trailers broke after the terminal event: nothing lost
+            raise translate_error(exc, accepted=accepted, address=self.address) from exc
+        finally:
+            self._release(pooled)
+
+    async def _unary(
+        self,
+        route: str,
+        request: pb.CancelRunRequest | pb.DescribeRequest,
+        response_type: type[pb.CancelRunResponse] | type[pb.DescribeResponse],
+        timeout: float,
+    ) -> object:
+        pooled = self._acquire()
+        try:
+            async with pooled.channel.request(
+                route, Cardinality.UNARY_UNARY, type(request), response_type, timeout=timeout
+            ) as stream:
+                await stream.send_message(request, end=True)
+                return await stream.recv_message()
+        except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
+            raise translate_error(exc, accepted=False, address=self.address) from exc
+        finally:
+            self._release(pooled)
+
+    async def cancel_run(self, run_id: str, reason: str, timeout: float) -> bool:
+        """CancelRun: True when the run was live on the node."""
+        response = await self._unary(
+            CANCEL_ROUTE, pb.CancelRunRequest(run_id=run_id, reason=reason), pb.CancelRunResponse,
+            timeout,
+        )
+        return isinstance(response, pb.CancelRunResponse) and response.found
+
+    async def describe(self, timeout: float) -> pb.DescribeResponse:
+        response = await self._unary(
+            DESCRIBE_ROUTE, pb.DescribeRequest(), pb.DescribeResponse, timeout
+        )
+        if not isinstance(response, pb.DescribeResponse):
+            raise NodeFailedError(f"node {self.address} sent no Describe response")
+        return response
+
+    async def aclose(self) -> None:
+        for pooled in self._channels:
+            pooled.channel.close()
+        self._channels.clear()
+

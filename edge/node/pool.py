@@ -1,0 +1,112 @@
+"""The nodes an edge routes to, and which models each serves.
+
+The pool learns each node's models from its Describe RPC, refreshed in the
+background, and picks a node for a model: the healthy node serving it with
+the fewest runs in flight. It raises the edge's errors: NotFoundError for a
+model no node serves, NodeUnavailableError when the nodes that could serve it
+are down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+from loguru import logger
+
+from edge.errors import EdgeError, NodeUnavailableError, NotFoundError
+from edge.node.client import NodeClient, NodeDescription
+
+REFRESH_INTERVAL_S = 5.0
+
+
+@dataclass(slots=True)
+class NodeState:
+    client: NodeClient
+    healthy: bool = False
+    models: tuple[str, ...] = ()
+    error: str | None = "not contacted yet"
+    in_flight: int = 0
+    description: NodeDescription | None = field(default=None, repr=False)
+
+
+class NodePool:
+    def __init__(self, clients: list[NodeClient]) -> None:
+        self.nodes = [NodeState(c) for c in clients]
+        self._refreshed = trio.Event()
+
+    async def refresh(self) -> None:
+        """Ask every node for its models, concurrently; mark each healthy or not."""
+        async with trio.open_nursery() as nursery:
+            for state in self.nodes:
+                nursery.start_soon(self._refresh_one, state)
+        self._refreshed.set()
+
+    async def _refresh_one(self, state: NodeState) -> None:
+        try:
+            description = await state.client.describe()
+        except (EdgeError, trio.TooSlowError) as exc:
+            if state.healthy:
+                logger.warning("node {} is down: {}", state.client.name, exc)
+            state.healthy = False
+            state.error = str(exc) or type(exc).__name__
+            return
+        if not state.healthy:
+            logger.info("node {} is up, models: {}", state.client.name,
+                        ", ".join(description.models))
+        state.healthy = True
+        state.error = None
+        state.models = description.models
+        state.description = description
+
+    async def run_refresh(self, interval: float = REFRESH_INTERVAL_S) -> None:
+        """Refresh forever (in the daemon's nursery)."""
+        while True:
+            await self.refresh()
+            await trio.sleep(interval)
+
+    def pick(self, model: str) -> NodeState:
+        best: NodeState | None = None
+        known = False
+        for state in self.nodes:
+            if model in state.models:
+                known = True
+                if state.healthy and (best is None or state.in_flight < best.in_flight):
+                    best = state
+        if best is not None:
+            return best
+        if known or any(not s.healthy for s in self.nodes):
+            raise NodeUnavailableError(f"no node is available for model {model!r}; retry later")
+        raise NotFoundError(
+            f"The model {model!r} does not exist or is not served here.",
+            param="model",
+            code="model_not_found",
+        )
+
+    def models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for state in self.nodes:
+            for model in state.models:
+                seen.setdefault(model, None)
+        return list(seen)
+
+    @property
+    def ready(self) -> bool:
+        return any(s.healthy for s in self.nodes)
+
+    def status(self) -> list[dict[str, object]]:
+        return [
+            {
+                "name": s.client.name,
+                "address": s.client.address,
+                "healthy": s.healthy,
+                "models": list(s.models),
+                "in_flight": s.in_flight,
+                **({"error": s.error} if s.error else {}),
+            }
+            for s in self.nodes
+        ]
+
+    async def aclose(self) -> None:
+        for state in self.nodes:
+            await state.client.aclose()

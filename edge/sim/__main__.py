@@ -1,0 +1,5 @@
+import sys
+
+from edge.sim.cli import main
+
+sys.exit(main())

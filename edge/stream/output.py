@@ -1,0 +1,70 @@
+"""What a stream session produces: output events, and the outcome of a stream.
+
+The session emits these; `edge.api` renders them as SSE chunks or folds them
+into one non-streaming response. Nothing here knows about bytes or HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from edge.stream.events import Usage
+from edge.stream.toolcall import ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class RoleOut:
+    """The opening chunk: `delta: {"role": "assistant"}`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContentOut:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningOut:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallsOut:
+    calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FinishOut:
+    """Terminal success: the finish chunk, the usage chunk if asked, `[DONE]`."""
+
+    finish_reason: str
+    usage: Usage | None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorOut:
+    """Terminal failure as the caller sees it: an error frame (or error response)."""
+
+    type: str
+    message: str
+
+
+OutEvent = RoleOut | ContentOut | ReasoningOut | ToolCallsOut | FinishOut | ErrorOut
+
+Status = Literal["success", "error", "cancelled", "timeout"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a stream ended, for metrics and logs; exactly one per session.
+
+    `usage_sample` is False on the fail-stream path: a broken run stream
+    produced no usable run, so no usage is recorded for it.
+    """
+
+    status: Status
+    finish_reason: str | None = None
+    error_type: str | None = None
+    usage: Usage | None = None
+    reasoning_chars: int = 0
+    usage_sample: bool = True

@@ -1,0 +1,405 @@
+"""The stream session: one chat completion's node events in, output events out.
+
+This is the seed's chat stream session as a sans-IO state machine. It owns
+every accumulator of one stream (content, reasoning, emitted), its filters,
+and its single terminal: `finish`, `fail`, `fail_stream` or `cancel`. Once a
+terminal is reached, further events are ignored and further terminal
+attempts are no-ops, by construction.
+
+It knows nothing of HTTP, SSE bytes, trio or gRPC: the caller feeds
+`edge.stream.events` values and drains `edge.stream.output` values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonschema
+
+from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+from edge.stream.output import (
+    ContentOut,
+    ErrorOut,
+    FinishOut,
+    Outcome,
+    OutEvent,
+    ReasoningOut,
+    RoleOut,
+    Status,
+    ToolCallsOut,
+)
+from edge.stream.sentinel import DEFAULT_SENTINELS, SentinelFilter
+from edge.stream.think import ThinkSplitter, has_close_think, has_open_think
+from edge.stream.toolcall import ToolCall, ToolPolicy
+from edge.stream.toolparse import DEFAULT_FORMATS
+from edge.stream.tools import normalize_native_tool_calls, synthesize_tool_calls, validate_tool_calls
+from edge.stream.tooltext import ToolTextFilter
+
+TraceFn = Callable[[str, Mapping[str, Any]], None]
+
+ReasoningParser = Literal["none", "think", "think_start"]
+
+# Placeholders for a run that produced reasoning but no visible answer, keyed
+# by finish_reason. The caller never receives an empty completion.
+_HIDDEN_FALLBACK = {
+    "length": "[The model reached its output limit while reasoning and produced no answer.]",
+    "content_filter": "[The model's answer was withheld by a content filter.]",
+}
+_HIDDEN_FALLBACK_DEFAULT = "[The model produced reasoning but no answer.]"
+
+
+def hidden_reasoning_fallback(finish_reason: str) -> str:
+    return _HIDDEN_FALLBACK.get(finish_reason, _HIDDEN_FALLBACK_DEFAULT)
+
+
+def reasoning_only_fallback(reasoning: str, finish_reason: str) -> str:
+    return f"{hidden_reasoning_fallback(finish_reason)}\n\nReasoning:\n{reasoning.strip()}"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """Values resolved once at dispatch; they never change during the stream."""
+
+    run_id: str
+    strict: bool = False
+    stream_buffer: bool = False
+    include_reasoning: bool = True
+    reasoning_explicit: bool = False
+    trace: bool = False
+    tools: ToolPolicy = field(default_factory=ToolPolicy)
+    tool_formats: tuple[str, ...] = DEFAULT_FORMATS
+    sentinels: tuple[str, ...] = DEFAULT_SENTINELS
+    reasoning_parser: ReasoningParser = "none"
+    # The request's response_format; checked on strict output.
+    response_format: Mapping[str, Any] | None = None
+
+    @property
+    def expose_reasoning(self) -> bool:
+        """Reasoning stays hidden on strict output unless the caller asked for it."""
+        return self.include_reasoning and (not self.strict or self.reasoning_explicit)
+
+
+class StreamSession:
+    """One stream's state machine. Feed events; take output with `drain()`."""
+
+    __slots__ = (
+        "_content",
+        "_content_sentinel",
+        "_emitted",
+        "_expose_reasoning",
+        "_held_content",
+        "_reasoning",
+        "_reasoning_sentinel",
+        "_think",
+        "_tool_filter",
+        "_trace",
+        "_trace_seq",
+        "out",
+        "outcome",
+        "settings",
+    )
+
+    def __init__(self, settings: SessionSettings, trace: TraceFn | None = None) -> None:
+        self.settings = settings
+        self.out: list[OutEvent] = [RoleOut()]
+        self.outcome: Outcome | None = None
+        self._expose_reasoning = settings.expose_reasoning
+        self._trace = trace if settings.trace else None
+        self._trace_seq = 0
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._emitted: list[str] = []
+        # stream_buffer: content held until the whole output is validated.
+        self._held_content: list[str] | None = [] if settings.stream_buffer else None
+        self._content_sentinel = SentinelFilter(settings.sentinels)
+        self._reasoning_sentinel = SentinelFilter(settings.sentinels)
+        self._think: ThinkSplitter | None = None
+        if settings.reasoning_parser != "none":
+            self._think = ThinkSplitter(start_in_think=settings.reasoning_parser == "think_start")
+        self._tool_filter: ToolTextFilter | None = None
+        if settings.tools.tools and settings.tools.choice.mode != "none":
+            self._tool_filter = ToolTextFilter(settings.tool_formats)
+
+    # --- the caller's interface -------------------------------------------------
+
+    @property
+    def terminated(self) -> bool:
+        return self.outcome is not None
+
+    def drain(self) -> list[OutEvent]:
+        """Take the output produced so far."""
+        out = self.out
+        self.out = []
+        return out
+
+    def feed(self, event: NodeEvent) -> bool:
+        """Apply one node event; True once the session has reached its terminal."""
+        if self.outcome is not None:
+            return True
+        if type(event) is Delta:
+            self._on_delta(event.text)
+        elif type(event) is ReasoningDelta:
+            self._on_reasoning(event.text)
+        elif type(event) is Complete:
+            self._finish(event)
+        elif type(event) is Failed:
+            self.fail("run_error", event.reason)
+        return self.outcome is not None
+
+    def fail(self, error_type: str, message: str) -> None:
+        """Terminal: an error frame, error metrics."""
+        self._terminate(Outcome("error", error_type=error_type,
+                                reasoning_chars=self._reasoning_chars()))
+        self.out.append(ErrorOut(error_type, message))
+        self._trace_event("error", {"error_type": error_type})
+
+    def fail_stream(self, error_type: str, message: str) -> None:
+        """Terminal: the run's event stream broke. An error frame, no usage sample."""
+        if self._terminate(Outcome("error", error_type=error_type, usage_sample=False)):
+            self.out.append(ErrorOut(error_type, message))
+            self._trace_event("error", {"error_type": error_type, "stream_broken": True})
+
+    def cancel(self, status: Literal["cancelled", "timeout"], notice: str | None = None) -> None:
+        """Terminal: the caller went away or the run timed out.
+
+        Nothing is written, except `notice` as an error frame of type
+        `timeout` for a caller that is still reading.
+        """
+        if self._terminate(Outcome(status, reasoning_chars=self._reasoning_chars())):
+            if notice is not None:
+                self.out.append(ErrorOut("timeout", notice))
+            self._trace_event("cancel", {"status": status})
+
+    def log_fields(self) -> dict[str, Any]:
+        """The closing record of the stream (the seed's "stream closed" line)."""
+        return {
+            "run_id": self.settings.run_id,
+            "strict_output": self.settings.strict,
+            "strict_stream_buffer": self.settings.stream_buffer,
+            "content_len": sum(map(len, self._content)),
+            "reasoning_len": self._reasoning_chars(),
+        }
+
+    # --- events -----------------------------------------------------------------
+
+    def _on_delta(self, source: str) -> None:
+        if not source:
+            return
+        text = self._content_sentinel.feed(source)
+        if text:
+            self._content_text(text, source)
+
+    def _content_text(self, text: str, source: str) -> None:
+        """Sentinel-filtered content: split out think blocks, then emit."""
+        if self._think is not None:
+            content, reasoning = self._think.feed(text)
+            if reasoning:
+                self._reasoning_text(reasoning)
+            if not content:
+                return
+            text = content
+        self._visible(text, source)
+
+    def _visible(self, text: str, source: str) -> None:
+        self._content.append(text)
+        shown = text
+        if self._tool_filter is not None:
+            shown = self._tool_filter.feed(text)
+            if not shown:
+                self._trace_event("suppressed", {
+                    "type": "content",
+                    "source_len": len(source),
+                    "source_has_open_think": has_open_think(source),
+                    "source_has_close_think": has_close_think(source),
+                })
+                return
+        self._emitted.append(shown)
+        self._write_content(shown, source, shown != source)
+
+    def _on_reasoning(self, source: str) -> None:
+        if not source:
+            return
+        text = self._reasoning_sentinel.feed(source)
+        if text:
+            self._reasoning_text(text)
+
+    def _reasoning_text(self, text: str) -> None:
+        self._reasoning.append(text)
+        if self._expose_reasoning:
+            self._trace_seq += 1
+            self._trace_chunk("reasoning", len(text))
+            self.out.append(ReasoningOut(text))
+
+    def _emit_pending(self, pending: str) -> None:
+        """Emit text the tool-text filter held back (or a placeholder)."""
+        if pending:
+            self._emitted.append(pending)
+            self._write_content(pending, pending, False)
+
+    def _write_content(self, text: str, source: str, filtered: bool) -> None:
+        self._trace_seq += 1
+        if self._trace is not None:
+            self._trace("chunk", {
+                "run_id": self.settings.run_id, "seq": self._trace_seq, "type": "content",
+                "len": len(text), "source_len": len(source), "filtered": filtered,
+                "source_has_open_think": has_open_think(source),
+                "source_has_close_think": has_close_think(source),
+            })
+        if self._held_content is not None:
+            self._held_content.append(text)
+        else:
+            self.out.append(ContentOut(text))
+
+    # --- finish -----------------------------------------------------------------
+
+    def _finish(self, event: Complete) -> None:
+        tail = self._content_sentinel.flush()
+        if tail:
+            self._content_text(tail, tail)
+        if self._think is not None:
+            content, reasoning = self._think.flush()
+            if reasoning:
+                self._reasoning_text(reasoning)
+            if content:
+                self._visible(content, content)
+        tail = self._reasoning_sentinel.flush()
+        if tail:
+            self._reasoning_text(tail)
+
+        metadata = event.metadata
+        finish_reason = metadata.get("finish_reason") or "stop"
+        calls, native = self._resolve_tool_calls(metadata)
+        if self.outcome is not None:  # tool validation failed
+            return
+        if calls:
+            finish_reason = "tool_calls"
+        if not native:
+            self._reasoning_fallback(finish_reason)
+        if self.settings.strict and not calls:
+            problem = self._check_output_format()
+            if problem is not None:
+                self.fail("output_validation_error", problem)
+                return
+        if self._held_content is not None:
+            self.out.extend(ContentOut(text) for text in self._held_content if text)
+            self._held_content = None
+        if calls:
+            self._trace_event("tool_calls", {"tool_call_count": len(calls)})
+            self.out.append(ToolCallsOut(calls))
+        self._terminate(Outcome("success", finish_reason=finish_reason, usage=event.usage,
+                                reasoning_chars=self._reasoning_chars()))
+        self._trace_event("done", {"finish_reason": finish_reason,
+                                   "content_len": sum(map(len, self._content)),
+                                   "reasoning_len": self._reasoning_chars()})
+        self.out.append(FinishOut(finish_reason, event.usage))
+
+    def _resolve_tool_calls(
+        self, metadata: Mapping[str, str]
+    ) -> tuple[tuple[ToolCall, ...], bool]:
+        """The completion's tool calls and whether they were native.
+
+        Native calls in the run metadata win over text; otherwise calls are
+        synthesized from the whole content when tools were declared. A
+        validation failure ends the session (`fail`).
+        """
+        policy = self.settings.tools
+        run_id = self.settings.run_id
+        raw_native = metadata.get("tool_calls")
+        native = normalize_native_tool_calls(raw_native, policy, run_id) if raw_native else ()
+        if native:
+            if self._tool_filter is not None:
+                self._emit_pending(self._tool_filter.flush_non_candidate())
+            problem = validate_tool_calls(native, policy)
+            if problem is not None:
+                self.fail("tool_validation_error", problem)
+            return native, True
+        if self._tool_filter is not None:
+            result = synthesize_tool_calls(
+                "".join(self._content), policy, run_id, self.settings.tool_formats
+            )
+            if result.error is not None:
+                self.fail("tool_validation_error", result.error)
+                return (), False
+            if result.calls:
+                self._emit_pending(_unstreamed(result.cleaned, "".join(self._emitted)))
+                return result.calls, False
+            self._emit_pending(self._tool_filter.flush())
+            return (), False
+        if policy.tools and policy.choice.mode == "required":
+            self.fail("tool_validation_error",
+                      'tool_choice is "required" but the model called no tool')
+        return (), False
+
+    def _reasoning_fallback(self, finish_reason: str) -> None:
+        if (
+            self.settings.strict
+            or "".join(self._content).strip()
+            or "".join(self._emitted).strip()
+        ):
+            return
+        reasoning = "".join(self._reasoning)
+        if not reasoning.strip():
+            return
+        if self.settings.include_reasoning:
+            text = reasoning_only_fallback(reasoning, finish_reason)
+        else:
+            text = hidden_reasoning_fallback(finish_reason)
+        self._emitted.append(text)
+        self._write_content(text, reasoning, False)
+
+    def _check_output_format(self) -> str | None:
+        """Strict output: the content must honour the request's response_format."""
+        fmt = self.settings.response_format
+        if not fmt or fmt.get("type") not in ("json_object", "json_schema"):
+            return None
+        text = "".join(self._emitted)
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            return f"response_format {fmt['type']}: the output is not valid JSON: {exc}"
+        if fmt["type"] == "json_object" and not isinstance(value, dict):
+            return "response_format json_object: the output is not a JSON object"
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        if fmt["type"] == "json_schema" and isinstance(schema, dict):
+            error = jsonschema.exceptions.best_match(
+                jsonschema.validators.validator_for(schema)(schema).iter_errors(value)
+            )
+            if error is not None:
+                where = "$" + "".join(f"[{p!r}]" for p in error.absolute_path)
+                return f"response_format json_schema: {error.message} (at {where})"
+        return None
+
+    # --- bookkeeping ------------------------------------------------------------
+
+    def _terminate(self, outcome: Outcome) -> bool:
+        """Claim the single terminal. False if one was already claimed."""
+        if self.outcome is not None:
+            return False
+        self.outcome = outcome
+        return True
+
+    def _reasoning_chars(self) -> int:
+        return sum(map(len, self._reasoning))
+
+    def _trace_chunk(self, kind: str, length: int) -> None:
+        if self._trace is not None:
+            self._trace("chunk", {"run_id": self.settings.run_id, "seq": self._trace_seq,
+                                  "type": kind, "len": length})
+
+    def _trace_event(self, what: str, fields: Mapping[str, Any]) -> None:
+        if self._trace is not None:
+            self._trace(what, {"run_id": self.settings.run_id, "seq": self._trace_seq + 1,
+                               **fields})
+
+
+def _unstreamed(cleaned: str, emitted: str) -> str:
+    """The part of the cleaned text the caller has not seen yet."""
+    if cleaned.startswith(emitted):
+        return cleaned[len(emitted):]
+    return ""
+
+
+__all__ = ["SessionSettings", "Status", "StreamSession", "Usage"]

@@ -1,0 +1,56 @@
+"""Value types for tools: what the caller declared, and what the model called.
+
+Shared by request validation (`edge.api`), the stream core and the node
+adapter. Plain frozen data; parsing, synthesis and validation live in
+`edge.stream.tools`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One declared function tool (`{"type": "function", "function": {...}}`)."""
+
+    name: str
+    description: str = ""
+    # The JSON Schema of the arguments; None when the tool declared none.
+    parameters: Mapping[str, Any] | None = None
+    strict: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """The caller's `tool_choice`: `mode` is none/auto/required, or `function` with `name`."""
+
+    mode: Literal["none", "auto", "required", "function"] = "auto"
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """Everything the core needs to know about the request's tools."""
+
+    tools: tuple[ToolSpec, ...] = ()
+    choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+
+    def spec(self, name: str) -> ToolSpec | None:
+        for tool in self.tools:
+            if tool.name == name:
+                return tool
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call in OpenAI's response shape; `arguments` is a JSON string."""
+
+    id: str
+    name: str
+    arguments: str
+    type: str = "function"

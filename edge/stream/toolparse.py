@@ -1,0 +1,536 @@
+"""Tool-call markup in model text: the formats, and the whole-text parse.
+
+This module owns what counts as tool-call markup in generated text and how a
+whole text splits into content and candidate calls. The start rules and block
+scanners here are shared with `edge.stream.tooltext`, whose streaming filter
+must never release text this parse would call markup. It does not know the
+declared tools, `tool_choice`, call ids, the stream, or any I/O.
+
+Formats (`DEFAULT_FORMATS` enables all):
+- "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; the
+  block ends at `</tool_call>`, at the next `<tool_call>`, or at end of text.
+- "mistral": `[TOOL_CALLS]` then a JSON array or object, or `name[ARGS]{...}`
+  (optionally `name[CALL_ID]id[ARGS]{...}`).
+- "llama": `<|python_tag|>` then JSON objects separated by `;`, up to and
+  including `<|eom_id|>` if present (else to end of text).
+- "json": a bare JSON object or array of objects whose `{`/`[` is the first
+  non-whitespace character of a line; it ends where its brackets balance.
+- "fenced": a fence ```` ``` ```` / ```` ```json ```` opening a line, whose first
+  non-whitespace character after the info line is `{` or `[`; the block ends at
+  the next ```` ``` ```` (or at end of text when the content is a call).
+
+What is a candidate:
+- A tag (`<tool_call>`, `[TOOL_CALLS]`, `<|python_tag|>`) is a candidate when
+  what follows it (after whitespace) is JSON-like (`{` or `[`), the Mistral
+  `name[ARGS]` form, or nothing (an empty or truncated block). Any other
+  follower ("I will use <tool_call> tags") is prose: the tag stays content.
+  A candidate that fails to parse is reported in `errors`.
+- Bare and fenced JSON are candidates only when they parse and are shaped like
+  calls: an object with a non-empty "name" string and an "arguments" or
+  "parameters" member that is an object or a string (or the OpenAI form
+  `{"type": "function", "function": {...}}`), or a non-empty array of those.
+  Anything else (a config object, an unbalanced `{`) is content, and the scan
+  skips a balanced non-call block whole: tags inside it are content too.
+  Mid-line JSON in prose is never a candidate.
+
+Inside a tag, a call needs only a "name" string; missing arguments mean `{}`,
+and arguments given as a JSON string are decoded (kept raw, with an error, when
+they do not decode). `ParseResult.cleaned` is the text with markup removed: each
+piece of content next to removed markup loses its whitespace on that side, and
+the remaining pieces are joined with a newline; text with no markup is
+returned unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+__all__ = [
+    "DEFAULT_FORMATS",
+    "FENCE",
+    "HERMES_CLOSE",
+    "HERMES_OPEN",
+    "LLAMA_END",
+    "LLAMA_TAG",
+    "MISTRAL_TAG",
+    "BareScan",
+    "FenceScan",
+    "ParseResult",
+    "ParsedCall",
+    "Start",
+    "Syntax",
+    "at_line_start",
+    "block_values",
+    "parse_tool_text",
+    "syntax_for",
+]
+
+DEFAULT_FORMATS: tuple[str, ...] = ("hermes", "mistral", "llama", "json", "fenced")
+
+HERMES_OPEN = "<tool_call>"
+HERMES_CLOSE = "</tool_call>"
+MISTRAL_TAG = "[TOOL_CALLS]"
+LLAMA_TAG = "<|python_tag|>"
+LLAMA_END = "<|eom_id|>"
+FENCE = "```"
+
+_TAGS: dict[str, str] = {"hermes": HERMES_OPEN, "mistral": MISTRAL_TAG, "llama": LLAMA_TAG}
+_MISTRAL_NAME = re.compile(
+    r"\s*([A-Za-z0-9_.:\-]+)\s*(?:\[CALL_ID\]\s*[A-Za-z0-9_\-]*\s*)?\[ARGS\]\s*"
+)
+_IN_STRING = re.compile(r'["\\]')
+_STRUCTURE = re.compile(r'["{}\[\]]')
+_SEPARATORS = " \t\r\n;,"
+
+
+def _no_constants(token: str) -> Any:
+    # NaN and Infinity are not JSON; json would accept them and dumps would emit them.
+    raise ValueError(f"{token} is not valid JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
+
+def loads(text: str) -> Any:
+    """Strict `json.loads`: NaN/Infinity rejected. Raises ValueError."""
+    return _DECODER.decode(text)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedCall:
+    """One call found in text. `arguments` is the decoded value, or the raw
+    string (with `arguments_error` set) when a string argument did not decode."""
+
+    name: str
+    arguments: Any
+    arguments_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParseResult:
+    """Calls in order of appearance; content with markup removed; parse problems."""
+
+    calls: tuple[ParsedCall, ...] = ()
+    cleaned: str = ""
+    candidate_found: bool = False
+    errors: tuple[str, ...] = ()
+
+
+class Start(enum.Enum):
+    """What a candidate-start character at some position begins."""
+
+    NONE = "none"  # nothing: scan on from the next character
+    PARTIAL = "partial"  # a proper prefix of a tag or fence at the end: need more text
+    TAG = "tag"
+    BARE = "bare"
+    FENCE = "fence"
+
+
+class Syntax:
+    """The start rules of one format list."""
+
+    __slots__ = ("bare", "fenced", "start_re", "tags")
+
+    def __init__(self, formats: Sequence[str]) -> None:
+        unknown = set(formats) - set(DEFAULT_FORMATS)
+        if unknown:
+            raise ValueError(f"unknown tool-call formats: {sorted(unknown)}")
+        self.tags: tuple[str, ...] = tuple(tag for f, tag in _TAGS.items() if f in formats)
+        self.bare = "json" in formats
+        self.fenced = "fenced" in formats
+        chars = {tag[0] for tag in self.tags}
+        if self.bare:
+            chars |= {"{", "["}
+        if self.fenced:
+            chars.add("`")
+        self.start_re: re.Pattern[str] | None = (
+            re.compile("[" + "".join(re.escape(c) for c in sorted(chars)) + "]") if chars else None
+        )
+
+    def classify(self, text: str, i: int, line_start: bool, final: bool) -> tuple[Start, str]:
+        """Classify the candidate-start character `text[i]`; the str is the tag for TAG.
+
+        With `final` the text is complete, so a prefix at the end is not PARTIAL.
+        """
+        rest = len(text) - i
+        partial = False
+        for tag in self.tags:
+            if text.startswith(tag, i):
+                return Start.TAG, tag
+            if not final and rest < len(tag) and tag.startswith(text[i:]):
+                partial = True
+        ch = text[i]
+        if ch in "{[" and self.bare and line_start:
+            # "[" may still become "[TOOL_CALLS]".
+            return (Start.PARTIAL if partial else Start.BARE), ""
+        if ch == "`" and self.fenced and line_start:
+            if text.startswith(FENCE, i):
+                return Start.FENCE, ""
+            if not final and rest < len(FENCE) and FENCE.startswith(text[i:]):
+                return Start.PARTIAL, ""
+        return (Start.PARTIAL if partial else Start.NONE), ""
+
+
+@lru_cache(maxsize=32)
+def _syntax(formats: tuple[str, ...]) -> Syntax:
+    return Syntax(formats)
+
+
+def syntax_for(formats: Sequence[str]) -> Syntax:
+    """The (cached) `Syntax` of a format list; raises ValueError for unknown names."""
+    return _syntax(tuple(formats))
+
+
+def at_line_start(text: str, i: int, head_at_line_start: bool) -> bool:
+    """Whether `text[i]` is the first non-whitespace character of its line.
+
+    `head_at_line_start` says whether `text[0]` begins a line (the filter's buffer
+    may start after text it already released).
+    """
+    k = text.rfind("\n", 0, i)
+    if k < 0 and not head_at_line_start:
+        return False
+    start = k + 1
+    return start == i or text[start:i].isspace()
+
+
+class BareScan:
+    """Finds where a bare JSON block starting at `start` ends (its brackets balance).
+
+    Incremental: `advance` may be called with more text each time. Strings are
+    respected; bracket kinds are not matched (invalid JSON fails to decode later).
+    """
+
+    __slots__ = ("depth", "in_string", "pos", "start")
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.pos = start
+        self.depth = 0
+        self.in_string = False
+
+    def advance(self, text: str, stop: int) -> int | None:
+        """Scan `text[self.pos:stop]`; return the index just past the block, or None."""
+        pos = self.pos
+        while pos < stop:
+            if self.in_string:
+                m = _IN_STRING.search(text, pos, stop)
+                if m is None:
+                    pos = stop
+                    break
+                if m.group() == "\\":
+                    if m.end() >= stop:  # the escaped character has not arrived
+                        pos = m.start()
+                        break
+                    pos = m.end() + 1
+                    continue
+                self.in_string = False
+                pos = m.end()
+                continue
+            m = _STRUCTURE.search(text, pos, stop)
+            if m is None:
+                pos = stop
+                break
+            ch = m.group()
+            pos = m.end()
+            if ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.pos = pos
+                    return pos
+        self.pos = pos
+        return None
+
+    def content(self, text: str, end: int) -> str:
+        return text[self.start : end]
+
+    def shift(self, n: int) -> None:
+        self.start -= n
+        self.pos -= n
+
+
+class FenceScan:
+    """Follows a ```` ``` ```` fence starting at `start` until it is known to hold JSON
+    and closes, or is known not to be a JSON fence.
+
+    `advance` returns the index just past the closing fence, `start + 3` with
+    `is_block` false when it is not a JSON fence, or None when it needs more text.
+    """
+
+    __slots__ = ("close", "content_start", "is_block", "pos", "stage", "start")
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.stage = 0  # 0: info line, 1: first character of content, 2: closing fence
+        self.pos = start + len(FENCE)
+        self.content_start = -1
+        self.close = -1
+        self.is_block = False
+
+    def advance(self, text: str, stop: int) -> int | None:
+        if self.stage == 0:
+            nl = text.find("\n", self.pos, stop)
+            info = text[self.pos : nl if nl >= 0 else stop].strip().lower()
+            if not "json".startswith(info) or (nl >= 0 and info not in ("", "json")):
+                return self.start + len(FENCE)
+            if nl < 0:
+                return None
+            self.stage, self.pos = 1, nl + 1
+        if self.stage == 1:
+            pos = self.pos
+            while pos < stop and text[pos].isspace():
+                pos += 1
+            self.pos = pos
+            if pos >= stop:
+                return None
+            if text[pos] not in "{[":
+                return self.start + len(FENCE)
+            self.stage, self.content_start = 2, pos
+        close = text.find(FENCE, self.pos, stop)
+        if close < 0:
+            self.pos = max(self.content_start, stop - len(FENCE) + 1)
+            return None
+        self.pos = self.close = close
+        self.is_block = True
+        return close + len(FENCE)
+
+    def content(self, text: str, end: int) -> str:
+        """The fenced text (`end` is what `advance` returned, or len(text) if unclosed)."""
+        return text[self.content_start : self.close if self.close >= 0 else end]
+
+    def shift(self, n: int) -> None:
+        self.start -= n
+        self.pos -= n
+        if self.content_start >= 0:
+            self.content_start -= n
+        if self.close >= 0:
+            self.close -= n
+
+
+def _call_object(value: object) -> dict[str, Any] | None:
+    """The function object of a call-shaped value (OpenAI wrapper unwrapped), or None."""
+    if not isinstance(value, dict):
+        return None
+    inner = value.get("function")
+    if isinstance(inner, dict) and value.get("type", "function") == "function":
+        value = inner
+    return value if isinstance(value.get("name"), str) and value["name"] else None
+
+
+def _strict_call(value: object) -> bool:
+    obj = _call_object(value)
+    if obj is None:
+        return False
+    key = "arguments" if "arguments" in obj else "parameters"
+    return isinstance(obj.get(key), dict | str)
+
+
+def block_values(fragment: str) -> list[Any] | None:
+    """The call objects of a bare/fenced block, or None when it is not shaped like calls."""
+    try:
+        value = loads(fragment)
+    except ValueError:
+        return None
+    if isinstance(value, list):
+        return value if value and all(_strict_call(v) for v in value) else None
+    return [value] if _strict_call(value) else None
+
+
+def _item(value: object) -> ParsedCall | str:
+    """One call from a decoded value, or a description of why it is not one."""
+    obj = _call_object(value)
+    if obj is None:
+        if isinstance(value, dict):
+            return 'the object has no "name" string'
+        return f"expected a JSON object, got {type(value).__name__}"
+    name: str = obj["name"]
+    args = obj["arguments"] if "arguments" in obj else obj.get("parameters")
+    if args is None or (isinstance(args, str) and not args.strip()):
+        return ParsedCall(name, {})
+    if isinstance(args, str):
+        try:
+            return ParsedCall(name, loads(args))
+        except ValueError as exc:
+            return ParsedCall(name, args, f"arguments are not valid JSON: {exc}")
+    return ParsedCall(name, args)
+
+
+def _items(values: Sequence[object]) -> list[ParsedCall | str]:
+    out: list[ParsedCall | str] = []
+    for value in values:
+        if not isinstance(value, list):
+            out.append(_item(value))
+        elif value:
+            out.extend(_item(v) for v in value)
+        else:
+            out.append("empty call list")
+    return out
+
+
+def _decode_sequence(payload: str) -> list[ParsedCall | str]:
+    """Calls from JSON values separated by whitespace, `;` or `,`."""
+    values: list[object] = []
+    pos, n = 0, len(payload)
+    while True:
+        while pos < n and payload[pos] in _SEPARATORS:
+            pos += 1
+        if pos >= n:
+            return _items(values)
+        try:
+            value, pos = _DECODER.raw_decode(payload, pos)
+        except ValueError as exc:
+            return [*_items(values), f"not valid JSON: {exc}"]
+        values.append(value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    end: int
+    items: list[ParsedCall | str]
+
+
+def _payload_block(text: str, t: int, end_at: int, end: int, what: str) -> _Block | None:
+    payload = text[t:end_at]
+    head = payload.lstrip()
+    if not head:
+        return _Block(end, [f"empty {what} block"])
+    if head[0] not in "{[":
+        return None  # prose that mentions the tag
+    return _Block(end, _decode_sequence(payload))
+
+
+def _hermes(text: str, i: int) -> _Block | None:
+    t = i + len(HERMES_OPEN)
+    close = text.find(HERMES_CLOSE, t)
+    reopen = text.find(HERMES_OPEN, t)
+    if close >= 0 and (reopen < 0 or close < reopen):
+        return _payload_block(text, t, close, close + len(HERMES_CLOSE), HERMES_OPEN)
+    end = reopen if reopen >= 0 else len(text)
+    return _payload_block(text, t, end, end, HERMES_OPEN)
+
+
+def _mistral(text: str, i: int) -> _Block | None:
+    t = i + len(MISTRAL_TAG)
+    n = len(text)
+    j = t
+    while j < n and text[j].isspace():
+        j += 1
+    if j == n:
+        return _Block(n, [f"empty {MISTRAL_TAG} block"])
+    if text[j] in "{[":
+        try:
+            value, end = _DECODER.raw_decode(text, j)
+        except ValueError as exc:
+            return _Block(n, [f"not valid JSON: {exc}"])
+        return _Block(end, _items([value]))
+    m = _MISTRAL_NAME.match(text, t)
+    if m is None:
+        return None
+    try:
+        args, end = _DECODER.raw_decode(text, m.end())
+    except ValueError as exc:
+        return _Block(n, [f'arguments of "{m.group(1)}" are not valid JSON: {exc}'])
+    return _Block(end, [_item({"name": m.group(1), "arguments": args})])
+
+
+def _llama(text: str, i: int) -> _Block | None:
+    t = i + len(LLAMA_TAG)
+    eom = text.find(LLAMA_END, t)
+    if eom >= 0:
+        return _payload_block(text, t, eom, eom + len(LLAMA_END), LLAMA_TAG)
+    return _payload_block(text, t, len(text), len(text), LLAMA_TAG)
+
+
+_TAG_PARSERS = {HERMES_OPEN: _hermes, MISTRAL_TAG: _mistral, LLAMA_TAG: _llama}
+
+
+def _cleaned(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    if not spans:
+        return text
+    pieces: list[str] = []
+    prev = 0
+    for k, (start, end) in enumerate(spans):
+        piece = text[prev:start]
+        if k:
+            piece = piece.lstrip()
+        piece = piece.rstrip()
+        if piece:
+            pieces.append(piece)
+        prev = end
+    tail = text[prev:].lstrip()
+    if tail:
+        pieces.append(tail)
+    return "\n".join(pieces)
+
+
+def parse_tool_text(text: str, formats: Sequence[str] = DEFAULT_FORMATS) -> ParseResult:
+    """Split `text` into content and tool calls (see the module docstring for the rules)."""
+    syntax = syntax_for(formats)
+    if syntax.start_re is None or not text:
+        return ParseResult(cleaned=text)
+    calls: list[ParsedCall] = []
+    errors: list[str] = []
+    spans: list[tuple[int, int]] = []
+    n = len(text)
+    pos = number = 0
+    while pos < n:
+        m = syntax.start_re.search(text, pos)
+        if m is None:
+            break
+        i = m.start()
+        kind, tag = syntax.classify(text, i, at_line_start(text, i, True), final=True)
+        block: _Block | None = None
+        if kind is Start.TAG:
+            block = _TAG_PARSERS[tag](text, i)
+            pos = i + len(tag)
+        elif kind is Start.BARE:
+            bare = BareScan(i)
+            end = bare.advance(text, n)
+            pos = i + 1
+            if end is not None:
+                values = block_values(bare.content(text, end))
+                pos = end
+                if values is not None:
+                    block = _Block(end, _items(values))
+        elif kind is Start.FENCE:
+            fence = FenceScan(i)
+            end = fence.advance(text, n)
+            pos = i + len(FENCE)
+            if end is None and fence.stage == 2:
+                end = n  # unclosed: a call only if the rest is one
+            if end is not None and fence.stage == 2:
+                values = block_values(fence.content(text, end))
+                if values is not None:
+                    block = _Block(end, _items(values))
+                elif fence.is_block:
+                    pos = end
+        else:
+            pos = i + 1
+        if block is None:
+            continue
+        spans.append((i, block.end))
+        pos = block.end
+        for item in block.items:
+            number += 1
+            if isinstance(item, str):
+                errors.append(f"tool call {number}: {item}")
+                continue
+            calls.append(item)
+            if item.arguments_error is not None:
+                errors.append(f'tool call {number} ("{item.name}"): {item.arguments_error}')
+    return ParseResult(
+        calls=tuple(calls),
+        cleaned=_cleaned(text, spans),
+        candidate_found=bool(spans),
+        errors=tuple(errors),
+    )

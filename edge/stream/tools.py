@@ -1,0 +1,374 @@
+"""Tool calls: declared-tool validation, native normalization, synthesis, checks.
+
+This module owns the rules that tie calls to the request: which tool
+definitions and `tool_choice` values are acceptable, how native calls from run
+metadata and calls found in text become `ToolCall`s (ids, names, arguments),
+and when calls violate the declared tools or `tool_choice`. Text formats live
+in `edge.stream.toolparse`. It does not know the stream, HTTP, or any I/O;
+JSON Schema `$ref`s are never fetched.
+
+Arguments are always a compact JSON string:
+`json.dumps(value, separators=(",", ":"), ensure_ascii=False)`; a native
+string that does not parse as JSON is kept as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import referencing
+import referencing.exceptions
+from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.protocols import Validator
+from jsonschema.validators import Draft202012Validator, validator_for
+
+from edge.errors import RequestError
+from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
+from edge.stream.toolparse import DEFAULT_FORMATS, loads, parse_tool_text
+
+__all__ = [
+    "NativeToolCalls",
+    "Synthesis",
+    "compact_json",
+    "match_tool_name",
+    "normalize_native_tool_calls",
+    "parse_native_tool_calls",
+    "synthesize_tool_calls",
+    "tool_calls_to_openai",
+    "unstreamed_remainder",
+    "validate_tool_calls",
+    "validate_tool_choice",
+    "validate_tool_definition",
+    "validate_tools",
+]
+
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_CHOICE_MODES: dict[str, Literal["none", "auto", "required"]] = {
+    "none": "none",
+    "auto": "auto",
+    "required": "required",
+}
+
+
+def compact_json(value: object) -> str:
+    """The one serialization of arguments used in responses."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# --- request side: what the caller declared ------------------------------------
+
+
+def validate_tool_definition(obj: object, index: int) -> ToolSpec:
+    """One entry of `tools`; raises `RequestError` naming the bad field."""
+    where = f"tools[{index}]"
+    if not isinstance(obj, dict):
+        raise RequestError(f"{where} must be an object", param=where)
+    if obj.get("type") != "function":
+        raise RequestError(f'{where}.type must be "function"', param=f"{where}.type")
+    fn = obj.get("function")
+    if not isinstance(fn, dict):
+        raise RequestError(f"{where}.function must be an object", param=f"{where}.function")
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise RequestError(
+            f"{where}.function.name must match ^[a-zA-Z0-9_-]{{1,64}}$",
+            param=f"{where}.function.name",
+        )
+    description = fn.get("description")
+    if description is not None and not isinstance(description, str):
+        raise RequestError(
+            f"{where}.function.description must be a string",
+            param=f"{where}.function.description",
+        )
+    parameters = fn.get("parameters")
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise RequestError(
+                f"{where}.function.parameters must be a JSON Schema object",
+                param=f"{where}.function.parameters",
+            )
+        try:
+            validator_for(parameters, default=Draft202012Validator).check_schema(parameters)
+        except SchemaError as exc:
+            path = exc.json_path
+            raise RequestError(
+                f"{where}.function.parameters is not a valid JSON Schema: {exc.message} "
+                f"(at {path})",
+                param=f"{where}.function.parameters",
+            ) from None
+    strict = fn.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise RequestError(
+            f"{where}.function.strict must be a boolean", param=f"{where}.function.strict"
+        )
+    return ToolSpec(name=name, description=description or "", parameters=parameters, strict=strict)
+
+
+def validate_tools(obj: object) -> tuple[ToolSpec, ...]:
+    """The whole `tools` array: every definition valid, names distinct."""
+    if not isinstance(obj, list):
+        raise RequestError("tools must be an array", param="tools")
+    specs: list[ToolSpec] = []
+    seen: set[str] = set()
+    for index, item in enumerate(obj):
+        spec = validate_tool_definition(item, index)
+        if spec.name in seen:
+            raise RequestError(
+                f'tools[{index}].function.name "{spec.name}" is declared more than once',
+                param=f"tools[{index}].function.name",
+            )
+        seen.add(spec.name)
+        specs.append(spec)
+    return tuple(specs)
+
+
+def validate_tool_choice(obj: object, tools: Sequence[ToolSpec]) -> ToolChoice:
+    """`tool_choice`; None means the OpenAI default ("auto" with tools, else "none")."""
+    if obj is None:
+        return ToolChoice("auto" if tools else "none")
+    if isinstance(obj, str):
+        mode = _CHOICE_MODES.get(obj)
+        if mode is None:
+            raise RequestError(
+                'tool_choice must be "none", "auto", "required" or a function object',
+                param="tool_choice",
+            )
+        if mode == "required" and not tools:
+            raise RequestError('tool_choice "required" needs tools', param="tool_choice")
+        return ToolChoice(mode)
+    if isinstance(obj, dict) and obj.get("type") == "function":
+        fn = obj.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if isinstance(name, str):
+            if all(tool.name != name for tool in tools):
+                raise RequestError(
+                    f'tool_choice names function "{name}", which tools does not declare',
+                    param="tool_choice",
+                )
+            return ToolChoice("function", name)
+    raise RequestError(
+        'tool_choice must be "none", "auto", "required" or '
+        '{"type": "function", "function": {"name": ...}}',
+        param="tool_choice",
+    )
+
+
+# --- response side: what the model called --------------------------------------
+
+
+def match_tool_name(name: str, tools: Sequence[ToolSpec]) -> str:
+    """The declared name for `name`: exact, else a unique case-insensitive match, else as is."""
+    if any(tool.name == name for tool in tools):
+        return name
+    folded = name.casefold()
+    matches = [tool.name for tool in tools if tool.name.casefold() == folded]
+    return matches[0] if len(matches) == 1 else name
+
+
+def _native_arguments(value: object) -> str:
+    if value is None:
+        return "{}"
+    if isinstance(value, str):
+        if not value.strip():
+            return "{}"
+        try:
+            return compact_json(loads(value))
+        except ValueError:
+            return value
+    return compact_json(value)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeToolCalls:
+    """Normalized native calls, and why any input (or all of it) was dropped."""
+
+    calls: tuple[ToolCall, ...] = ()
+    errors: tuple[str, ...] = ()
+
+
+def parse_native_tool_calls(raw: str, policy: ToolPolicy, id_prefix: str) -> NativeToolCalls:
+    """Normalize run metadata's `tool_calls` (an OpenAI-format JSON array).
+
+    Entries are `{"id"?, "type"?, "function": {"name", "arguments"}}` or the flat
+    `{"name", "arguments"}`. Ids that are missing, empty or repeated become
+    `call_{id_prefix}_{index}` (index in the output). Entries that are not
+    objects or have no name are dropped with an error; malformed JSON gives no
+    calls and one error. Empty or `null` metadata means no calls, no error.
+    """
+    if not raw.strip():
+        return NativeToolCalls()
+    try:
+        data = loads(raw)
+    except ValueError as exc:
+        return NativeToolCalls(errors=(f"tool_calls metadata is not valid JSON: {exc}",))
+    if data is None:
+        return NativeToolCalls()
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        return NativeToolCalls(errors=("tool_calls metadata is not a JSON array",))
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    used: set[str] = set()
+    for position, entry in enumerate(data):
+        fn = entry.get("function") if isinstance(entry, dict) else None
+        source: Mapping[str, Any] | None = fn if isinstance(fn, dict) else None
+        if source is None and isinstance(entry, dict):
+            source = entry
+        name = source.get("name") if source is not None else None
+        if not isinstance(entry, dict) or source is None or not isinstance(name, str) or not name:
+            errors.append(f'tool_calls[{position}] has no function "name"; dropped')
+            continue
+        call_id = entry.get("id")
+        if not isinstance(call_id, str) or not call_id or call_id in used:
+            call_id = f"call_{id_prefix}_{len(calls)}"
+            while call_id in used:
+                call_id += "_"
+        used.add(call_id)
+        arguments = source.get("arguments", source.get("parameters"))
+        calls.append(
+            ToolCall(
+                id=call_id,
+                name=match_tool_name(name, policy.tools),
+                arguments=_native_arguments(arguments),
+            )
+        )
+    return NativeToolCalls(tuple(calls), tuple(errors))
+
+
+def normalize_native_tool_calls(
+    raw: str, policy: ToolPolicy, id_prefix: str
+) -> tuple[ToolCall, ...]:
+    """The calls of `parse_native_tool_calls` (use that one to see what was dropped)."""
+    return parse_native_tool_calls(raw, policy, id_prefix).calls
+
+
+# Compiled validators, keyed by the schema's canonical JSON: the same tools are
+# declared on request after request, and a schema is immutable once declared.
+_VALIDATORS: OrderedDict[str, Validator] = OrderedDict()
+_VALIDATORS_MAX = 256
+_NO_RETRIEVAL: referencing.Registry[Any] = referencing.Registry()
+
+
+def _validator(schema: Mapping[str, Any]) -> Validator:
+    key = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
+    validator = _VALIDATORS.get(key)
+    if validator is None:
+        cls = validator_for(schema, default=Draft202012Validator)
+        validator = cls(schema, registry=_NO_RETRIEVAL)
+        _VALIDATORS[key] = validator
+        if len(_VALIDATORS) > _VALIDATORS_MAX:
+            _VALIDATORS.popitem(last=False)
+    else:
+        _VALIDATORS.move_to_end(key)
+    return validator
+
+
+def _schema_error(schema: Mapping[str, Any], instance: dict[str, Any]) -> str | None:
+    try:
+        error = best_match(_validator(schema).iter_errors(instance))
+    except referencing.exceptions.Unresolvable as exc:
+        return f"the parameters schema has an unresolvable $ref: {exc}"
+    if error is None:
+        return None
+    return f"{error.message} (at {error.json_path}, rule {error.validator!r})"
+
+
+def validate_tool_calls(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | None:
+    """The first way `calls` break the declared tools or `tool_choice`, or None.
+
+    `tool_choice` "required" or a named function with no call is a violation
+    (a run under them must end with a call); "none" with any call is one.
+    """
+    choice = policy.choice
+    if choice.mode == "none" and calls:
+        return f'tool_choice is "none" but the model called "{calls[0].name}"'
+    if choice.mode in ("required", "function") and not calls:
+        return f'tool_choice is "{choice.name or choice.mode}" but the model made no tool call'
+    if not policy.parallel_tool_calls and len(calls) > 1:
+        return f"parallel_tool_calls is false but the model made {len(calls)} tool calls"
+    for call in calls:
+        if choice.mode == "function" and call.name != choice.name:
+            return f'tool_choice names "{choice.name}" but the model called "{call.name}"'
+        spec = policy.spec(call.name)
+        if spec is None:
+            declared = ", ".join(tool.name for tool in policy.tools) or "none"
+            return f'tool call "{call.name}" names no declared tool (declared: {declared})'
+        try:
+            arguments = loads(call.arguments)
+        except ValueError as exc:
+            return f'tool "{call.name}" arguments are not valid JSON: {exc}'
+        if not isinstance(arguments, dict):
+            return f'tool "{call.name}" arguments are not a JSON object'
+        if spec.parameters is not None:
+            problem = _schema_error(spec.parameters, arguments)
+            if problem is not None:
+                return f'tool "{call.name}" arguments: {problem}'
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Synthesis:
+    """Calls found in content. With `error` set, `calls` is empty and the run failed."""
+
+    calls: tuple[ToolCall, ...] = ()
+    cleaned: str = ""
+    candidate_found: bool = False
+    error: str | None = None
+
+
+def synthesize_tool_calls(
+    text: str,
+    policy: ToolPolicy,
+    id_prefix: str,
+    formats: Sequence[str] = DEFAULT_FORMATS,
+) -> Synthesis:
+    """Tool calls from the whole content text, validated against `policy`.
+
+    A candidate that failed to parse is a validation failure, as is every rule
+    of `validate_tool_calls`. Ids are `call_{id_prefix}_{index}`.
+    """
+    parsed = parse_tool_text(text, formats)
+    if parsed.errors:
+        return Synthesis(cleaned=parsed.cleaned, candidate_found=True, error=parsed.errors[0])
+    calls = tuple(
+        ToolCall(
+            id=f"call_{id_prefix}_{index}",
+            name=match_tool_name(call.name, policy.tools),
+            arguments=compact_json(call.arguments),
+        )
+        for index, call in enumerate(parsed.calls)
+    )
+    error = validate_tool_calls(calls, policy)
+    if error is not None:
+        return Synthesis(
+            cleaned=parsed.cleaned, candidate_found=parsed.candidate_found, error=error
+        )
+    return Synthesis(calls, parsed.cleaned, parsed.candidate_found)
+
+
+def unstreamed_remainder(cleaned: str, emitted: str) -> str:
+    """The part of `cleaned` not yet shown, given the content already `emitted`.
+
+    The tool-text filter keeps `emitted` a prefix of `cleaned`; if it is not
+    (the filter hit its cap and showed raw markup), nothing more is shown.
+    """
+    return cleaned[len(emitted) :] if cleaned.startswith(emitted) else ""
+
+
+def tool_calls_to_openai(calls: Sequence[ToolCall], *, index: bool = True) -> list[dict[str, Any]]:
+    """The `tool_calls` of a stream delta; `index=False` gives the non-stream message
+    form, which is the same objects without "index"."""
+    out: list[dict[str, Any]] = []
+    for position, call in enumerate(calls):
+        item: dict[str, Any] = {"index": position} if index else {}
+        item["id"] = call.id
+        item["type"] = call.type
+        item["function"] = {"name": call.name, "arguments": call.arguments}
+        out.append(item)
+    return out

@@ -1,0 +1,216 @@
+"""The streaming hold-back filter for tool-call markup in content.
+
+This module owns one rule: text that may be (the start of) tool-call markup is
+not shown until it is known not to be. It reuses the start rules and block
+scanners of `edge.stream.toolparse`, so it never releases text that
+`parse_tool_text` would call markup. It does not know the declared tools, how
+calls are validated or emitted, or anything about I/O or event loops.
+
+What is held, from where (a candidate start):
+- a tag or a proper prefix of one at the end of the text (`<tool_call>`,
+  `[TOOL_CALLS]`, `<|python_tag|>`): a prefix that diverges is released; a
+  whole tag puts the filter in hold-all mode: everything from the tag to the
+  end of the stream is held (the session synthesizes calls at the end).
+- a `{` or `[` that is the first non-whitespace character of a line: held until
+  its brackets balance; a call-shaped block means hold-all, anything else is
+  released and the scan goes on after it.
+- a ```` ``` ```` opening a line: held until the info line and the first content
+  character show whether it is a JSON fence, then until the closing fence;
+  handled like a bare block.
+- the whitespace just before a candidate start, and trailing whitespace at the
+  end of what was fed: markup removal strips the whitespace next to it, so
+  what the filter shows stays a prefix of `ParseResult.cleaned`.
+
+The cap: when a candidate holds more than `max_hold` characters (counted from
+its start character; whitespace before it is not counted), everything held is
+released as content and the filter passes all further text through unchanged.
+The decision is made per character position, so it does not depend on how the
+text was split. After the cap, shown text may contain markup.
+
+Split invariance: the decisions depend only on the text, never on how it was
+cut, so for any split the concatenated `feed` outputs plus `flush()` (or plus
+`flush_non_candidate()`) equal those of feeding the text whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from edge.stream.toolparse import (
+    DEFAULT_FORMATS,
+    FENCE,
+    BareScan,
+    FenceScan,
+    Start,
+    at_line_start,
+    block_values,
+    syntax_for,
+)
+
+__all__ = ["ToolTextFilter"]
+
+
+def _ws_start(text: str, end: int) -> int:
+    """The start of the whitespace run that ends at `end`."""
+    while end > 0 and text[end - 1].isspace():
+        end -= 1
+    return end
+
+
+class ToolTextFilter:
+    """Incremental hold-back of tool-call candidates: `feed` per token, flush at the end."""
+
+    __slots__ = (
+        "_buf",
+        "_cand",
+        "_disabled",
+        "_hold_all",
+        "_max_hold",
+        "_pending",
+        "_pos",
+        "_released_any",
+        "_syntax",
+        "_tail",
+        "_tail_len",
+    )
+
+    def __init__(self, formats: Sequence[str] = DEFAULT_FORMATS, *, max_hold: int = 64 * 1024):
+        self._syntax = syntax_for(formats)
+        self._max_hold = max_hold
+        self._disabled = self._syntax.start_re is None
+        self._released_any = False
+        self._reset()
+
+    def _reset(self) -> None:
+        # Held text is `_buf` plus, in hold-all mode, the chunks in `_tail`.
+        self._buf = ""
+        self._tail: list[str] = []
+        self._tail_len = 0
+        self._pos = 0  # the scan goes on from here in `_buf`
+        self._cand: int | None = None  # where in `_buf` the current candidate starts
+        self._pending: BareScan | FenceScan | None = None
+        self._hold_all = False
+
+    @property
+    def holding(self) -> bool:
+        """Whether any text is held back."""
+        return bool(self._buf or self._tail)
+
+    def feed(self, text: str) -> str:
+        """Take the next piece of content; return the text that is safe to show now."""
+        if not text:
+            return ""
+        if self._disabled:
+            return text
+        if self._hold_all:
+            self._tail.append(text)
+            self._tail_len += len(text)
+            return self._check_hold_all()
+        start_re = self._syntax.start_re
+        if (
+            not self._buf
+            and start_re is not None
+            and start_re.search(text) is None
+            and not text[-1].isspace()
+        ):
+            self._released_any = True
+            return text
+        self._buf += text
+        return self._scan()
+
+    def flush_non_candidate(self) -> str:
+        """End of stream when native tool calls won: release only what precedes a candidate.
+
+        Held text from a (possibly partial) candidate start on is dropped, with
+        the whitespace just before it.
+        """
+        held = self._buf
+        out = held if self._cand is None else held[: _ws_start(held, self._cand)]
+        self._reset()
+        return self._released(out)
+
+    def flush(self) -> str:
+        """End of stream with no tool calls: release everything held."""
+        out = self._buf + "".join(self._tail)
+        self._reset()
+        return self._released(out)
+
+    def _released(self, out: str) -> str:
+        if out:
+            self._released_any = True
+        return out
+
+    def _check_hold_all(self) -> str:
+        assert self._cand is not None
+        if len(self._buf) + self._tail_len - self._cand > self._max_hold:
+            return self._give_up()
+        return ""
+
+    def _give_up(self) -> str:
+        """The cap: release everything held and pass the rest of the stream through."""
+        out = self.flush()
+        self._disabled = True
+        return out
+
+    def _scan(self) -> str:
+        buf = self._buf
+        syntax = self._syntax
+        assert syntax.start_re is not None
+        if self._pending is None:
+            self._cand = None  # a PARTIAL start is found again from `_pos`
+        while True:
+            pending = self._pending
+            if pending is not None:
+                assert self._cand is not None
+                limit = self._cand + self._max_hold
+                end = pending.advance(buf, min(len(buf), limit))
+                if end is None:
+                    if len(buf) > limit:
+                        return self._give_up()
+                    break
+                if isinstance(pending, BareScan) or pending.is_block:
+                    if block_values(pending.content(buf, end)) is not None:
+                        self._hold_all = True
+                        self._pending = None
+                        break
+                    self._pos = end
+                else:
+                    self._pos = pending.start + len(FENCE)
+                self._pending = None
+                self._cand = None
+                continue
+            m = syntax.start_re.search(buf, self._pos)
+            if m is None:
+                self._pos = len(buf)
+                break
+            i = m.start()
+            line_start = at_line_start(buf, i, not self._released_any)
+            kind, _ = syntax.classify(buf, i, line_start, final=False)
+            if kind is Start.NONE:
+                self._pos = i + 1
+                continue
+            self._cand = self._pos = i
+            if kind is Start.TAG:
+                self._hold_all = True
+                break
+            if kind is Start.PARTIAL:
+                break
+            self._pending = BareScan(i) if kind is Start.BARE else FenceScan(i)
+        return self._release()
+
+    def _release(self) -> str:
+        buf = self._buf
+        cut = _ws_start(buf, len(buf) if self._cand is None else self._cand)
+        if not cut:
+            return self._check_hold_all() if self._hold_all else ""
+        self._buf = buf[cut:]
+        self._pos -= cut
+        if self._cand is not None:
+            self._cand -= cut
+        if self._pending is not None:
+            self._pending.shift(cut)
+        self._released_any = True
+        out = buf[:cut]
+        if self._hold_all:
+            return out + self._check_hold_all()
+        return out

@@ -1,0 +1,160 @@
+"""Fixtures for end-to-end tests: a real `iop-sim-node` process, a real edge.
+
+The simulated node runs as a subprocess (one per test session) on an
+ephemeral 127.0.0.1 port with a runs log; the edge runs inside the test's
+trio loop, serving hypercorn on an ephemeral 127.0.0.1 port, so tests can
+also look at its insides (runs in flight, outcomes) after the fact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from edge.config import Config, NodeConfig, ServerConfig, TimeoutsConfig
+from edge.daemon import Edge, serve
+from edge.http.chat import StreamInfo
+from edge.stream.output import Outcome
+
+STARTUP_TIMEOUT_S = 30
+
+
+@dataclass
+class SimProcess:
+    address: str
+    runs_log: Path
+    process: subprocess.Popen[str]
+
+    def runs(self) -> list[dict[str, Any]]:
+        if not self.runs_log.exists():
+            return []
+        return [json.loads(line) for line in self.runs_log.read_text().splitlines() if line]
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        for record in self.runs():
+            if record.get("run_id") == run_id and "outcome" in record:
+                return record
+        return None
+
+    async def wait_run(self, run_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The runs-log line of `run_id`, once the node has written it."""
+        with trio.fail_after(timeout):
+            while (record := self.run(run_id)) is None:
+                await trio.sleep(0.01)
+        return record
+
+
+def start_sim(tmp: Path, name: str = "sim") -> SimProcess:
+    runs_log = tmp / f"{name}-runs.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edge.sim", "--listen", "127.0.0.1:0", "--runs-log", str(runs_log)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stdout is not None
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    line = ""
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if "listening on" in line or not line:
+            break
+    if "listening on" not in line:
+        process.kill()
+        raise RuntimeError(f"iop-sim-node did not start: {line!r}")
+    address = line.rsplit(" ", 1)[1].strip()
+    return SimProcess(address, runs_log, process)
+
+
+def stop_process(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
+    node = start_sim(tmp_path_factory.mktemp("sim"))
+    yield node
+    stop_process(node.process)
+
+
+@dataclass
+class RunningEdge:
+    edge: Edge
+    url: str
+    outcomes: list[tuple[StreamInfo, Outcome]] = field(default_factory=list)
+
+    def outcome(self, run_id: str) -> Outcome:
+        for info, outcome in self.outcomes:
+            if info.run_id == run_id:
+                return outcome
+        raise AssertionError(f"no outcome recorded for run {run_id}")
+
+    async def wait_idle(self, timeout: float = 10.0) -> None:
+        """Every run task has ended (its events closed, any CancelRun sent)."""
+        with trio.fail_after(timeout):
+            while self.edge.chat.runs.child_tasks:
+                await trio.sleep(0.01)
+
+
+def edge_config(sim: SimProcess, **timeouts: float) -> Config:
+    return Config(
+        server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0),
+        timeouts=replace(TimeoutsConfig(), **timeouts),
+        nodes=(NodeConfig("sim", sim.address),),
+    )
+
+
+@pytest.fixture
+async def edge(nursery: trio.Nursery, sim: SimProcess) -> AsyncIterator[RunningEdge]:
+    running = await start_edge(nursery, edge_config(sim))
+    yield running
+    await stop_edge(running)
+
+
+async def start_edge(nursery: trio.Nursery, config: Config) -> RunningEdge:
+    outcomes: list[tuple[StreamInfo, Outcome]] = []
+    edge: Edge = await nursery.start(
+        lambda task_status: serve(
+            config, on_outcome=lambda i, o: outcomes.append((i, o)), task_status=task_status
+        )
+    )
+    return RunningEdge(edge, edge.url, outcomes)
+
+
+async def stop_edge(running: RunningEdge) -> None:
+    await running.wait_idle()
+    running.edge.shutdown.set()
+
+
+@pytest.fixture
+async def http(edge: RunningEdge) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=edge.url, timeout=30) as client:
+        yield client
+
+
+def script(*events: dict[str, Any]) -> str:
+    """A sim-script user message."""
+    return json.dumps({"events": list(events)})
+
+
+def chat_body(model: str, content: str, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
