@@ -11,8 +11,15 @@ from pathlib import Path
 import trio
 from loguru import logger
 
-from edge.config import Config, ConfigError, LogConfig, NodeConfig, ServerConfig, load_config
-from edge.config import split_address
+from edge.config import (
+    Config,
+    ConfigError,
+    LogConfig,
+    NodeConfig,
+    ServerConfig,
+    load_config,
+    split_address,
+)
 from edge.log import setup_logging
 
 
@@ -28,11 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="iop-edge", description="OpenAI-compatible chat completions in front of nodes."
     )
-    parser.add_argument("--config", type=Path, default=Path("config.toml"),
-                        help="TOML config file (default ./config.toml; missing = built-in defaults)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=Path("config.toml"),
+        help="TOML config file (default ./config.toml; missing = built-in defaults)",
+    )
     parser.add_argument("--listen", type=_address, help="HOST:PORT to serve HTTP on")
-    parser.add_argument("--node", action="append", type=_address, default=None,
-                        metavar="HOST:PORT", help="a node to use (repeatable; replaces [[nodes]])")
+    parser.add_argument(
+        "--node",
+        action="append",
+        type=_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="a node to use (repeatable; replaces [[nodes]])",
+    )
     parser.add_argument("--log-level", choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])
     parser.add_argument("--runs-log", type=Path, help="runs log of embedded simulated nodes")
@@ -42,14 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_config(args: argparse.Namespace) -> Config:
     """The config file (if any), with command-line flags on top."""
     explicit = "--config" in sys.argv[1:] or any(a.startswith("--config=") for a in sys.argv[1:])
-    if args.config.exists() or explicit:
-        config = load_config(args.config)
-    else:
-        config = Config()
+    config = load_config(args.config) if args.config.exists() or explicit else Config()
     server = config.server
     if args.listen:
         server = replace(server, listen=args.listen)
-    log = LogConfig(level=args.log_level or config.log.level, format=args.log_format or config.log.format)
+    log = LogConfig(
+        level=args.log_level or config.log.level, format=args.log_format or config.log.format
+    )
     nodes = config.nodes
     if args.node:
         nodes = tuple(NodeConfig(name=a, address=a) for a in args.node)

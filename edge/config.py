@@ -143,8 +143,17 @@ class _Reader:
 
 
 def _names(kinds: tuple[type, ...]) -> str:
-    return " or ".join({int: "an integer", float: "a number", str: "a string", bool: "a boolean",
-                        list: "a list", dict: "a table"}.get(k, k.__name__) for k in kinds)
+    return " or ".join(
+        {
+            int: "an integer",
+            float: "a number",
+            str: "a string",
+            bool: "a boolean",
+            list: "a list",
+            dict: "a table",
+        }.get(k, k.__name__)
+        for k in kinds
+    )
 
 
 def parse_config(doc: Mapping[str, Any], source: str) -> Config:
@@ -185,7 +194,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
             r = _Reader(source, f"nodes[{i}]", raw)
             address = r.get("address", str, None)
             if address is None:
-                raise r.fail("address", "missing (HOST:PORT or \"embedded\")")
+                raise r.fail("address", 'missing (HOST:PORT or "embedded")')
             name = r.get("name", str, address)
             if address != "embedded":
                 _check_address(r, "address", address)
@@ -201,8 +210,10 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         formats = r.strings("tool_call_formats", base.tool_call_formats)
         for fmt in formats:
             if fmt not in DEFAULT_FORMATS:
-                raise r.fail("tool_call_formats", f"unknown format {fmt!r} "
-                             f"(known: {', '.join(DEFAULT_FORMATS)})")
+                raise r.fail(
+                    "tool_call_formats",
+                    f"unknown format {fmt!r} (known: {', '.join(DEFAULT_FORMATS)})",
+                )
         models[name] = ModelConfig(
             strict=r.get("strict", bool, base.strict),
             stream_buffer=r.get("stream_buffer", bool, base.stream_buffer),

@@ -8,9 +8,9 @@ nursery, so a stream can outlive the handler that started it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,15 +78,20 @@ async def serve(
         await pool.refresh()
         for state in pool.nodes:
             if not state.healthy:
-                logger.warning("node {} ({}) is not reachable yet: {}", state.client.name,
-                               state.client.address, state.error)
+                logger.warning(
+                    "node {} ({}) is not reachable yet: {}",
+                    state.client.name,
+                    state.client.address,
+                    state.error,
+                )
         async with trio.open_nursery() as root:
             root.start_soon(pool.run_refresh)
             async with trio.open_nursery() as runs:
                 chat = ChatService(config, pool, runs, on_outcome)
                 app = create_app(chat, max_body_bytes=config.server.max_body_bytes)
+                http_done = trio.Event()
                 binds = await root.start(
-                    _serve_http, app, _hypercorn_config(config.server.listen), shutdown
+                    _serve_http, app, _hypercorn_config(config.server.listen), shutdown, http_done
                 )
                 url = binds[0]
                 logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
@@ -95,7 +100,7 @@ async def serve(
                 app.extensions["start_draining"]()
                 # hypercorn drains its connections (graceful_timeout) and returns.
                 with trio.move_on_after(config.server.drain_timeout_s):
-                    await _wait_http_done(root)
+                    await http_done.wait()
                 runs.cancel_scope.cancel()
             root.cancel_scope.cancel()
 
@@ -104,16 +109,14 @@ async def _serve_http(
     app: object,
     hc: HypercornConfig,
     shutdown: trio.Event,
+    done: trio.Event,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)  # type: ignore[arg-type]
-
-
-async def _wait_http_done(root: trio.Nursery) -> None:
-    # The HTTP server task ends once hypercorn has finished draining.
-    while len(root.child_tasks) > 1:
-        await trio.sleep(0.05)
+    try:
+        await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)  # type: ignore[arg-type]
+    finally:
+        done.set()
 
 
 def run_forever(config: Config, signals: Callable[[trio.Event], Awaitable[None]]) -> None:

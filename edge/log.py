@@ -59,8 +59,15 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     if fmt == "json":
         logger.add(_json_sink, level=level, enqueue=True, backtrace=False, diagnose=False)
     else:
-        logger.add(sys.stderr, level=level, format=_text_format, enqueue=True,
-                   backtrace=False, diagnose=False, colorize=None)
+        logger.add(
+            sys.stderr,
+            level=level,
+            format=_text_format,
+            enqueue=True,
+            backtrace=False,
+            diagnose=False,
+            colorize=None,
+        )
     logging.basicConfig(handlers=[InterceptHandler()], level=0, force=True)
     logging.captureWarnings(True)
     # Frame-level debug chatter of h2/hpack/grpclib is never wanted.

@@ -95,8 +95,10 @@ def create_app(chat: ChatService, *, max_body_bytes: int) -> QuartTrio:
     @app.get("/readyz")
     async def readyz() -> Response:
         ready = chat.pool.ready and not draining
-        body: dict[str, object] = {"status": "ready" if ready else "not ready",
-                                   "nodes": chat.pool.status()}
+        body: dict[str, object] = {
+            "status": "ready" if ready else "not ready",
+            "nodes": chat.pool.status(),
+        }
         if draining:
             body["reason"] = "draining"
         elif not ready:

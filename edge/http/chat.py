@@ -156,16 +156,25 @@ class ChatService:
             self._finished(node, run, info, run.session.outcome)
         if builder.error is not None:
             status = _ERROR_STATUS.get(builder.error.type, 502)
-            return Response(_json(error_body(builder.error.type, builder.error.message)),
-                            status=status, content_type="application/json")
-        return Response(_json(builder.response(response_id, created, model)),
-                        status=200, content_type="application/json")
+            return Response(
+                _json(error_body(builder.error.type, builder.error.message)),
+                status=status,
+                content_type="application/json",
+            )
+        return Response(
+            _json(builder.response(response_id, created, model)),
+            status=200,
+            content_type="application/json",
+        )
 
-    def _finished(self, node: NodeState, run: RunStream, info: StreamInfo, outcome: Outcome) -> None:
+    def _finished(
+        self, node: NodeState, run: RunStream, info: StreamInfo, outcome: Outcome
+    ) -> None:
         node.in_flight -= 1
         if self.on_outcome is not None:
-            final = StreamInfo(info.run_id, info.model, info.node, info.stream, info.started_at,
-                               run.first_event_at)
+            final = StreamInfo(
+                info.run_id, info.model, info.node, info.stream, info.started_at, run.first_event_at
+            )
             self.on_outcome(final, outcome)
 
 
@@ -178,7 +187,9 @@ def _json(value: object) -> bytes:
 class SSEBody(ResponseBody):
     """The body of a streaming answer: one run's SSE frames, ready ones in one write."""
 
-    def __init__(self, run: RunStream, encoder: SSEEncoder, on_done: Callable[[Outcome], None]) -> None:
+    def __init__(
+        self, run: RunStream, encoder: SSEEncoder, on_done: Callable[[Outcome], None]
+    ) -> None:
         self._run = run
         self._encoder = encoder
         self._on_done: Callable[[Outcome], None] | None = on_done

@@ -147,6 +147,9 @@ class GrpcNodeClient:
                     handle.error = exc
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     handle.cancel("consumer_gone")
+                except Exception as exc:  # a bug, not a node failure: keep the edge serving
+                    logger.opt(exception=exc).error("run {} failed in the edge", handle.run_id)
+                    handle.error = NodeFailedError("the edge failed while reading the run")
             if handle._scope.cancelled_caught and handle.cancel_reason is None:
                 handle.cancel_reason = "timeout"
             # The reason is final: now the writer may see the end of the events.
@@ -162,15 +165,15 @@ class GrpcNodeClient:
         with trio.move_on_after(CANCEL_RPC_TIMEOUT_S, shield=True):
             try:
                 self.cancels_sent += 1
-                await call_asyncio(self._grpc.cancel_run, handle.run_id, reason, CANCEL_RPC_TIMEOUT_S)
-            except EdgeError as exc:
+                await call_asyncio(self._grpc.cancel_run, handle.run_id, reason)
+            except Exception as exc:
                 logger.warning(
                     "CancelRun for run {} on node {} failed: {}", handle.run_id, self.name, exc
                 )
 
     async def describe(self) -> NodeDescription:
-        with trio.fail_after(DESCRIBE_TIMEOUT_S * 2):
-            response = await call_asyncio(self._grpc.describe, DESCRIBE_TIMEOUT_S)
+        with trio.fail_after(DESCRIBE_TIMEOUT_S):
+            response = await call_asyncio(self._grpc.describe)
         return NodeDescription(
             name=response.node_name or self.name,
             models=tuple(m.id for m in response.models),

@@ -18,7 +18,9 @@ from edge.sim.server import SimNode, start_server, stop_server
 
 
 @asynccontextmanager
-async def embedded_node(name: str, runs_log: Path | None = None) -> AsyncIterator[tuple[SimNode, int]]:
+async def embedded_node(
+    name: str, runs_log: Path | None = None
+) -> AsyncIterator[tuple[SimNode, int]]:
     """Serve a simulated node for the duration of the block; yields (node, port)."""
     node = SimNode(name=name, runs_log=runs_log)
     server, port = await call_asyncio(start_server, node, "127.0.0.1", 0)

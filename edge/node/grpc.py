@@ -93,7 +93,9 @@ class GrpcNode:
     def _acquire(self) -> _PooledChannel:
         best: _PooledChannel | None = None
         for pooled in self._channels:
-            if pooled.active < STREAMS_PER_CHANNEL and (best is None or pooled.active < best.active):
+            if pooled.active < STREAMS_PER_CHANNEL and (
+                best is None or pooled.active < best.active
+            ):
                 best = pooled
         if best is None:
             best = _PooledChannel(Channel(self.host, self.port, config=_H2_CONFIG))
@@ -156,12 +158,11 @@ class GrpcNode:
         route: str,
         request: pb.CancelRunRequest | pb.DescribeRequest,
         response_type: type[pb.CancelRunResponse] | type[pb.DescribeResponse],
-        timeout: float,
     ) -> object:
         pooled = self._acquire()
         try:
             async with pooled.channel.request(
-                route, Cardinality.UNARY_UNARY, type(request), response_type, timeout=timeout
+                route, Cardinality.UNARY_UNARY, type(request), response_type
             ) as stream:
                 await stream.send_message(request, end=True)
                 return await stream.recv_message()
@@ -170,18 +171,17 @@ class GrpcNode:
         finally:
             self._release(pooled)
 
-    async def cancel_run(self, run_id: str, reason: str, timeout: float) -> bool:
+    async def cancel_run(self, run_id: str, reason: str) -> bool:
         """CancelRun: True when the run was live on the node."""
         response = await self._unary(
-            CANCEL_ROUTE, pb.CancelRunRequest(run_id=run_id, reason=reason), pb.CancelRunResponse,
-            timeout,
+            CANCEL_ROUTE,
+            pb.CancelRunRequest(run_id=run_id, reason=reason),
+            pb.CancelRunResponse,
         )
         return isinstance(response, pb.CancelRunResponse) and response.found
 
-    async def describe(self, timeout: float) -> pb.DescribeResponse:
-        response = await self._unary(
-            DESCRIBE_ROUTE, pb.DescribeRequest(), pb.DescribeResponse, timeout
-        )
+    async def describe(self) -> pb.DescribeResponse:
+        response = await self._unary(DESCRIBE_ROUTE, pb.DescribeRequest(), pb.DescribeResponse)
         if not isinstance(response, pb.DescribeResponse):
             raise NodeFailedError(f"node {self.address} sent no Describe response")
         return response
@@ -190,4 +190,3 @@ class GrpcNode:
         for pooled in self._channels:
             pooled.channel.close()
         self._channels.clear()
-

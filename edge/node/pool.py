@@ -52,8 +52,9 @@ class NodePool:
             state.error = str(exc) or type(exc).__name__
             return
         if not state.healthy:
-            logger.info("node {} is up, models: {}", state.client.name,
-                        ", ".join(description.models))
+            logger.info(
+                "node {} is up, models: {}", state.client.name, ", ".join(description.models)
+            )
         state.healthy = True
         state.error = None
         state.models = description.models

@@ -65,7 +65,7 @@ def _last_user_text(request: pb.RunRequest) -> str:
     for message in reversed(request.messages):
         if message.role == "user":
             if message.content is not None:
-                return message.content
+                return str(message.content)
             return "".join(p.text for p in message.parts if p.type == "text")
     return ""
 
@@ -94,7 +94,7 @@ def parse_script(text: str) -> list[dict[str, Any]]:
         raise ScriptError(f"sim-script: the last user message is not JSON: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("events"), list):
         raise ScriptError('sim-script: expected {"events": [...]}')
-    items = doc["events"]
+    items: list[dict[str, Any]] = doc["events"]
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise ScriptError(f"sim-script: events[{i}] is not an object")
@@ -151,9 +151,7 @@ class SimNode:
             )
         )
 
-    async def _cancel_run(
-        self, stream: Stream[pb.CancelRunRequest, pb.CancelRunResponse]
-    ) -> None:
+    async def _cancel_run(self, stream: Stream[pb.CancelRunRequest, pb.CancelRunResponse]) -> None:
         request = await stream.recv_message()
         assert request is not None
         run = self._runs.get(request.run_id)
@@ -199,7 +197,9 @@ class SimNode:
                 run.outcome = "error"
             self._ended(run)
 
-    async def _send(self, stream: Stream[pb.RunRequest, pb.RunEvent], run: _Run, ev: pb.RunEvent) -> None:
+    async def _send(
+        self, stream: Stream[pb.RunRequest, pb.RunEvent], run: _Run, ev: pb.RunEvent
+    ) -> None:
         await stream.send_message(ev)
         run.events_sent += 1
 
@@ -211,7 +211,9 @@ class SimNode:
         if request.model == "sim-script":
             return await self._script(stream, parse_script(_last_user_text(request)), run)
         await self._send(
-            stream, run, pb.RunEvent(type="error", error=f"model {request.model!r} is not served here")
+            stream,
+            run,
+            pb.RunEvent(type="error", error=f"model {request.model!r} is not served here"),
         )
         return "error"
 
@@ -221,11 +223,15 @@ class SimNode:
         text = _last_user_text(request)
         words = text.split(" ")
         for i, word in enumerate(words):
-            await self._send(stream, run, pb.RunEvent(type="delta", delta=word if i == 0 else " " + word))
+            await self._send(
+                stream, run, pb.RunEvent(type="delta", delta=word if i == 0 else " " + word)
+            )
         prompt_tokens = sum(len((m.content or "").split()) for m in request.messages)
         usage = pb.Usage(input_tokens=prompt_tokens, output_tokens=len(words))
         await self._send(
-            stream, run, pb.RunEvent(type="complete", usage=usage, metadata={"finish_reason": "stop"})
+            stream,
+            run,
+            pb.RunEvent(type="complete", usage=usage, metadata={"finish_reason": "stop"}),
         )
         return "complete"
 
@@ -297,8 +303,9 @@ async def start_server(node: SimNode, host: str, port: int) -> tuple[Server, int
     """Start serving `node`; returns the server and the port it listens on."""
     server = _Server([node])
     await server.start(host, port, backlog=2048, reuse_address=True)
-    assert server._server is not None
-    bound = server._server.sockets[0].getsockname()[1]
+    listening = server._server
+    assert isinstance(listening, asyncio.Server)
+    bound = listening.sockets[0].getsockname()[1]
     return server, int(bound)
 
 

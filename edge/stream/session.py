@@ -35,7 +35,11 @@ from edge.stream.sentinel import DEFAULT_SENTINELS, SentinelFilter
 from edge.stream.think import ThinkSplitter, has_close_think, has_open_think
 from edge.stream.toolcall import ToolCall, ToolPolicy
 from edge.stream.toolparse import DEFAULT_FORMATS
-from edge.stream.tools import normalize_native_tool_calls, synthesize_tool_calls, validate_tool_calls
+from edge.stream.tools import (
+    normalize_native_tool_calls,
+    synthesize_tool_calls,
+    validate_tool_calls,
+)
 from edge.stream.tooltext import ToolTextFilter
 
 TraceFn = Callable[[str, Mapping[str, Any]], None]
@@ -151,8 +155,9 @@ class StreamSession:
 
     def fail(self, error_type: str, message: str) -> None:
         """Terminal: an error frame, error metrics."""
-        self._terminate(Outcome("error", error_type=error_type,
-                                reasoning_chars=self._reasoning_chars()))
+        self._terminate(
+            Outcome("error", error_type=error_type, reasoning_chars=self._reasoning_chars())
+        )
         self.out.append(ErrorOut(error_type, message))
         self._trace_event("error", {"error_type": error_type})
 
@@ -209,12 +214,15 @@ class StreamSession:
         if self._tool_filter is not None:
             shown = self._tool_filter.feed(text)
             if not shown:
-                self._trace_event("suppressed", {
-                    "type": "content",
-                    "source_len": len(source),
-                    "source_has_open_think": has_open_think(source),
-                    "source_has_close_think": has_close_think(source),
-                })
+                self._trace_event(
+                    "suppressed",
+                    {
+                        "type": "content",
+                        "source_len": len(source),
+                        "source_has_open_think": has_open_think(source),
+                        "source_has_close_think": has_close_think(source),
+                    },
+                )
                 return
         self._emitted.append(shown)
         self._write_content(shown, source, shown != source)
@@ -242,12 +250,19 @@ class StreamSession:
     def _write_content(self, text: str, source: str, filtered: bool) -> None:
         self._trace_seq += 1
         if self._trace is not None:
-            self._trace("chunk", {
-                "run_id": self.settings.run_id, "seq": self._trace_seq, "type": "content",
-                "len": len(text), "source_len": len(source), "filtered": filtered,
-                "source_has_open_think": has_open_think(source),
-                "source_has_close_think": has_close_think(source),
-            })
+            self._trace(
+                "chunk",
+                {
+                    "run_id": self.settings.run_id,
+                    "seq": self._trace_seq,
+                    "type": "content",
+                    "len": len(text),
+                    "source_len": len(source),
+                    "filtered": filtered,
+                    "source_has_open_think": has_open_think(source),
+                    "source_has_close_think": has_close_think(source),
+                },
+            )
         if self._held_content is not None:
             self._held_content.append(text)
         else:
@@ -289,16 +304,25 @@ class StreamSession:
         if calls:
             self._trace_event("tool_calls", {"tool_call_count": len(calls)})
             self.out.append(ToolCallsOut(calls))
-        self._terminate(Outcome("success", finish_reason=finish_reason, usage=event.usage,
-                                reasoning_chars=self._reasoning_chars()))
-        self._trace_event("done", {"finish_reason": finish_reason,
-                                   "content_len": sum(map(len, self._content)),
-                                   "reasoning_len": self._reasoning_chars()})
+        self._terminate(
+            Outcome(
+                "success",
+                finish_reason=finish_reason,
+                usage=event.usage,
+                reasoning_chars=self._reasoning_chars(),
+            )
+        )
+        self._trace_event(
+            "done",
+            {
+                "finish_reason": finish_reason,
+                "content_len": sum(map(len, self._content)),
+                "reasoning_len": self._reasoning_chars(),
+            },
+        )
         self.out.append(FinishOut(finish_reason, event.usage))
 
-    def _resolve_tool_calls(
-        self, metadata: Mapping[str, str]
-    ) -> tuple[tuple[ToolCall, ...], bool]:
+    def _resolve_tool_calls(self, metadata: Mapping[str, str]) -> tuple[tuple[ToolCall, ...], bool]:
         """The completion's tool calls and whether they were native.
 
         Native calls in the run metadata win over text; otherwise calls are
@@ -329,16 +353,13 @@ class StreamSession:
             self._emit_pending(self._tool_filter.flush())
             return (), False
         if policy.tools and policy.choice.mode == "required":
-            self.fail("tool_validation_error",
-                      'tool_choice is "required" but the model called no tool')
+            self.fail(
+                "tool_validation_error", 'tool_choice is "required" but the model called no tool'
+            )
         return (), False
 
     def _reasoning_fallback(self, finish_reason: str) -> None:
-        if (
-            self.settings.strict
-            or "".join(self._content).strip()
-            or "".join(self._emitted).strip()
-        ):
+        if self.settings.strict or "".join(self._content).strip() or "".join(self._emitted).strip():
             return
         reasoning = "".join(self._reasoning)
         if not reasoning.strip():
@@ -386,19 +407,27 @@ class StreamSession:
 
     def _trace_chunk(self, kind: str, length: int) -> None:
         if self._trace is not None:
-            self._trace("chunk", {"run_id": self.settings.run_id, "seq": self._trace_seq,
-                                  "type": kind, "len": length})
+            self._trace(
+                "chunk",
+                {
+                    "run_id": self.settings.run_id,
+                    "seq": self._trace_seq,
+                    "type": kind,
+                    "len": length,
+                },
+            )
 
     def _trace_event(self, what: str, fields: Mapping[str, Any]) -> None:
         if self._trace is not None:
-            self._trace(what, {"run_id": self.settings.run_id, "seq": self._trace_seq + 1,
-                               **fields})
+            self._trace(
+                what, {"run_id": self.settings.run_id, "seq": self._trace_seq + 1, **fields}
+            )
 
 
 def _unstreamed(cleaned: str, emitted: str) -> str:
     """The part of the cleaned text the caller has not seen yet."""
     if cleaned.startswith(emitted):
-        return cleaned[len(emitted):]
+        return cleaned[len(emitted) :]
     return ""
 
 

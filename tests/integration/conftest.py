@@ -47,10 +47,10 @@ class SimProcess:
                 return record
         return None
 
-    async def wait_run(self, run_id: str, timeout: float = 10.0) -> dict[str, Any]:
-        """The runs-log line of `run_id`, once the node has written it."""
-        with trio.fail_after(timeout):
-            while (record := self.run(run_id)) is None:
+    async def wait_run(self, run_id: str, within_s: float = 10.0) -> dict[str, Any]:
+        """The runs-log line of `run_id`, once the node (another process) has written it."""
+        with trio.fail_after(within_s):
+            while (record := self.run(run_id)) is None:  # noqa: ASYNC110 - a file, not an event
                 await trio.sleep(0.01)
         return record
 
@@ -108,10 +108,10 @@ class RunningEdge:
                 return outcome
         raise AssertionError(f"no outcome recorded for run {run_id}")
 
-    async def wait_idle(self, timeout: float = 10.0) -> None:
+    async def wait_idle(self, within_s: float = 10.0) -> None:
         """Every run task has ended (its events closed, any CancelRun sent)."""
-        with trio.fail_after(timeout):
-            while self.edge.chat.runs.child_tasks:
+        with trio.fail_after(within_s):
+            while self.edge.chat.runs.child_tasks:  # noqa: ASYNC110 - no event for "none left"
                 await trio.sleep(0.01)
 
 

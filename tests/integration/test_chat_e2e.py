@@ -31,7 +31,7 @@ def parse_sse(raw: bytes) -> list[str]:
             continue  # a comment (keep-alive)
         assert frame.startswith("data: "), f"unexpected frame {frame!r}"
         assert "\n" not in frame, "one data line per frame"
-        payloads.append(frame[len("data: "):])
+        payloads.append(frame[len("data: ") :])
     return payloads
 
 
@@ -40,19 +40,24 @@ async def test_sdk_streaming_echo(edge: RunningEdge, sim: SimProcess) -> None:
 
     def call() -> list[Any]:
         with _sdk(edge) as client:
-            return list(client.chat.completions.create(
-                model="sim-echo", messages=[{"role": "user", "content": "hello big world"}],
-                stream=True,
-            ))
+            return list(
+                client.chat.completions.create(
+                    model="sim-echo",
+                    messages=[{"role": "user", "content": "hello big world"}],
+                    stream=True,
+                )
+            )
 
     chunks = await trio.to_thread.run_sync(call)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "hello big world"
     assert chunks[-1].choices[0].finish_reason == "stop"
-    assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].id.startswith("chatcmpl-")
     run = await sim.wait_run(chunks[0].id.removeprefix("chatcmpl-"))
-    assert run["outcome"] == "complete" and not run["cancel_rpc"]
+    assert run["outcome"] == "complete"
+    assert not run["cancel_rpc"]
 
 
 async def test_sdk_non_streaming_with_usage(edge: RunningEdge) -> None:
@@ -81,17 +86,30 @@ async def test_async_sdk_streaming_include_usage(edge: RunningEdge) -> None:
         import asyncio
 
         async def go() -> list[Any]:
-            async with openai.AsyncOpenAI(base_url=edge.url + "/v1", api_key="x",
-                                          max_retries=0) as client:
+            async with openai.AsyncOpenAI(
+                base_url=edge.url + "/v1", api_key="x", max_retries=0
+            ) as client:
                 stream = await client.chat.completions.create(
                     model="sim-script",
-                    messages=[{"role": "user", "content": script(
-                        {"type": "delta", "delta": "hi"},
-                        {"type": "complete", "usage": {"input_tokens": 5, "output_tokens": 1,
-                                                        "reasoning_tokens": 0,
-                                                        "cached_input_tokens": 2}},
-                    )}],
-                    stream=True, stream_options={"include_usage": True},
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": script(
+                                {"type": "delta", "delta": "hi"},
+                                {
+                                    "type": "complete",
+                                    "usage": {
+                                        "input_tokens": 5,
+                                        "output_tokens": 1,
+                                        "reasoning_tokens": 0,
+                                        "cached_input_tokens": 2,
+                                    },
+                                },
+                            ),
+                        }
+                    ],
+                    stream=True,
+                    stream_options={"include_usage": True},
                 )
                 return [chunk async for chunk in stream]
 
@@ -118,7 +136,10 @@ async def test_raw_sse_framing(http: httpx.AsyncClient) -> None:
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
     assert [c["choices"][0]["delta"].get("content") for c in chunks[1:-1]] == ["a", " b"]
     assert chunks[-1]["choices"][0] == {
-        "index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "stop",
     }
     for chunk in chunks:
         assert chunk["object"] == "chat.completion.chunk"
@@ -127,17 +148,22 @@ async def test_raw_sse_framing(http: httpx.AsyncClient) -> None:
         assert isinstance(chunk["created"], int)
 
 
-async def test_node_error_event_is_an_sse_error_frame(http: httpx.AsyncClient,
-                                                      edge: RunningEdge) -> None:
+async def test_node_error_event_is_an_sse_error_frame(
+    http: httpx.AsyncClient, edge: RunningEdge
+) -> None:
     """A node `error` event ends the stream with one OpenAI-shaped error frame, no [DONE]."""
-    body = chat_body("sim-script", script({"type": "delta", "delta": "x"},
-                                          {"type": "error", "error": "GPU on fire"}), stream=True)
+    body = chat_body(
+        "sim-script",
+        script({"type": "delta", "delta": "x"}, {"type": "error", "error": "GPU on fire"}),
+        stream=True,
+    )
     response = await http.post("/v1/chat/completions", json=body)
     payloads = parse_sse(response.content)
     assert "[DONE]" not in payloads
     last = json.loads(payloads[-1])
-    assert last == {"error": {"message": "GPU on fire", "type": "run_error", "param": None,
-                              "code": None}}
+    assert last == {
+        "error": {"message": "GPU on fire", "type": "run_error", "param": None, "code": None}
+    }
 
 
 async def test_sdk_raises_on_error_frame(edge: RunningEdge) -> None:
@@ -146,7 +172,8 @@ async def test_sdk_raises_on_error_frame(edge: RunningEdge) -> None:
     def call() -> None:
         with _sdk(edge) as client:
             stream = client.chat.completions.create(
-                model="sim-script", stream=True,
+                model="sim-script",
+                stream=True,
                 messages=[{"role": "user", "content": script({"type": "cancelled"})}],
             )
             for _ in stream:
@@ -156,11 +183,13 @@ async def test_sdk_raises_on_error_frame(edge: RunningEdge) -> None:
         await trio.to_thread.run_sync(call)
 
 
-async def test_broken_node_stream_is_an_error_frame(http: httpx.AsyncClient,
-                                                    sim: SimProcess) -> None:
+async def test_broken_node_stream_is_an_error_frame(
+    http: httpx.AsyncClient, sim: SimProcess
+) -> None:
     """A node stream that breaks mid-run (abort) ends in an error frame, and CancelRun is sent."""
-    body = chat_body("sim-script", script({"type": "delta", "delta": "x"}, {"type": "abort"}),
-                     stream=True)
+    body = chat_body(
+        "sim-script", script({"type": "delta", "delta": "x"}, {"type": "abort"}), stream=True
+    )
     response = await http.post("/v1/chat/completions", json=body)
     payloads = parse_sse(response.content)
     first = json.loads(payloads[0])

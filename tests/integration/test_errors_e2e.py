@@ -20,7 +20,8 @@ def _assert_error(response: httpx.Response, status: int, error_type: str) -> dic
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == error_type
-    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["message"], str)
+    assert error["message"]
     assert "Traceback" not in error["message"]
     return error  # type: ignore[no-any-return]
 
@@ -33,16 +34,25 @@ def _assert_error(response: httpx.Response, status: int, error_type: str) -> dic
         (b"", None),
         (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
         (b'{"model": "sim-echo"}', "messages"),
-        (b'{"model": "sim-echo", "messages": [{"role": "user", "content": 5}]}',
-         "messages[0].content"),
-        (b'{"model": "sim-echo", "messages": [{"role": "wizard", "content": "x"}]}',
-         "messages[0].role"),
+        (
+            b'{"model": "sim-echo", "messages": [{"role": "user", "content": 5}]}',
+            "messages[0].content",
+        ),
+        (
+            b'{"model": "sim-echo", "messages": [{"role": "wizard", "content": "x"}]}',
+            "messages[0].role",
+        ),
         (b'{"model": "sim-echo", "messages": [{"role": "user", "content": "x"}], "n": 2}', "n"),
-        (b'{"model": "sim-echo", "messages": [{"role": "user", "content": "x"}],'
-         b' "tools": [{"type": "function", "function": {"name": "bad name!"}}]}', None),
+        (
+            b'{"model": "sim-echo", "messages": [{"role": "user", "content": "x"}],'
+            b' "tools": [{"type": "function", "function": {"name": "bad name!"}}]}',
+            None,
+        ),
     ],
 )
-async def test_bad_requests_are_400(http: httpx.AsyncClient, body: bytes, param: str | None) -> None:
+async def test_bad_requests_are_400(
+    http: httpx.AsyncClient, body: bytes, param: str | None
+) -> None:
     """Malformed JSON, wrong types, missing fields: 400 invalid_request_error naming the param."""
     response = await http.post(CHAT, content=body, headers={"content-type": "application/json"})
     error = _assert_error(response, 400, "invalid_request_error")
@@ -52,8 +62,9 @@ async def test_bad_requests_are_400(http: httpx.AsyncClient, body: bytes, param:
 
 async def test_unknown_model_is_404(http: httpx.AsyncClient) -> None:
     """A model no node serves: 404 model_not_found."""
-    response = await http.post(CHAT, json={"model": "gpt-17", "messages": [
-        {"role": "user", "content": "x"}]})
+    response = await http.post(
+        CHAT, json={"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}
+    )
     error = _assert_error(response, 404, "invalid_request_error")
     assert error["code"] == "model_not_found"
     assert error["param"] == "model"
@@ -70,20 +81,30 @@ async def test_unknown_path_is_404(http: httpx.AsyncClient) -> None:
 
 async def test_oversize_body_is_413(http: httpx.AsyncClient) -> None:
     """A body over max_body_bytes: 413 before anything is parsed."""
-    big = b'{"model": "sim-echo", "messages": [{"role": "user", "content": "' + b"x" * (
-        5 * 1024 * 1024) + b'"}]}'
+    big = (
+        b'{"model": "sim-echo", "messages": [{"role": "user", "content": "'
+        + b"x" * (5 * 1024 * 1024)
+        + b'"}]}'
+    )
     response = await http.post(CHAT, content=big, headers={"content-type": "application/json"})
     _assert_error(response, 413, "invalid_request_error")
 
 
 async def test_no_node_reachable_is_503_before_any_byte(nursery: trio.Nursery) -> None:
     """With every node down, a streaming request gets a 503 JSON error, not a broken stream."""
-    config = Config(server=ServerConfig(listen="127.0.0.1:0"),
-                    nodes=(NodeConfig("down", "127.0.0.1:1"),))
+    config = Config(
+        server=ServerConfig(listen="127.0.0.1:0"), nodes=(NodeConfig("down", "127.0.0.1:1"),)
+    )
     running = await start_edge(nursery, config)
     async with httpx.AsyncClient(base_url=running.url) as client:
-        response = await client.post(CHAT, json={
-            "model": "sim-echo", "stream": True, "messages": [{"role": "user", "content": "x"}]})
+        response = await client.post(
+            CHAT,
+            json={
+                "model": "sim-echo",
+                "stream": True,
+                "messages": [{"role": "user", "content": "x"}],
+            },
+        )
         _assert_error(response, 503, "node_unavailable")
         ready = await client.get("/readyz")
         assert ready.status_code == 503
