@@ -45,6 +45,8 @@ class TimeoutsConfig:
     first_event_s: float = 120.0
     idle_s: float = 60.0
     total_s: float = 900.0
+    # A client that reads nothing while this many seconds of output wait is gone.
+    slow_client_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,11 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     )
     _check_listen(r, server.listen)
     r.done()
+    if server.api_keys_file is not None:
+        server = ServerConfig(**{
+            **{f: getattr(server, f) for f in server.__dataclass_fields__},
+            "api_keys": server.api_keys + _read_keys(source, server.api_keys_file),
+        })  # fmt: skip
 
     r = _Reader(source, "log", root.get("log", dict, {}))
     log = LogConfig(
@@ -184,6 +191,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         first_event_s=r.number("first_event_s", tmo.first_event_s, minimum=0.001),
         idle_s=r.number("idle_s", tmo.idle_s, minimum=0.001),
         total_s=r.number("total_s", tmo.total_s, minimum=0.001),
+        slow_client_s=r.number("slow_client_s", tmo.slow_client_s, minimum=0.001),
     )
     r.done()
 
@@ -251,6 +259,23 @@ def split_address(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]"), int(port)
+
+
+def _read_keys(source: str, path: str) -> tuple[str, ...]:
+    """API keys from a file: one per line; blank lines and # comments skipped."""
+    base = Path(source).parent if source != "<defaults>" else Path(".")
+    try:
+        text = (base / path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"{source}: server.api_keys_file: cannot read {path}: {exc.strerror or exc}"
+        ) from None
+    keys = tuple(
+        line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
+    )
+    if not keys:
+        raise ConfigError(f"{source}: server.api_keys_file: {path} holds no key")
+    return keys
 
 
 def load_config(path: Path) -> Config:

@@ -4,6 +4,10 @@
 embedded simulated node, learns the nodes' models, and serves HTTP with
 hypercorn's trio worker until `shutdown` is set. Runs live in their own
 nursery, so a stream can outlive the handler that started it.
+
+Shutdown drains: stop accepting, answer new requests 503, let streams in
+flight finish within `drain_timeout_s`, then end what is left through the
+one cancel path (each stream gets a notice frame, each run a CancelRun).
 """
 
 from __future__ import annotations
@@ -19,13 +23,19 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from loguru import logger
 
+from edge import systemd
 from edge.config import Config, split_address
 from edge.http.app import create_app
 from edge.http.chat import ChatService, OutcomeHook
+from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
 from edge.node.embedded import embedded_node
 from edge.node.pool import NodePool
+
+# After the drain deadline: time for the notice frames to go out before
+# hypercorn cuts the connections that are left.
+_CLOSE_GRACE_S = 2.0
 
 
 @dataclass
@@ -35,15 +45,16 @@ class Edge:
     url: str
     pool: NodePool
     chat: ChatService
+    metrics: EdgeMetrics
     shutdown: trio.Event
     embedded: list[object] = field(default_factory=list)
 
 
-def _hypercorn_config(listen: str) -> HypercornConfig:
+def _hypercorn_config(config: Config) -> HypercornConfig:
     hc = HypercornConfig()
-    hc.bind = [listen]
+    hc.bind = [config.server.listen]
     hc.backlog = 2048
-    hc.graceful_timeout = 5.0
+    hc.graceful_timeout = config.server.drain_timeout_s + _CLOSE_GRACE_S
     hc.keep_alive_timeout = 75.0
     hc.accesslog = None
     # Hand hypercorn a stdlib logger (routed into loguru), or it writes to stderr itself.
@@ -59,20 +70,22 @@ async def serve(
     shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the edge until its `shutdown` event is set."""
+    """Run the edge until its `shutdown` event is set, then drain and return."""
     if shutdown is None:
         shutdown = trio.Event()
+    metrics = EdgeMetrics()
     async with asyncio_loop(), AsyncExitStack() as stack:
         clients: list[NodeClient] = []
         embedded: list[object] = []
         for node in config.nodes:
+            counter = metrics.node_cancels.labels(node.name).inc
             if node.embedded:
                 sim, port = await stack.enter_async_context(embedded_node(node.name, runs_log))
                 embedded.append(sim)
-                clients.append(GrpcNodeClient(node.name, "127.0.0.1", port))
+                clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
             else:
                 host, port = split_address(node.address)
-                clients.append(GrpcNodeClient(node.name, host, port))
+                clients.append(GrpcNodeClient(node.name, host, port, on_cancel_sent=counter))
         pool = NodePool(clients)
         stack.push_async_callback(pool.aclose)
         await pool.refresh()
@@ -80,29 +93,51 @@ async def serve(
             if not state.healthy:
                 logger.warning(
                     "node {} ({}) is not reachable yet: {}",
-                    state.client.name,
-                    state.client.address,
-                    state.error,
-                )
+                    state.client.name, state.client.address, state.error,
+                )  # fmt: skip
         async with trio.open_nursery() as root:
             root.start_soon(pool.run_refresh)
+            interval = systemd.watchdog_interval()
+            if interval is not None:
+                root.start_soon(systemd.watchdog_loop, interval)
             async with trio.open_nursery() as runs:
-                chat = ChatService(config, pool, runs, on_outcome)
-                app = create_app(chat, max_body_bytes=config.server.max_body_bytes)
+                chat = ChatService(config, pool, runs, metrics, on_outcome)
+                app = create_app(
+                    chat, max_body_bytes=config.server.max_body_bytes,
+                    api_keys=config.server.api_keys,
+                )  # fmt: skip
                 http_done = trio.Event()
                 binds = await root.start(
-                    _serve_http, app, _hypercorn_config(config.server.listen), shutdown, http_done
+                    _serve_http, app, _hypercorn_config(config), shutdown, http_done
                 )
                 url = binds[0]
                 logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
-                task_status.started(Edge(url, pool, chat, shutdown, embedded))
+                systemd.notify("READY=1\nSTATUS=serving")
+                task_status.started(Edge(url, pool, chat, metrics, shutdown, embedded))
                 await shutdown.wait()
-                app.extensions["start_draining"]()
-                # hypercorn drains its connections (graceful_timeout) and returns.
-                with trio.move_on_after(config.server.drain_timeout_s):
-                    await http_done.wait()
+                await _drain(config, app.extensions["start_draining"], chat, http_done)
                 runs.cancel_scope.cancel()
             root.cancel_scope.cancel()
+    logger.info("iop-edge stopped")
+
+
+async def _drain(
+    config: Config, start_draining: Callable[[], None], chat: ChatService, http_done: trio.Event
+) -> None:
+    systemd.notify("STOPPING=1\nSTATUS=draining")
+    start_draining()
+    logger.info(
+        "draining: {} stream(s) in flight, up to {}s",
+        len(chat.active), config.server.drain_timeout_s,
+    )  # fmt: skip
+    with trio.move_on_after(config.server.drain_timeout_s):
+        while chat.active:  # noqa: ASYNC110 - streams end on their own; no event for "all"
+            await trio.sleep(0.05)
+    left = chat.shutdown_streams()
+    if left:
+        logger.warning("drain deadline passed: cancelled {} stream(s)", left)
+    with trio.move_on_after(_CLOSE_GRACE_S + 1.0):
+        await http_done.wait()
 
 
 async def _serve_http(

@@ -47,8 +47,10 @@ class RequestError(EdgeError):
 
 
 class AuthenticationError(EdgeError):
+    """A missing or wrong API key (OpenAI: invalid_request_error, code invalid_api_key)."""
+
     status = 401
-    type = "authentication_error"
+    type = "invalid_request_error"
 
 
 class NotFoundError(RequestError):

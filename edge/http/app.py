@@ -1,4 +1,4 @@
-"""The quart-trio application: routes, and errors rendered OpenAI's way.
+"""The quart-trio application: routes, API keys, and errors rendered OpenAI's way.
 
 Every error a caller can see leaves through `_error_response`: an EdgeError
 as its status and OpenAI error object, an HTTP error (404, 405, 413) the
@@ -8,13 +8,20 @@ body. Quart's 60 s response timeout is off: the edge owns its deadlines.
 
 from __future__ import annotations
 
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Sequence
+
 import msgspec
 from loguru import logger
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from edge.errors import (
+    AuthenticationError,
     EdgeError,
     MethodNotAllowedError,
     NotFoundError,
@@ -23,6 +30,9 @@ from edge.errors import (
     ShuttingDownError,
 )
 from edge.http.chat import ChatService
+from edge.metrics import CONTENT_TYPE
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def _json_response(value: object, status: int = 200) -> Response:
@@ -48,13 +58,62 @@ def _http_error(exc: HTTPException) -> EdgeError:
     return error
 
 
-def create_app(chat: ChatService, *, max_body_bytes: int) -> QuartTrio:
+class ApiKeys:
+    """The accepted bearer keys, compared in constant time."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self._keys = [k.encode() for k in keys if k]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def accepts(self, header: str | None) -> bool:
+        if header is None or not header.startswith("Bearer "):
+            return False
+        offered = header[len("Bearer ") :].strip().encode()
+        ok = False
+        for key in self._keys:  # no early exit: time does not tell which key matched
+            ok |= hmac.compare_digest(offered, key)
+        return ok
+
+
+def create_app(
+    chat: ChatService, *, max_body_bytes: int, api_keys: Sequence[str] = ()
+) -> QuartTrio:
     app = QuartTrio("iop-edge")
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
-    draining = False
+    keys = ApiKeys(api_keys)
+    state = {"draining": False}
+
+    @app.before_request
+    async def before() -> None:
+        offered = request.headers.get("X-Request-Id", "")
+        g.request_id = offered if _REQUEST_ID.match(offered) else secrets.token_hex(8)
+        g.started = time.perf_counter()
+        needs_key = keys.enabled and request.path.startswith("/v1/")
+        if needs_key and not keys.accepts(request.headers.get("Authorization")):
+            raise AuthenticationError(
+                "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+                code="invalid_api_key",
+            )
+
+    @app.after_request
+    async def after(response: Response) -> Response:
+        response.headers.setdefault("X-Request-Id", g.get("request_id", ""))
+        # Chat completions that ran are logged when their stream ends.
+        if not (request.path == "/v1/chat/completions" and response.status_code == 200):
+            logger.bind(
+                request_id=g.get("request_id", ""),
+                method=request.method,
+                path=request.path,
+                status=response.status_code,
+                duration_ms=round((time.perf_counter() - g.get("started", 0.0)) * 1000, 2),
+            ).info("{} {} {}", request.method, request.path, response.status_code)
+        return response
 
     @app.errorhandler(EdgeError)
     async def on_edge_error(error: EdgeError) -> Response:
@@ -62,21 +121,24 @@ def create_app(chat: ChatService, *, max_body_bytes: int) -> QuartTrio:
 
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
-        return _error_response(_http_error(exc))
+        error = _http_error(exc)
+        if request.path == "/v1/chat/completions" and error.status == 413:
+            chat.metrics.rejected("unknown", stream=False)
+        return _error_response(error)
 
     @app.errorhandler(Exception)
     async def on_unexpected(exc: Exception) -> Response:
         logger.opt(exception=exc).error("unhandled error in {} {}", request.method, request.path)
-        error = EdgeError("The server had an error while processing your request.")
-        return _error_response(error)
+        return _error_response(EdgeError("The server had an error while processing your request."))
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
-        if draining:
+        if state["draining"]:
+            chat.metrics.rejected("unknown", stream=False)
             raise ShuttingDownError("The server is shutting down; retry on another instance.")
         body = await request.get_data(cache=False)
         assert isinstance(body, bytes)
-        response = await chat.handle(body)
+        response = await chat.handle(body, g.request_id)
         response.timeout = None
         return response
 
@@ -94,6 +156,7 @@ def create_app(chat: ChatService, *, max_body_bytes: int) -> QuartTrio:
 
     @app.get("/readyz")
     async def readyz() -> Response:
+        draining = state["draining"]
         ready = chat.pool.ready and not draining
         body: dict[str, object] = {
             "status": "ready" if ready else "not ready",
@@ -105,9 +168,12 @@ def create_app(chat: ChatService, *, max_body_bytes: int) -> QuartTrio:
             body["reason"] = "no node answers its Describe RPC"
         return _json_response(body, 200 if ready else 503)
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(chat.metrics.render(), status=200, content_type=CONTENT_TYPE)
+
     def start_draining() -> None:
-        nonlocal draining
-        draining = True
+        state["draining"] = True
 
     app.extensions["start_draining"] = start_draining
     return app

@@ -5,6 +5,8 @@ so its `__aexit__` is the one place a client disconnect is seen; it calls
 `RunStream.abandon()`, which cancels the run on the node through the one
 cancel path. Non-streaming answers are folded in the handler itself, whose
 cancellation (client gone) reaches the same `abandon()` in a `finally`.
+Every request is counted once: `_finished` for a run that started,
+`metrics.rejected` for one that did not.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+import msgspec
 import trio
 from loguru import logger
 from quart import Response
@@ -26,16 +29,19 @@ from edge.api.request import ChatRequest, parse_chat_request
 from edge.config import Config
 from edge.errors import EdgeError
 from edge.http.runstream import RunStream
+from edge.metrics import EdgeMetrics
 from edge.node.convert import run_request_from_chat
 from edge.node.pool import NodePool, NodeState
 from edge.stream.output import Outcome
 from edge.stream.session import SessionSettings, StreamSession
 
-# Non-streaming error statuses by error type.
+# Non-streaming error statuses by error type (streams carry the type in the frame).
 _ERROR_STATUS = {
     "tool_validation_error": 422,
     "output_validation_error": 422,
     "timeout": 504,
+    "service_unavailable": 503,
+    "node_unavailable": 503,
 }
 
 SSE_HEADERS = {
@@ -43,6 +49,8 @@ SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
+
+SHUTDOWN_NOTICE = "the edge is shutting down; retry the request"
 
 OutcomeHook = Callable[["StreamInfo", Outcome], None]
 
@@ -57,6 +65,7 @@ class StreamInfo:
     stream: bool
     started_at: float
     first_event_at: float | None
+    request_id: str = ""
 
 
 def _trace(what: str, fields: Mapping[str, Any]) -> None:
@@ -64,19 +73,23 @@ def _trace(what: str, fields: Mapping[str, Any]) -> None:
 
 
 class ChatService:
-    """The chat completions endpoint's state: config, nodes, and the runs nursery."""
+    """The chat completions endpoint's state: config, nodes, runs, metrics."""
 
     def __init__(
         self,
         config: Config,
         pool: NodePool,
         runs: trio.Nursery,
+        metrics: EdgeMetrics,
         on_outcome: OutcomeHook | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
         self.runs = runs
+        self.metrics = metrics
         self.on_outcome = on_outcome
+        # Streams in flight in this process, for drain; not shared state.
+        self.active: set[RunStream] = set()
 
     def settings_for(self, request: ChatRequest, run_id: str) -> SessionSettings:
         model = self.config.model(request.model)
@@ -96,25 +109,42 @@ class ChatService:
             response_format=request.response_format,
         )
 
-    async def handle(self, body: bytes) -> Response:
-        request = parse_chat_request(body)
-        node = self.pool.pick(request.model)
+    async def handle(self, body: bytes, request_id: str = "") -> Response:
+        try:
+            request = parse_chat_request(body)
+        except EdgeError:
+            self.metrics.rejected("unknown", stream=False)
+            raise
+        try:
+            node = self.pool.pick(request.model)
+        except EdgeError:
+            known = request.model in self.pool.models()
+            self.metrics.rejected(request.model if known else "unknown", request.stream)
+            raise
         run_id = secrets.token_hex(12)
         created = int(time.time())
         settings = self.settings_for(request, run_id)
         started_at = trio.current_time()
-        deadline = started_at + self.config.timeouts.total_s
+        total_s = self.config.timeouts.total_s
         run_request = run_request_from_chat(
             request,
             run_id=run_id,
             model=request.model,
-            deadline_unix_ms=int((time.time() + self.config.timeouts.total_s) * 1000),
+            deadline_unix_ms=int((time.time() + total_s) * 1000),
         )
         node.in_flight += 1
         try:
-            handle = await node.client.start_run(self.runs, run_request, deadline=deadline)
-        except BaseException:
+            handle = await node.client.start_run(
+                self.runs,
+                run_request,
+                deadline=started_at + total_s,
+                slow_consumer_s=self.config.timeouts.slow_client_s,
+            )
+        except BaseException as exc:
             node.in_flight -= 1
+            if isinstance(exc, EdgeError):
+                self.metrics.rejected(request.model, request.stream)
+                self.metrics.node_errors.labels(node.client.name, exc.type).inc()
             raise
         session = StreamSession(settings, _trace if settings.trace else None)
         run = RunStream(
@@ -124,14 +154,27 @@ class ChatService:
             started_at=started_at,
             keepalive_s=self.config.server.keepalive_s if request.stream else 0.0,
         )
-        info = StreamInfo(run_id, request.model, node.client.name, request.stream, started_at, None)
+        self.active.add(run)
+        self.metrics.active_streams.inc()
+        info = StreamInfo(
+            run_id, request.model, node.client.name, request.stream, started_at, None, request_id
+        )
         response_id = f"chatcmpl-{run_id}"
         if request.stream:
             encoder = SSEEncoder(
                 response_id, created, request.model, include_usage=request.include_usage
             )
-            body_ = SSEBody(run, encoder, lambda outcome: self._finished(node, run, info, outcome))
-            return Response(body_, status=200, headers=SSE_HEADERS)
+            labels = self.metrics.inter_chunk.labels(request.model, node.client.name)
+            sse = SSEBody(
+                run,
+                encoder,
+                lambda outcome: self._finished(node, run, info, outcome),
+                observe_gap=labels.observe,
+                observe_added=self.metrics.added_latency.observe,
+            )
+            response = Response(sse, status=200, headers=SSE_HEADERS)
+            response.headers["X-Request-Id"] = request_id
+            return response
         return await self._complete(node, run, info, response_id, created, request.model)
 
     async def _complete(
@@ -156,47 +199,69 @@ class ChatService:
             self._finished(node, run, info, run.session.outcome)
         if builder.error is not None:
             status = _ERROR_STATUS.get(builder.error.type, 502)
-            return Response(
-                _json(error_body(builder.error.type, builder.error.message)),
-                status=status,
-                content_type="application/json",
-            )
-        return Response(
-            _json(builder.response(response_id, created, model)),
-            status=200,
-            content_type="application/json",
-        )
+            body = error_body(builder.error.type, builder.error.message)
+        else:
+            status = 200
+            body = builder.response(response_id, created, model)
+        response = Response(msgspec.json.encode(body), status=status,
+                            content_type="application/json")  # fmt: skip
+        response.headers["X-Request-Id"] = info.request_id
+        return response
 
     def _finished(
         self, node: NodeState, run: RunStream, info: StreamInfo, outcome: Outcome
     ) -> None:
         node.in_flight -= 1
+        self.active.discard(run)
+        metrics = self.metrics
+        metrics.active_streams.dec()
+        metrics.request(info.model, info.node, info.stream, outcome)
+        if run.first_event_at is not None:
+            metrics.ttft.labels(info.model, info.node).observe(run.first_event_at - info.started_at)
+        if outcome.status == "error" and not outcome.usage_sample:
+            metrics.node_errors.labels(info.node, "stream_broken").inc()
+        duration = trio.current_time() - info.started_at
+        logger.bind(
+            request_id=info.request_id, run_id=info.run_id, model=info.model, node=info.node,
+            stream=info.stream, status=outcome.status, finish_reason=outcome.finish_reason,
+            error_type=outcome.error_type, duration_ms=round(duration * 1000, 2),
+        ).info("chat completion {}", outcome.status)  # fmt: skip
+        if run.session.settings.trace:
+            logger.bind(**run.session.log_fields()).info("stream closed")
         if self.on_outcome is not None:
-            final = StreamInfo(
-                info.run_id, info.model, info.node, info.stream, info.started_at, run.first_event_at
-            )
+            final = StreamInfo(info.run_id, info.model, info.node, info.stream, info.started_at,
+                               run.first_event_at, info.request_id)  # fmt: skip
             self.on_outcome(final, outcome)
 
-
-def _json(value: object) -> bytes:
-    import msgspec
-
-    return msgspec.json.encode(value)
+    def shutdown_streams(self) -> int:
+        """Drain deadline: end every stream still in flight, with a notice. Returns how many."""
+        streams = list(self.active)
+        for run in streams:
+            run.shutdown(SHUTDOWN_NOTICE)
+        return len(streams)
 
 
 class SSEBody(ResponseBody):
     """The body of a streaming answer: one run's SSE frames, ready ones in one write."""
 
     def __init__(
-        self, run: RunStream, encoder: SSEEncoder, on_done: Callable[[Outcome], None]
+        self,
+        run: RunStream,
+        encoder: SSEEncoder,
+        on_done: Callable[[Outcome], None],
+        *,
+        observe_gap: Callable[[float], None],
+        observe_added: Callable[[float], None],
     ) -> None:
         self._run = run
         self._encoder = encoder
         self._on_done: Callable[[Outcome], None] | None = on_done
-        self._entered = False
+        self._observe_gap = observe_gap
+        self._observe_added = observe_added
+        self._last_write: float | None = None
+        self._ready_at: float | None = None
 
     async def __aenter__(self) -> SSEBody:
-        self._entered = True
         return self
 
     def __aiter__(self) -> SSEBody:
@@ -205,6 +270,11 @@ class SSEBody(ResponseBody):
     async def __anext__(self) -> bytes:
         run = self._run
         session = run.session
+        now = trio.current_time()
+        if self._ready_at is not None:
+            # The previous batch has been handed to the server: the edge's share is known.
+            self._observe_added(now - self._ready_at)
+            self._ready_at = None
         while True:
             if session.terminated and not session.out:
                 raise StopAsyncIteration
@@ -212,7 +282,12 @@ class SSEBody(ResponseBody):
             if batch == "keepalive":
                 return KEEPALIVE
             if batch:
-                return self._encoder.encode(batch)
+                data = self._encoder.encode(batch)
+                now = self._ready_at = trio.current_time()
+                if self._last_write is not None:
+                    self._observe_gap(now - self._last_write)
+                self._last_write = now
+                return data
 
     async def __aexit__(
         self,
@@ -238,4 +313,6 @@ class SSEBody(ResponseBody):
 
 
 def edge_error_response(error: EdgeError) -> Response:
-    return Response(_json(error.to_dict()), status=error.status, content_type="application/json")
+    return Response(
+        msgspec.json.encode(error.to_dict()), status=error.status, content_type="application/json"
+    )

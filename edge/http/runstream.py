@@ -118,6 +118,8 @@ class RunStream:
             self.session.fail_stream(handle.error.type, handle.error.message)
         elif handle.cancel_reason == "timeout":
             self.timeout()
+        elif handle.cancel_reason == "slow_client":
+            self.session.cancel("cancelled")
         else:
             self.session.fail_stream("run_error", "the node's run ended without a terminal event")
 
@@ -128,6 +130,11 @@ class RunStream:
             what = "the run to finish"
         self.session.cancel("timeout", f"timed out waiting for {what}")
         self.handle.cancel("timeout")
+
+    def shutdown(self, notice: str) -> None:
+        """The edge is draining past its deadline: a notice frame, then the run is cancelled."""
+        self.session.cancel("cancelled", notice, notice_type="service_unavailable")
+        self.handle.cancel("shutdown")
 
     def abandon(self) -> None:
         """The caller is gone (or the response is done): end the run unless the node did."""

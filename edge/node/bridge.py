@@ -10,6 +10,7 @@ asyncio.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import ParamSpec, TypeVar
@@ -42,11 +43,18 @@ async def call_asyncio(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P
 class TrioSink:
     """An EventSink over a trio memory channel: no hop while the channel has room."""
 
-    __slots__ = ("_put", "_send_nowait")
+    __slots__ = ("_limit_s", "_put", "_send", "_send_nowait")
 
-    def __init__(self, send: trio.MemorySendChannel[Item]) -> None:
+    def __init__(self, send: trio.MemorySendChannel[Item], *, limit_s: float = math.inf) -> None:
+        self._send = send
         self._send_nowait = send.send_nowait
-        self._put: Callable[[Item], Awaitable[None]] = trio_asyncio.trio_as_aio(send.send)
+        self._limit_s = limit_s
+        self._put: Callable[[Item], Awaitable[None]] = trio_asyncio.trio_as_aio(self._bounded_send)
+
+    async def _bounded_send(self, item: Item) -> None:
+        # Raises trio.TooSlowError when the reader has taken nothing for limit_s.
+        with trio.fail_after(self._limit_s):
+            await self._send.send(item)
 
     def put_nowait(self, item: Item) -> bool:
         try:
@@ -56,5 +64,9 @@ class TrioSink:
         return True
 
     def put(self, item: Item) -> Awaitable[None]:
-        """Wait for room (backpressure reaches the node through HTTP/2 flow control)."""
+        """Wait for room (backpressure reaches the node through HTTP/2 flow control).
+
+        Waiting longer than `limit_s` raises trio.TooSlowError: the consumer
+        is stuck (a client that stopped reading).
+        """
         return self._put(item)

@@ -10,6 +10,8 @@ run task's cleanup, only when the node did not finish the run itself.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,7 +95,12 @@ class NodeClient(Protocol):
     address: str
 
     async def start_run(
-        self, nursery: trio.Nursery, request: pb.RunRequest, *, deadline: float
+        self,
+        nursery: trio.Nursery,
+        request: pb.RunRequest,
+        *,
+        deadline: float,
+        slow_consumer_s: float = math.inf,
     ) -> RunHandle: ...
 
     async def describe(self) -> NodeDescription: ...
@@ -104,24 +111,39 @@ class NodeClient(Protocol):
 class GrpcNodeClient:
     """A NodeClient over grpclib, through the trio-asyncio bridge."""
 
-    def __init__(self, name: str, host: str, port: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        *,
+        on_cancel_sent: Callable[[], object] | None = None,
+    ) -> None:
         self.name = name
         self.address = f"{host}:{port}"
         self._grpc = GrpcNode(host, port)
-        self.cancels_sent = 0
+        self._on_cancel_sent = on_cancel_sent
 
     async def start_run(
-        self, nursery: trio.Nursery, request: pb.RunRequest, *, deadline: float
+        self,
+        nursery: trio.Nursery,
+        request: pb.RunRequest,
+        *,
+        deadline: float,
+        slow_consumer_s: float = math.inf,
     ) -> RunHandle:
         """Start `request` in `nursery`; return once the node accepted it.
 
         `deadline` (trio clock) bounds the whole run: past it the run is
-        cancelled with reason "timeout".
+        cancelled with reason "timeout". A consumer that takes no event for
+        `slow_consumer_s` while events wait is gone: reason "slow_client".
         """
         send, receive = trio.open_memory_channel[Item](EVENT_BUFFER)
         handle = RunHandle(request.run_id, self.name, receive)
         handle._scope.deadline = deadline
-        nursery.start_soon(self._run, handle, request, send)
+        nursery.start_soon(
+            self._run, handle, request, TrioSink(send, limit_s=slow_consumer_s), send
+        )
         try:
             first = await receive.receive()
         except trio.EndOfChannel:
@@ -135,18 +157,23 @@ class GrpcNodeClient:
         return handle
 
     async def _run(
-        self, handle: RunHandle, request: pb.RunRequest, send: trio.MemorySendChannel[Item]
+        self,
+        handle: RunHandle,
+        request: pb.RunRequest,
+        sink: TrioSink,
+        send: trio.MemorySendChannel[Item],
     ) -> None:
         try:
             with handle._scope:
                 try:
-                    handle.finished = await call_asyncio(
-                        self._grpc.read_run, request, TrioSink(send)
-                    )
+                    handle.finished = await call_asyncio(self._grpc.read_run, request, sink)
                 except EdgeError as exc:
                     handle.error = exc
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     handle.cancel("consumer_gone")
+                except trio.TooSlowError:
+                    logger.warning("run {}: the client stopped reading; cancelling", handle.run_id)
+                    handle.cancel("slow_client")
                 except Exception as exc:  # a bug, not a node failure: keep the edge serving
                     logger.opt(exception=exc).error("run {} failed in the edge", handle.run_id)
                     handle.error = NodeFailedError("the edge failed while reading the run")
@@ -164,7 +191,8 @@ class GrpcNodeClient:
         reason = handle.cancel_reason or "stream_broken"
         with trio.move_on_after(CANCEL_RPC_TIMEOUT_S, shield=True):
             try:
-                self.cancels_sent += 1
+                if self._on_cancel_sent is not None:
+                    self._on_cancel_sent()
                 await call_asyncio(self._grpc.cancel_run, handle.run_id, reason)
             except Exception as exc:
                 logger.warning(

@@ -167,15 +167,21 @@ class StreamSession:
             self.out.append(ErrorOut(error_type, message))
             self._trace_event("error", {"error_type": error_type, "stream_broken": True})
 
-    def cancel(self, status: Literal["cancelled", "timeout"], notice: str | None = None) -> None:
-        """Terminal: the caller went away or the run timed out.
+    def cancel(
+        self,
+        status: Literal["cancelled", "timeout"],
+        notice: str | None = None,
+        *,
+        notice_type: str = "timeout",
+    ) -> None:
+        """Terminal: the caller went away, the run timed out, or the edge is stopping.
 
-        Nothing is written, except `notice` as an error frame of type
-        `timeout` for a caller that is still reading.
+        Nothing is written, except `notice` as an error frame (of type
+        `notice_type`) for a caller that is still reading.
         """
         if self._terminate(Outcome(status, reasoning_chars=self._reasoning_chars())):
             if notice is not None:
-                self.out.append(ErrorOut("timeout", notice))
+                self.out.append(ErrorOut(notice_type, notice))
             self._trace_event("cancel", {"status": status})
 
     def log_fields(self) -> dict[str, Any]:

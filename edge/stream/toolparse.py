@@ -32,6 +32,9 @@ What is a candidate:
   Anything else (a config object, an unbalanced `{`) is content, and the scan
   skips a balanced non-call block whole: tags inside it are content too.
   Mid-line JSON in prose is never a candidate.
+- Any other line-start fence (```` ```python ````, or a JSON fence that is not a
+  call) opens a code block up to the next line-start fence; inside it only tags
+  start candidates, so example JSON in code is content.
 
 Inside a tag, a call needs only a "name" string; missing arguments mean `{}`,
 and arguments given as a JSON string are decoded (kept raw, with an error, when
@@ -133,9 +136,13 @@ class Start(enum.Enum):
 
 
 class Syntax:
-    """The start rules of one format list."""
+    """The start rules of one format list.
 
-    __slots__ = ("bare", "fenced", "start_re", "tags")
+    `fences`: code fences are tracked (when "json" or "fenced" is on), so that a
+    line-start `{` inside a code block is not a bare candidate.
+    """
+
+    __slots__ = ("bare", "fenced", "fences", "start_re", "tags")
 
     def __init__(self, formats: Sequence[str]) -> None:
         unknown = set(formats) - set(DEFAULT_FORMATS)
@@ -144,19 +151,23 @@ class Syntax:
         self.tags: tuple[str, ...] = tuple(tag for f, tag in _TAGS.items() if f in formats)
         self.bare = "json" in formats
         self.fenced = "fenced" in formats
+        self.fences = self.bare or self.fenced
         chars = {tag[0] for tag in self.tags}
         if self.bare:
             chars |= {"{", "["}
-        if self.fenced:
+        if self.fences:
             chars.add("`")
         self.start_re: re.Pattern[str] | None = (
             re.compile("[" + "".join(re.escape(c) for c in sorted(chars)) + "]") if chars else None
         )
 
-    def classify(self, text: str, i: int, line_start: bool, final: bool) -> tuple[Start, str]:
+    def classify(
+        self, text: str, i: int, line_start: bool, final: bool, in_code: bool
+    ) -> tuple[Start, str]:
         """Classify the candidate-start character `text[i]`; the str is the tag for TAG.
 
         With `final` the text is complete, so a prefix at the end is not PARTIAL.
+        `in_code`: inside a code block only tags and the closing fence count.
         """
         rest = len(text) - i
         partial = False
@@ -166,10 +177,10 @@ class Syntax:
             if not final and rest < len(tag) and tag.startswith(text[i:]):
                 partial = True
         ch = text[i]
-        if ch in "{[" and self.bare and line_start:
+        if ch in "{[" and self.bare and line_start and not in_code:
             # "[" may still become "[TOOL_CALLS]".
             return (Start.PARTIAL if partial else Start.BARE), ""
-        if ch == "`" and self.fenced and line_start:
+        if ch == "`" and self.fences and line_start:
             if text.startswith(FENCE, i):
                 return Start.FENCE, ""
             if not final and rest < len(FENCE) and FENCE.startswith(text[i:]):
@@ -483,39 +494,45 @@ def parse_tool_text(text: str, formats: Sequence[str] = DEFAULT_FORMATS) -> Pars
     spans: list[tuple[int, int]] = []
     n = len(text)
     pos = number = 0
+    in_code = False
     while pos < n:
         m = syntax.start_re.search(text, pos)
         if m is None:
             break
         i = m.start()
-        kind, tag = syntax.classify(text, i, at_line_start(text, i, True), final=True)
+        line_start = at_line_start(text, i, True)
+        kind, tag = syntax.classify(text, i, line_start, final=True, in_code=in_code)
         block: _Block | None = None
+        pos = i + 1
         if kind is Start.TAG:
             block = _TAG_PARSERS[tag](text, i)
             pos = i + len(tag)
         elif kind is Start.BARE:
             bare = BareScan(i)
             end = bare.advance(text, n)
-            pos = i + 1
             if end is not None:
                 values = block_values(bare.content(text, end))
                 pos = end
                 if values is not None:
                     block = _Block(end, _items(values))
         elif kind is Start.FENCE:
+            pos = i + len(FENCE)
+            if in_code or not syntax.fenced:
+                in_code = not in_code
+                continue
             fence = FenceScan(i)
             end = fence.advance(text, n)
-            pos = i + len(FENCE)
             if end is None and fence.stage == 2:
                 end = n  # unclosed: a call only if the rest is one
+            values = None
             if end is not None and fence.stage == 2:
                 values = block_values(fence.content(text, end))
-                if values is not None:
-                    block = _Block(end, _items(values))
-                elif fence.is_block:
-                    pos = end
-        else:
-            pos = i + 1
+            if end is not None and values is not None:
+                block = _Block(end, _items(values))
+            elif end is not None and fence.is_block:
+                pos = end  # a closed JSON block that is not a call
+            else:
+                in_code = True  # any other fence opens a code block
         if block is None:
             continue
         spans.append((i, block.end))

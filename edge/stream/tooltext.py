@@ -16,7 +16,8 @@ What is held, from where (a candidate start):
   released and the scan goes on after it.
 - a ```` ``` ```` opening a line: held until the info line and the first content
   character show whether it is a JSON fence, then until the closing fence;
-  handled like a bare block.
+  handled like a bare block. Any other fence is released and opens a code
+  block, in which only tags (and the closing fence) are looked for.
 - the whitespace just before a candidate start, and trailing whitespace at the
   end of what was fed: markup removal strips the whitespace next to it, so
   what the filter shows stays a prefix of `ParseResult.cleaned`.
@@ -65,6 +66,7 @@ class ToolTextFilter:
         "_cand",
         "_disabled",
         "_hold_all",
+        "_in_code",
         "_max_hold",
         "_pending",
         "_pos",
@@ -90,6 +92,7 @@ class ToolTextFilter:
         self._cand: int | None = None  # where in `_buf` the current candidate starts
         self._pending: BareScan | FenceScan | None = None
         self._hold_all = False
+        self._in_code = False  # inside a code block: only tags and the closing fence count
 
     @property
     def holding(self) -> bool:
@@ -176,6 +179,7 @@ class ToolTextFilter:
                     self._pos = end
                 else:
                     self._pos = pending.start + len(FENCE)
+                    self._in_code = True
                 self._pending = None
                 self._cand = None
                 continue
@@ -185,9 +189,13 @@ class ToolTextFilter:
                 break
             i = m.start()
             line_start = at_line_start(buf, i, not self._released_any)
-            kind, _ = syntax.classify(buf, i, line_start, final=False)
+            kind, _ = syntax.classify(buf, i, line_start, final=False, in_code=self._in_code)
             if kind is Start.NONE:
                 self._pos = i + 1
+                continue
+            if kind is Start.FENCE and (self._in_code or not syntax.fenced):
+                self._in_code = not self._in_code
+                self._pos = i + len(FENCE)
                 continue
             self._cand = self._pos = i
             if kind is Start.TAG:

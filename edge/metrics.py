@@ -1,0 +1,82 @@
+"""Prometheus metrics of one edge process.
+
+Each `EdgeMetrics` owns its registry (two edges in one test process do not
+collide). Label values are bounded: models are the ones nodes serve (anything
+else is "unknown"), nodes are configured names, statuses and kinds are fixed
+sets. Work here happens per request or per write batch, never per chunk.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from edge.stream.output import Outcome
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+)  # fmt: skip
+_FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
+
+
+class EdgeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "iop_edge_requests", "Chat completion requests by how they ended.",
+            ["model", "node", "stream", "status"], registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "iop_edge_tokens", "Tokens reported by nodes for successful runs.",
+            ["model", "node", "type"], registry=r,
+        )  # fmt: skip
+        self.reasoning_chars = Counter(
+            "iop_edge_reasoning_chars", "Characters of reasoning produced.",
+            ["model", "node"], registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "iop_edge_time_to_first_token_seconds",
+            "From dispatch to the node's first event.",
+            ["model", "node"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.inter_chunk = Histogram(
+            "iop_edge_inter_chunk_seconds", "Between two writes of one stream.",
+            ["model", "node"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.added_latency = Histogram(
+            "iop_edge_added_latency_seconds",
+            "From a node event's arrival to its bytes handed to the HTTP server.",
+            buckets=_FAST_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.active_streams = Gauge("iop_edge_active_streams", "Runs in flight.", registry=r)
+        self.node_cancels = Counter(
+            "iop_edge_node_cancels", "CancelRun RPCs sent to nodes.", ["node"], registry=r
+        )
+        self.node_errors = Counter(
+            "iop_edge_node_errors", "Node failures by kind.", ["node", "kind"], registry=r
+        )
+
+    def request(self, model: str, node: str, stream: bool, outcome: Outcome) -> None:
+        self.requests.labels(model, node, "true" if stream else "false", outcome.status).inc()
+        if outcome.status == "success" and outcome.usage is not None and outcome.usage_sample:
+            u = outcome.usage
+            for kind, value in (
+                ("input", u.input_tokens),
+                ("output", u.output_tokens),
+                ("reasoning", u.reasoning_tokens),
+                ("cached_input", u.cached_input_tokens),
+            ):
+                if value:
+                    self.tokens.labels(model, node, kind).inc(value)
+        if outcome.reasoning_chars and outcome.usage_sample:
+            self.reasoning_chars.labels(model, node).inc(outcome.reasoning_chars)
+
+    def rejected(self, model: str, stream: bool) -> None:
+        """A request that ended before any run started (bad input, no node)."""
+        self.requests.labels(model, "none", "true" if stream else "false", "error").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

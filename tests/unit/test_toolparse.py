@@ -1,0 +1,222 @@
+"""Tests of the whole-text tool-call parse: each format, what is a candidate, cleaning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge.stream.toolparse import DEFAULT_FORMATS, ParsedCall, parse_tool_text
+
+
+def calls_of(text: str, formats: tuple[str, ...] = DEFAULT_FORMATS) -> list[tuple[str, Any]]:
+    return [(c.name, c.arguments) for c in parse_tool_text(text, formats).calls]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+            [("f", {"a": 1})],
+            id="hermes",
+        ),
+        pytest.param(
+            '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+            '<tool_call>{"name": "g"}</tool_call>',
+            [("f", {"a": 1}), ("g", {})],
+            id="hermes-two-missing-args",
+        ),
+        pytest.param(
+            '<tool_call>\n{"name": "f", "arguments": {}}\n<tool_call>\n{"name": "g", "arguments": {}}',
+            [("f", {}), ("g", {})],
+            id="hermes-unclosed",
+        ),
+        pytest.param(
+            '<tool_call>[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]</tool_call>',
+            [("f", {}), ("g", {})],
+            id="hermes-array",
+        ),
+        pytest.param(
+            '[TOOL_CALLS] {"name": "f", "arguments": {"a": [1, 2]}}',
+            [("f", {"a": [1, 2]})],
+            id="mistral-object",
+        ),
+        pytest.param(
+            '[TOOL_CALLS]f[CALL_ID]a1B2c3D4e[ARGS]{"x": "y"}',
+            [("f", {"x": "y"})],
+            id="mistral-call-id",
+        ),
+        pytest.param(
+            '<|python_tag|>{"name": "f", "parameters": {"q": "x"}};{"name": "g", "parameters": {}}',
+            [("f", {"q": "x"}), ("g", {})],
+            id="llama-semicolons",
+        ),
+        pytest.param(
+            '  {"type": "function", "function": {"name": "f", "arguments": "{\\"a\\": 1}"}}  ',
+            [("f", {"a": 1})],
+            id="bare-openai-form",
+        ),
+        pytest.param(
+            'Calling:\n```JSON\n[{"name": "f", "parameters": {}}]\n```',
+            [("f", {})],
+            id="fenced-uppercase-info",
+        ),
+        pytest.param(
+            '```json\n{"name": "f", "arguments": {"a": 1}}',
+            [("f", {"a": 1})],
+            id="fenced-unclosed-call",
+        ),
+        pytest.param(
+            '<tool_call>{"name": "f", "arguments": {"s": "caf\\u00e9 ☕"}}</tool_call>',
+            [("f", {"s": "café ☕"})],
+            id="unicode",
+        ),
+    ],
+)
+def test_formats(text: str, expected: list[tuple[str, Any]]) -> None:
+    """Each format yields its calls in order of appearance, with decoded arguments."""
+    result = parse_tool_text(text)
+    assert result.errors == ()
+    assert result.candidate_found
+    assert calls_of(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "cleaned"),
+    [
+        ('Sure.\n<tool_call>{"name": "f"}</tool_call>', "Sure."),
+        ('<tool_call>{"name": "f"}</tool_call>\n\nDone.  ', "Done.  "),
+        (
+            'A\n<tool_call>{"name": "f"}</tool_call>\n<tool_call>{"name": "g"}</tool_call>\nB',
+            "A\nB",
+        ),
+        ('  lead <|python_tag|>{"name": "f", "parameters": {}}<|eom_id|> tail', "  lead\ntail"),
+        ('x[TOOL_CALLS][{"name": "f", "arguments": {}}]', "x"),
+    ],
+)
+def test_cleaned_removes_markup_and_the_whitespace_it_left(text: str, cleaned: str) -> None:
+    """Markup is cut out; content next to it loses whitespace on that side; pieces join
+    with a newline; whitespace away from markup is kept."""
+    assert parse_tool_text(text).cleaned == cleaned
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I will use <tool_call> tags when I need a tool.",
+        "The [TOOL_CALLS] token marks calls.",
+        "Llama has <|python_tag|> print(1)",
+        'Inline {"name": "f", "arguments": {}} in prose.',
+        '{"name": "Alice", "age": 30}',
+        '{"name": "f", "arguments": 3}',
+        '[{"name": "f", "arguments": {}}, 3]',
+        "[]",
+        '```python\n{"name": "f", "arguments": {}}\n```',
+        '```json\n{"a": 1}\n```\n',
+        '{"note": "<tool_call>{\\"name\\": \\"f\\"}</tool_call>"}',
+        '{"name": "f", "arguments": {"a": 1}',
+        '{"name": "f", "arguments": {"a": NaN}}',
+        "",
+    ],
+)
+def test_not_candidates(text: str) -> None:
+    """Prose that mentions a tag, JSON that is not call-shaped, mid-line or unbalanced JSON
+    and non-JSON fences are content: no candidate, and the text comes back unchanged."""
+    result = parse_tool_text(text)
+    assert not result.candidate_found
+    assert result.calls == ()
+    assert result.errors == ()
+    assert result.cleaned == text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<tool_call>{broken", "tool call 1: not valid JSON"),
+        ("<tool_call>{not json}</tool_call>", "tool call 1: not valid JSON"),
+        ("<tool_call>\n</tool_call>", "tool call 1: empty <tool_call> block"),
+        ("Answer:\n<tool_call>", "tool call 1: empty <tool_call> block"),
+        (
+            '<tool_call>{"arguments": {}}</tool_call>',
+            'tool call 1: the object has no "name" string',
+        ),
+        ("<tool_call>[1]</tool_call>", "tool call 1: expected a JSON object, got int"),
+        ("<tool_call>[]</tool_call>", "tool call 1: empty call list"),
+        ("[TOOL_CALLS]", "tool call 1: empty [TOOL_CALLS] block"),
+        ("[TOOL_CALLS][{oops", "tool call 1: not valid JSON"),
+        ('[TOOL_CALLS]f[ARGS]{"a": ', 'tool call 1: arguments of "f" are not valid JSON'),
+        ('<|python_tag|>{"name": "f"} trailing', "tool call 2: not valid JSON"),
+    ],
+)
+def test_candidates_that_fail_to_parse(text: str, message: str) -> None:
+    """Markup that starts a call but does not parse is a candidate with an error."""
+    result = parse_tool_text(text)
+    assert result.candidate_found
+    assert result.errors
+    assert result.errors[0].startswith(message)
+
+
+def test_string_arguments_that_do_not_decode_are_kept_raw() -> None:
+    """Arguments given as a string that is not JSON stay raw, with an error naming the call."""
+    result = parse_tool_text(
+        '<tool_call>{"name": "ok"}</tool_call><tool_call>{"name": "f", "arguments": "{oops"}'
+        "</tool_call>"
+    )
+    assert result.calls[1] == ParsedCall("f", "{oops", result.calls[1].arguments_error)
+    assert result.calls[1].arguments_error is not None
+    assert result.errors[0].startswith('tool call 2 ("f"): arguments are not valid JSON')
+
+
+def test_empty_string_arguments_mean_no_arguments() -> None:
+    """`"arguments": ""` is a call without arguments, as some models emit it."""
+    assert calls_of('<tool_call>{"name": "f", "arguments": ""}</tool_call>') == [("f", {})]
+
+
+def test_a_prose_mention_before_a_real_call() -> None:
+    """A tag followed by prose is content; a later real call is still found."""
+    result = parse_tool_text(
+        'Format: <tool_call> tags.\n<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    )
+    assert calls_of('Format: <tool_call> tags.\n<tool_call>{"name": "f"}</tool_call>') == [
+        ("f", {})
+    ]
+    assert result.cleaned == "Format: <tool_call> tags."
+
+
+def test_a_balanced_non_call_block_is_skipped_whole() -> None:
+    """A line-start JSON value that is not a call is content, including any line-start
+    call-shaped object inside it."""
+    text = '[\n{"name": "f", "arguments": {}},\n3\n]'
+    assert not parse_tool_text(text).candidate_found
+
+
+def test_an_unbalanced_brace_does_not_hide_later_calls() -> None:
+    """An unbalanced line-start `{` is content and the scan goes on inside it."""
+    text = '{ oops\n{"name": "f", "arguments": {}}'
+    result = parse_tool_text(text)
+    assert calls_of(text) == [("f", {})]
+    assert result.cleaned == "{ oops"
+
+
+def test_formats_select_what_is_parsed() -> None:
+    """Only the configured formats are recognised."""
+    text = '{"name": "f", "arguments": {}}\n<tool_call>{"name": "g"}</tool_call>'
+    assert calls_of(text, ("hermes",)) == [("g", {})]
+    assert calls_of(text, ("json",)) == [("f", {})]
+    assert calls_of(text, ()) == []
+    assert parse_tool_text(text, ()).cleaned == text
+    with pytest.raises(ValueError, match="unknown"):
+        parse_tool_text(text, ("yaml",))
+
+
+@given(st.text(max_size=60))
+def test_text_without_markup_is_content(text: str) -> None:
+    """Any text is either unchanged content or has a candidate; errors imply a candidate."""
+    result = parse_tool_text(text)
+    if not result.candidate_found:
+        assert result.cleaned == text
+        assert result.calls == ()
+        assert result.errors == ()
