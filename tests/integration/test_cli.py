@@ -1,0 +1,80 @@
+"""`iop-edge` and `iop-sim-node` as a user runs them: real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+
+def test_config_mistake_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A config mistake: exit code 2 and one stderr line naming the file and the key."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\nlisten = 12\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "edge", "--config", str(bad)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"iop-edge: {bad}: server.listen: expected a string, got int"]
+
+
+def test_missing_explicit_config_is_exit_2(tmp_path: Path) -> None:
+    """--config naming a file that does not exist is a mistake, not a silent default."""
+    result = subprocess.run(
+        [sys.executable, "-m", "edge", "--config", str(tmp_path / "nope.toml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "cannot read" in result.stderr
+
+
+def test_bad_flag_is_a_usage_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "edge", "--listen", "nope"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "expected HOST:PORT" in result.stderr
+
+
+async def test_default_config_answers_with_embedded_node(tmp_path: Path) -> None:
+    """The shipped config.toml (as `make run` uses it), on another port, answers a chat request
+    from its embedded simulated node, and SIGTERM stops it with exit code 0."""
+    repo = Path(__file__).parents[2]
+    with trio.socket.socket() as probe:
+        await probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with (tmp_path / "edge.log").open("w") as log:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "edge", "--config", str(repo / "config.toml"),
+             "--listen", f"127.0.0.1:{port}", "--log-format", "json"],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            with trio.fail_after(30):
+                while True:
+                    try:
+                        if (await client.get("/readyz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await trio.sleep(0.05)
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "sim-echo", "messages": [{"role": "user", "content": "hi"}]},
+            )
+        assert response.json()["choices"][0]["message"]["content"] == "hi"
+        process.terminate()
+        with trio.fail_after(30):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with trio.move_on_after(10):
+                await process.wait()

@@ -1,0 +1,110 @@
+"""Config: typed values from TOML, and one line naming the file and key per mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge.config import Config, ConfigError, load_config
+
+
+def _load(tmp_path: Path, text: str) -> Config:
+    path = tmp_path / "edge.toml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def test_the_shipped_config_loads() -> None:
+    """config.toml in the repo is valid and runs an embedded node."""
+    config = load_config(Path(__file__).parents[2] / "config.toml")
+    assert [n.address for n in config.nodes] == ["embedded"]
+    assert config.server.listen == "127.0.0.1:8080"
+
+
+def test_values_are_read(tmp_path: Path) -> None:
+    """Every section's keys land in typed fields."""
+    config = _load(
+        tmp_path,
+        """
+[server]
+listen = "0.0.0.0:9000"
+api_keys = ["k1"]
+drain_timeout_s = 5
+[log]
+level = "DEBUG"
+format = "json"
+[timeouts]
+first_event_s = 1.5
+idle_s = 2
+total_s = 3
+slow_client_s = 4
+[[nodes]]
+name = "a"
+address = "10.0.0.1:50051"
+[models.m1]
+strict = true
+stream_buffer = true
+reasoning_parser = "think_start"
+tool_call_formats = ["hermes"]
+sentinels = ["<eos>"]
+""",
+    )
+    assert config.server.listen == "0.0.0.0:9000"
+    assert config.server.api_keys == ("k1",)
+    assert config.log.format == "json"
+    assert config.timeouts.first_event_s == 1.5
+    assert config.timeouts.slow_client_s == 4
+    assert config.nodes[0].address == "10.0.0.1:50051"
+    model = config.model("m1")
+    assert model.strict
+    assert model.reasoning_parser == "think_start"
+    assert model.tool_call_formats == ("hermes",)
+    assert model.sentinels == ("<eos>",)
+
+
+def test_model_defaults() -> None:
+    """Unconfigured sim models parse <think>; other unconfigured models do not."""
+    config = Config()
+    assert config.model("sim-echo").reasoning_parser == "think"
+    assert config.model("llama").reasoning_parser == "none"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[server]\nlisten = 8080\n", "server.listen: expected a string, got int"),
+        ('[server]\nlisten = "nohost"\n', "server.listen: expected HOST:PORT"),
+        ("[server]\nbogus = 1\n", "unknown key server.bogus"),
+        ("[serer]\n", "unknown key serer"),
+        ('[log]\nformat = "xml"\n', "log.format: expected one of text, json"),
+        ("[timeouts]\nidle_s = -1\n", "timeouts.idle_s: must be >="),
+        ("[timeouts]\nidle_s = true\n", "timeouts.idle_s: expected an integer or a number"),
+        ('[[nodes]]\nname = "a"\n', "nodes[0].address: missing"),
+        ('[[nodes]]\naddress = "a:1"\n[[nodes]]\naddress = "a:1"\n', "duplicate node name"),
+        ('[models.m]\ntool_call_formats = ["xml"]\n', "unknown format 'xml'"),
+        ('[models.m]\nstrict = "yes"\n', "models.m.strict: expected a boolean"),
+        ('[server]\napi_keys_file = "missing.txt"\n', "server.api_keys_file: cannot read"),
+        ("[server\n", "not valid TOML"),
+    ],
+)
+def test_mistakes_name_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    """Each mistake is one ConfigError line that names the file and the key."""
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, text)
+    line = str(info.value)
+    assert "\n" not in line
+    assert line.startswith(str(tmp_path / "edge.toml"))
+    assert message in line
+
+
+def test_api_keys_file(tmp_path: Path) -> None:
+    """Keys from api_keys_file (relative to the config) join api_keys; comments skipped."""
+    (tmp_path / "keys.txt").write_text("# ops keys\nkey-a\n\nkey-b\n")
+    config = _load(tmp_path, '[server]\napi_keys = ["k0"]\napi_keys_file = "keys.txt"\n')
+    assert config.server.api_keys == ("k0", "key-a", "key-b")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.toml")
