@@ -46,9 +46,7 @@ class CancelRunRequest(betterproto2.Message):
     reason: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "iop.node.v1", "CancelRunRequest", CancelRunRequest
-)
+default_message_pool.register_message("iop.node.v1", "CancelRunRequest", CancelRunRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -59,9 +57,7 @@ class CancelRunResponse(betterproto2.Message):
     """
 
 
-default_message_pool.register_message(
-    "iop.node.v1", "CancelRunResponse", CancelRunResponse
-)
+default_message_pool.register_message("iop.node.v1", "CancelRunResponse", CancelRunResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -94,18 +90,14 @@ default_message_pool.register_message("iop.node.v1", "DescribeRequest", Describe
 class DescribeResponse(betterproto2.Message):
     node_name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
-    models: "list[ModelInfo]" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    models: "list[ModelInfo]" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, repeated=True)
 
     active_runs: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
 
     max_runs: "int" = betterproto2.field(4, betterproto2.TYPE_UINT32)
 
 
-default_message_pool.register_message(
-    "iop.node.v1", "DescribeResponse", DescribeResponse
-)
+default_message_pool.register_message("iop.node.v1", "DescribeResponse", DescribeResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -115,16 +107,12 @@ class Message(betterproto2.Message):
     system | developer | user | assistant | tool
     """
 
-    content: "str | None" = betterproto2.field(
-        2, betterproto2.TYPE_STRING, optional=True
-    )
+    content: "str | None" = betterproto2.field(2, betterproto2.TYPE_STRING, optional=True)
     """
     Plain text content; set when the message content was a string.
     """
 
-    parts: "list[ContentPart]" = betterproto2.field(
-        3, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    parts: "list[ContentPart]" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     Content parts; set when the message content was an array.
     """
@@ -136,16 +124,12 @@ class Message(betterproto2.Message):
     role=tool: the call this message answers.
     """
 
-    tool_calls: "list[ToolCall]" = betterproto2.field(
-        6, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    tool_calls: "list[ToolCall]" = betterproto2.field(6, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     role=assistant: the calls the assistant made.
     """
 
-    reasoning_content: "str | None" = betterproto2.field(
-        7, betterproto2.TYPE_STRING, optional=True
-    )
+    reasoning_content: "str | None" = betterproto2.field(7, betterproto2.TYPE_STRING, optional=True)
     """
     role=assistant: reasoning the assistant produced earlier, if echoed back.
     """
@@ -186,9 +170,7 @@ class RunEvent(betterproto2.Message):
     A human-readable message (fallback for error/cancelled).
     """
 
-    usage: "Usage | None" = betterproto2.field(
-        5, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    usage: "Usage | None" = betterproto2.field(5, betterproto2.TYPE_MESSAGE, optional=True)
     """
     Set on complete (and optionally on error).
     """
@@ -196,9 +178,7 @@ class RunEvent(betterproto2.Message):
     metadata: "dict[str, str]" = betterproto2.field(
         6,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
     """
     finish_reason; tool_calls = JSON array of OpenAI tool calls (native calls).
@@ -220,13 +200,9 @@ class RunRequest(betterproto2.Message):
     The model name as the node knows it.
     """
 
-    messages: "list[Message]" = betterproto2.field(
-        3, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    messages: "list[Message]" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, repeated=True)
 
-    tools: "list[Tool]" = betterproto2.field(
-        4, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    tools: "list[Tool]" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, repeated=True)
 
     tool_choice: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
     """
@@ -237,17 +213,11 @@ class RunRequest(betterproto2.Message):
         6, betterproto2.TYPE_BOOL, optional=True
     )
 
-    temperature: "float | None" = betterproto2.field(
-        7, betterproto2.TYPE_DOUBLE, optional=True
-    )
+    temperature: "float | None" = betterproto2.field(7, betterproto2.TYPE_DOUBLE, optional=True)
 
-    top_p: "float | None" = betterproto2.field(
-        8, betterproto2.TYPE_DOUBLE, optional=True
-    )
+    top_p: "float | None" = betterproto2.field(8, betterproto2.TYPE_DOUBLE, optional=True)
 
-    max_tokens: "int | None" = betterproto2.field(
-        9, betterproto2.TYPE_UINT32, optional=True
-    )
+    max_tokens: "int | None" = betterproto2.field(9, betterproto2.TYPE_UINT32, optional=True)
 
     stop: "list[str]" = betterproto2.field(10, betterproto2.TYPE_STRING, repeated=True)
 
@@ -269,9 +239,7 @@ class RunRequest(betterproto2.Message):
     metadata: "dict[str, str]" = betterproto2.field(
         15,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
     """
     Request metadata (string to string), passed through.
@@ -443,9 +411,7 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def __rpc_run(
-        self, stream: "grpclib.server.Stream[RunRequest, RunEvent]"
-    ) -> None:
+    async def __rpc_run(self, stream: "grpclib.server.Stream[RunRequest, RunEvent]") -> None:
         request = await stream.recv_message()
         assert request is not None
         await self._call_rpc_handler_server_stream(
