@@ -17,7 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import jsonschema
+import referencing
+import referencing.exceptions
+from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.validators import Draft202012Validator, validator_for
 
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
 from edge.stream.output import (
@@ -36,13 +39,17 @@ from edge.stream.think import ThinkSplitter, has_close_think, has_open_think
 from edge.stream.toolcall import ToolCall, ToolPolicy
 from edge.stream.toolparse import DEFAULT_FORMATS
 from edge.stream.tools import (
-    normalize_native_tool_calls,
+    parse_native_tool_calls,
     synthesize_tool_calls,
+    unstreamed_remainder,
     validate_tool_calls,
 )
 from edge.stream.tooltext import ToolTextFilter
 
 TraceFn = Callable[[str, Mapping[str, Any]], None]
+
+# Schema $refs resolve only within the schema itself: nothing is ever fetched.
+_NO_RETRIEVAL: referencing.Registry[Any] = referencing.Registry()
 
 ReasoningParser = Literal["none", "think", "think_start"]
 
@@ -123,8 +130,10 @@ class StreamSession:
         self._think: ThinkSplitter | None = None
         if settings.reasoning_parser != "none":
             self._think = ThinkSplitter(start_in_think=settings.reasoning_parser == "think_start")
+        # Present whenever tools are declared: under tool_choice "none" a call written
+        # as text is still held back and then rejected, never shown as content.
         self._tool_filter: ToolTextFilter | None = None
-        if settings.tools.tools and settings.tools.choice.mode != "none":
+        if settings.tools.tools:
             self._tool_filter = ToolTextFilter(settings.tool_formats)
 
     # --- the caller's interface -------------------------------------------------
@@ -155,11 +164,11 @@ class StreamSession:
 
     def fail(self, error_type: str, message: str) -> None:
         """Terminal: an error frame, error metrics."""
-        self._terminate(
+        if self._terminate(
             Outcome("error", error_type=error_type, reasoning_chars=self._reasoning_chars())
-        )
-        self.out.append(ErrorOut(error_type, message))
-        self._trace_event("error", {"error_type": error_type})
+        ):
+            self.out.append(ErrorOut(error_type, message))
+            self._trace_event("error", {"error_type": error_type})
 
     def fail_stream(self, error_type: str, message: str) -> None:
         """Terminal: the run's event stream broke. An error frame, no usage sample."""
@@ -333,12 +342,19 @@ class StreamSession:
 
         Native calls in the run metadata win over text; otherwise calls are
         synthesized from the whole content when tools were declared. A
-        validation failure ends the session (`fail`).
+        validation failure ends the session (`fail`), and so does native
+        metadata that cannot be read whole: a call is never silently dropped.
         """
         policy = self.settings.tools
         run_id = self.settings.run_id
         raw_native = metadata.get("tool_calls")
-        native = normalize_native_tool_calls(raw_native, policy, run_id) if raw_native else ()
+        native: tuple[ToolCall, ...] = ()
+        if raw_native:
+            parsed = parse_native_tool_calls(raw_native, policy, run_id)
+            if parsed.errors:
+                self.fail("tool_validation_error", parsed.errors[0])
+                return (), True
+            native = parsed.calls
         if native:
             if self._tool_filter is not None:
                 self._emit_pending(self._tool_filter.flush_non_candidate())
@@ -354,14 +370,9 @@ class StreamSession:
                 self.fail("tool_validation_error", result.error)
                 return (), False
             if result.calls:
-                self._emit_pending(_unstreamed(result.cleaned, "".join(self._emitted)))
+                self._emit_pending(unstreamed_remainder(result.cleaned, "".join(self._emitted)))
                 return result.calls, False
             self._emit_pending(self._tool_filter.flush())
-            return (), False
-        if policy.tools and policy.choice.mode == "required":
-            self.fail(
-                "tool_validation_error", 'tool_choice is "required" but the model called no tool'
-            )
         return (), False
 
     def _reasoning_fallback(self, finish_reason: str) -> None:
@@ -385,15 +396,22 @@ class StreamSession:
         text = "".join(self._emitted)
         try:
             value = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return f"response_format {fmt['type']}: the output is not valid JSON: {exc}"
         if fmt["type"] == "json_object" and not isinstance(value, dict):
             return "response_format json_object: the output is not a JSON object"
         schema = (fmt.get("json_schema") or {}).get("schema")
         if fmt["type"] == "json_schema" and isinstance(schema, dict):
-            error = jsonschema.exceptions.best_match(
-                jsonschema.validators.validator_for(schema)(schema).iter_errors(value)
-            )
+            # The schema is the caller's: check it first (a bad one raises from
+            # iter_errors), and never retrieve a remote $ref (this core does no I/O).
+            cls = validator_for(schema, default=Draft202012Validator)
+            try:
+                cls.check_schema(schema)
+                error = best_match(cls(schema, registry=_NO_RETRIEVAL).iter_errors(value))
+            except SchemaError as exc:
+                return f"response_format json_schema: the schema is not valid: {exc.message}"
+            except referencing.exceptions.Unresolvable as exc:
+                return f"response_format json_schema: the schema has an unresolvable $ref: {exc}"
             if error is not None:
                 where = "$" + "".join(f"[{p!r}]" for p in error.absolute_path)
                 return f"response_format json_schema: {error.message} (at {where})"
@@ -428,13 +446,6 @@ class StreamSession:
             self._trace(
                 what, {"run_id": self.settings.run_id, "seq": self._trace_seq + 1, **fields}
             )
-
-
-def _unstreamed(cleaned: str, emitted: str) -> str:
-    """The part of the cleaned text the caller has not seen yet."""
-    if cleaned.startswith(emitted):
-        return cleaned[len(emitted) :]
-    return ""
 
 
 __all__ = ["SessionSettings", "Status", "StreamSession", "Usage"]

@@ -2,9 +2,10 @@
 
 This module owns what counts as tool-call markup in generated text and how a
 whole text splits into content and candidate calls. The start rules and block
-scanners here are shared with `edge.stream.tooltext`, whose streaming filter
-must never release text this parse would call markup. It does not know the
-declared tools, `tool_choice`, call ids, the stream, or any I/O.
+scanners live in `edge.stream.toolscan` (re-exported here), shared with
+`edge.stream.tooltext`, whose streaming filter must never release text this
+parse would call markup. It does not know the declared tools, `tool_choice`,
+call ids, the stream, or any I/O.
 
 Formats (`DEFAULT_FORMATS` enables all):
 - "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; the
@@ -32,9 +33,10 @@ What is a candidate:
   Anything else (a config object, an unbalanced `{`) is content, and the scan
   skips a balanced non-call block whole: tags inside it are content too.
   Mid-line JSON in prose is never a candidate.
-- Any other line-start fence (```` ```python ````, or a JSON fence that is not a
-  call) opens a code block up to the next line-start fence; inside it only tags
-  start candidates, so example JSON in code is content.
+- A closed JSON fence that is not a call is content, skipped whole. Any other
+  line-start fence (```` ```python ````, ```` ```json ```` not followed by `{`/`[`)
+  opens a code block up to the next line-start fence; inside it only tags start
+  candidates, so example JSON in code is content.
 
 Inside a tag, a call needs only a "name" string; missing arguments mean `{}`,
 and arguments given as a JSON string are decoded (kept raw, with an error, when
@@ -46,13 +48,27 @@ returned unchanged.
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
+
+from edge.stream.toolscan import (
+    DEFAULT_FORMATS,
+    FENCE,
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    LLAMA_END,
+    LLAMA_TAG,
+    MISTRAL_TAG,
+    BareScan,
+    FenceScan,
+    Start,
+    Syntax,
+    at_line_start,
+    syntax_for,
+)
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -70,25 +86,14 @@ __all__ = [
     "Syntax",
     "at_line_start",
     "block_values",
+    "loads",
     "parse_tool_text",
     "syntax_for",
 ]
 
-DEFAULT_FORMATS: tuple[str, ...] = ("hermes", "mistral", "llama", "json", "fenced")
-
-HERMES_OPEN = "<tool_call>"
-HERMES_CLOSE = "</tool_call>"
-MISTRAL_TAG = "[TOOL_CALLS]"
-LLAMA_TAG = "<|python_tag|>"
-LLAMA_END = "<|eom_id|>"
-FENCE = "```"
-
-_TAGS: dict[str, str] = {"hermes": HERMES_OPEN, "mistral": MISTRAL_TAG, "llama": LLAMA_TAG}
 _MISTRAL_NAME = re.compile(
     r"\s*([A-Za-z0-9_.:\-]+)\s*(?:\[CALL_ID\]\s*[A-Za-z0-9_\-]*\s*)?\[ARGS\]\s*"
 )
-_IN_STRING = re.compile(r'["\\]')
-_STRUCTURE = re.compile(r'["{}\[\]]')
 _SEPARATORS = " \t\r\n;,"
 
 
@@ -101,8 +106,20 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 
 
 def loads(text: str) -> Any:
-    """Strict `json.loads`: NaN/Infinity rejected. Raises ValueError."""
-    return _DECODER.decode(text)
+    """Strict `json.loads`: NaN/Infinity rejected. Raises ValueError, also for JSON
+    nested past the parser's depth (model output must never raise anything else)."""
+    try:
+        return _DECODER.decode(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _raw_decode(text: str, pos: int) -> tuple[Any, int]:
+    """`raw_decode` with the errors of `loads`."""
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,209 +140,6 @@ class ParseResult:
     cleaned: str = ""
     candidate_found: bool = False
     errors: tuple[str, ...] = ()
-
-
-class Start(enum.Enum):
-    """What a candidate-start character at some position begins."""
-
-    NONE = "none"  # nothing: scan on from the next character
-    PARTIAL = "partial"  # a proper prefix of a tag or fence at the end: need more text
-    TAG = "tag"
-    BARE = "bare"
-    FENCE = "fence"
-
-
-class Syntax:
-    """The start rules of one format list.
-
-    `fences`: code fences are tracked (when "json" or "fenced" is on), so that a
-    line-start `{` inside a code block is not a bare candidate.
-    """
-
-    __slots__ = ("bare", "fenced", "fences", "start_re", "tags")
-
-    def __init__(self, formats: Sequence[str]) -> None:
-        unknown = set(formats) - set(DEFAULT_FORMATS)
-        if unknown:
-            raise ValueError(f"unknown tool-call formats: {sorted(unknown)}")
-        self.tags: tuple[str, ...] = tuple(tag for f, tag in _TAGS.items() if f in formats)
-        self.bare = "json" in formats
-        self.fenced = "fenced" in formats
-        self.fences = self.bare or self.fenced
-        chars = {tag[0] for tag in self.tags}
-        if self.bare:
-            chars |= {"{", "["}
-        if self.fences:
-            chars.add("`")
-        self.start_re: re.Pattern[str] | None = (
-            re.compile("[" + "".join(re.escape(c) for c in sorted(chars)) + "]") if chars else None
-        )
-
-    def classify(
-        self, text: str, i: int, line_start: bool, final: bool, in_code: bool
-    ) -> tuple[Start, str]:
-        """Classify the candidate-start character `text[i]`; the str is the tag for TAG.
-
-        With `final` the text is complete, so a prefix at the end is not PARTIAL.
-        `in_code`: inside a code block only tags and the closing fence count.
-        """
-        rest = len(text) - i
-        partial = False
-        for tag in self.tags:
-            if text.startswith(tag, i):
-                return Start.TAG, tag
-            if not final and rest < len(tag) and tag.startswith(text[i:]):
-                partial = True
-        ch = text[i]
-        if ch in "{[" and self.bare and line_start and not in_code:
-            # "[" may still become "[TOOL_CALLS]".
-            return (Start.PARTIAL if partial else Start.BARE), ""
-        if ch == "`" and self.fences and line_start:
-            if text.startswith(FENCE, i):
-                return Start.FENCE, ""
-            if not final and rest < len(FENCE) and FENCE.startswith(text[i:]):
-                return Start.PARTIAL, ""
-        return (Start.PARTIAL if partial else Start.NONE), ""
-
-
-@lru_cache(maxsize=32)
-def _syntax(formats: tuple[str, ...]) -> Syntax:
-    return Syntax(formats)
-
-
-def syntax_for(formats: Sequence[str]) -> Syntax:
-    """The (cached) `Syntax` of a format list; raises ValueError for unknown names."""
-    return _syntax(tuple(formats))
-
-
-def at_line_start(text: str, i: int, head_at_line_start: bool) -> bool:
-    """Whether `text[i]` is the first non-whitespace character of its line.
-
-    `head_at_line_start` says whether `text[0]` begins a line (the filter's buffer
-    may start after text it already released).
-    """
-    k = text.rfind("\n", 0, i)
-    if k < 0 and not head_at_line_start:
-        return False
-    start = k + 1
-    return start == i or text[start:i].isspace()
-
-
-class BareScan:
-    """Finds where a bare JSON block starting at `start` ends (its brackets balance).
-
-    Incremental: `advance` may be called with more text each time. Strings are
-    respected; bracket kinds are not matched (invalid JSON fails to decode later).
-    """
-
-    __slots__ = ("depth", "in_string", "pos", "start")
-
-    def __init__(self, start: int) -> None:
-        self.start = start
-        self.pos = start
-        self.depth = 0
-        self.in_string = False
-
-    def advance(self, text: str, stop: int) -> int | None:
-        """Scan `text[self.pos:stop]`; return the index just past the block, or None."""
-        pos = self.pos
-        while pos < stop:
-            if self.in_string:
-                m = _IN_STRING.search(text, pos, stop)
-                if m is None:
-                    pos = stop
-                    break
-                if m.group() == "\\":
-                    if m.end() >= stop:  # the escaped character has not arrived
-                        pos = m.start()
-                        break
-                    pos = m.end() + 1
-                    continue
-                self.in_string = False
-                pos = m.end()
-                continue
-            m = _STRUCTURE.search(text, pos, stop)
-            if m is None:
-                pos = stop
-                break
-            ch = m.group()
-            pos = m.end()
-            if ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            else:
-                self.depth -= 1
-                if self.depth <= 0:
-                    self.pos = pos
-                    return pos
-        self.pos = pos
-        return None
-
-    def content(self, text: str, end: int) -> str:
-        return text[self.start : end]
-
-    def shift(self, n: int) -> None:
-        self.start -= n
-        self.pos -= n
-
-
-class FenceScan:
-    """Follows a ```` ``` ```` fence starting at `start` until it is known to hold JSON
-    and closes, or is known not to be a JSON fence.
-
-    `advance` returns the index just past the closing fence, `start + 3` with
-    `is_block` false when it is not a JSON fence, or None when it needs more text.
-    """
-
-    __slots__ = ("close", "content_start", "is_block", "pos", "stage", "start")
-
-    def __init__(self, start: int) -> None:
-        self.start = start
-        self.stage = 0  # 0: info line, 1: first character of content, 2: closing fence
-        self.pos = start + len(FENCE)
-        self.content_start = -1
-        self.close = -1
-        self.is_block = False
-
-    def advance(self, text: str, stop: int) -> int | None:
-        if self.stage == 0:
-            nl = text.find("\n", self.pos, stop)
-            info = text[self.pos : nl if nl >= 0 else stop].strip().lower()
-            if not "json".startswith(info) or (nl >= 0 and info not in ("", "json")):
-                return self.start + len(FENCE)
-            if nl < 0:
-                return None
-            self.stage, self.pos = 1, nl + 1
-        if self.stage == 1:
-            pos = self.pos
-            while pos < stop and text[pos].isspace():
-                pos += 1
-            self.pos = pos
-            if pos >= stop:
-                return None
-            if text[pos] not in "{[":
-                return self.start + len(FENCE)
-            self.stage, self.content_start = 2, pos
-        close = text.find(FENCE, self.pos, stop)
-        if close < 0:
-            self.pos = max(self.content_start, stop - len(FENCE) + 1)
-            return None
-        self.pos = self.close = close
-        self.is_block = True
-        return close + len(FENCE)
-
-    def content(self, text: str, end: int) -> str:
-        """The fenced text (`end` is what `advance` returned, or len(text) if unclosed)."""
-        return text[self.content_start : self.close if self.close >= 0 else end]
-
-    def shift(self, n: int) -> None:
-        self.start -= n
-        self.pos -= n
-        if self.content_start >= 0:
-            self.content_start -= n
-        if self.close >= 0:
-            self.close -= n
 
 
 def _call_object(value: object) -> dict[str, Any] | None:
@@ -398,7 +212,7 @@ def _decode_sequence(payload: str) -> list[ParsedCall | str]:
         if pos >= n:
             return _items(values)
         try:
-            value, pos = _DECODER.raw_decode(payload, pos)
+            value, pos = _raw_decode(payload, pos)
         except ValueError as exc:
             return [*_items(values), f"not valid JSON: {exc}"]
         values.append(value)
@@ -440,7 +254,7 @@ def _mistral(text: str, i: int) -> _Block | None:
         return _Block(n, [f"empty {MISTRAL_TAG} block"])
     if text[j] in "{[":
         try:
-            value, end = _DECODER.raw_decode(text, j)
+            value, end = _raw_decode(text, j)
         except ValueError as exc:
             return _Block(n, [f"not valid JSON: {exc}"])
         return _Block(end, _items([value]))
@@ -448,7 +262,7 @@ def _mistral(text: str, i: int) -> _Block | None:
     if m is None:
         return None
     try:
-        args, end = _DECODER.raw_decode(text, m.end())
+        args, end = _raw_decode(text, m.end())
     except ValueError as exc:
         return _Block(n, [f'arguments of "{m.group(1)}" are not valid JSON: {exc}'])
     return _Block(end, [_item({"name": m.group(1), "arguments": args})])

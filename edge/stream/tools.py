@@ -92,15 +92,12 @@ def validate_tool_definition(obj: object, index: int) -> ToolSpec:
                 f"{where}.function.parameters must be a JSON Schema object",
                 param=f"{where}.function.parameters",
             )
-        try:
-            validator_for(parameters, default=Draft202012Validator).check_schema(parameters)
-        except SchemaError as exc:
-            path = exc.json_path
+        problem = _schema_problem(parameters)
+        if problem is not None:
             raise RequestError(
-                f"{where}.function.parameters is not a valid JSON Schema: {exc.message} "
-                f"(at {path})",
+                f"{where}.function.parameters is not a valid JSON Schema: {problem}",
                 param=f"{where}.function.parameters",
-            ) from None
+            )
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise RequestError(
@@ -255,8 +252,34 @@ _VALIDATORS_MAX = 256
 _NO_RETRIEVAL: referencing.Registry[Any] = referencing.Registry()
 
 
+# Schema checks of declared tools, keyed likewise: an agent declares the same
+# tools on every request, and check_schema costs far more than the key.
+_CHECKED: OrderedDict[str, str | None] = OrderedDict()
+
+
+def _schema_key(schema: Mapping[str, Any]) -> str:
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _schema_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why `schema` is not a valid JSON Schema (None when it is); results are cached."""
+    key = _schema_key(schema)
+    if key in _CHECKED:
+        _CHECKED.move_to_end(key)
+        return _CHECKED[key]
+    try:
+        validator_for(schema, default=Draft202012Validator).check_schema(schema)
+        problem = None
+    except SchemaError as exc:
+        problem = f"{exc.message} (at {exc.json_path})"
+    _CHECKED[key] = problem
+    if len(_CHECKED) > _VALIDATORS_MAX:
+        _CHECKED.popitem(last=False)
+    return problem
+
+
 def _validator(schema: Mapping[str, Any]) -> Validator:
-    key = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
+    key = _schema_key(schema)
     validator = _VALIDATORS.get(key)
     if validator is None:
         cls = validator_for(schema, default=Draft202012Validator)
@@ -274,6 +297,8 @@ def _schema_error(schema: Mapping[str, Any], instance: dict[str, Any]) -> str | 
         error = best_match(_validator(schema).iter_errors(instance))
     except referencing.exceptions.Unresolvable as exc:
         return f"the parameters schema has an unresolvable $ref: {exc}"
+    except RecursionError:
+        return "the arguments are nested too deeply to validate"
     if error is None:
         return None
     return f"{error.message} (at {error.json_path}, rule {error.validator!r})"
@@ -291,7 +316,8 @@ def validate_tool_calls(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | 
     if choice.mode in ("required", "function") and not calls:
         return f'tool_choice is "{choice.name or choice.mode}" but the model made no tool call'
     if not policy.parallel_tool_calls and len(calls) > 1:
-        return f"parallel_tool_calls is false but the model made {len(calls)} tool calls"
+        names = ", ".join(f'"{call.name}"' for call in calls)
+        return f"parallel_tool_calls is false but the model made {len(calls)} tool calls ({names})"
     for call in calls:
         if choice.mode == "function" and call.name != choice.name:
             return f'tool_choice names "{choice.name}" but the model called "{call.name}"'

@@ -76,7 +76,9 @@ class ToolTextFilter:
         "_tail_len",
     )
 
-    def __init__(self, formats: Sequence[str] = DEFAULT_FORMATS, *, max_hold: int = 64 * 1024):
+    def __init__(
+        self, formats: Sequence[str] = DEFAULT_FORMATS, *, max_hold: int = 64 * 1024
+    ) -> None:
         self._syntax = syntax_for(formats)
         self._max_hold = max_hold
         self._disabled = self._syntax.start_re is None

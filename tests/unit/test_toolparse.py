@@ -30,12 +30,14 @@ def calls_of(text: str, formats: tuple[str, ...] = DEFAULT_FORMATS) -> list[tupl
             id="hermes-two-missing-args",
         ),
         pytest.param(
-            '<tool_call>\n{"name": "f", "arguments": {}}\n<tool_call>\n{"name": "g", "arguments": {}}',
+            '<tool_call>\n{"name": "f", "arguments": {}}\n'
+            '<tool_call>\n{"name": "g", "arguments": {}}',
             [("f", {}), ("g", {})],
             id="hermes-unclosed",
         ),
         pytest.param(
-            '<tool_call>[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]</tool_call>',
+            '<tool_call>[{"name": "f", "arguments": {}}, '
+            '{"name": "g", "arguments": {}}]</tool_call>',
             [("f", {}), ("g", {})],
             id="hermes-array",
         ),
@@ -220,3 +222,14 @@ def test_text_without_markup_is_content(text: str) -> None:
         assert result.cleaned == text
         assert result.calls == ()
         assert result.errors == ()
+
+
+def test_code_blocks_hide_bare_json_but_not_tags() -> None:
+    """Inside a non-JSON code block a line-start call-shaped object is content, a tag
+    still starts a candidate, and after the closing fence bare JSON counts again."""
+    example = '```python\n{"name": "f", "arguments": {}}\n```\n'
+    assert not parse_tool_text(example).candidate_found
+    assert calls_of('```xml\n<tool_call>{"name": "f"}</tool_call>\n```') == [("f", {})]
+    assert calls_of(example + '{"name": "g", "arguments": {}}') == [("g", {})]
+    not_a_call = '```json\n// note\n{"name": "f", "arguments": {}}\n```'
+    assert not parse_tool_text(not_a_call).candidate_found

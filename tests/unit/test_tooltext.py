@@ -130,6 +130,12 @@ CORPUS: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
         [("get_time", {})],
     ),
     (
+        "code-then-bare-call",
+        '```text\n{"name": "example", "arguments": {}}\n```\n{"name": "get_time", "arguments": {}}',
+        '```text\n{"name": "example", "arguments": {}}\n```',
+        [("get_time", {})],
+    ),
+    (
         "config-then-call",
         'Config:\n```json\n{"a": 1}\n```\nNow calling.\n'
         '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
@@ -149,6 +155,7 @@ PLAIN = [
     ("python-fence", '```python\nprint({"name": "x"})\n```\nDone.'),
     ("unbalanced", '{"name": "get_weather", "arguments": {"city": "Par'),
     ("stray-close", "Done </tool_call> and <b>bold</b>."),
+    ("example-in-code", 'Call it like:\n```python\n{"name": "f", "arguments": {}}\n```\nOk?'),
 ]
 
 
@@ -344,6 +351,8 @@ FRAGMENTS = [
     "[ARGS]",
     "```",
     "```json",
+    "```python\n",
+    "```\n",
     "{",
     "}",
     "[",
