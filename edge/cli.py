@@ -19,6 +19,7 @@ from edge.config import (
     ServerConfig,
     load_config,
     split_address,
+    upstream_url,
 )
 from edge.log import setup_logging
 
@@ -26,6 +27,16 @@ from edge.log import setup_logging
 def _address(value: str) -> str:
     try:
         split_address(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _node_address(value: str) -> str:
+    """HOST:PORT of a node, or openai+http(s)://HOST:PORT/v1 of a model server."""
+    try:
+        if upstream_url(value) is None:
+            split_address(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value
@@ -45,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--node",
         action="append",
-        type=_address,
+        type=_node_address,
         default=None,
         metavar="HOST:PORT",
-        help="a node to use (repeatable; replaces [[nodes]])",
+        help="a node to use, or openai+http://HOST:PORT/v1 (repeatable; replaces [[nodes]])",
     )
     parser.add_argument("--log-level", choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from edge.stream.sentinel import DEFAULT_SENTINELS
 from edge.stream.toolparse import DEFAULT_FORMATS
@@ -32,6 +33,8 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     # SSE comment sent while waiting for the first token; 0 = never.
     keepalive_s: float = 15.0
+    # How often every node is asked for its models (health, /readyz, routing).
+    node_refresh_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         drain_timeout_s=r.number("drain_timeout_s", srv.drain_timeout_s),
         max_body_bytes=int(r.number("max_body_bytes", srv.max_body_bytes, minimum=1024)),
         keepalive_s=r.number("keepalive_s", srv.keepalive_s),
+        node_refresh_s=r.number("node_refresh_s", srv.node_refresh_s, minimum=0.05),
     )
     _check_listen(r, server.listen)
     r.done()
@@ -202,10 +206,10 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
             r = _Reader(source, f"nodes[{i}]", raw)
             address = r.get("address", str, None)
             if address is None:
-                raise r.fail("address", 'missing (HOST:PORT or "embedded")')
+                raise r.fail("address", 'missing (HOST:PORT, "embedded" or openai+http://...)')
             name = r.get("name", str, address)
             if address != "embedded":
-                _check_address(r, "address", address)
+                _check_node_address(r, "address", address)
             r.done()
             if any(n.name == name for n in nodes):
                 raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
@@ -251,6 +255,33 @@ def _check_address(r: _Reader, key: str, value: str) -> None:
         split_address(value)
     except ValueError as exc:
         raise r.fail(key, str(exc)) from None
+
+
+def _check_node_address(r: _Reader, key: str, value: str) -> None:
+    try:
+        if upstream_url(value) is None:
+            split_address(value)
+    except ValueError as exc:
+        raise r.fail(key, str(exc)) from None
+
+
+def upstream_url(address: str) -> str | None:
+    """The server URL of an `openai+http(s)://HOST:PORT/PATH` node address; None for others.
+
+    Such a node is served in-process by `edge.upstream`; raises ValueError
+    when the address has the scheme but no host or a bad port.
+    """
+    if not address.startswith(("openai+http://", "openai+https://")):
+        return None
+    url = address.removeprefix("openai+")
+    try:
+        parts = urlsplit(url)
+        valid = bool(parts.hostname) and (parts.port is None or parts.port >= 0)
+    except ValueError:  # a port that is not a number or out of range
+        valid = False
+    if not valid:
+        raise ValueError(f"expected openai+http://HOST:PORT/v1, got {address!r}")
+    return url
 
 
 def split_address(value: str) -> tuple[str, int]:

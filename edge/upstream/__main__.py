@@ -1,0 +1,5 @@
+import sys
+
+from edge.upstream.cli import main
+
+sys.exit(main())

@@ -1,0 +1,444 @@
+"""The pure mapping between the node contract and an OpenAI-compatible upstream.
+
+It owns these translations, each a plain function or an incremental state
+machine fed dicts and strings:
+
+- `chat_request_body`: a RunRequest as the upstream's chat completions body.
+- `ChunkMapper`: the response's server-sent events (decoded by
+  `edge.upstream.sse`; OpenAI `chat.completion.chunk` objects) as RunEvents,
+  assembling streamed tool-call fragments (`ToolCallAssembler`) and holding
+  usage and `finish_reason` for the one terminal event. `feed_completion`
+  maps a whole `chat.completion` for a server that ignored `stream: true`.
+- `error_message` / `models_from_body`: an upstream's error body and model list.
+
+It tolerates the dialects of vLLM, llama.cpp, Ollama and SGLang: `reasoning`
+or `reasoning_content`, `content: null` or `""` deltas, nulls for absent
+fields, extra fields (`timings`, `matched_stop`, ...), a whole tool call in
+one chunk with or without `index`, usage in its own chunk, on the finish
+chunk, or missing, and error objects inside the stream.
+
+It must not know sockets, httpx, grpclib or asyncio, nor who reads the events.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final, cast
+
+from edge.node._proto.iop.node import v1 as pb
+from edge.upstream.sse import DONE, SSEMessage
+
+__all__ = [
+    "ChunkMapper",
+    "ToolCallAssembler",
+    "chat_request_body",
+    "error_message",
+    "models_from_body",
+]
+
+# Error bodies are quoted up to this many characters.
+MAX_ERROR_CHARS: Final = 500
+_UINT32_MAX: Final = 2**32 - 1
+# Fields the request body owns: extra_json may not override them.
+_OWNED: Final = frozenset({"model", "messages", "stream", "stream_options"})
+
+
+# --- RunRequest -> the upstream's request body -----------------------------------
+
+
+def _content_part(part: Any) -> dict[str, Any]:
+    if part.json:
+        try:
+            raw = json.loads(part.json)
+        except ValueError:
+            raw = None
+        if isinstance(raw, dict):
+            return raw
+    return {"type": part.type or "text", "text": part.text}
+
+
+def _message(message: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role}
+    if message.content is not None:
+        out["content"] = message.content
+    elif message.parts:
+        out["content"] = [_content_part(p) for p in message.parts]
+    else:
+        # OpenAI's shape: an assistant turn that only calls tools has null content.
+        out["content"] = None if message.tool_calls else ""
+    if message.name:
+        out["name"] = message.name
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": call.type or "function",
+                "function": {"name": call.name, "arguments": call.arguments or "{}"},
+            }
+            for call in message.tool_calls
+        ]
+    return out
+
+
+def _tool(tool: Any) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    if tool.parameters_json:
+        function["parameters"] = json.loads(tool.parameters_json)
+    if tool.strict is not None:
+        function["strict"] = tool.strict
+    return {"type": tool.type or "function", "function": function}
+
+
+def _tool_choice(choice: str) -> str | dict[str, Any]:
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def chat_request_body(request: pb.RunRequest) -> dict[str, Any]:
+    """Every field of `request` an OpenAI-compatible server understands, as its JSON body.
+
+    Always streams and asks for usage. `extra_json` is merged in last but
+    cannot replace the model, the messages or the streaming fields.
+    """
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": [_message(m) for m in request.messages],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.tools:
+        body["tools"] = [_tool(t) for t in request.tools]
+    if request.tool_choice:
+        body["tool_choice"] = _tool_choice(request.tool_choice)
+    optional = {
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "max_tokens": request.max_tokens,
+        "seed": request.seed,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+    }
+    body.update((k, v) for k, v in optional.items() if v is not None)
+    if request.stop:
+        body["stop"] = list(request.stop)
+    if request.response_format_json:
+        body["response_format"] = json.loads(request.response_format_json)
+    if request.metadata:
+        body["metadata"] = dict(request.metadata)
+    if request.extra_json:
+        extra = json.loads(request.extra_json)
+        if isinstance(extra, dict):
+            body.update((k, v) for k, v in extra.items() if k not in _OWNED)
+    return body
+
+
+# --- chunks -> RunEvents ---------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+def _text(value: object) -> str:
+    """A delta's text: a string, or the text of content parts; "" for null."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(
+            str(p.get("text") or "") for p in value if isinstance(p, dict) and p.get("text")
+        )
+    return ""
+
+
+def _arguments(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # Ollama-native objects
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return max(0, min(int(value), _UINT32_MAX))
+
+
+def _detail(usage: dict[str, Any], key: str, name: str) -> int:
+    details = usage.get(key)
+    if isinstance(details, dict) and details.get(name) is not None:
+        return _count(details.get(name))
+    return _count(usage.get(name))  # some servers flatten the details
+
+
+class ToolCallAssembler:
+    """Streamed tool-call fragments folded into whole calls, in the order they began.
+
+    A fragment joins the call with its `index` unless it names a different
+    `id`; without an index it joins the call with its id, starts a new call if
+    it has an id or a name, and otherwise extends the last call.
+    """
+
+    __slots__ = ("_by_index", "calls")
+
+    def __init__(self) -> None:
+        self.calls: list[_Call] = []
+        self._by_index: dict[int, _Call] = {}
+
+    def feed(self, fragments: object) -> None:
+        if isinstance(fragments, dict):
+            fragments = [fragments]
+        if not isinstance(fragments, list):
+            return
+        for fragment in fragments:
+            if isinstance(fragment, dict):
+                self._fragment(fragment)
+
+    def _fragment(self, fragment: dict[str, Any]) -> None:
+        function = fragment.get("function")
+        fn: dict[str, Any] = function if isinstance(function, dict) else {}
+        call_id = fragment.get("id") if isinstance(fragment.get("id"), str) else ""
+        name = fn.get("name") or fragment.get("name")
+        name = name if isinstance(name, str) else ""
+        index = fragment.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            index = None
+        call: _Call | None = None
+        if index is not None:
+            call = self._by_index.get(index)
+            if call is not None and call_id and call.id and call_id != call.id:
+                call = None
+        elif call_id:
+            call = next((c for c in self.calls if c.id == call_id), None)
+        elif not name and self.calls:
+            call = self.calls[-1]
+        if call is None:
+            call = _Call()
+            self.calls.append(call)
+            if index is not None:
+                self._by_index[index] = call
+        if call_id and not call.id:
+            call.id = call_id
+        if name and not call.name:
+            call.name = name
+        arguments = _arguments(fn.get("arguments", fragment.get("arguments")))
+        if arguments:
+            call.arguments.append(arguments)
+
+    def openai(self, id_prefix: str) -> list[dict[str, Any]]:
+        """The named calls in OpenAI's format; a missing id becomes `call_{prefix}_{n}`."""
+        out: list[dict[str, Any]] = []
+        for call in self.calls:
+            if not call.name:
+                continue
+            out.append(
+                {
+                    "id": call.id or f"call_{id_prefix}_{len(out)}",
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": "".join(call.arguments) or "{}"},
+                }
+            )
+        return out
+
+
+def _error_text(payload: dict[str, Any]) -> str:
+    error = payload.get("error")
+    if isinstance(error, dict):
+        message = error.get("message") or json.dumps(error, ensure_ascii=False)
+        code = error.get("code")
+    elif error is not None:
+        message, code = str(error), None
+    else:  # vLLM/SGLang: {"object": "error", "message": ..., "code": ...}
+        message, code = payload.get("message") or "unknown error", payload.get("code")
+    suffix = f" (code {code})" if isinstance(code, int | str) and code != "" else ""
+    return f"upstream error: {str(message)[:MAX_ERROR_CHARS]}{suffix}"
+
+
+def _is_error(payload: dict[str, Any]) -> bool:
+    return payload.get("error") is not None or payload.get("object") == "error"
+
+
+class ChunkMapper:
+    """One run's upstream chunks as RunEvents, ending in exactly one terminal event.
+
+    `feed` maps one SSE event; `end` is called when the body ends and supplies
+    the terminal if none was sent: complete when `[DONE]` or a `finish_reason`
+    arrived, else an error. After the terminal everything is ignored.
+    """
+
+    __slots__ = ("_cached_fallback", "_finish", "_id_prefix", "_usage", "outcome", "tools")
+
+    def __init__(self, id_prefix: str) -> None:
+        self._id_prefix = id_prefix
+        self.tools = ToolCallAssembler()
+        self._finish: str | None = None
+        self._usage: dict[str, Any] | None = None
+        self._cached_fallback = 0  # llama.cpp: timings.cache_n
+        # "complete" or "error" once the terminal event has been produced.
+        self.outcome: str | None = None
+
+    @property
+    def terminated(self) -> bool:
+        return self.outcome is not None
+
+    def feed(self, message: SSEMessage) -> list[pb.RunEvent]:
+        if self.terminated:
+            return []
+        if message.data == DONE:
+            return [self._complete()]
+        try:
+            payload = json.loads(message.data)
+        except ValueError:
+            if message.event == "error":
+                return [self.error(f"upstream error: {message.data[:MAX_ERROR_CHARS]}")]
+            return [self.error(f"upstream sent a malformed chunk: {message.data[:200]!r}")]
+        if not isinstance(payload, dict):
+            return [self.error(f"upstream sent a malformed chunk: {message.data[:200]!r}")]
+        if message.event == "error" or _is_error(payload):
+            return [self.error(_error_text(payload))]
+        return self._chunk(payload)
+
+    def feed_completion(self, payload: object) -> list[pb.RunEvent]:
+        """A whole `chat.completion` (a server that did not stream): its events and terminal."""
+        if not isinstance(payload, dict):
+            return [self.error("upstream sent a response that is not a JSON object")]
+        if _is_error(payload):
+            return [self.error(_error_text(payload))]
+        choices = payload.get("choices")
+        if isinstance(choices, list):
+            payload = {
+                **payload,
+                "choices": [
+                    {**c, "delta": c.get("message") or {}} for c in choices if isinstance(c, dict)
+                ],
+            }
+        events = self._chunk(payload)
+        if not self.terminated:
+            events.append(self._complete())
+        return events
+
+    def end(self) -> list[pb.RunEvent]:
+        """The body ended: the terminal event, if one is still owed."""
+        if self.terminated:
+            return []
+        if self._finish is not None:
+            return [self._complete()]
+        return [self.error("upstream stream ended early (no [DONE] and no finish_reason)")]
+
+    def error(self, text: str) -> pb.RunEvent:
+        """The terminal error event (callers check `terminated` first)."""
+        self.outcome = "error"
+        return pb.RunEvent(type="error", error=text)
+
+    def _chunk(self, payload: dict[str, Any]) -> list[pb.RunEvent]:
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        timings = payload.get("timings")
+        if isinstance(timings, dict):
+            self._cached_fallback = _count(timings.get("cache_n"))
+        events: list[pb.RunEvent] = []
+        choices = payload.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict) or choice.get("index", 0) not in (0, None):
+                continue  # n > 1 is not part of the contract
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
+            if reasoning:
+                events.append(pb.RunEvent(type="reasoning_delta", delta=reasoning))
+            content = _text(delta.get("content"))
+            if content:
+                events.append(pb.RunEvent(type="delta", delta=content))
+            if delta.get("tool_calls"):
+                self.tools.feed(delta.get("tool_calls"))
+            finish = choice.get("finish_reason")
+            if isinstance(finish, str) and finish:
+                self._finish = finish
+        return events
+
+    def _complete(self) -> pb.RunEvent:
+        self.outcome = "complete"
+        metadata = {"finish_reason": self._finish or "stop"}
+        calls = self.tools.openai(self._id_prefix)
+        if calls:
+            metadata["tool_calls"] = json.dumps(calls, separators=(",", ":"), ensure_ascii=False)
+            if metadata["finish_reason"] == "stop":  # Ollama and older servers
+                metadata["finish_reason"] = "tool_calls"
+        return pb.RunEvent(type="complete", usage=self._usage_pb(), metadata=metadata)
+
+    def _usage_pb(self) -> pb.Usage | None:
+        usage = self._usage
+        if usage is None:
+            return None
+        cached = _detail(usage, "prompt_tokens_details", "cached_tokens") or self._cached_fallback
+        return pb.Usage(
+            input_tokens=_count(usage.get("prompt_tokens")),
+            output_tokens=_count(usage.get("completion_tokens")),
+            reasoning_tokens=_detail(usage, "completion_tokens_details", "reasoning_tokens"),
+            cached_input_tokens=cached,
+        )
+
+
+# --- error bodies and model lists ------------------------------------------------
+
+
+def error_message(status: int, body: bytes, reason: str = "") -> str:
+    """`upstream returned STATUS: MESSAGE`, the message dug out of any server's error body.
+
+    Shapes: `{"error": {"message"}}` (OpenAI, llama.cpp, Ollama),
+    `{"error": "..."}`, `{"object": "error", "message"}` (vLLM, SGLang),
+    `{"detail": ...}` (FastAPI), or plain text.
+    """
+    text = body.decode("utf-8", errors="replace").strip()
+    message = ""
+    try:
+        doc = json.loads(text) if text else None
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        error = doc.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            message = str(error["message"])
+        elif isinstance(error, str) and error:
+            message = error
+        elif doc.get("message"):
+            message = str(doc["message"])
+        elif doc.get("detail"):
+            detail = doc["detail"]
+            message = detail if isinstance(detail, str) else json.dumps(detail)
+    if not message:
+        message = text or reason or "no details"
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + "..."
+    return f"upstream returned {status}: {message}"
+
+
+def models_from_body(body: bytes) -> list[tuple[str, str]]:
+    """(id, owned_by) of each model in a `/models` answer; raises ValueError if it has none.
+
+    OpenAI's `{"data": [{"id"}]}`, or llama.cpp's and Ollama's `{"models": [{"name"}]}`.
+    """
+    doc = json.loads(body)
+    items: object = None
+    if isinstance(doc, dict):
+        items = doc.get("data") or doc.get("models")
+    if not isinstance(items, list):
+        raise ValueError("the /models answer has no model list")
+    out: list[tuple[str, str]] = []
+    for item in cast(list[object], items):
+        if isinstance(item, dict):
+            model = item.get("id") or item.get("model") or item.get("name")
+            if isinstance(model, str) and model:
+                out.append((model, str(item.get("owned_by") or "")))
+    return out

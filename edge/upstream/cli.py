@@ -1,0 +1,167 @@
+"""`iop-node`: serve runs from an OpenAI-compatible server as a node.
+
+    iop-node --listen HOST:PORT --upstream URL [--api-key-env NAME]
+             [--models NAME ...] [--name NAME] [--runs-log FILE] [--config FILE]
+
+`--config FILE` reads a TOML file's `[node]` table (listen, upstream,
+api_key_env, models, name, runs_log, read_timeout_s); flags win over it.
+The API key is read from the environment, never from a flag or a file.
+Prints `iop-node listening on HOST:PORT` once it serves. This module turns
+arguments into settings and runs the server; it knows nothing of the mapping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edge.upstream.server import UpstreamNode, normalize_upstream, start_server, stop_server
+
+DEFAULT_LISTEN = "127.0.0.1:50061"
+_KEYS = ("listen", "upstream", "api_key_env", "models", "name", "runs_log", "read_timeout_s")
+
+
+class SettingsError(Exception):
+    """A mistake in the flags or the config file; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    host: str
+    port: int
+    upstream: str
+    api_key: str | None = None
+    models: tuple[str, ...] = ()
+    name: str = "iop-node"
+    runs_log: Path | None = None
+    read_timeout_s: float = 600.0
+
+
+def _split_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SettingsError(f"listen: expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _models(values: list[str] | None) -> tuple[str, ...]:
+    """`--models a b`, `--models a,b` and repeated flags all mean the same list."""
+    return tuple(m for v in values or () for m in v.split(",") if m.strip())
+
+
+def _file_table(path: Path) -> dict[str, Any]:
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+    table = doc.get("node", {})
+    if not isinstance(table, dict):
+        raise SettingsError(f"{path}: [node] must be a table")
+    for key, value in table.items():
+        if key not in _KEYS:
+            raise SettingsError(f"{path}: unknown key node.{key}")
+        if key == "models":
+            if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+                raise SettingsError(f"{path}: node.models: expected a list of strings")
+        elif key == "read_timeout_s":
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise SettingsError(f"{path}: node.read_timeout_s: expected a positive number")
+        elif not isinstance(value, str):
+            raise SettingsError(f"{path}: node.{key}: expected a string")
+    return dict(table)
+
+
+def resolve(args: argparse.Namespace) -> NodeSettings:
+    """The config file's `[node]` table (if any) with the flags on top."""
+    table = _file_table(args.config) if args.config else {}
+    listen = args.listen or table.get("listen") or DEFAULT_LISTEN
+    host, port = _split_listen(listen)
+    upstream = args.upstream or table.get("upstream")
+    if not upstream:
+        raise SettingsError("--upstream URL is required (or node.upstream in --config)")
+    try:
+        upstream = normalize_upstream(upstream)
+    except ValueError as exc:
+        raise SettingsError(f"upstream: {exc}") from None
+    key_env = args.api_key_env or table.get("api_key_env")
+    api_key = None
+    if key_env:
+        api_key = os.environ.get(key_env)
+        if not api_key:
+            raise SettingsError(f"api key: the environment variable {key_env} is not set")
+    runs_log = args.runs_log or (Path(table["runs_log"]) if "runs_log" in table else None)
+    return NodeSettings(
+        host=host,
+        port=port,
+        upstream=upstream,
+        api_key=api_key,
+        models=_models(args.models) or tuple(table.get("models", ())),
+        name=args.name or table.get("name") or "iop-node",
+        runs_log=runs_log,
+        read_timeout_s=float(args.read_timeout_s or table.get("read_timeout_s") or 600.0),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="iop-node", description="A node that serves runs from an OpenAI-compatible server."
+    )
+    parser.add_argument("--config", type=Path, help="TOML file with a [node] table")
+    parser.add_argument("--listen", help=f"HOST:PORT to serve gRPC on (default {DEFAULT_LISTEN})")
+    parser.add_argument("--upstream", help="the server's API base URL, e.g. http://host:8000/v1")
+    parser.add_argument("--api-key-env", metavar="NAME", help="environment variable with the key")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        action="extend",
+        metavar="NAME",
+        help="models to serve (default: the upstream's /models)",
+    )
+    parser.add_argument("--name", help="node name reported by Describe (default iop-node)")
+    parser.add_argument("--runs-log", type=Path, help="append one JSON line per run")
+    parser.add_argument("--read-timeout-s", type=float, help="longest upstream silence (600)")
+    return parser
+
+
+async def _serve(settings: NodeSettings) -> None:
+    node = UpstreamNode(
+        settings.upstream,
+        name=settings.name,
+        api_key=settings.api_key,
+        models=settings.models,
+        runs_log=settings.runs_log,
+        read_timeout_s=settings.read_timeout_s,
+    )
+    server, bound = await start_server(node, settings.host, settings.port)
+    print(f"iop-node listening on {settings.host}:{bound}", flush=True)
+    print(f"iop-node: runs go to {settings.upstream}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await stop_server(node, server)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = resolve(args)
+    except SettingsError as exc:
+        print(f"iop-node: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(_serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

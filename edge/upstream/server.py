@@ -1,0 +1,429 @@
+"""`iop-node`'s NodeService: runs served by an OpenAI-compatible upstream.
+
+A grpclib server on asyncio. Each Run is one streaming POST to the
+upstream's `/chat/completions` with httpx; the response's server-sent events
+go through `edge.upstream.adapter` and out as RunEvents. Ending a run early
+(CancelRun, a reset gRPC stream, the request's deadline) leaves the httpx
+stream's block, which closes the upstream connection at once: vLLM,
+llama.cpp, Ollama and SGLang abort a request whose client went away.
+Describe lists the upstream's `/models` (or the configured models) and fails
+UNAVAILABLE while the upstream cannot be reached.
+
+The runs log has the simulated node's format: one JSON line per run when it
+ends (run_id, model, outcome, cancel_rpc, cancel_rpcs, events_sent), written
+after a short grace when the stream ended without CancelRun.
+
+This module owns the HTTP and gRPC sides; the mapping of chunks is the
+adapter's. It knows nothing of trio or of the edge that calls it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, cast
+from urllib.parse import urlsplit
+
+import httpx
+import msgspec
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server, Stream
+from h2.settings import SettingCodes
+
+from edge.node._proto.iop.node import v1 as pb
+from edge.upstream.adapter import ChunkMapper, chat_request_body, error_message
+from edge.upstream.adapter import models_from_body as parse_models
+from edge.upstream.sse import SSEDecoder
+
+RUN_ROUTE = "/iop.node.v1.NodeService/Run"
+CANCEL_ROUTE = "/iop.node.v1.NodeService/CancelRun"
+DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
+MAX_CONCURRENT_STREAMS = 100_000
+CANCEL_GRACE_S = 1.0
+MODELS_TTL_S = 2.0
+# Under the edge's 2 s Describe timeout, so the edge hears our UNAVAILABLE.
+DESCRIBE_TIMEOUT_S = 1.5
+CONNECT_TIMEOUT_S = 10.0
+# After the terminal event, read the rest of the body (to reuse the connection) this long.
+DRAIN_TIMEOUT_S = 1.0
+MAX_ERROR_BODY = 64 * 1024
+# On shutdown, how long runs get to close their upstream requests.
+CLOSE_TIMEOUT_S = 2.0
+
+Events = Stream[pb.RunRequest, pb.RunEvent]
+Emit = Callable[[pb.RunEvent], Awaitable[None]]
+_TERMINAL = frozenset({"complete", "error", "cancelled"})
+
+
+def normalize_upstream(url: str) -> str:
+    """The upstream's API base: `http(s)://host[:port]/path`, `/v1` when no path is given."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+    base = url.strip().rstrip("/")
+    return base if parts.path.strip("/") else base + "/v1"
+
+
+@dataclass(slots=True)
+class _Run:
+    run_id: str
+    model: str
+    # The upstream request, in a task of its own: see `_run`.
+    work: asyncio.Task[None] | None = None
+    events_sent: int = 0
+    cancel_rpcs: int = 0
+    outcome: str | None = None
+    flush_handle: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+class _Protocol(H2Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        h2_conn = self.connection._connection
+        h2_conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS})
+        self.connection.flush()
+
+
+class _Server(Server):
+    def _protocol_factory(self) -> H2Protocol:
+        proto = super()._protocol_factory()
+        return _Protocol(proto.handler, proto.config, proto.h2_config)
+
+
+class UpstreamNode:
+    """The NodeService of a node whose model server speaks OpenAI's chat completions.
+
+    Args:
+        upstream: the API base URL, e.g. `http://127.0.0.1:8000/v1`.
+        name: the node name Describe reports.
+        api_key: sent as `Authorization: Bearer ...` when set.
+        models: the models to list; empty = the upstream's `/models`.
+        runs_log: append one JSON line per run.
+        read_timeout_s: the longest silence tolerated from the upstream.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        name: str = "iop-node",
+        api_key: str | None = None,
+        models: tuple[str, ...] = (),
+        runs_log: Path | None = None,
+        read_timeout_s: float = 600.0,
+    ) -> None:
+        self.name = name
+        self.upstream = normalize_upstream(upstream)
+        self._chat_url = self.upstream + "/chat/completions"
+        self._models_url = self.upstream + "/models"
+        self._configured = models
+        self._read_timeout_s = read_timeout_s
+        self._client = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+            timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=read_timeout_s, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        self._models: list[tuple[str, str]] = []
+        self._models_at = -MODELS_TTL_S
+        self._models_lock = asyncio.Lock()
+        self._runs: dict[str, _Run] = {}
+        self._work: set[asyncio.Task[None]] = set()  # strong references until done
+        self._log: IO[str] | None = runs_log.open("a", buffering=1) if runs_log else None
+        self.finished: list[dict[str, Any]] = []  # every run's log record, for in-process users
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            RUN_ROUTE: Handler(self._run, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent),
+            CANCEL_ROUTE: Handler(
+                self._cancel_run, Cardinality.UNARY_UNARY, pb.CancelRunRequest, pb.CancelRunResponse
+            ),
+            DESCRIBE_ROUTE: Handler(
+                self._describe, Cardinality.UNARY_UNARY, pb.DescribeRequest, pb.DescribeResponse
+            ),
+        }
+
+    @property
+    def active_runs(self) -> int:
+        return sum(1 for run in self._runs.values() if run.outcome is None)
+
+    # --- Describe ---------------------------------------------------------------
+
+    async def _describe(self, stream: Stream[pb.DescribeRequest, pb.DescribeResponse]) -> None:
+        await stream.recv_message()
+        models = await self.models()
+        await stream.send_message(
+            pb.DescribeResponse(
+                node_name=self.name,
+                models=[pb.ModelInfo(id=m, owned_by=owner) for m, owner in models],
+                active_runs=self.active_runs,
+            )
+        )
+
+    async def models(self) -> list[tuple[str, str]]:
+        """(id, owned_by) per model; GRPCError UNAVAILABLE while the upstream is not healthy."""
+        async with self._models_lock:
+            loop = asyncio.get_running_loop()
+            if loop.time() - self._models_at < MODELS_TTL_S:
+                return self._models
+            self._models = await self._fetch_models()
+            self._models_at = loop.time()
+            return self._models
+
+    async def _fetch_models(self) -> list[tuple[str, str]]:
+        url = self._models_url
+        try:
+            response = await self._client.get(url, timeout=DESCRIBE_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            raise GRPCError(
+                Status.UNAVAILABLE, f"upstream {url} is unreachable: {_reason(exc)}"
+            ) from None
+        configured = [(m, "") for m in self._configured]
+        # With configured models any answer short of a server error means "up".
+        if configured and response.status_code < 500:
+            return configured
+        if response.status_code >= 400:
+            detail = error_message(response.status_code, response.content, response.reason_phrase)
+            raise GRPCError(Status.UNAVAILABLE, f"{url}: {detail}")
+        try:
+            return parse_models(response.content)
+        except ValueError as exc:
+            raise GRPCError(Status.UNAVAILABLE, f"{url}: not a model list: {exc}") from None
+
+    # --- CancelRun --------------------------------------------------------------
+
+    async def _cancel_run(self, stream: Stream[pb.CancelRunRequest, pb.CancelRunResponse]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        run = self._runs.get(request.run_id)
+        found = run is not None and run.outcome is None
+        if run is None:
+            self._write({"type": "cancel_rpc", "run_id": request.run_id, "found": False})
+        else:
+            run.cancel_rpcs += 1
+            if run.outcome is None and run.work is not None:
+                _stop(run.work)
+            elif run.flush_handle is not None:
+                run.flush_handle.cancel()
+                self._flush(run)
+        await stream.send_message(pb.CancelRunResponse(found=found))
+
+    # --- Run --------------------------------------------------------------------
+
+    async def _run(self, stream: Events) -> None:
+        """One run. The upstream request runs in its own task, cancelled at most once.
+
+        A stream reset (grpclib cancels this handler) and CancelRun both end a
+        run, often within a millisecond: a second `Task.cancel()` would cut
+        httpcore's shielded close short and leave the upstream request open.
+        The work task only ever sees one cancel, from `_stop`.
+        """
+        request = await stream.recv_message()
+        assert request is not None
+        await stream.send_initial_metadata()
+        run = _Run(request.run_id, request.model)
+        self._runs[run.run_id] = run
+
+        async def emit(event: pb.RunEvent) -> None:
+            await stream.send_message(event)
+            run.events_sent += 1
+            if event.type in _TERMINAL:
+                run.outcome = "complete" if event.type == "complete" else event.type
+
+        work = run.work = asyncio.create_task(self._relay(request, emit))
+        self._work.add(work)
+        work.add_done_callback(self._work.discard)
+        try:
+            await asyncio.wait({work})
+            if not work.cancelled():
+                work.result()  # an unexpected error: grpclib logs it and fails the stream
+            elif run.outcome is None:
+                run.outcome = "cancelled"
+                if run.cancel_rpcs and not stream._cancel_done:
+                    # CancelRun arrived while the caller still reads: tell it.
+                    with contextlib.suppress(Exception):
+                        await emit(pb.RunEvent(type="cancelled", error="run cancelled"))
+        except asyncio.CancelledError:  # the caller reset the stream, or the server stops
+            _stop(work)
+            if run.outcome is None:
+                run.outcome = "cancelled"
+            raise
+        finally:
+            if run.outcome is None:
+                run.outcome = "error"
+            self._ended(run)
+
+    async def _relay(self, request: pb.RunRequest, emit: Emit) -> None:
+        """Serve `request` from the upstream, emitting its events and exactly one terminal."""
+        mapper = ChunkMapper(id_prefix=request.run_id)
+        try:
+            body = chat_request_body(request)
+        except ValueError as exc:
+            await emit(mapper.error(f"invalid run request: {exc}"))
+            return
+        deadline = None
+        if request.deadline_unix_ms > 0:
+            remaining = request.deadline_unix_ms / 1000 - time.time()
+            deadline = asyncio.get_running_loop().time() + remaining
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._stream_upstream(body, mapper, emit)
+        except TimeoutError:
+            if not mapper.terminated:
+                await emit(pb.RunEvent(type="cancelled", error="run deadline exceeded"))
+
+    async def _stream_upstream(self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit) -> None:
+        """One streaming POST; every HTTP failure becomes the terminal error event.
+
+        Leaving the `client.stream` block before the body ends (cancellation,
+        the deadline) closes the connection: the upstream's abort signal.
+        """
+        url = self._chat_url
+        try:
+            async with self._client.stream(
+                "POST",
+                url,
+                content=msgspec.json.encode(body),
+                headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+            ) as response:
+                if response.status_code >= 400:
+                    raw = await _read_capped(response)
+                    status, reason = response.status_code, response.reason_phrase
+                    await emit(mapper.error(error_message(status, raw, reason)))
+                    return
+                content_type = response.headers.get("content-type", "")
+                if not content_type or "event-stream" in content_type:
+                    await self._relay_sse(response, mapper, emit)
+                elif "json" in content_type:  # a server that does not stream
+                    payload = json.loads(await response.aread())
+                    for event in mapper.feed_completion(payload):
+                        await emit(event)
+                else:
+                    raw = await _read_capped(response)
+                    quoted = raw[:200].decode("utf-8", errors="replace")
+                    text = f"upstream answered {content_type}, not an event stream: {quoted!r}"
+                    await emit(mapper.error(text))
+        except httpx.ConnectError as exc:
+            await emit(mapper.error(f"cannot connect to upstream {url}: {_reason(exc)}"))
+        except httpx.TimeoutException as exc:
+            if not mapper.terminated:
+                await emit(mapper.error(f"upstream {url} timed out: {_reason(exc)}"))
+        except httpx.HTTPError as exc:
+            if not mapper.terminated:
+                await emit(mapper.error(f"upstream stream ended early: {_reason(exc)}"))
+        except ValueError as exc:  # a body that is not JSON, or an endless line
+            if not mapper.terminated:
+                await emit(mapper.error(f"upstream sent a malformed body: {_reason(exc)}"))
+
+    async def _relay_sse(self, response: httpx.Response, mapper: ChunkMapper, emit: Emit) -> None:
+        decoder = SSEDecoder()
+        # An async generator in fact: close it here, not in a finalizer.
+        texts_gen = cast(AsyncGenerator[str, None], response.aiter_text())
+        async with contextlib.aclosing(texts_gen) as texts:
+            async for text in texts:
+                for message in decoder.feed(text):
+                    for event in mapper.feed(message):
+                        await emit(event)
+                if mapper.terminated:
+                    break
+            if mapper.terminated:
+                # The body ends right after [DONE]: read it, so the connection is reused.
+                with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                    async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                        async for _ in texts:
+                            pass
+                return
+        for message in decoder.close():
+            for event in mapper.feed(message):
+                await emit(event)
+        for event in mapper.end():
+            await emit(event)
+
+    # --- the runs log -----------------------------------------------------------
+
+    def _ended(self, run: _Run) -> None:
+        run.work = None
+        if run.outcome in ("complete", "error") or run.cancel_rpcs:
+            self._flush(run)
+        else:
+            loop = asyncio.get_running_loop()
+            run.flush_handle = loop.call_later(CANCEL_GRACE_S, self._flush, run)
+
+    def _flush(self, run: _Run) -> None:
+        if self._runs.pop(run.run_id, None) is None:
+            return
+        self._write(
+            {
+                "run_id": run.run_id,
+                "model": run.model,
+                "outcome": run.outcome,
+                "cancel_rpc": run.cancel_rpcs > 0,
+                "cancel_rpcs": run.cancel_rpcs,
+                "events_sent": run.events_sent,
+            }
+        )
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self.finished.append(record)
+        if self._log is not None:
+            self._log.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    async def aclose(self) -> None:
+        """Stop the runs still working (their upstream requests close), then the client."""
+        for work in self._work:
+            _stop(work)
+        if self._work:
+            await asyncio.wait(set(self._work), timeout=CLOSE_TIMEOUT_S)
+        for run in list(self._runs.values()):
+            if run.flush_handle is not None:
+                run.flush_handle.cancel()
+                self._flush(run)
+        await self._client.aclose()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def _stop(work: asyncio.Task[None]) -> None:
+    """Cancel the work task unless it is done or already being cancelled (by anyone)."""
+    if not work.done() and not work.cancelling():
+        work.cancel()
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+async def _read_capped(response: httpx.Response) -> bytes:
+    """At most MAX_ERROR_BODY bytes of an error body: enough to quote, never unbounded."""
+    chunks: list[bytes] = []
+    size = 0
+    body = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+    async with contextlib.aclosing(body) as pieces:
+        async for chunk in pieces:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= MAX_ERROR_BODY:
+                break
+    return b"".join(chunks)[:MAX_ERROR_BODY]
+
+
+async def start_server(node: UpstreamNode, host: str, port: int) -> tuple[Server, int]:
+    """Start serving `node`; returns the server and the port it listens on."""
+    server = _Server([node])
+    await server.start(host, port, backlog=2048, reuse_address=True)
+    listening = server._server
+    assert isinstance(listening, asyncio.Server)
+    return server, int(listening.sockets[0].getsockname()[1])
+
+
+async def stop_server(node: UpstreamNode, server: Server) -> None:
+    server.close()
+    await server.wait_closed()
+    await node.aclose()

@@ -1,0 +1,94 @@
+"""Server-sent events from a response body that arrives in arbitrary pieces.
+
+`SSEDecoder` is a sans-IO parser in the h11 manner: `feed(text)` with the
+body split anywhere (even inside a `\r\n`), `close()` when it ends; the same
+body whole or character by character gives the same events.
+
+It knows the SSE framing only: not what the data means, nor where it came from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["DONE", "MAX_LINE_CHARS", "SSEDecoder", "SSEMessage"]
+
+DONE: Final = "[DONE]"
+# A line longer than this (no line break in sight) is not an SSE stream.
+MAX_LINE_CHARS: Final = 8 * 1024 * 1024
+_LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
+
+
+@dataclass(frozen=True, slots=True)
+class SSEMessage:
+    """One server-sent event: its `event` name ("" = message) and its data."""
+
+    data: str
+    event: str = ""
+
+
+class SSEDecoder:
+    """Incremental SSE parser: `feed(text)` in any split, `close()` at the end of the body.
+
+    Standard framing (data lines joined, dispatched on a blank line, comments
+    skipped), plus one tolerance: a single data line that is `[DONE]` or a whole
+    JSON object is dispatched at once, so a server that omits blank lines
+    between events still works.
+    """
+
+    __slots__ = ("_buffer", "_data", "_event")
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._data: list[str] = []
+        self._event = ""
+
+    def feed(self, text: str) -> list[SSEMessage]:
+        buffer = self._buffer + text
+        held = ""
+        if buffer.endswith("\r"):  # maybe the first half of "\r\n"
+            buffer, held = buffer[:-1], "\r"
+        lines = _LINE_BREAK.split(buffer)
+        self._buffer = lines.pop() + held
+        if len(self._buffer) > MAX_LINE_CHARS:
+            raise ValueError(f"upstream sent a line of over {MAX_LINE_CHARS} characters")
+        out: list[SSEMessage] = []
+        for line in lines:
+            self._line(line, out)
+        return out
+
+    def close(self) -> list[SSEMessage]:
+        """The events still held when the body ends (a last line without a break)."""
+        out: list[SSEMessage] = []
+        if self._buffer.strip("\r"):
+            self._line(self._buffer.strip("\r"), out)
+        self._buffer = ""
+        self._dispatch(out)
+        return out
+
+    def _line(self, line: str, out: list[SSEMessage]) -> None:
+        if not line:
+            self._dispatch(out)
+            return
+        if line.startswith(":"):
+            return
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            if not self._data and (
+                value == DONE or (value.startswith("{") and value.endswith("}"))
+            ):
+                out.append(SSEMessage(value, self._event))
+                self._event = ""
+            else:
+                self._data.append(value)
+        elif name == "event":
+            self._event = value
+
+    def _dispatch(self, out: list[SSEMessage]) -> None:
+        if self._data:
+            out.append(SSEMessage("\n".join(self._data), self._event))
+        self._data = []
+        self._event = ""

@@ -1,0 +1,622 @@
+"""End to end: `iop-node` in front of real HTTP upstreams.
+
+Two upstreams, both real sockets on 127.0.0.1:
+
+- an `iop-edge` serving the simulated node is itself an OpenAI-compatible
+  server, so `openai SDK -> iop-edge B -> iop-node (a process) -> iop-edge A ->
+  iop-sim-node (a process)` goes over real HTTP, gRPC and SSE at every hop,
+  cancellation included;
+- a small replay server plays the recorded chunk streams of vLLM, llama.cpp,
+  Ollama and SGLang (tests/integration/upstream_fixtures), and the error
+  bodies and broken streams those servers produce, to an edge whose node
+  address is `openai+http://...` (the adapter in-process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import h11
+import httpx
+import openai
+import pytest
+import trio
+
+from edge.config import Config, NodeConfig, ServerConfig
+from edge.errors import EdgeError
+from edge.node._proto.iop.node import v1 as pb
+from edge.node.bridge import asyncio_loop
+from edge.node.client import GrpcNodeClient
+from edge.stream.events import Delta, Failed, NodeEvent
+from edge.upstream.embedded import embedded_upstream_node
+from tests.integration.conftest import (
+    STARTUP_TIMEOUT_S,
+    RunningEdge,
+    SimProcess,
+    script,
+    start_edge,
+    stop_edge,
+    stop_process,
+)
+
+FIXTURES = Path(__file__).parent / "upstream_fixtures"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+WAIT_S = 10.0
+
+
+# --- the replay upstream -----------------------------------------------------------
+
+
+@dataclass
+class Upstream:
+    """A replaying OpenAI-compatible server: model NAME plays upstream_fixtures/NAME.*.
+
+    `NAME.sse` is streamed one event per write; `NAME.STATUS.json` is an error
+    answer. Two models are built in: `hang` sends one delta and then waits for
+    the client to go away (setting `hung_up`); `abort` sends one delta and cuts
+    the connection mid-body.
+    """
+
+    url: str = ""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    hung_up: trio.Event = field(default_factory=trio.Event)
+
+    def models(self) -> list[str]:
+        names = {
+            p.name.split(".")[0]
+            for p in FIXTURES.iterdir()
+            if p.suffix in (".sse", ".json", ".html")
+        }
+        return sorted(names | {"hang", "abort"})
+
+
+def _chunk(content: str) -> bytes:
+    chunk = {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": content}}],
+    }
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+async def _read_request(
+    stream: trio.SocketStream, conn: h11.Connection
+) -> tuple[h11.Request, bytes] | None:
+    request: h11.Request | None = None
+    body = b""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            assert request is not None
+            return request, body
+        elif isinstance(event, h11.ConnectionClosed):
+            return None
+
+
+async def _send(stream: trio.SocketStream, conn: h11.Connection, *events: Any) -> None:
+    for event in events:
+        data = conn.send(event)
+        if data:
+            await stream.send_all(data)
+
+
+def _whole_response(status: int, body: bytes, kind: str = "application/json") -> list[Any]:
+    headers = [("content-type", kind), ("content-length", str(len(body)))]
+    return [h11.Response(status_code=status, headers=headers), h11.Data(body), h11.EndOfMessage()]
+
+
+async def _respond(
+    upstream: Upstream, stream: trio.SocketStream, conn: h11.Connection, target: bytes, body: bytes
+) -> bool:
+    """Answer one request; False when the connection must close."""
+    if target == b"/v1/models":
+        data = [{"id": m, "object": "model", "owned_by": "replay"} for m in upstream.models()]
+        await _send(
+            stream,
+            conn,
+            *_whole_response(200, json.dumps({"object": "list", "data": data}).encode()),
+        )
+        return True
+    doc = json.loads(body)
+    upstream.requests.append(doc)
+    model = doc["model"]
+    sse_head = h11.Response(status_code=200, headers=[("content-type", "text/event-stream")])
+    if model in ("hang", "abort"):
+        await _send(stream, conn, sse_head, h11.Data(_chunk("x")))
+        if model == "abort":
+            return False  # closed with the chunked body unfinished
+        with trio.fail_after(WAIT_S):
+            while await stream.receive_some(65536):
+                pass
+        upstream.hung_up.set()
+        return False
+    sse = FIXTURES / f"{model}.sse"
+    if sse.exists():
+        await _send(stream, conn, sse_head)
+        for event in sse.read_text().split("\n\n")[:-1]:
+            await _send(stream, conn, h11.Data((event + "\n\n").encode()))
+        await _send(stream, conn, h11.EndOfMessage())
+        return True
+    for path in FIXTURES.glob(f"{model}.*.*"):
+        status = int(path.name.split(".")[1])
+        kind = "application/json" if path.suffix == ".json" else "text/html"
+        await _send(stream, conn, *_whole_response(status, path.read_bytes(), kind))
+        return True
+    missing = json.dumps({"error": {"message": f"no model {model}"}}).encode()
+    await _send(stream, conn, *_whole_response(404, missing))
+    return True
+
+
+async def _connection(upstream: Upstream, stream: trio.SocketStream) -> None:
+    conn = h11.Connection(h11.SERVER)
+    async with stream:
+        try:
+            while (received := await _read_request(stream, conn)) is not None:
+                request, body = received
+                if not await _respond(upstream, stream, conn, request.target, body):
+                    return
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, h11.ProtocolError):
+            return
+
+
+@pytest.fixture
+async def upstream(nursery: trio.Nursery) -> Upstream:
+    replay = Upstream()
+    listeners = await nursery.start(
+        partial(trio.serve_tcp, partial(_connection, replay), 0, host="127.0.0.1")
+    )
+    replay.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
+    return replay
+
+
+def _edge_config(*nodes: NodeConfig) -> Config:
+    return Config(server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0), nodes=nodes)
+
+
+@pytest.fixture
+async def replay_edge(nursery: trio.Nursery, upstream: Upstream) -> AsyncIterator[RunningEdge]:
+    running = await start_edge(
+        nursery, _edge_config(NodeConfig("replay", f"openai+{upstream.url}"))
+    )
+    yield running
+    await stop_edge(running)
+
+
+def _chat(model: str, content: str = "hi", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def _sse_payloads(raw: bytes) -> list[Any]:
+    out = []
+    for frame in raw.decode().split("\n\n"):
+        if frame.startswith("data: ") and frame != "data: [DONE]":
+            out.append(json.loads(frame.removeprefix("data: ")))
+    return out
+
+
+# --- the dialects, in-process (`openai+http://`) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "content", "reasoning", "calls", "usage"),
+    [
+        (
+            "vllm",
+            None,
+            "The user wants the weather in Paris and Tokyo.",
+            [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Tokyo"})],
+            (181, 55, 160, 0),
+        ),
+        ("llamacpp", "Hello! How can I help?", "A greeting. Answer briefly.", [], (24, 12, 16, 0)),
+        (
+            "ollama",
+            None,
+            "I should call the weather tool.",
+            [("get_weather", {"city": "Paris"})],
+            (0, 0, 0, 0),
+        ),
+        (
+            "sglang",
+            "Checking Paris.",
+            "Celsius is expected.",
+            [("get_weather", {"city": "Paris", "unit": "celsius"})],
+            (210, 52, 0, 9),
+        ),
+    ],
+)
+async def test_dialect_through_the_edge(
+    replay_edge: RunningEdge,
+    upstream: Upstream,
+    model: str,
+    content: str | None,
+    reasoning: str,
+    calls: list[tuple[str, dict[str, Any]]],
+    usage: tuple[int, int, int, int],
+) -> None:
+    """Each server's recorded stream reaches the caller as one correct chat.completion,
+    and the upstream was asked to stream with usage, with the caller's tools and sampling."""
+    body = _chat(model, tools=[WEATHER_TOOL], temperature=0.5, max_tokens=99, seed=3, top_k=20)
+    async with httpx.AsyncClient(base_url=replay_edge.url, timeout=WAIT_S) as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    message = answer["choices"][0]["message"]
+    assert message["content"] == content
+    assert message.get("reasoning_content") == reasoning
+    got = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in message.get("tool_calls") or []
+    ]
+    assert got == calls
+    assert answer["choices"][0]["finish_reason"] == ("tool_calls" if calls else "stop")
+    u = answer["usage"]
+    assert (
+        u["prompt_tokens"],
+        u["completion_tokens"],
+        u["prompt_tokens_details"]["cached_tokens"],
+        u["completion_tokens_details"]["reasoning_tokens"],
+    ) == usage
+    (sent,) = upstream.requests
+    assert sent["model"] == model
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["tools"] == [WEATHER_TOOL]
+    assert (sent["temperature"], sent["max_tokens"], sent["seed"], sent["top_k"]) == (
+        0.5,
+        99,
+        3,
+        20,
+    )
+
+
+async def test_server_that_does_not_stream(replay_edge: RunningEdge) -> None:
+    """A server that answers `stream: true` with one JSON chat.completion still works."""
+    async with httpx.AsyncClient(base_url=replay_edge.url, timeout=WAIT_S) as client:
+        response = await client.post("/v1/chat/completions", json=_chat("no-stream"))
+    choice = response.json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("Whole answer.", "length")
+    assert response.json()["usage"]["total_tokens"] == 13
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("vllm-too-long", "upstream returned 400: This model's maximum context length"),
+        ("llamacpp-loading", "upstream returned 503: Loading model"),
+        ("ollama-missing", 'upstream returned 404: model "llama3.2" not found'),
+        ("stream-error", "upstream error: The engine died unexpectedly. (code 500)"),
+        ("truncated", "upstream stream ended early"),
+        ("abort", "upstream stream ended early"),
+        ("web-ui", "upstream answered text/html, not an event stream: '<!doctype html>"),
+    ],
+)
+async def test_upstream_failures_are_error_frames(
+    replay_edge: RunningEdge, model: str, expected: str
+) -> None:
+    """Error statuses, in-stream errors and broken streams end in one error frame that
+    quotes the upstream; nothing hangs."""
+    async with httpx.AsyncClient(base_url=replay_edge.url, timeout=WAIT_S) as client:
+        response = await client.post("/v1/chat/completions", json=_chat(model, stream=True))
+    payloads = _sse_payloads(response.content)
+    assert b"data: [DONE]" not in response.content
+    assert expected in payloads[-1]["error"]["message"]
+
+
+async def test_client_disconnect_aborts_the_upstream_request(
+    replay_edge: RunningEdge, upstream: Upstream
+) -> None:
+    """A caller that goes away mid-stream closes the upstream HTTP request at once,
+    and the node records its run as cancelled."""
+    body = _chat("hang", stream=True)
+    async with (
+        httpx.AsyncClient(base_url=replay_edge.url, timeout=WAIT_S) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        async for line in response.aiter_lines():
+            if '"content":"x"' in line:
+                run_id = json.loads(line.removeprefix("data: "))["id"].removeprefix("chatcmpl-")
+                break
+    with trio.fail_after(WAIT_S):
+        await upstream.hung_up.wait()
+    await replay_edge.wait_idle()
+    node = replay_edge.edge.embedded[0]
+    (record,) = [r for r in node.finished if r.get("run_id") == run_id]  # type: ignore[attr-defined]
+    assert record["outcome"] == "cancelled"
+
+
+# --- the node over gRPC, without an edge ------------------------------------------
+
+
+async def _events(node_port: int, request: pb.RunRequest, nursery: trio.Nursery) -> list[NodeEvent]:
+    client = GrpcNodeClient("node", "127.0.0.1", node_port)
+    try:
+        with trio.fail_after(WAIT_S):
+            handle = await client.start_run(nursery, request, deadline=trio.current_time() + WAIT_S)
+            return [event async for event in handle.events]
+    finally:
+        await client.aclose()
+
+
+async def test_deadline_closes_the_upstream_request(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    """The RunRequest's deadline ends the run `cancelled` and aborts the upstream request."""
+    request = pb.RunRequest(
+        run_id="d1",
+        model="hang",
+        messages=[pb.Message(role="user", content="x")],
+        deadline_unix_ms=int((time.time() + 0.3) * 1000),
+    )
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (node, port):
+        events = await _events(port, request, nursery)
+        with trio.fail_after(WAIT_S):
+            await upstream.hung_up.wait()
+    assert events[0] == Delta("x")
+    assert events[-1] == Failed(kind="cancelled", error="run deadline exceeded")
+    assert node.finished[-1]["outcome"] == "cancelled"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def test_connection_refused_is_an_error_event_and_describe_fails(
+    nursery: trio.Nursery,
+) -> None:
+    """With nothing listening upstream, a run ends in an error naming the URL, and
+    Describe fails so the edge marks the node unhealthy."""
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    request = pb.RunRequest(run_id="r", model="m", messages=[pb.Message(role="user", content="x")])
+    async with asyncio_loop(), embedded_upstream_node("n", url) as (_, port):
+        events = await _events(port, request, nursery)
+        client = GrpcNodeClient("node", "127.0.0.1", port)
+        with pytest.raises(EdgeError, match=r"UNAVAILABLE.*unreachable"):
+            await client.describe()
+        await client.aclose()
+    (event,) = events
+    assert isinstance(event, Failed)
+    assert event.kind == "error"
+    assert event.error.startswith(f"cannot connect to upstream {url}/chat/completions")
+
+
+async def test_describe_lists_the_upstream_models(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    """Describe answers the upstream's /models."""
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (_, port):
+        client = GrpcNodeClient("node", "127.0.0.1", port)
+        description = await client.describe()
+        await client.aclose()
+    assert list(description.models) == upstream.models()
+
+
+# --- the chain: SDK -> edge B -> iop-node -> edge A -> iop-sim-node --------------------
+
+
+def start_node(tmp: Path, upstream: str) -> SimProcess:
+    """`iop-node` as a process; its runs log has the simulated node's format."""
+    runs_log = tmp / "iop-node-runs.jsonl"
+    command = [sys.executable, "-m", "edge.upstream", "--listen", "127.0.0.1:0"]
+    command += ["--upstream", upstream, "--runs-log", str(runs_log)]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    assert process.stdout is not None
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    line = ""
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if "listening on" in line or not line:
+            break
+    if "listening on" not in line:
+        stop_process(process)
+        raise RuntimeError(f"iop-node did not start: {line!r}")
+    return SimProcess(line.rsplit(" ", 1)[1].strip(), runs_log, process)
+
+
+@dataclass
+class Chain:
+    a: RunningEdge
+    node: SimProcess
+    b: RunningEdge
+
+    def sdk(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.b.url + "/v1", api_key="unused", max_retries=0, timeout=30
+        )
+
+
+@pytest.fixture
+async def chain(nursery: trio.Nursery, edge: RunningEdge, tmp_path: Path) -> AsyncIterator[Chain]:
+    node = await trio.to_thread.run_sync(start_node, tmp_path, edge.url + "/v1")
+    try:
+        b = await start_edge(nursery, _edge_config(NodeConfig("iop-node", node.address)))
+        yield Chain(edge, node, b)
+        await stop_edge(b)
+    finally:
+        await trio.to_thread.run_sync(stop_process, node.process)
+
+
+async def _in_thread(fn: Callable[[], Any]) -> Any:
+    return await trio.to_thread.run_sync(fn)
+
+
+async def test_chain_streaming(chain: Chain, sim: SimProcess) -> None:
+    """Streamed text crosses both edges and the node intact; each hop records a complete run."""
+
+    def call() -> list[Any]:
+        with chain.sdk() as client:
+            return list(
+                client.chat.completions.create(
+                    model="sim-echo",
+                    messages=[{"role": "user", "content": "hello big world"}],
+                    stream=True,
+                )
+            )
+
+    chunks = await _in_thread(call)
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello big world"
+    )
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    run = await chain.node.wait_run(chunks[0].id.removeprefix("chatcmpl-"))
+    assert (run["outcome"], run["cancel_rpc"]) == ("complete", False)
+    await chain.a.wait_idle()
+    ((info, _),) = chain.a.outcomes
+    assert (await sim.wait_run(info.run_id))["outcome"] == "complete"
+
+
+async def test_chain_non_streaming_reasoning_and_usage(chain: Chain) -> None:
+    """Reasoning and every usage count (reasoning, cached) survive two edges and the node."""
+    events = script(
+        {"type": "reasoning_delta", "delta": "Let me think."},
+        {"type": "delta", "delta": "42"},
+        {
+            "type": "complete",
+            "usage": {
+                "input_tokens": 7,
+                "output_tokens": 3,
+                "reasoning_tokens": 2,
+                "cached_input_tokens": 4,
+            },
+        },
+    )
+
+    def call() -> Any:
+        with chain.sdk() as client:
+            return client.chat.completions.create(
+                model="sim-script", messages=[{"role": "user", "content": events}]
+            )
+
+    completion = await _in_thread(call)
+    message = completion.choices[0].message
+    assert message.content == "42"
+    assert message.model_extra["reasoning_content"] == "Let me think."
+    usage = completion.usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (7, 3)
+    assert usage.completion_tokens_details.reasoning_tokens == 2
+    assert usage.prompt_tokens_details.cached_tokens == 4
+
+
+async def test_chain_streaming_tool_call(chain: Chain) -> None:
+    """A native tool call from the bottom node arrives whole, with its id and arguments."""
+    call_json = {
+        "id": "call_7",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+    }
+    events = script(
+        {"type": "complete", "metadata": {"finish_reason": "tool_calls", "tool_calls": [call_json]}}
+    )
+
+    def call() -> list[Any]:
+        with chain.sdk() as client:
+            return list(
+                client.chat.completions.create(
+                    model="sim-script",
+                    messages=[{"role": "user", "content": events}],
+                    tools=[WEATHER_TOOL],  # type: ignore[list-item]
+                    stream=True,
+                )
+            )
+
+    chunks = await _in_thread(call)
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert [(tc.id, tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [
+        ("call_7", "get_weather", {"city": "Paris"})
+    ]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_chain_error(chain: Chain) -> None:
+    """An error at the bottom reaches the SDK through the node as an APIError quoting it."""
+
+    def call() -> None:
+        with chain.sdk() as client:
+            for _ in client.chat.completions.create(
+                model="sim-script",
+                messages=[
+                    {"role": "user", "content": script({"type": "error", "error": "GPU on fire"})}
+                ],
+                stream=True,
+            ):
+                pass
+
+    with pytest.raises(openai.APIError, match="GPU on fire"):
+        await _in_thread(call)
+
+
+async def test_chain_cancellation(chain: Chain, sim: SimProcess) -> None:
+    """A client that closes the stream early cancels the run on every hop: the node's
+    run and the simulated node's run both end `cancelled`."""
+    hang = script({"type": "delta", "delta": "x"}, {"type": "hang"})
+
+    def call() -> str:
+        with chain.sdk() as client:
+            stream = client.chat.completions.create(
+                model="sim-script", messages=[{"role": "user", "content": hang}], stream=True
+            )
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content == "x":
+                    stream.close()
+                    return str(chunk.id)
+        raise AssertionError("the stream ended before its first delta")
+
+    response_id = await _in_thread(call)
+    node_run = await chain.node.wait_run(response_id.removeprefix("chatcmpl-"))
+    assert node_run["outcome"] == "cancelled"
+    await chain.a.wait_idle()
+    ((info, outcome),) = chain.a.outcomes
+    assert outcome.status == "cancelled"
+    sim_run = await sim.wait_run(info.run_id)
+    assert sim_run["outcome"] == "cancelled"
+    assert sim_run["cancel_rpc"]
+
+
+async def test_in_process_address_against_an_edge(nursery: trio.Nursery, edge: RunningEdge) -> None:
+    """`address = "openai+http://.../v1"` runs the adapter inside the edge: no second daemon."""
+    running = await start_edge(nursery, _edge_config(NodeConfig("local", f"openai+{edge.url}/v1")))
+    async with httpx.AsyncClient(base_url=running.url, timeout=WAIT_S) as client:
+        models = (await client.get("/v1/models")).json()
+        response = await client.post(
+            "/v1/chat/completions", json=_chat("sim-echo", "one two", stream=True)
+        )
+    assert {m["id"] for m in models["data"]} >= {"sim-echo", "sim-script"}
+    payloads = _sse_payloads(response.content)
+    assert (
+        "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads if p["choices"])
+        == "one two"
+    )
+    assert payloads[-1]["choices"][0]["finish_reason"] == "stop"
+    await stop_edge(running)
