@@ -24,7 +24,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from loguru import logger
 
 from edge import systemd
-from edge.config import Config, split_address
+from edge.config import Config, split_address, upstream_url
 from edge.http.app import create_app
 from edge.http.chat import ChatService, OutcomeHook
 from edge.metrics import EdgeMetrics
@@ -32,6 +32,7 @@ from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
 from edge.node.embedded import embedded_node
 from edge.node.pool import NodePool
+from edge.upstream.embedded import embedded_upstream_node
 
 # After the drain deadline: time for the notice frames to go out before
 # hypercorn cuts the connections that are left.
@@ -83,6 +84,12 @@ async def serve(
                 sim, port = await stack.enter_async_context(embedded_node(node.name, runs_log))
                 embedded.append(sim)
                 clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
+            elif (url := upstream_url(node.address)) is not None:
+                served, port = await stack.enter_async_context(
+                    embedded_upstream_node(node.name, url)
+                )
+                embedded.append(served)
+                clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
             else:
                 host, port = split_address(node.address)
                 clients.append(GrpcNodeClient(node.name, host, port, on_cancel_sent=counter))
@@ -96,7 +103,7 @@ async def serve(
                     state.client.name, state.client.address, state.error,
                 )  # fmt: skip
         async with trio.open_nursery() as root:
-            root.start_soon(pool.run_refresh)
+            root.start_soon(pool.run_refresh, config.server.node_refresh_s)
             interval = systemd.watchdog_interval()
             if interval is not None:
                 root.start_soon(systemd.watchdog_loop, interval)

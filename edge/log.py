@@ -2,6 +2,10 @@
 
 `text` is for a terminal; `json` writes one small JSON object per line (for
 journald). Sinks are enqueued so a slow pipe never blocks the trio loop.
+
+`REQUEST_ID` holds the id of the HTTP request the current task serves; every
+record logged while it is set carries it as `request_id`. Tasks started from
+a request's task (its run) inherit it, since trio copies the context.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +21,8 @@ from loguru import logger
 
 if TYPE_CHECKING:
     from loguru import Message, Record
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 
 class InterceptHandler(logging.Handler):
@@ -27,6 +34,12 @@ class InterceptHandler(logging.Handler):
         except ValueError:
             level = record.levelno
         logger.opt(depth=6, exception=record.exc_info).log(level, "{}", record.getMessage())
+
+
+def _bind_request_id(record: Record) -> None:
+    request_id = REQUEST_ID.get()
+    if request_id is not None:
+        record["extra"].setdefault("request_id", request_id)
 
 
 def _json_sink(message: Message) -> None:
@@ -56,6 +69,7 @@ def _text_format(record: Record) -> str:
 
 def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     logger.remove()
+    logger.configure(patcher=_bind_request_id)
     if fmt == "json":
         logger.add(_json_sink, level=level, enqueue=True, backtrace=False, diagnose=False)
     else:

@@ -56,11 +56,19 @@ class EdgeMetrics:
             "iop_edge_node_cancels", "CancelRun RPCs sent to nodes.", ["node"], registry=r
         )
         self.node_errors = Counter(
-            "iop_edge_node_errors", "Node failures by kind.", ["node", "kind"], registry=r
+            "iop_edge_node_errors",
+            "Node failures by kind: node_unavailable, run_error, timeout (starting a run),"
+            " stream_broken, error_event (mid-run).",
+            ["node", "kind"],
+            registry=r,
         )
 
     def request(self, model: str, node: str, stream: bool, outcome: Outcome) -> None:
         self.requests.labels(model, node, "true" if stream else "false", outcome.status).inc()
+        if outcome.status == "error" and outcome.error_type == "run_error" and outcome.usage_sample:
+            # The node reported the failure itself (an `error` event); a broken
+            # stream (no usage sample) is counted as "stream_broken" by the caller.
+            self.node_errors.labels(node, "error_event").inc()
         if outcome.status == "success" and outcome.usage is not None and outcome.usage_sample:
             u = outcome.usage
             for kind, value in (

@@ -15,9 +15,12 @@ import time
 from collections.abc import Sequence
 
 import msgspec
+import trio
+from hypercorn.typing import ASGISendCallable, ASGISendEvent
 from loguru import logger
-from quart import Response, g, request
+from quart import Request, Response, g, request
 from quart_trio import QuartTrio
+from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 from edge.errors import (
@@ -30,9 +33,13 @@ from edge.errors import (
     ShuttingDownError,
 )
 from edge.http.chat import ChatService
+from edge.log import REQUEST_ID
 from edge.metrics import CONTENT_TYPE
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+CHAT_PATH = "/v1/chat/completions"
+# Bound on finishing an HTTP cycle once the last body message is sent.
+_END_OF_RESPONSE_S = 5.0
 
 
 def _json_response(value: object, status: int = 200) -> Response:
@@ -56,6 +63,29 @@ def _http_error(exc: HTTPException) -> EdgeError:
     error = RequestError(exc.description or exc.name)
     error.status = code  # type: ignore[misc]
     return error
+
+
+class _HTTPConnection(TrioASGIHTTPConnection):
+    """quart-trio's HTTP connection, with the end of each response shielded.
+
+    The last body message makes hypercorn finish the HTTP cycle in this task:
+    it queues `http.disconnect` (on which quart-trio cancels this task) and
+    then arms the keep-alive timer, or closes the socket when the server is
+    shutting down. Cancelled in between, neither happens: idle keep-alive
+    connections never time out, and each one holds a draining server open.
+    """
+
+    async def handle_request(  # type: ignore[override]  # quart-trio's own signature
+        self, nursery: trio.Nursery, request: Request, send: ASGISendCallable
+    ) -> None:
+        async def send_end_shielded(message: ASGISendEvent) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                with trio.move_on_after(_END_OF_RESPONSE_S, shield=True):
+                    await send(message)
+            else:
+                await send(message)
+
+        await super().handle_request(nursery, request, send_end_shielded)
 
 
 class ApiKeys:
@@ -82,6 +112,7 @@ def create_app(
     chat: ChatService, *, max_body_bytes: int, api_keys: Sequence[str] = ()
 ) -> QuartTrio:
     app = QuartTrio("iop-edge")
+    app.asgi_http_class = _HTTPConnection
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
@@ -93,9 +124,13 @@ def create_app(
     async def before() -> None:
         offered = request.headers.get("X-Request-Id", "")
         g.request_id = offered if _REQUEST_ID.match(offered) else secrets.token_hex(8)
+        # Every line logged while this request is served (and by its run) carries its id.
+        REQUEST_ID.set(g.request_id)
         g.started = time.perf_counter()
         needs_key = keys.enabled and request.path.startswith("/v1/")
         if needs_key and not keys.accepts(request.headers.get("Authorization")):
+            if request.path == CHAT_PATH:
+                chat.metrics.rejected("unknown", stream=False)
             raise AuthenticationError(
                 "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
                 code="invalid_api_key",
@@ -105,7 +140,7 @@ def create_app(
     async def after(response: Response) -> Response:
         response.headers.setdefault("X-Request-Id", g.get("request_id", ""))
         # Chat completions that ran are logged when their stream ends.
-        if not (request.path == "/v1/chat/completions" and response.status_code == 200):
+        if not (request.path == CHAT_PATH and response.status_code == 200):
             logger.bind(
                 request_id=g.get("request_id", ""),
                 method=request.method,
@@ -122,7 +157,7 @@ def create_app(
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
         error = _http_error(exc)
-        if request.path == "/v1/chat/completions" and error.status == 413:
+        if request.path == CHAT_PATH:  # 405, 413: never reached the handler's counting
             chat.metrics.rejected("unknown", stream=False)
         return _error_response(error)
 
@@ -131,7 +166,7 @@ def create_app(
         logger.opt(exception=exc).error("unhandled error in {} {}", request.method, request.path)
         return _error_response(EdgeError("The server had an error while processing your request."))
 
-    @app.post("/v1/chat/completions")
+    @app.post(CHAT_PATH)
     async def chat_completions() -> Response:
         if state["draining"]:
             chat.metrics.rejected("unknown", stream=False)
