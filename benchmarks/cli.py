@@ -1,0 +1,488 @@
+"""`make bench` / `python -m benchmarks`: measure the edge, print a table, write JSON.
+
+Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--clients N`
+(load-generator processes), sizes (`--ttft-samples`, `--long-chunks`, `--concurrency`,
+`--open-streams`, `--rates`, `--rate-seconds`, `--disconnects`), `--budget-s`, `--out`,
+`--keep` (keep the temporary directory with the edge's and the node's logs), and
+`--litellm` (also run the LiteLLM peer tool; it installs litellm into ~/.cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.loadgen import raise_nofile
+from benchmarks.report import dig, fmt, fmt_range, fold, goal_rows, med, ratio, sig, table
+from benchmarks.workloads import Settings, run
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "latest.json"
+PACKAGES = (
+    "trio",
+    "trio-asyncio",
+    "hypercorn",
+    "quart",
+    "quart-trio",
+    "h11",
+    "grpclib",
+    "h2",
+    "betterproto2",
+    "msgspec",
+    "psutil",
+)
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        if item.strip():
+            count, _, chunks = item.strip().partition("x")
+            out.append((int(count), int(chunks)))
+    return out
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="~1 minute smoke run, smaller sizes")
+    p.add_argument("--rounds", type=int, help="rounds of the repeated workloads (default 3)")
+    p.add_argument("--clients", type=int, help="load-generator processes (default 2)")
+    p.add_argument("--ttft-samples", type=int, help="TTFT samples per round (default 300)")
+    p.add_argument("--long-chunks", type=int, help="deltas of the one-stream run (20000)")
+    p.add_argument("--concurrency", type=_pairs, help="COUNTxCHUNKS,... (100x200,1000x20)")
+    p.add_argument("--open-streams", type=_ints, help="idle open streams, N,... (1000,10000)")
+    p.add_argument("--rates", type=_floats, help="non-stream req/s, R,... (100,1000)")
+    p.add_argument("--rate-seconds", type=float, help="seconds per fixed-rate run (4)")
+    p.add_argument("--disconnects", type=int, help="disconnect -> CancelRun samples (40)")
+    p.add_argument("--budget-s", type=float, help="time budget of the whole run (285 s)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON result file")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
+    p.add_argument(
+        "--litellm",
+        action="store_true",
+        help="also measure the LiteLLM proxy with the peer tool (installs litellm into "
+        "~/.cache on first use: large, slow; not part of the 5-minute budget)",
+    )
+    p.add_argument("--litellm-tool", type=Path, default=None, help="path of the peer tool")
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    s = Settings()
+    if args.quick:
+        s = Settings(
+            rounds=1,
+            ttft_samples=60,
+            long_chunks=5000,
+            concurrency=[(50, 100), (200, 20)],
+            open_streams=[200, 1000],
+            rates=[100.0, 500.0],
+            rate_seconds=2.0,
+            disconnect_samples=10,
+            budget_s=90.0,
+        )
+    for name in (
+        "rounds",
+        "clients",
+        "ttft_samples",
+        "long_chunks",
+        "concurrency",
+        "open_streams",
+        "rates",
+        "rate_seconds",
+        "budget_s",
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(s, name, value)
+    if args.disconnects is not None:
+        s.disconnect_samples = args.disconnects
+    s.clients = max(1, s.clients)
+    s.rounds = max(1, s.rounds)
+    return s
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu": None,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "versions": {},
+        "git": None,
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    for name in PACKAGES:
+        try:
+            info["versions"][name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            info["versions"][name] = None
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "edge"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout.strip()
+        info["git"] = f"{head}{' + uncommitted changes in edge/' if dirty else ''}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+# --- summary ------------------------------------------------------------------------------
+
+
+def summarize(raw: dict[str, Any], s: Settings) -> dict[str, Any]:
+    rounds = raw["rounds"]
+    out: dict[str, Any] = {
+        "calibration_us": fold([{"v": r["calibration_us"]} for r in rounds]).get("v"),
+        "ttft": fold([r["ttft"] for r in rounds]),
+    }
+
+    def streams(get: Any) -> dict[str, Any]:
+        edge = [get(r)["edge"] for r in rounds]
+        direct = [get(r)["direct"] for r in rounds]
+        derived = [
+            {
+                "throughput_vs_direct": ratio(e["chunks_per_s"], d["chunks_per_s"]),
+                "edge_cpu_in_calibration_units": ratio(
+                    e["edge_cpu_us_per_chunk"], r["calibration_us"]
+                ),
+            }
+            for e, d, r in zip(edge, direct, rounds, strict=True)
+        ]
+        return {"edge": fold(edge), "direct": fold(direct), "vs": fold(derived)}
+
+    out["one_stream"] = streams(lambda r: r["one_stream"])
+    out["concurrency"] = {
+        f"{c}x{n}": streams(lambda r, k=f"{c}x{n}": r["concurrency"][k]) for c, n in s.concurrency
+    }
+    out["concurrency_keys"] = [[f"{c}x{n}", c] for c, n in s.concurrency]
+    out["nonstream"] = {}
+    for rps in s.rates:
+        key = f"{rps:g}rps"
+        edge = [r["nonstream"][key]["edge"] for r in rounds]
+        direct = [r["nonstream"][key]["direct"] for r in rounds]
+        added = [
+            {
+                "added_p50_ms": None
+                if e["p50_ms"] is None or d["p50_ms"] is None
+                else e["p50_ms"] - d["p50_ms"],
+                "added_p99_ms": None
+                if e["p99_ms"] is None or d["p99_ms"] is None
+                else e["p99_ms"] - d["p99_ms"],
+            }
+            for e, d in zip(edge, direct, strict=True)
+        ]
+        out["nonstream"][key] = {"edge": fold(edge), "direct": fold(direct), **fold(added)}
+    out["rate_keys"] = [[f"{r:g}rps", r] for r in s.rates]
+    once = raw["once"]
+    out["disconnect"] = once.get("disconnect")
+    out["client_alone"] = once.get("client_alone")
+    out["open_streams"] = once.get("open_streams", {})
+    measured = [v for v in out["open_streams"].values() if "opened" in v]
+    out["open_streams_first"] = measured[0] if measured else None
+    out["open_streams_last"] = measured[-1] if measured else None
+    return out
+
+
+# --- printing -------------------------------------------------------------------------------
+
+
+def saturated(folded: dict[str, Any]) -> bool:
+    value = folded.get("saturated")
+    return value is True or (isinstance(value, list) and True in value)
+
+
+def main_rows(sm: dict[str, Any], s: Settings) -> list[list[str]]:
+    """figure | through the edge | baseline (same run) | edge vs baseline."""
+    rows: list[list[str]] = []
+    t = sm["ttft"]
+    rows.append(
+        [
+            "TTFT p50 (edge vs node client, interleaved)",
+            fmt_range(t.get("edge_p50_ms"), " ms"),
+            fmt_range(t.get("direct_p50_ms"), " ms"),
+            "+" + fmt_range(t.get("added_p50_ms"), " ms"),
+        ]
+    )
+    rows.append(
+        [
+            "TTFT p99",
+            fmt_range(t.get("edge_p99_ms"), " ms"),
+            fmt_range(t.get("direct_p99_ms"), " ms"),
+            "+" + fmt_range(t.get("added_p99_ms"), " ms"),
+        ]
+    )
+    cal = sm.get("calibration_us")
+
+    def stream_rows(label: str, fig: dict[str, Any]) -> None:
+        rows.append(
+            [
+                f"{label}: chunks/s",
+                fmt_range(dig(fig, "edge", "chunks_per_s")),
+                fmt_range(dig(fig, "direct", "chunks_per_s")),
+                "x" + fmt_range(dig(fig, "vs", "throughput_vs_direct")),
+            ]
+        )
+        cpu = med(dig(fig, "edge", "edge_cpu_us_per_chunk"))
+        rows.append(
+            [
+                f"{label}: edge CPU per chunk",
+                fmt_range(dig(fig, "edge", "edge_cpu_us_per_chunk"), " us"),
+                f"calibration {fmt(med(cal), ' us')}",
+                fmt_range(dig(fig, "vs", "edge_cpu_in_calibration_units"), " units")
+                + (f"; one core ~{fmt(1e6 / cpu)} ch/s" if cpu else ""),
+            ]
+        )
+
+    stream_rows(f"1 x {s.long_chunks}", sm["one_stream"])
+    for c, n in s.concurrency:
+        stream_rows(f"{c} x {n}", sm["concurrency"][f"{c}x{n}"])
+    for rps in s.rates:
+        fig = sm["nonstream"][f"{rps:g}rps"]
+        edge = fig["edge"]
+        rows.append(
+            [
+                f"non-stream {rps:g} req/s: p50",
+                fmt_range(edge.get("p50_ms"), " ms"),
+                fmt_range(dig(fig, "direct", "p50_ms"), " ms"),
+                "+" + fmt_range(fig.get("added_p50_ms"), " ms"),
+            ]
+        )
+        rows.append(
+            [
+                f"non-stream {rps:g} req/s: p99",
+                fmt_range(edge.get("p99_ms"), " ms"),
+                fmt_range(dig(fig, "direct", "p99_ms"), " ms"),
+                "+" + fmt_range(fig.get("added_p99_ms"), " ms"),
+            ]
+        )
+        rows.append(
+            [
+                f"non-stream {rps:g} req/s: achieved, edge CPU/req",
+                f"{fmt_range(edge.get('achieved_rps'), ' req/s')}, "
+                f"{fmt_range(edge.get('edge_cpu_us_per_req'), ' us')}",
+                fmt_range(dig(fig, "direct", "achieved_rps"), " req/s"),
+                "SATURATED (latencies not comparable)" if saturated(edge) else "",
+            ]
+        )
+    dc = sm.get("disconnect") or {}
+    rows.append(
+        [
+            "disconnect -> CancelRun at node p50",
+            fmt(dc.get("edge_p50_ms"), " ms"),
+            fmt(dc.get("direct_p50_ms"), " ms"),
+            "+" + fmt(dc.get("added_p50_ms"), " ms"),
+        ]
+    )
+    rows.append(
+        [
+            "disconnect -> CancelRun at node p99",
+            fmt(dc.get("edge_p99_ms"), " ms"),
+            fmt(dc.get("direct_p99_ms"), " ms"),
+            "",
+        ]
+    )
+    for key, fig in (sm.get("open_streams") or {}).items():
+        if "opened" not in fig:
+            rows.append([f"{int(key):,} open streams", "skipped (time budget)", "", ""])
+            continue
+        rows.append(
+            [
+                f"{int(key):,} open streams: edge RSS per stream",
+                fmt(fig["rss_kib_per_stream"], " KiB"),
+                f"idle edge {fmt(fig['rss_before_mib'], ' MiB')}",
+                f"total {fmt(fig['rss_with_streams_mib'], ' MiB')}",
+            ]
+        )
+        ended = fig.get("all_ended_on_node_s")
+        rows.append(
+            [
+                f"{int(key):,} open streams: disconnect all -> all ended on node",
+                fmt(ended, " s") if ended is not None else "not within the bound",
+                "",
+                f"CancelRun <= 1 s: {fig['cancel_rpc_in_grace']}/{fig['opened']} "
+                f"(p50 {fmt(fig['cancel_p50_ms'], ' ms')}), late {fig['cancel_rpc_late']}, "
+                f"gave up {fig['cancel_rpc_gave_up']}",
+            ]
+        )
+        rows.append(
+            [
+                f"{int(key):,} open streams: opening",
+                f"{fmt(fig['opens_per_s'], ' /s')}, edge "
+                f"{fmt(fig['edge_cpu_ms_per_open'], ' ms')} CPU each",
+                "",
+                f"{fig['opened']}/{fig['streams']} opened",
+            ]
+        )
+    return rows
+
+
+def cpu_rows(sm: dict[str, Any], s: Settings) -> list[list[str]]:
+    """CPU per chunk by process: the client and the node must not be the bottleneck."""
+    rows: list[list[str]] = []
+    figs = [(f"1 x {s.long_chunks}", sm["one_stream"])] + [
+        (f"{c} x {n}", sm["concurrency"][f"{c}x{n}"]) for c, n in s.concurrency
+    ]
+    for label, fig in figs:
+        rows.append(
+            [
+                label,
+                fmt_range(dig(fig, "edge", "edge_cpu_us_per_chunk"), " us"),
+                fmt_range(dig(fig, "edge", "node_cpu_us_per_chunk"), " us"),
+                fmt_range(dig(fig, "edge", "client_cpu_us_per_chunk"), " us"),
+                fmt_range(dig(fig, "edge", "frames_per_write")),
+                fmt_range(dig(fig, "direct", "node_cpu_us_per_chunk"), " us"),
+                fmt_range(dig(fig, "direct", "client_cpu_us_per_chunk"), " us"),
+            ]
+        )
+    return rows
+
+
+def client_alone_line(sm: dict[str, Any]) -> str:
+    parts = [
+        f"{key.split('_')[-1]}: {fmt(fig.get('chunks_per_s'))} ch/s at "
+        f"{fmt(fig.get('client_cpu_us_per_chunk'), ' us')}/chunk"
+        for key, fig in (sm.get("client_alone") or {}).items()
+    ]
+    return "load generator alone (replay server, the edge's own frames): " + "; ".join(parts)
+
+
+def render(result: dict[str, Any]) -> str:
+    s = Settings(**result["settings"])
+    s.concurrency = [tuple(x) for x in s.concurrency]  # type: ignore[misc]
+    sm = result["summary"]
+    m = result["machine"]
+    lines = [
+        "",
+        f"iop-edge benchmarks ({'quick' if result['quick'] else 'full'}, "
+        f"{len(result['raw']['rounds'])} round(s), {result['elapsed_s']:.0f} s)",
+        f"machine: {m['cores']} cores ({m['cpu']}), Python {m['python']}, "
+        f"load {m['loadavg_start']} -> {m.get('loadavg_end')}, git {m['git']}",
+        "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
+        "Medians over rounds (min..max). Baseline = the same run via the node client "
+        "directly (edge.node.client.GrpcNodeClient), same machine, same minute.",
+        "",
+        table(["figure", "through the edge", "baseline", "edge vs baseline"], main_rows(sm, s)),
+        "",
+        "CPU per chunk by process (edge runs: edge, node, client; direct runs: node, client)",
+        table(
+            [
+                "workload",
+                "edge",
+                "node",
+                "client",
+                "SSE frames/write",
+                "node (direct)",
+                "client (direct)",
+            ],
+            cpu_rows(sm, s),
+        ),
+        client_alone_line(sm),
+        "",
+        "Goals (issue 7)",
+        table(["goal", "measured", "met"], goal_rows(sm)),
+    ]
+    if result.get("litellm"):
+        from benchmarks.peer import peer_rows
+
+        peer = result["litellm"]
+        if "error" in peer:
+            lines += ["", f"LiteLLM comparison failed: {peer['error']}"]
+        else:
+            lines += [
+                "",
+                f"Side by side with LiteLLM ({peer.get('litellm_spec')}; its upstream: an "
+                "OpenAI-compatible mock over HTTP; ours: the simulated node over gRPC)",
+                table(
+                    ["figure", "iop-edge", "LiteLLM", "LiteLLM's mock alone"],
+                    peer_rows(peer, sm, s),
+                ),
+            ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = settings_from(args)
+    nofile = raise_nofile()
+    need = max(settings.open_streams, default=0) + 512
+    if nofile < need:
+        print(
+            f"benchmarks: RLIMIT_NOFILE is {nofile}; {need} are needed for "
+            f"{max(settings.open_streams):,} open streams (raise `ulimit -Hn`)",
+            file=sys.stderr,
+        )
+        return 2
+    info = machine()
+    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-"))
+    started = time.monotonic()
+    result: dict[str, Any] = {
+        "tool": "iop-edge benchmarks",
+        "quick": args.quick,
+        "settings": settings.__dict__,
+        "machine": info,
+    }
+    try:
+        raw = run(settings, tmp)
+        info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        result["raw"] = raw
+        result["summary"] = summarize(raw, settings)
+        result["goals"] = goal_rows(result["summary"])
+        if args.litellm:
+            from benchmarks.peer import DEFAULT_TOOL, run_peer
+
+            print(
+                "running the LiteLLM peer tool (installs litellm on first use)...", file=sys.stderr
+            )
+            result["litellm"] = run_peer(
+                args.litellm_tool or DEFAULT_TOOL, settings, args.quick, tmp
+            )
+    finally:
+        result["elapsed_s"] = sig(time.monotonic() - started)
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(render(result))
+    print(f"\nwritten: {args.out}")
+    return 0

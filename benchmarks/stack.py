@@ -1,0 +1,308 @@
+"""The processes under test: `iop-sim-node` and `iop-edge` on 127.0.0.1, and their probes.
+
+`Stack` starts the simulated node (its runs log is a FIFO read by a thread that stamps
+every line with the system-wide monotonic clock, so the time a CancelRun reached the
+node is known per run) and the edge (a temporary config.toml), waits until the edge
+answers /readyz, and stops both by PID (SIGTERM, then SIGKILL) however the run ends.
+`Probe` reads one process's CPU time and RSS with psutil.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+
+STARTUP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+mono = time.monotonic
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def venv_script(name: str) -> str:
+    """A console script installed beside this interpreter (the project's .venv)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        raise SystemExit(f"benchmarks: {path} is missing; run `make setup` first")
+    return str(path)
+
+
+class Probe:
+    """CPU seconds (user + system, all threads) and RSS of one process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._proc = psutil.Process(pid)
+
+    def cpu(self) -> float:
+        try:
+            times = self._proc.cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return float(times.user + times.system)
+
+    def cpu_sys(self) -> float:
+        """System (kernel) CPU seconds only."""
+        try:
+            return float(self._proc.cpu_times().system)
+        except psutil.NoSuchProcess:
+            return 0.0
+
+    def rss(self) -> int:
+        try:
+            return int(self._proc.memory_info().rss)
+        except psutil.NoSuchProcess:
+            return 0
+
+
+@dataclass
+class RunsLog:
+    """The simulated node's runs log, read from a FIFO: run_id -> (arrival time, record)."""
+
+    path: Path
+    runs: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    unknown_cancels: int = 0
+    _fd: int = -1
+    _thread: threading.Thread | None = None
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def open(self) -> None:
+        os.mkfifo(self.path)
+        # Open the read end first (non-blocking), so the node's open for append succeeds.
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        os.set_blocking(self._fd, True)
+        self._thread = threading.Thread(target=self._read, name="runs-log", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        pending = b""
+        while True:
+            try:
+                data = os.read(self._fd, 1 << 16)
+            except OSError:
+                return
+            now = mono()
+            if not data:
+                # No writer yet (or the node exited): wait a little, bounded by the node's life.
+                time.sleep(0.01)
+                if self._fd < 0:
+                    return
+                continue
+            lines = (pending + data).split(b"\n")
+            pending = lines.pop()
+            with self._cond:
+                for line in lines:
+                    if not line:
+                        continue
+                    record = json.loads(line)
+                    if record.get("type") == "cancel_rpc":
+                        self.unknown_cancels += 1
+                    elif "run_id" in record:
+                        self.runs[record["run_id"]] = (now, record)
+                self._cond.notify_all()
+
+    def wait_for(self, run_ids: set[str], timeout_s: float) -> int:
+        """Wait until every id in `run_ids` has its line (bounded); returns how many have."""
+        deadline = mono() + timeout_s
+        with self._cond:
+            while True:
+                have = sum(1 for r in run_ids if r in self.runs)
+                left = deadline - mono()
+                if have == len(run_ids) or left <= 0:
+                    return have
+                self._cond.wait(min(left, 0.05))
+
+    def get(self, run_id: str) -> tuple[float, dict[str, Any]] | None:
+        with self._cond:
+            return self.runs.get(run_id)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def node_active_runs(port: int, timeout_s: float = 2.0) -> int | None:
+    """The node's live runs, by its Describe RPC (None when it does not answer in time)."""
+    from grpclib.client import Channel
+    from grpclib.const import Cardinality
+
+    from edge.node._proto.iop.node import v1 as pb
+
+    async def ask() -> int:
+        channel = Channel("127.0.0.1", port)
+        try:
+            async with channel.request(
+                "/iop.node.v1.NodeService/Describe",
+                Cardinality.UNARY_UNARY,
+                pb.DescribeRequest,
+                pb.DescribeResponse,
+                timeout=timeout_s,
+            ) as stream:
+                await stream.send_message(pb.DescribeRequest(), end=True)
+                response = await stream.recv_message()
+        finally:
+            channel.close()
+        assert response is not None
+        return int(response.active_runs)
+
+    try:
+        return asyncio.run(ask())
+    except Exception:
+        return None
+
+
+def _spawn(cmd: list[str], log: Path, **kwargs: Any) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            **kwargs,
+        )
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; by PID only."""
+    if proc is None or proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _get(url: str, timeout: float = 2.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
+
+
+EDGE_CONFIG = """\
+[server]
+listen = "127.0.0.1:{port}"
+drain_timeout_s = 2
+keepalive_s = 15
+
+[log]
+level = "WARNING"
+
+[timeouts]
+first_event_s = 120
+idle_s = 900
+total_s = 1800
+
+[[nodes]]
+name = "sim"
+address = "{node}"
+"""
+
+
+class Stack:
+    """The simulated node and the edge, as subprocesses; a context manager."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.sim: subprocess.Popen[bytes] | None = None
+        self.edge: subprocess.Popen[bytes] | None = None
+        self.runs_log = RunsLog(tmp / "runs.fifo")
+        self.node_port = 0
+        self.edge_port = 0
+        self.edge_probe: Probe | None = None
+        self.node_probe: Probe | None = None
+
+    def __enter__(self) -> Stack:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        self.runs_log.open()
+        sim_out = self.tmp / "sim.log"
+        self.sim = _spawn(
+            [
+                venv_script("iop-sim-node"),
+                "--listen",
+                "127.0.0.1:0",
+                "--runs-log",
+                str(self.runs_log.path),
+            ],
+            sim_out,
+        )
+        deadline = mono() + STARTUP_TIMEOUT_S
+        while mono() < deadline:
+            text = sim_out.read_text(errors="replace")
+            if "listening on" in text:
+                self.node_port = int(text.split("listening on", 1)[1].split()[0].rsplit(":", 1)[1])
+                break
+            if self.sim.poll() is not None:
+                raise SystemExit(f"iop-sim-node exited: {text[-500:]}")
+            time.sleep(0.05)
+        else:
+            raise SystemExit("iop-sim-node did not start in time")
+        self.node_probe = Probe(self.sim.pid)
+
+        self.edge_port = free_port()
+        config = self.tmp / "config.toml"
+        config.write_text(
+            EDGE_CONFIG.format(port=self.edge_port, node=f"127.0.0.1:{self.node_port}")
+        )
+        self.edge = _spawn(
+            [venv_script("iop-edge"), "--config", str(config), "--log-level", "WARNING"],
+            self.tmp / "edge.log",
+        )
+        base = f"http://127.0.0.1:{self.edge_port}"
+        while mono() < deadline:
+            if self.edge.poll() is not None:
+                raise SystemExit(f"iop-edge exited: {self.edge_log()[-800:]}")
+            if _get(base + "/healthz") == 200 and _get(base + "/readyz") == 200:
+                break
+            time.sleep(0.1)
+        else:
+            raise SystemExit(f"iop-edge was not ready in time: {self.edge_log()[-800:]}")
+        self.edge_probe = Probe(self.edge.pid)
+
+    def edge_log(self) -> str:
+        path = self.tmp / "edge.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        stop_process(self.edge)
+        stop_process(self.sim)
+        self.runs_log.close()
