@@ -12,6 +12,7 @@ one cancel path (each stream gets a notice frame, each run a CancelRun).
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -163,6 +164,13 @@ async def _serve_http(
 
 def run_forever(config: Config, signals: Callable[[trio.Event], Awaitable[None]]) -> None:
     """Serve until `signals` sets the shutdown event; returns once drained."""
+
+    # The objects made at startup live as long as the process: keep them out of
+    # the collector's way, and collect young objects less often (full
+    # collections of a busy edge took 70-215 ms at the default thresholds).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
 
     async def main() -> None:
         shutdown = trio.Event()

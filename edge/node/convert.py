@@ -15,7 +15,12 @@ from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelt
 if TYPE_CHECKING:
     from edge.api.request import ChatRequest
 
-__all__ = ["event_from_pb", "run_request_from_chat"]
+__all__ = ["SKIP", "RunEventDecoder", "decode_run_event", "event_from_pb", "run_request_from_chat"]
+
+# A RunEvent carrying only `type` and `delta`, serialized in field order, starts
+# with one of these; its bytes are decoded by hand (most events of a stream).
+_DELTA_PREFIX = b"\x0a\x05delta\x12"
+_REASONING_PREFIX = b"\x0a\x0freasoning_delta\x12"
 
 
 def _usage(message: pb.Usage | None) -> Usage | None:
@@ -43,6 +48,60 @@ def event_from_pb(message: pb.RunEvent) -> NodeEvent | None:
             kind=kind, error=message.error, message=message.message, usage=_usage(message.usage)
         )
     return None
+
+
+def decode_run_event(data: bytes) -> NodeEvent | None:
+    """RunEvent bytes as our event: deltas by hand, everything else through betterproto2.
+
+    The hand path accepts exactly `type` then `delta` and nothing else;
+    anything it does not recognise whole takes the general path, so both
+    paths give the same event for the same bytes.
+    """
+    if data.startswith(_DELTA_PREFIX):
+        offset, kind = len(_DELTA_PREFIX), Delta
+    elif data.startswith(_REASONING_PREFIX):
+        offset, kind = len(_REASONING_PREFIX), ReasoningDelta  # type: ignore[assignment]
+    else:
+        return event_from_pb(pb.RunEvent.FromString(data))
+    # The delta's length, a varint.
+    length = shift = 0
+    end = len(data)
+    complete = False
+    while offset < end and shift < 64:
+        byte = data[offset]
+        offset += 1
+        length |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            complete = True
+            break
+        shift += 7
+    if complete and offset + length == end:
+        try:
+            return kind(data[offset:].decode())
+        except UnicodeDecodeError:
+            pass
+    return event_from_pb(pb.RunEvent.FromString(data))
+
+
+class Skip:
+    """A RunEvent of a type this edge does not know: skipped."""
+
+    __slots__ = ()
+
+
+SKIP = Skip()
+
+
+def _decode_for_grpclib(data: bytes) -> NodeEvent | Skip:
+    # grpclib reads None as the end of the stream: an unknown event is SKIP.
+    event = decode_run_event(data)
+    return SKIP if event is None else event
+
+
+class RunEventDecoder:
+    """The reply type of the Run route: grpclib's codec calls `FromString` on it."""
+
+    FromString = staticmethod(_decode_for_grpclib)
 
 
 def _message_to_pb(msg: object) -> pb.Message:

@@ -8,9 +8,9 @@ grpclib/OS error is translated here, once, into the edge's error tree.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from grpclib.client import Channel
 from grpclib.config import Configuration
@@ -19,7 +19,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.node._proto.iop.node import v1 as pb
-from edge.node.convert import event_from_pb
+from edge.node.convert import RunEventDecoder, Skip
 from edge.stream.events import Complete, Failed, NodeEvent
 
 RUN_ROUTE = "/iop.node.v1.NodeService/Run"
@@ -29,6 +29,7 @@ DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
 # grpclib servers advertise MAX_CONCURRENT_STREAMS=100 and the client silently
 # queues stream 101 and up: open another connection before that.
 STREAMS_PER_CHANNEL = 90
+IDLE_CHANNELS = 4
 # A 256 KiB stream window stops one stalled run from freezing its connection.
 _H2_CONFIG = Configuration(
     http2_connection_window_size=64 * 1024 * 1024,
@@ -105,10 +106,13 @@ class GrpcNode:
 
     def _release(self, pooled: _PooledChannel) -> None:
         pooled.active -= 1
-        # Keep one idle connection; close the extra ones once drained.
-        if pooled.active == 0 and len(self._channels) > 1:
-            self._channels.remove(pooled)
-            pooled.channel.close()
+        # Keep a few idle connections (a burst of CancelRuns or new runs reuses
+        # them); close the rest once drained.
+        if pooled.active == 0:
+            idle = sum(1 for p in self._channels if p.active == 0)
+            if idle > IDLE_CHANNELS:
+                self._channels.remove(pooled)
+                pooled.channel.close()
 
     async def read_run(self, request: pb.RunRequest, sink: EventSink) -> bool:
         """Run `request` on the node, putting ACCEPTED and then each event into `sink`.
@@ -122,7 +126,7 @@ class GrpcNode:
         terminal = False
         try:
             async with pooled.channel.request(
-                RUN_ROUTE, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent
+                RUN_ROUTE, Cardinality.UNARY_STREAM, pb.RunRequest, RunEventDecoder
             ) as stream:
                 await stream.send_message(request, end=True)
                 await stream.recv_initial_metadata()
@@ -130,10 +134,10 @@ class GrpcNode:
                 if not sink.put_nowait(ACCEPTED):
                     await sink.put(ACCEPTED)
                 put_nowait = sink.put_nowait
-                while (message := await stream.recv_message()) is not None:
-                    event = event_from_pb(message)
-                    if event is None:
-                        continue
+                recv = cast("Callable[[], Awaitable[NodeEvent | Skip | None]]", stream.recv_message)
+                while (event := await recv()) is not None:
+                    if isinstance(event, Skip):
+                        continue  # a RunEvent type this edge does not know
                     if not put_nowait(event):
                         await sink.put(event)
                     if isinstance(event, (Complete, Failed)):

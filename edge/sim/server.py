@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from grpclib.const import Cardinality, Handler, Status
+from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
@@ -43,6 +44,8 @@ DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
 # Raised from grpclib's default of 100 so one edge connection can carry many runs.
 MAX_CONCURRENT_STREAMS = 100_000
 CANCEL_GRACE_S = 1.0
+# A repeated event yields to the loop every this many messages.
+YIELD_EVERY = 8
 
 
 @dataclass(slots=True)
@@ -99,6 +102,17 @@ def parse_script(text: str) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise ScriptError(f"sim-script: events[{i}] is not an object")
     return items
+
+
+class _Encoded(bytes):
+    """A message serialized already: the codec sends it as it is."""
+
+
+class _Codec(ProtoCodec):
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if type(message) is _Encoded:
+            return message
+        return super().encode(message, message_type)
 
 
 class _Protocol(H2Protocol):
@@ -235,6 +249,20 @@ class SimNode:
         )
         return "complete"
 
+    async def _send_repeated(
+        self, stream: Stream[pb.RunRequest, pb.RunEvent], run: _Run, event: pb.RunEvent, n: int
+    ) -> None:
+        """The benchmarks' fast path: serialize once, send the bytes n times."""
+        payload = _Encoded(bytes(event))
+        send = stream.send_message
+        for i in range(n):
+            await send(payload)
+            run.events_sent += 1
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                # send_message does not yield while the window is open: never
+                # starve other RPCs (CancelRun among them).
+                await asyncio.sleep(0)
+
     async def _script(
         self, stream: Stream[pb.RunRequest, pb.RunEvent], items: list[dict[str, Any]], run: _Run
     ) -> str:
@@ -251,10 +279,10 @@ class SimNode:
                 raise GRPCError(Status.ABORTED, "simulated abort")
             event = _event_from_json(item)
             repeat = int(item.get("repeat", 1))
-            for _ in range(repeat):
+            if repeat > 1:
+                await self._send_repeated(stream, run, event, repeat)
+            else:
                 await self._send(stream, run, event)
-                if repeat > 1:
-                    await asyncio.sleep(0)  # yield per message: never starve other RPCs
             if kind in ("complete", "error", "cancelled"):
                 return "complete" if kind == "complete" else str(kind)
         return "ended"
@@ -301,7 +329,7 @@ class SimNode:
 
 async def start_server(node: SimNode, host: str, port: int) -> tuple[Server, int]:
     """Start serving `node`; returns the server and the port it listens on."""
-    server = _Server([node])
+    server = _Server([node], codec=_Codec())
     await server.start(host, port, backlog=2048, reuse_address=True)
     listening = server._server
     assert isinstance(listening, asyncio.Server)

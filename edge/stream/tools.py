@@ -268,7 +268,7 @@ def _schema_problem(schema: Mapping[str, Any]) -> str | None:
         _CHECKED.move_to_end(key)
         return _CHECKED[key]
     try:
-        validator_for(schema, default=Draft202012Validator).check_schema(schema)
+        validator_for(schema, default=Draft202012Validator).check_schema(dict(schema))
         problem = None
     except SchemaError as exc:
         problem = f"{exc.message} (at {exc.json_path})"

@@ -1,0 +1,60 @@
+"""The hand decoder of delta RunEvents agrees with betterproto2 on every input."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge.node._proto.iop.node import v1 as pb
+from edge.node.convert import SKIP, RunEventDecoder, decode_run_event, event_from_pb
+from edge.stream.events import Delta, ReasoningDelta
+
+_TYPES = st.sampled_from(["delta", "reasoning_delta", "complete", "error", "cancelled", "x", ""])
+
+
+@given(
+    kind=_TYPES,
+    delta=st.text(),
+    error=st.text(max_size=5),
+    metadata=st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+)
+def test_hand_and_general_paths_agree(
+    kind: str, delta: str, error: str, metadata: dict[str, str]
+) -> None:
+    """For any RunEvent, decoding its bytes gives what betterproto2 + event_from_pb give."""
+    data = bytes(pb.RunEvent(type=kind, delta=delta, error=error, metadata=metadata))
+    assert decode_run_event(data) == event_from_pb(pb.RunEvent.FromString(data))
+
+
+@given(st.binary(max_size=64))
+def test_garbage_after_a_delta_prefix_is_not_misread(tail: bytes) -> None:
+    """Bytes that merely start like a delta decode as betterproto2 would, or fail as it does."""
+    data = b"\x0a\x05delta\x12" + tail
+
+    def outcome(decode: Callable[[bytes], object]) -> tuple[str, object]:
+        try:
+            return "ok", decode(data)
+        except Exception as exc:
+            return "error", type(exc)
+
+    general = outcome(lambda d: event_from_pb(pb.RunEvent.FromString(d)))
+    hand = outcome(decode_run_event)
+    assert hand[0] == general[0]
+    if general[0] == "ok":
+        assert hand == general
+
+
+def test_long_deltas_use_multi_byte_lengths() -> None:
+    """Deltas longer than 127 bytes (a varint of two bytes or more) decode by hand too."""
+    for size in (127, 128, 300, 70_000):
+        text = "é" * size
+        data = bytes(pb.RunEvent(type="reasoning_delta", delta=text))
+        assert decode_run_event(data) == ReasoningDelta(text)
+
+
+def test_unknown_types_are_skipped_not_the_end() -> None:
+    """grpclib reads None as the end of a stream: an unknown type decodes to SKIP."""
+    assert RunEventDecoder.FromString(bytes(pb.RunEvent(type="progress"))) is SKIP
+    assert RunEventDecoder.FromString(bytes(pb.RunEvent(type="delta", delta="x"))) == Delta("x")
