@@ -52,6 +52,36 @@ def strip_sentinels(text: str, sentinels: Sequence[str] = DEFAULT_SENTINELS) -> 
     return _full_pattern(normalized).sub("", text)
 
 
+_Compiled = tuple[
+    bool, str | None, "re.Pattern[str] | None", "re.Pattern[str] | None", "re.Pattern[str] | None"
+]
+
+
+@lru_cache(maxsize=64)
+def _compiled(sentinels: tuple[str, ...]) -> _Compiled:
+    """(passthrough, single first char, first-char class, full pattern, incremental pattern)."""
+    normalized = _normalize(sentinels)
+    if not normalized:
+        return True, None, None, None, None
+    firsts = sorted({s[0] for s in normalized})
+    # Fast-path probe: a single possible first character is tested with `in`;
+    # several go through one precompiled character class.
+    first = firsts[0] if len(firsts) == 1 else None
+    first_re = re.compile("[" + "".join(map(re.escape, firsts)) + "]") if len(firsts) > 1 else None
+    prefixes = sorted(
+        {s[:n] for s in normalized for n in range(1, len(s))},
+        key=lambda p: (-len(p), p),
+    )
+    # At each reached position, first ask "is the rest of the buffer a proper
+    # prefix of a sentinel?" (undecidable: hold from here), then "does a
+    # sentinel start here?" (longest first: remove it).
+    alternatives = []
+    if prefixes:
+        alternatives.append("(?P<partial>(?:" + "|".join(map(re.escape, prefixes)) + r")\Z)")
+    alternatives.append("(?:" + "|".join(map(re.escape, normalized)) + ")")
+    return False, first, first_re, _full_pattern(normalized), re.compile("|".join(alternatives))
+
+
 class SentinelFilter:
     """Incremental `strip_sentinels`: `feed` what arrives, `flush` at end of stream.
 
@@ -63,33 +93,12 @@ class SentinelFilter:
     __slots__ = ("_first", "_first_re", "_full", "_held", "_incremental", "_passthrough")
 
     def __init__(self, sentinels: Sequence[str] = DEFAULT_SENTINELS) -> None:
-        normalized = _normalize(sentinels)
         self._held = ""
-        self._passthrough = not normalized
-        firsts = sorted({s[0] for s in normalized})
-        # Fast-path probe: a single possible first character is tested with
-        # `in`; several go through one precompiled character class.
-        self._first: str | None = firsts[0] if len(firsts) == 1 else None
-        self._first_re: re.Pattern[str] | None = (
-            re.compile("[" + "".join(map(re.escape, firsts)) + "]") if len(firsts) > 1 else None
+        # One filter per stream and two per session: what depends only on the
+        # sentinel set is compiled once per set.
+        (self._passthrough, self._first, self._first_re, self._full, self._incremental) = _compiled(
+            tuple(sentinels)
         )
-        self._full: re.Pattern[str] | None = _full_pattern(normalized) if normalized else None
-        self._incremental: re.Pattern[str] | None = None
-        if normalized:
-            prefixes = sorted(
-                {s[:n] for s in normalized for n in range(1, len(s))},
-                key=lambda p: (-len(p), p),
-            )
-            # At each reached position, first ask "is the rest of the buffer a
-            # proper prefix of a sentinel?" (undecidable: hold from here), then
-            # "does a sentinel start here?" (longest first: remove it).
-            alternatives = []
-            if prefixes:
-                alternatives.append(
-                    "(?P<partial>(?:" + "|".join(map(re.escape, prefixes)) + r")\Z)"
-                )
-            alternatives.append("(?:" + "|".join(map(re.escape, normalized)) + ")")
-            self._incremental = re.compile("|".join(alternatives))
 
     @property
     def held(self) -> str:
