@@ -28,6 +28,9 @@ from edge.stream.events import NodeEvent
 # this the read loop waits and HTTP/2 flow control slows the node down.
 EVENT_BUFFER = 512
 CANCEL_RPC_TIMEOUT_S = 2.0
+# CancelRuns in flight per node at once, and how long one may wait its turn.
+CANCEL_CONCURRENCY = 64
+CANCEL_QUEUE_S = 10.0
 DESCRIBE_TIMEOUT_S = 2.0
 
 
@@ -123,6 +126,9 @@ class GrpcNodeClient:
         self.address = f"{host}:{port}"
         self._grpc = GrpcNode(host, port)
         self._on_cancel_sent = on_cancel_sent
+        self._cancel_limiter = trio.CapacityLimiter(CANCEL_CONCURRENCY)
+        self._cancel_failures = 0
+        self._cancel_warned_at = -math.inf
 
     async def start_run(
         self,
@@ -188,16 +194,42 @@ class GrpcNodeClient:
             handle._ended.set()
 
     async def _cancel_on_node(self, handle: RunHandle) -> None:
+        """Send CancelRun, shielded and bounded.
+
+        A burst (thousands of clients leaving at once) queues on a limiter
+        instead of opening thousands of RPCs; a run waits at most
+        CANCEL_QUEUE_S for its turn and CANCEL_RPC_TIMEOUT_S for the RPC.
+        """
         reason = handle.cancel_reason or "stream_broken"
-        with trio.move_on_after(CANCEL_RPC_TIMEOUT_S, shield=True):
-            try:
-                if self._on_cancel_sent is not None:
-                    self._on_cancel_sent()
-                await call_asyncio(self._grpc.cancel_run, handle.run_id, reason)
-            except Exception as exc:
-                logger.warning(
-                    "CancelRun for run {} on node {} failed: {}", handle.run_id, self.name, exc
-                )
+        failure: str | None = None
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(CANCEL_QUEUE_S) as queued:
+                async with self._cancel_limiter:
+                    if self._on_cancel_sent is not None:
+                        self._on_cancel_sent()
+                    with trio.move_on_after(CANCEL_RPC_TIMEOUT_S) as rpc:
+                        try:
+                            await call_asyncio(self._grpc.cancel_run, handle.run_id, reason)
+                        except Exception as exc:
+                            failure = str(exc) or type(exc).__name__
+                    if rpc.cancelled_caught:
+                        failure = f"no answer within {CANCEL_RPC_TIMEOUT_S}s"
+            if queued.cancelled_caught and failure is None:
+                failure = f"still queued after {CANCEL_QUEUE_S}s"
+        if failure is not None:
+            self._cancel_failed(handle.run_id, failure)
+
+    def _cancel_failed(self, run_id: str, failure: str) -> None:
+        """Log failed CancelRuns, at most one line a second per node (a burst is one line)."""
+        self._cancel_failures += 1
+        now = trio.current_time()
+        if now - self._cancel_warned_at >= 1.0:
+            logger.warning(
+                "CancelRun to node {} failed for {} run(s), last {}: {}",
+                self.name, self._cancel_failures, run_id, failure,
+            )  # fmt: skip
+            self._cancel_failures = 0
+            self._cancel_warned_at = now
 
     async def describe(self) -> NodeDescription:
         with trio.fail_after(DESCRIBE_TIMEOUT_S):
