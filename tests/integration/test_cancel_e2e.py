@@ -9,6 +9,7 @@ Timeouts are small, but nothing here asserts how long anything took.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 
 import httpx
@@ -215,3 +216,37 @@ async def test_edge_serves_on_after_many_disconnects(
         await _assert_cancelled_once(edge, sim, run_id)
     response = await http.post(CHAT, json=chat_body("sim-echo", "still here"))
     assert response.json()["choices"][0]["message"]["content"] == "still here"
+
+
+async def test_client_that_stops_reading_is_treated_as_gone(
+    nursery: trio.Nursery, sim: SimProcess
+) -> None:
+    """A client that keeps its socket open but stops reading: once output has waited
+    `slow_client_s`, the run is cancelled on the node (once), whatever the socket does."""
+    running = await start_edge(nursery, edge_config(sim, slow_client_s=0.5))
+    big = "x" * 4096
+    request = json.dumps(chat_body(
+        "sim-script", script({"type": "delta", "delta": big, "repeat": 20_000}), stream=True
+    )).encode()  # fmt: skip
+    host, port = running.url.removeprefix("http://").rsplit(":", 1)
+    sock = trio.socket.socket()
+    await sock.connect((host, int(port)))
+    await sock.send(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(request)}\r\n\r\n".encode()
+        + request
+    )
+    head = b""
+    with trio.fail_after(10):  # the headers and the role chunk; then never read again
+        while (found := re.search(rb'"id":"chatcmpl-([0-9a-f]+)"', head)) is None:
+            head += await sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 200")
+    run_id = found.group(1).decode()
+    run = await sim.wait_run(run_id, within_s=30)
+    assert run["outcome"] == "cancelled"
+    assert run["cancel_rpcs"] == 1
+    assert run["events_sent"] < 20_000
+    sock.close()
+    await running.wait_idle()
+    assert running.outcome(run_id).status == "cancelled"
+    await stop_edge(running)
