@@ -101,6 +101,20 @@ class RunningEdge:
     edge: Edge
     url: str
     outcomes: list[tuple[StreamInfo, Outcome]] = field(default_factory=list)
+    _recorded: trio.Event = field(default_factory=trio.Event)
+
+    def record(self, info: StreamInfo, outcome: Outcome) -> None:
+        """The edge's outcome hook: one call per request that started a run."""
+        self.outcomes.append((info, outcome))
+        self._recorded.set()
+        self._recorded = trio.Event()
+
+    async def wait_outcome(self, run_id: str, within_s: float = 10.0) -> Outcome:
+        """The outcome of `run_id`, once the edge has recorded it."""
+        with trio.fail_after(within_s):
+            while not any(info.run_id == run_id for info, _ in self.outcomes):
+                await self._recorded.wait()
+        return self.outcome(run_id)
 
     def outcome(self, run_id: str) -> Outcome:
         for info, outcome in self.outcomes:
@@ -131,13 +145,15 @@ async def edge(nursery: trio.Nursery, sim: SimProcess) -> AsyncIterator[RunningE
 
 
 async def start_edge(nursery: trio.Nursery, config: Config) -> RunningEdge:
-    outcomes: list[tuple[StreamInfo, Outcome]] = []
+    hook: list[RunningEdge] = []
     edge: Edge = await nursery.start(
         lambda task_status: serve(
-            config, on_outcome=lambda i, o: outcomes.append((i, o)), task_status=task_status
+            config, on_outcome=lambda i, o: hook[0].record(i, o), task_status=task_status
         )
     )
-    return RunningEdge(edge, edge.url, outcomes)
+    running = RunningEdge(edge, edge.url)
+    hook.append(running)
+    return running
 
 
 async def stop_edge(running: RunningEdge) -> None:

@@ -247,6 +247,6 @@ async def test_client_that_stops_reading_is_treated_as_gone(
     assert run["cancel_rpcs"] == 1
     assert run["events_sent"] < 20_000
     sock.close()
+    assert (await running.wait_outcome(run_id)).status == "cancelled"
     await running.wait_idle()
-    assert running.outcome(run_id).status == "cancelled"
     await stop_edge(running)
