@@ -32,7 +32,7 @@ from edge.http.runstream import RunStream
 from edge.metrics import EdgeMetrics
 from edge.node.convert import run_request_from_chat
 from edge.node.pool import NodePool, NodeState
-from edge.stream.output import Outcome
+from edge.stream.output import Outcome, Status
 from edge.stream.session import SessionSettings, StreamSession
 
 # Non-streaming error statuses by error type (streams carry the type in the frame).
@@ -145,6 +145,19 @@ class ChatService:
             if isinstance(exc, EdgeError):
                 self.metrics.rejected(request.model, request.stream)
                 self.metrics.node_errors.labels(node.client.name, exc.type).inc()
+                # The run id ties this rejection to the node's own record of the run.
+                logger.bind(
+                    request_id=request_id, run_id=run_id, node=node.client.name,
+                    error_type=exc.type,
+                ).warning("run {} did not start on node {}: {}", run_id, node.client.name,
+                          exc.message)  # fmt: skip
+            else:
+                # The caller left (or the edge is stopping) before the node accepted
+                # the run; start_run has cancelled it. Still one count, one log line.
+                info = StreamInfo(run_id, request.model, node.client.name, request.stream,
+                                  started_at, None, request_id)  # fmt: skip
+                status: Status = "error" if isinstance(exc, Exception) else "cancelled"
+                self._log_outcome(info, Outcome(status, usage_sample=False))
             raise
         session = StreamSession(settings, _trace if settings.trace else None)
         run = RunStream(
@@ -215,23 +228,27 @@ class ChatService:
         self.active.discard(run)
         metrics = self.metrics
         metrics.active_streams.dec()
-        metrics.request(info.model, info.node, info.stream, outcome)
         if run.first_event_at is not None:
             metrics.ttft.labels(info.model, info.node).observe(run.first_event_at - info.started_at)
         if outcome.status == "error" and not outcome.usage_sample:
             metrics.node_errors.labels(info.node, "stream_broken").inc()
-        duration = trio.current_time() - info.started_at
-        logger.bind(
-            request_id=info.request_id, run_id=info.run_id, model=info.model, node=info.node,
-            stream=info.stream, status=outcome.status, finish_reason=outcome.finish_reason,
-            error_type=outcome.error_type, duration_ms=round(duration * 1000, 2),
-        ).info("chat completion {}", outcome.status)  # fmt: skip
+        self._log_outcome(info, outcome)
         if run.session.settings.trace:
             logger.bind(**run.session.log_fields()).info("stream closed")
         if self.on_outcome is not None:
             final = StreamInfo(info.run_id, info.model, info.node, info.stream, info.started_at,
                                run.first_event_at, info.request_id)  # fmt: skip
             self.on_outcome(final, outcome)
+
+    def _log_outcome(self, info: StreamInfo, outcome: Outcome) -> None:
+        """Count a request that ran (or began to) and log its one "chat completion" line."""
+        self.metrics.request(info.model, info.node, info.stream, outcome)
+        duration = trio.current_time() - info.started_at
+        logger.bind(
+            request_id=info.request_id, run_id=info.run_id, model=info.model, node=info.node,
+            stream=info.stream, status=outcome.status, finish_reason=outcome.finish_reason,
+            error_type=outcome.error_type, duration_ms=round(duration * 1000, 2),
+        ).info("chat completion {}", outcome.status)  # fmt: skip
 
     def shutdown_streams(self) -> int:
         """Drain deadline: end every stream still in flight, with a notice. Returns how many."""

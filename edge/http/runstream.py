@@ -74,22 +74,34 @@ class RunStream:
         if out or session.terminated:
             return out
         receive = self.handle.events
-        limit = self._first_event_s if not self._got_first else self._idle_s
-        deadline = min(self._total_deadline, self._last_event_at + limit)
-        wake = min(deadline, self._next_keepalive) if not self._got_first else deadline
         event = None
-        with trio.move_on_at(wake):
+        if trio.current_time() < self._total_deadline:
+            # An event already buffered came while the edge was busy elsewhere (its
+            # writer blocked on a slow reader, or a loaded loop): the node was not
+            # silent, so it is taken whatever the first-event/idle clock says.
             try:
-                event = await receive.receive()
+                event = receive.receive_nowait()
+            except trio.WouldBlock:
+                pass
             except trio.EndOfChannel:
                 self._run_ended()
                 return session.drain()
         if event is None:
-            if trio.current_time() < deadline:
-                self._next_keepalive = trio.current_time() + self._keepalive_s
-                return "keepalive"
-            self.timeout()
-            return session.drain()
+            limit = self._first_event_s if not self._got_first else self._idle_s
+            deadline = min(self._total_deadline, self._last_event_at + limit)
+            wake = min(deadline, self._next_keepalive) if not self._got_first else deadline
+            with trio.move_on_at(wake):
+                try:
+                    event = await receive.receive()
+                except trio.EndOfChannel:
+                    self._run_ended()
+                    return session.drain()
+            if event is None:
+                if trio.current_time() < deadline:
+                    self._next_keepalive = trio.current_time() + self._keepalive_s
+                    return "keepalive"
+                self.timeout()
+                return session.drain()
         now = self._last_event_at = trio.current_time()
         if not self._got_first:
             self._got_first = True

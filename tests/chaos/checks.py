@@ -1,0 +1,389 @@
+"""The chaos run's invariants, checked against what every party recorded.
+
+Each check takes the requests joined with the edge's log and the nodes' runs
+logs (`witness`) and returns `Violation`s naming the request and run ids;
+none is ever skipped. A run on a node that was killed while the run was in
+flight (or in the node's 1 s CancelRun grace) may be missing from the runs
+log: it is excused from "every run ended" and from its plan's expected
+outcome, and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tests.chaos.plan import CUT_KINDS
+from tests.chaos.witness import Joined, Observed, client_view, join, terminals
+
+ENDED = frozenset({"complete", "error", "cancelled", "aborted"})
+FD_SLACK = 6
+THREAD_SLACK = 2
+
+INVARIANTS = {
+    "runs_ended": "every run the node started has ended (complete/error/cancelled/aborted)",
+    "cancel_rpc": "each client cancel -> exactly one CancelRun; none for a completed run",
+    "terminal": "every stream read to the end has exactly one terminal",
+    "metrics": "request metrics add up to the requests sent, each counted once",
+    "resources": "the edge's fds/threads/sockets return to baseline; RSS within bound",
+    "plans": "every request not hit by a node kill ended the way its plan says",
+    "edge_log": "the edge logged no ERROR line",
+    "bounded": "the load finished within --duration",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    invariant: str
+    detail: str
+    ids: tuple[str, ...] = ()
+
+
+def check_terminal(joined: list[Joined]) -> list[Violation]:
+    """Exactly one terminal per stream read to the end; nothing after it; no broken ends."""
+    out: list[Violation] = []
+    for j in joined:
+        r = j.result
+        if r.ended in ("hung", "broken", "connect_error"):
+            why = {
+                "hung": "no end within the client's limit",
+                "broken": "connection broke",
+                "connect_error": "could not connect",
+            }[r.ended]
+            out.append(Violation("terminal", f"{why}: {'; '.join(r.problems)}", (j.tag,)))
+            continue
+        if r.problems:
+            out.append(Violation("terminal", "; ".join(r.problems[:3]), (j.tag,)))
+        if len(r.ids) > 1:
+            out.append(Violation("terminal", f"chunks carry {len(r.ids)} ids", (j.tag,)))
+        sse = r.status == 200 and r.plan.stream
+        if sse:
+            finishes, dones, errors, _ = terminals(r.payloads)
+            if finishes + errors > 1 or dones > 1:
+                out.append(
+                    Violation(
+                        "terminal",
+                        f"{finishes} finish, {dones} [DONE], {errors} error frames",
+                        (j.tag,),
+                    )
+                )
+            if r.ended == "eof":
+                last = r.payloads[-1] if r.payloads else ""
+                ok_finish = finishes == 1 and dones == 1 and not errors and last == "[DONE]"
+                ok_error = errors == 1 and not finishes and not dones and '"error"' in last
+                if not (ok_finish or ok_error):
+                    out.append(
+                        Violation(
+                            "terminal",
+                            f"stream read to the end has no single "
+                            f"terminal: {finishes} finish, {dones} [DONE], {errors} error, "
+                            f"last {last[:60]!r}",
+                            (j.tag,),
+                        )
+                    )
+        elif r.ended == "eof":
+            body = r.body if isinstance(r.body, dict) else {}
+            if r.status == 200:
+                choices = body.get("choices") or [{}]
+                if body.get("object") != "chat.completion" or not choices[0].get("finish_reason"):
+                    out.append(
+                        Violation("terminal", f"200 body is not a completion: {body}", (j.tag,))
+                    )
+            elif not isinstance(body.get("error"), dict):
+                out.append(
+                    Violation("terminal", f"{r.status} body is not an error: {body}", (j.tag,))
+                )
+        lost = r.ended == "eof" and j.run_id and not j.lines and j.affected
+        if lost and sse and not client_view(r).startswith("error:"):
+            # A run lost with its killed node: a reader to the end got the fail-stream frame.
+            out.append(
+                Violation(
+                    "terminal",
+                    f"run lost with a killed node ended in {client_view(r)}, not an error frame",
+                    (j.tag,),
+                )
+            )
+    return out
+
+
+def _never_reached_node(j: Joined) -> bool:
+    """The run never got to its node, so the node rightly has no line for it.
+
+    Either the node was unreachable (the edge answered 503 and sends no
+    CancelRun), or the client left before the node accepted the run: the edge
+    cannot know whether its Run RPC got there, so it sends CancelRun anyway,
+    which the node logs as an unknown id. A node that did start the run would
+    have written its line (it was not killed), so none means none.
+    """
+    if j.lines:
+        return False
+    if j.start_error == "node_unavailable":
+        return j.cancels == 0
+    return (
+        j.cancels == 1
+        and j.result.status is None
+        and [c.get("status") for c in j.completions] == ["cancelled"]
+    )
+
+
+def check_runs_ended(joined: list[Joined]) -> tuple[list[Violation], int, int]:
+    """Every run the edge started has one runs-log line with a final outcome.
+
+    Returns the violations, the runs lost with a killed node, and the runs
+    that never reached their node.
+    """
+    out: list[Violation] = []
+    excused = never = 0
+    for j in joined:
+        if j.run_id is None:
+            continue
+        if not j.lines:
+            if j.affected:
+                excused += 1
+            elif _never_reached_node(j):
+                never += 1
+            else:
+                out.append(Violation("runs_ended", "no runs-log line", (j.tag,)))
+            continue
+        if len(j.lines) > 1:
+            out.append(Violation("runs_ended", f"{len(j.lines)} runs-log lines", (j.tag,)))
+        outcome = j.lines[0].get("outcome")
+        if outcome not in ENDED:
+            out.append(Violation("runs_ended", f"outcome {outcome!r}", (j.tag,)))
+    return out, excused, never
+
+
+def _edge_status(j: Joined) -> str | None:
+    return str(j.completions[0].get("status")) if j.completions else None
+
+
+def check_cancel_rpc(joined: list[Joined], tables: dict[str, Any]) -> list[Violation]:
+    """CancelRuns per run, counted at the node (on the run's line, or as an unknown id).
+
+    A run the node did not finish (cancelled, aborted) gets exactly one. A run
+    it finished (complete, error) gets none, except when the edge ended the
+    stream first (its status is timeout or cancelled: a deadline or a client
+    that left raced the node's terminal); then the one CancelRun is the race,
+    counted in the summary, not a fault.
+    """
+    out: list[Violation] = []
+    known = {j.run_id for j in joined if j.run_id}
+    raced = 0
+    for j in joined:
+        if not j.lines:
+            continue
+        outcome = j.lines[0].get("outcome")
+        if outcome in ("cancelled", "aborted"):
+            ok, want = j.cancels == 1, "1"
+        else:
+            edge_first = _edge_status(j) in ("timeout", "cancelled")
+            ok, want = j.cancels == 0 or (edge_first and j.cancels == 1), "0"
+            raced += edge_first and j.cancels == 1
+        if not ok and not (j.affected and j.cancels <= 1):
+            out.append(
+                Violation(
+                    "cancel_rpc",
+                    f"outcome {outcome}, edge status {_edge_status(j)}: {j.cancels} CancelRun "
+                    f"(want {want})",
+                    (j.tag,),
+                )
+            )
+        client_cancel = j.result.plan.kind in CUT_KINDS and j.result.ended in ("cut", "load_bound")
+        if client_cancel and not j.affected and (outcome != "cancelled" or j.cancels != 1):
+            out.append(
+                Violation(
+                    "cancel_rpc",
+                    f"client cancel: outcome {outcome}, {j.cancels} CancelRun",
+                    (j.tag,),
+                )
+            )
+    tables["raced"] = raced
+    stray = sorted(rid for rid in tables["unknown_cancels"] if rid not in known)
+    if stray:
+        out.append(Violation("cancel_rpc", "CancelRun for runs no request started", tuple(stray)))
+    return out
+
+
+_EDGE_STATUS = {"error:timeout": "timeout", "http:200": "success", "http:504": "timeout"}
+
+
+def _edge_status_for(view: str) -> str | None:
+    if view.startswith("finish:"):
+        return "success"
+    if view in _EDGE_STATUS:
+        return _EDGE_STATUS[view]
+    if view.startswith(("error:", "http:")):
+        return "error"
+    return None
+
+
+def check_metrics(obs: Observed, joined: list[Joined], tables: dict[str, Any]) -> list[Violation]:
+    """The request metrics add up to the requests sent, each once, under the right status."""
+    out: list[Violation] = []
+    m = obs.metrics
+    sent = sum(1 for r in obs.results if r.ended != "connect_error")
+    counted = sum(v for k, v in m.items() if k.startswith("iop_edge_requests_total{"))
+    if counted != sent:
+        missing = [j.tag for j in joined if not j.completions and not j.rejected_status]
+        out.append(
+            Violation(
+                "metrics",
+                f"iop_edge_requests_total sums to {counted:g}, "
+                f"{sent} requests were sent; not in the edge's log:",
+                tuple(missing[:20]),
+            )
+        )
+    if m.get("iop_edge_active_streams", -1) != 0:
+        out.append(
+            Violation("metrics", f"iop_edge_active_streams = {m.get('iop_edge_active_streams')}")
+        )
+    twice = [j.tag for j in joined if len(j.completions) > 1]
+    if twice:
+        out.append(Violation("metrics", "requests recorded more than once", tuple(twice)))
+    known = {j.run_id for j in joined if j.run_id}
+    orphans = sorted(rid for rid in tables["lines"] if rid not in known)
+    if orphans:
+        out.append(
+            Violation(
+                "metrics", "runs the nodes ran that no request accounts for", tuple(orphans[:20])
+            )
+        )
+    for j in joined:
+        r = j.result
+        want = _edge_status_for(client_view(r)) if r.ended == "eof" else None
+        if want is None:
+            continue
+        got = str(j.completions[0].get("status")) if j.completions else None
+        if got is None and r.status in j.rejected_status and want == "error":
+            continue  # rejected before any run: counted as an error
+        if got != want:
+            out.append(
+                Violation("metrics", f"client saw {client_view(r)}, edge recorded {got}", (j.tag,))
+            )
+    cancels_sent = sum(v for k, v in m.items() if k.startswith("iop_edge_node_cancels_total{"))
+    cancels_got = sum(int(x.get("cancel_rpcs", 0)) for ls in tables["lines"].values() for x in ls)
+    cancels_got += sum(tables["unknown_cancels"].values())
+    kills = sum(len(v) for v in obs.downtimes.values())
+    if cancels_got > cancels_sent or (not kills and cancels_got != cancels_sent):
+        out.append(
+            Violation(
+                "metrics",
+                f"iop_edge_node_cancels_total = {cancels_sent:g}, nodes received {cancels_got}",
+            )
+        )
+    return out
+
+
+def check_resources(obs: Observed) -> list[Violation]:
+    """The edge's fds, threads and sockets are back near the baseline; RSS within bound."""
+    out: list[Violation] = []
+    b, e = obs.base, obs.end
+    if e.fds > b.fds + FD_SLACK:
+        out.append(Violation("resources", f"open fds {b.fds} -> {e.fds} (slack {FD_SLACK})"))
+    if e.threads > b.threads + THREAD_SLACK:
+        out.append(Violation("resources", f"threads {b.threads} -> {e.threads}"))
+    if e.http_conns or e.close_wait:
+        by_port = {r.local_port: r for r in obs.results}
+        held = tuple(
+            f"{r.request_id}/{r.plan.kind}/{r.ended}:{r.cut_reason}"
+            for port in e.open_peers
+            if (r := by_port.get(port)) is not None
+        )
+        out.append(
+            Violation(
+                "resources",
+                f"{e.http_conns} client connections ({e.close_wait} in CLOSE_WAIT) still open "
+                "after the load",
+                held,
+            )
+        )
+    growth = (e.rss - b.rss) / 2**20
+    if growth > obs.rss_bound_mib:
+        out.append(
+            Violation("resources", f"RSS grew {growth:.1f} MiB (bound {obs.rss_bound_mib:g} MiB)")
+        )
+    if obs.in_flight_end:
+        out.append(Violation("resources", f"{obs.in_flight_end} runs still in flight"))
+    if obs.edge_exit != 0:
+        out.append(Violation("resources", f"the edge exited {obs.edge_exit} on SIGTERM"))
+    return out
+
+
+def check_plans(joined: list[Joined]) -> list[Violation]:
+    """Every request no node kill touched ended as its plan says, on all three witnesses."""
+    out: list[Violation] = []
+    for j in joined:
+        r, want = j.result, j.result.plan.expect
+        if j.affected or r.ended == "load_bound":
+            continue
+        view = client_view(r)
+        if view != want.terminal:
+            out.append(Violation("plans", f"ended {view}, plan says {want.terminal}", (j.tag,)))
+        outcome = j.lines[0].get("outcome") if j.lines else None
+        node_ok = outcome == want.node_outcome.rstrip("?") or (
+            want.node_outcome.endswith("?") and (j.run_id is None or _never_reached_node(j))
+        )
+        if not node_ok:
+            out.append(
+                Violation(
+                    "plans", f"node outcome {outcome}, plan says {want.node_outcome}", (j.tag,)
+                )
+            )
+        status = _edge_status(j)
+        if status is not None and status != want.edge_status:
+            out.append(
+                Violation("plans", f"edge status {status}, plan says {want.edge_status}", (j.tag,))
+            )
+        if "<tool_call" in r.content:
+            out.append(Violation("plans", "tool-call markup reached the client", (j.tag,)))
+        if r.plan.kind == "echo" and view.startswith("finish:"):
+            text = r.plan.request["messages"][0]["content"]
+            if r.content != text:
+                out.append(
+                    Violation("plans", f"echo {r.content[:40]!r} != {text[:40]!r}", (j.tag,))
+                )
+    return out
+
+
+def check_edge_log(obs: Observed) -> list[Violation]:
+    """The edge logged no ERROR (a bug in the edge, not a node failure, logs one)."""
+    errors = [r for r in obs.edge_records if r.get("level") in ("ERROR", "CRITICAL")]
+    return [
+        Violation("edge_log", f"{r.get('msg')} {r.get('exception', '')}".strip())
+        for r in errors[:10]
+    ]
+
+
+def check_all(obs: Observed) -> tuple[list[Violation], dict[str, Any]]:
+    """Every invariant; returns the violations and figures for the summary."""
+    joined, tables = join(obs)
+    runs_v, excused, never = check_runs_ended(joined)
+    violations = [
+        *runs_v,
+        *check_cancel_rpc(joined, tables),
+        *check_terminal(joined),
+        *check_metrics(obs, joined, tables),
+        *check_resources(obs),
+        *check_plans(joined),
+        *check_edge_log(obs),
+    ]
+    if obs.load_bound_hit:
+        cut = tuple(f"{r.request_id}/{r.plan.kind}" for r in obs.results if r.ended == "load_bound")
+        violations.append(
+            Violation(
+                "bounded",
+                f"the duration bound cut the load: {len(cut)} streams cut short, "
+                f"{obs.not_started} never started",
+                cut,
+            )
+        )
+    figures = {
+        "joined": joined,
+        "excused": excused,
+        "never_reached": never,
+        "run_lines": sum(len(v) for v in tables["lines"].values()),
+        "unknown_cancels": sum(tables["unknown_cancels"].values()),
+        "affected": sum(1 for j in joined if j.affected),
+        "raced": tables.get("raced", 0),
+    }
+    return violations, figures

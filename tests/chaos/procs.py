@@ -1,0 +1,262 @@
+"""The real processes of a chaos run: `iop-sim-node`s and an `iop-edge`, on 127.0.0.1.
+
+Starts them as subprocesses (output to files in the run's work directory,
+never to a pipe nobody reads), kills and restarts nodes on their port, reads
+the edge's resource figures, and stops everything with a bounded wait. Every
+wait here is bounded in time; nothing listens beyond 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil  # type: ignore[import-untyped]
+import trio
+
+from tests.chaos.plan import FIRST_EVENT_S, IDLE_S, KEEPALIVE_S, TOTAL_S
+
+START_TIMEOUT_S = 30.0
+# Our own probes close their connections: an idle keep-alive connection the
+# client closes stays open in hypercorn's trio worker until keep_alive_timeout
+# (see the README, "Chaos testing"), which would muddy the socket baseline.
+_CLOSE = {"Connection": "close"}
+STOP_TIMEOUT_S = 10.0
+
+
+class ProcessError(RuntimeError):
+    """A process of the run did not start, or died when it should not have."""
+
+
+async def _open(argv: list[str], out: Path) -> trio.Process:
+    with out.open("ab") as sink:
+        return await trio.lowlevel.open_process(argv, stdout=sink, stderr=sink)
+
+
+async def stop_process(process: trio.Process | None, sig: int = signal.SIGTERM) -> int | None:
+    """Signal `process`, wait up to STOP_TIMEOUT_S, then kill it. Returns its exit code."""
+    if process is None:
+        return None
+    with trio.CancelScope(shield=True):
+        if process.returncode is None:
+            process.send_signal(sig)
+            with trio.move_on_after(STOP_TIMEOUT_S):
+                await process.wait()
+        if process.returncode is None:
+            process.kill()
+            with trio.move_on_after(STOP_TIMEOUT_S):
+                await process.wait()
+    return process.returncode
+
+
+@dataclass
+class SimNode:
+    """One simulated node; each incarnation (start or restart) has its own runs log."""
+
+    name: str
+    workdir: Path
+    port: int = 0
+    process: trio.Process | None = None
+    runs_logs: list[Path] = field(default_factory=list)
+    # (killed at, serving again at), on the run's clock.
+    downtimes: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        """Start an incarnation: on an ephemeral port first, on the same port after that."""
+        n = len(self.runs_logs)
+        runs_log = self.workdir / f"{self.name}.{n}.runs.jsonl"
+        out = self.workdir / f"{self.name}.{n}.out"
+        argv = [
+            sys.executable,
+            "-m",
+            "edge.sim",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--runs-log",
+            str(runs_log),
+            "--name",
+            self.name,
+        ]
+        self.runs_logs.append(runs_log)
+        self.process = await _open(argv, out)
+        with trio.move_on_after(START_TIMEOUT_S):
+            while True:
+                text = out.read_text(errors="replace") if out.exists() else ""
+                if "listening on" in text:
+                    self.port = int(text.split("listening on", 1)[1].split()[0].rsplit(":", 1)[1])
+                    return
+                if self.process.returncode is not None or self.process.poll() is not None:
+                    break
+                await trio.sleep(0.02)
+        await stop_process(self.process, signal.SIGKILL)
+        raise ProcessError(f"{self.name} did not start on port {self.port}: {out.read_text()!r}")
+
+    async def kill(self) -> None:
+        """kill -9: runs in flight and runs-log lines not yet written are lost."""
+        await stop_process(self.process, signal.SIGKILL)
+        self.process = None
+
+    async def stop(self) -> None:
+        await stop_process(self.process)
+        self.process = None
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a live process has used so far; 0 once it is gone."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(times.user + times.system)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def edge_config(port: int, nodes: list[SimNode]) -> str:
+    lines = [
+        "[server]",
+        f'listen = "127.0.0.1:{port}"',
+        "drain_timeout_s = 2",
+        f"keepalive_s = {KEEPALIVE_S}",
+        "",
+        "[log]",
+        'level = "INFO"',
+        'format = "json"',
+        "",
+        "[timeouts]",
+        f"first_event_s = {FIRST_EVENT_S}",
+        f"idle_s = {IDLE_S}",
+        f"total_s = {TOTAL_S}",
+    ]
+    for node in nodes:
+        lines += ["", "[[nodes]]", f'name = "{node.name}"', f'address = "{node.address}"']
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class EdgeProcess:
+    """The edge under test, with its JSON log (INFO: one line per finished request)."""
+
+    workdir: Path
+    port: int = 0
+    process: trio.Process | None = None
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.workdir / "edge.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, nodes: list[SimNode], attempts: int = 3) -> None:
+        """Start on a free port (another, if that one was taken meanwhile); wait for /readyz."""
+        for _ in range(attempts):
+            self.port = free_port()
+            config = self.workdir / "edge.toml"
+            config.write_text(edge_config(self.port, nodes))
+            argv = [sys.executable, "-m", "edge", "--config", str(config)]
+            self.process = await _open(argv, self.log)
+            if await self._ready():
+                return
+            await stop_process(self.process, signal.SIGKILL)
+        raise ProcessError(f"the edge did not become ready; see {self.log}")
+
+    async def _ready(self) -> bool:
+        assert self.process is not None
+        async with httpx.AsyncClient(base_url=self.url, timeout=2, headers=_CLOSE) as client:
+            with trio.move_on_after(START_TIMEOUT_S):
+                while self.process.poll() is None:
+                    try:
+                        if (await client.get("/readyz")).status_code == 200:
+                            return True
+                    except httpx.HTTPError:
+                        pass
+                    await trio.sleep(0.05)
+        return False
+
+    async def get(self, path: str) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=self.url, timeout=5, headers=_CLOSE) as client:
+            return await client.get(path)
+
+    async def metrics(self) -> dict[str, float]:
+        """The Prometheus exposition as {"name{labels}": value} (samples only)."""
+        text = (await self.get("/metrics")).text
+        samples: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    async def in_flight(self) -> int:
+        nodes: list[dict[str, Any]] = (await self.get("/readyz")).json().get("nodes", [])
+        return sum(int(n.get("in_flight", 0)) for n in nodes)
+
+    def cpu_seconds(self) -> float:
+        assert self.process is not None
+        return cpu_seconds(self.process.pid)
+
+    def stats(self) -> Stats:
+        assert self.process is not None
+        proc = psutil.Process(self.process.pid)
+        conns = proc.net_connections(kind="tcp")
+        http = [c for c in conns if c.laddr and c.laddr.port == self.port]
+        open_peers = tuple(c.raddr.port for c in http if c.raddr and c.status != psutil.CONN_LISTEN)
+        return Stats(
+            fds=proc.num_fds(),
+            threads=proc.num_threads(),
+            rss=proc.memory_info().rss,
+            http_conns=sum(1 for c in http if c.status != psutil.CONN_LISTEN),
+            close_wait=sum(1 for c in conns if c.status == psutil.CONN_CLOSE_WAIT),
+            open_peers=open_peers,
+        )
+
+    def records(self) -> list[dict[str, Any]]:
+        """The edge's JSON log lines (anything else, e.g. a traceback, is skipped)."""
+        out: list[dict[str, Any]] = []
+        if not self.log.exists():
+            return out
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    async def stop(self) -> int | None:
+        code = await stop_process(self.process)
+        return code
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """The edge process's resources at one moment."""
+
+    fds: int
+    threads: int
+    rss: int
+    http_conns: int  # client connections on the HTTP port, in any state
+    close_wait: int  # sockets the peer closed and the edge did not
+    open_peers: tuple[int, ...] = ()  # client ports of the HTTP connections still open
+
+    def show(self) -> str:
+        return (
+            f"fds={self.fds} threads={self.threads} rss={self.rss / 2**20:.1f}MiB "
+            f"http_conns={self.http_conns} close_wait={self.close_wait}"
+        )

@@ -1,0 +1,198 @@
+"""What the three witnesses of a chaos run recorded, joined request by request.
+
+The witnesses share no code: the clients' own view of each response
+(`StreamResult`), the edge's JSON log (one "chat completion" line per
+request that ran, with its request id, run id, node and status; a "did not
+start" line with the run id when the node did not accept a run; the access
+line of a request rejected before any run) and metrics, and the nodes' runs
+logs. Requests are joined to runs by the X-Request-Id the client sent.
+This module decides nothing is right or wrong: `checks` does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.chaos.client import StreamResult
+from tests.chaos.procs import Stats
+
+# The node writes a cancelled run's line after a 1 s grace for its CancelRun.
+GRACE_S = 1.5
+# After a node is back, the edge's pool may still hold it unhealthy until its
+# next refresh (5 s): requests rejected with 503 then are the kill's doing.
+POOL_REFRESH_S = 6.5
+
+
+@dataclass
+class Observed:
+    """Everything a chaos run recorded, for the checks."""
+
+    results: list[StreamResult]
+    edge_records: list[dict[str, Any]]
+    runs_lines: list[tuple[str, dict[str, Any]]]  # (node name, record) from every runs log
+    downtimes: dict[str, list[tuple[float, float]]]
+    metrics: dict[str, float]
+    base: Stats
+    end: Stats
+    in_flight_end: int
+    edge_exit: int | None
+    load_bound_hit: bool
+    rss_bound_mib: float
+    not_started: int = 0
+
+
+@dataclass
+class Joined:
+    """One request as all three witnesses saw it."""
+
+    result: StreamResult
+    completions: list[dict[str, Any]] = field(default_factory=list)
+    rejected_status: list[int] = field(default_factory=list)
+    run_id: str | None = None
+    node: str | None = None
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    cancels: int = 0
+    affected: bool = False
+    # The error type when the node did not accept the run (the edge answered 502/503).
+    start_error: str = ""
+    # The edge logged that its CancelRun for this run failed on a connection error.
+    cancel_lost: bool = False
+
+    @property
+    def tag(self) -> str:
+        r = self.result
+        return f"{r.request_id}/{r.plan.kind}/run {self.run_id or '-'}"
+
+
+def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
+    """Requests joined with the edge's log and the runs logs; plus run-level tables."""
+    completions: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    rejected: dict[str, list[int]] = defaultdict(list)
+    not_started: dict[str, dict[str, Any]] = {}
+    cancel_lost: set[str] = set()  # runs whose CancelRun met a broken connection
+    for rec in obs.edge_records:
+        msg, rid = str(rec.get("msg", "")), str(rec.get("request_id", ""))
+        if msg.startswith("chat completion "):
+            completions[rid].append(rec)
+        elif msg.startswith("run ") and " did not start on node " in msg:
+            not_started[rid] = rec
+        elif (lost := _cancel_lost_run(msg)) is not None:
+            cancel_lost.add(lost)
+        elif msg.startswith("POST /v1/chat/completions ") and isinstance(rec.get("status"), int):
+            rejected[rid].append(rec["status"])
+    lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    unknown_cancels: Counter[str] = Counter()
+    for node, rec in obs.runs_lines:
+        if rec.get("type") == "cancel_rpc":
+            unknown_cancels[str(rec.get("run_id"))] += 1
+        elif "run_id" in rec:
+            lines[str(rec["run_id"])].append({**rec, "node": node})
+    joined: list[Joined] = []
+    for result in obs.results:
+        j = Joined(result, completions.get(result.request_id, []))
+        j.rejected_status = rejected.get(result.request_id, [])
+        started = j.completions[0] if j.completions else not_started.get(result.request_id)
+        if started is not None:
+            j.run_id = str(started.get("run_id"))
+            j.node = str(started.get("node"))
+            j.start_error = str(started.get("error_type", "")) if not j.completions else ""
+        elif result.run_id:
+            j.run_id = result.run_id
+        if j.run_id is not None:
+            j.lines = lines.get(j.run_id, [])
+            j.cancels = sum(int(x.get("cancel_rpcs", 0)) for x in j.lines)
+            j.cancels += unknown_cancels.get(j.run_id, 0)
+        j.cancel_lost = j.run_id in cancel_lost
+        j.affected = _affected(j, obs.downtimes)
+        joined.append(j)
+    tables = {"lines": lines, "unknown_cancels": unknown_cancels}
+    return joined, tables
+
+
+def _cancel_lost_run(msg: str) -> str | None:
+    """The run named by an edge warning that a CancelRun met a broken connection.
+
+    Two formats: "CancelRun for run R on node N failed: E", and the
+    rate-limited "CancelRun to node N failed for K run(s), last R: E" (which
+    names only the last run of a burst). A timeout ("no answer within") is
+    not a broken connection: the node was there, the edge gave up.
+    """
+    if not msg.startswith("CancelRun ") or "no answer within" in msg or "queued" in msg:
+        return None
+    if msg.startswith("CancelRun for run ") and " failed: " in msg:
+        return msg.split()[3]
+    if msg.startswith("CancelRun to node ") and ", last " in msg:
+        return msg.split(", last ", 1)[1].split(":", 1)[0].strip()
+    return None
+
+
+def _affected(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> bool:
+    """A node kill got in the way of this request.
+
+    Its node (any node, when the edge never named one) was killed while the
+    request was in flight, or was down or reconnecting when it was sent; or
+    its runs-log line is missing and the node died within the grace in which
+    a cancelled run's line waits for its CancelRun; or the edge logged that
+    the run's CancelRun failed and the node died after the request was sent
+    (the kill, not the edge, lost it). A request answered 503
+    without a node may also have met the pool still holding a restarted node
+    unhealthy until its next refresh.
+    """
+    r = j.result
+    if j.node is not None:
+        spans = downtimes.get(j.node, [])
+    else:
+        spans = [span for node_spans in downtimes.values() for span in node_spans]
+    for down, up in spans:
+        if r.t_sent - 0.05 <= down <= r.t_end or down <= r.t_sent <= up + 0.5:
+            return True
+        if j.cancel_lost and r.t_sent <= down <= r.t_end + 5.0:
+            return True  # its CancelRun was still on the way (or queued) when the node died
+        if j.node is not None and not j.lines and r.t_sent <= down <= r.t_end + GRACE_S:
+            return True
+        if j.node is None and r.status == 503 and down <= r.t_sent <= up + POOL_REFRESH_S:
+            return True
+    return False
+
+
+def terminals(payloads: list[str]) -> tuple[int, int, int, list[str]]:
+    """(finish chunks, [DONE]s, error frames, error types) among SSE payloads."""
+    finishes = dones = errors = 0
+    types: list[str] = []
+    for p in payloads:
+        if p == "[DONE]":
+            dones += 1
+            continue
+        try:
+            obj = json.loads(p)
+        except ValueError:
+            continue  # reported as a problem by the client
+        if not isinstance(obj, dict):
+            continue
+        if "error" in obj:
+            errors += 1
+            types.append(str((obj["error"] or {}).get("type")))
+        elif any(c.get("finish_reason") for c in obj.get("choices") or ()):
+            finishes += 1
+    return finishes, dones, errors, types
+
+
+def client_view(r: StreamResult) -> str:
+    """What the client got, in `Expect.terminal` terms (`cut` when it left first)."""
+    if r.ended != "eof":
+        return r.ended
+    if r.status == 200 and r.plan.stream and r.payloads:
+        finishes, _, errors, types = terminals(r.payloads)
+        if errors:
+            return f"error:{types[-1]}"
+        if finishes:
+            for p in reversed(r.payloads):
+                if '"finish_reason":"' in p:
+                    for c in json.loads(p).get("choices") or ():
+                        if c.get("finish_reason"):
+                            return f"finish:{c['finish_reason']}"
+        return "none"
+    return f"http:{r.status}"
