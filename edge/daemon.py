@@ -57,7 +57,9 @@ def _hypercorn_config(config: Config) -> HypercornConfig:
     hc.bind = [config.server.listen]
     hc.backlog = 2048
     hc.graceful_timeout = config.server.drain_timeout_s + _CLOSE_GRACE_S
-    hc.keep_alive_timeout = 75.0
+    # hypercorn's trio worker releases a keep-alive connection that the client
+    # closed while idle only when this timer fires: keep it short.
+    hc.keep_alive_timeout = 5.0
     hc.accesslog = None
     # Hand hypercorn a stdlib logger (routed into loguru), or it writes to stderr itself.
     hc.errorlog = logging.getLogger("hypercorn.error")

@@ -8,6 +8,10 @@ sets. Work here happens per request or per write batch, never per chunk.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -19,6 +23,17 @@ _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 )  # fmt: skip
 _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
+
+
+# Whether the current chat request has been counted; tasks the request's
+# handler starts inherit the box (contextvars are copied at spawn).
+_COUNTED: ContextVar[list[bool] | None] = ContextVar("iop_request_counted", default=None)
+
+
+def _mark_counted() -> None:
+    box = _COUNTED.get()
+    if box is not None:
+        box[0] = True
 
 
 class EdgeMetrics:
@@ -64,6 +79,7 @@ class EdgeMetrics:
         )
 
     def request(self, model: str, node: str, stream: bool, outcome: Outcome) -> None:
+        _mark_counted()
         self.requests.labels(model, node, "true" if stream else "false", outcome.status).inc()
         if outcome.status == "error" and outcome.error_type == "run_error" and outcome.usage_sample:
             # The node reported the failure itself (an `error` event); a broken
@@ -84,7 +100,29 @@ class EdgeMetrics:
 
     def rejected(self, model: str, stream: bool) -> None:
         """A request that ended before any run started (bad input, no node)."""
+        _mark_counted()
         self.requests.labels(model, "none", "true" if stream else "false", "error").inc()
+
+    def counted_at_its_end(self) -> None:
+        """The current request started a run: its outcome will count it, whenever it ends."""
+        _mark_counted()
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        """Count the chat request handled inside the block exactly once.
+
+        The handler counts each request where it ends. A client that leaves
+        before the handler ran (while quart read the body, say) reaches none
+        of those places: it is counted here, as cancelled.
+        """
+        box = [False]
+        token = _COUNTED.set(box)
+        try:
+            yield
+        finally:
+            _COUNTED.reset(token)
+            if not box[0]:
+                self.requests.labels("unknown", "none", "false", "cancelled").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import msgspec
 import trio
-from hypercorn.typing import ASGISendCallable, ASGISendEvent
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent
 from loguru import logger
 from quart import Request, Response, g, request
 from quart_trio import QuartTrio
@@ -87,6 +87,14 @@ class _HTTPConnection(TrioASGIHTTPConnection):
 
         await super().handle_request(nursery, request, send_end_shielded)
 
+    async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if self.scope["path"] != CHAT_PATH or self.scope["method"] != "POST":
+            await super().__call__(receive, send)
+            return
+        chat: ChatService = self.app.extensions["chat"]
+        with chat.metrics.counting():
+            await super().__call__(receive, send)
+
 
 class ApiKeys:
     """The accepted bearer keys, compared in constant time."""
@@ -113,6 +121,7 @@ def create_app(
 ) -> QuartTrio:
     app = QuartTrio("iop-edge")
     app.asgi_http_class = _HTTPConnection
+    app.extensions["chat"] = chat
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes

@@ -159,6 +159,7 @@ class ChatService:
                 status: Status = "error" if isinstance(exc, Exception) else "cancelled"
                 self._log_outcome(info, Outcome(status, usage_sample=False))
             raise
+        self.metrics.counted_at_its_end()
         session = StreamSession(settings, _trace if settings.trace else None)
         run = RunStream(
             handle,
