@@ -10,12 +10,8 @@ edge hosts (a node whose address is "embedded"). Models:
   A delta item may carry `"repeat": N` to send the same delta N times (the
   benchmarks' fast path).
 
-The runs log gets one JSON line per run when it ends: run_id, model, outcome
-(complete | error | cancelled | aborted | ended), cancel_rpc, cancel_rpcs,
-events_sent. A run that ends without CancelRun waits a short grace period
-for one before its line is written, so a CancelRun racing the stream reset
-is still recorded on the run. A CancelRun for an id the node does not know
-is logged as `{"type": "cancel_rpc", "run_id": ..., "found": false}`.
+The runs log (`edge.nodekit.RunsLog`) gets one JSON line per run when it
+ends; outcomes here are complete | error | cancelled | aborted | ended.
 """
 
 from __future__ import annotations
@@ -23,41 +19,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
-from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
-from h2.settings import SettingCodes
 
 from edge.node._proto.iop.node import v1 as pb
+from edge.nodekit import NodeServer, RunRecord, RunsLog, bound_port
 
 MODELS = ("sim-echo", "sim-script")
 RUN_ROUTE = "/iop.node.v1.NodeService/Run"
 CANCEL_ROUTE = "/iop.node.v1.NodeService/CancelRun"
 DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
 # Raised from grpclib's default of 100 so one edge connection can carry many runs.
-MAX_CONCURRENT_STREAMS = 100_000
-CANCEL_GRACE_S = 1.0
 # A repeated event yields to the loop every this many messages.
 YIELD_EVERY = 8
 
 
-@dataclass(slots=True)
-class _Run:
-    run_id: str
-    model: str
-    task: asyncio.Task[Any] | None
-    events_sent: int = 0
-    cancel_rpcs: int = 0
-    outcome: str | None = None
-    ended_at: float = 0.0
-    flush_handle: asyncio.TimerHandle | None = field(default=None, repr=False)
+Events = Stream[pb.RunRequest, pb.RunEvent]
 
 
 class ScriptError(ValueError):
@@ -115,28 +97,12 @@ class _Codec(ProtoCodec):
         return super().encode(message, message_type)
 
 
-class _Protocol(H2Protocol):
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        h2_conn = self.connection._connection
-        h2_conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS})
-        self.connection.flush()
-
-
-class _Server(Server):
-    def _protocol_factory(self) -> H2Protocol:
-        proto = super()._protocol_factory()
-        return _Protocol(proto.handler, proto.config, proto.h2_config)
-
-
 class SimNode:
     """The NodeService of the simulated node."""
 
     def __init__(self, name: str = "iop-sim-node", runs_log: Path | None = None) -> None:
         self.name = name
-        self._runs: dict[str, _Run] = {}
-        self._log: IO[str] | None = runs_log.open("a", buffering=1) if runs_log else None
-        self.finished: list[dict[str, Any]] = []  # every run's log record, in-process users
+        self.runs = RunsLog(runs_log)
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
@@ -151,7 +117,12 @@ class SimNode:
 
     @property
     def active_runs(self) -> int:
-        return sum(1 for run in self._runs.values() if run.outcome is None)
+        return self.runs.active
+
+    @property
+    def finished(self) -> list[dict[str, Any]]:
+        """Every runs-log record written so far (for in-process users)."""
+        return self.runs.finished
 
     # --- RPCs -------------------------------------------------------------------
 
@@ -168,26 +139,17 @@ class SimNode:
     async def _cancel_run(self, stream: Stream[pb.CancelRunRequest, pb.CancelRunResponse]) -> None:
         request = await stream.recv_message()
         assert request is not None
-        run = self._runs.get(request.run_id)
-        found = run is not None and run.outcome is None
-        if run is None:
-            self._write({"type": "cancel_rpc", "run_id": request.run_id, "found": False})
-        else:
-            run.cancel_rpcs += 1
-            if run.outcome is None and run.task is not None:
-                run.task.cancel()
-            elif run.flush_handle is not None:
-                # Ended already (stream reset first): record now, not after the grace.
-                run.flush_handle.cancel()
-                self._flush(run)
+        run, found = self.runs.cancel_rpc(request.run_id)
+        if run is not None and run.task is not None:
+            run.task.cancel()
         await stream.send_message(pb.CancelRunResponse(found=found))
 
-    async def _run(self, stream: Stream[pb.RunRequest, pb.RunEvent]) -> None:
+    async def _run(self, stream: Events) -> None:
         request = await stream.recv_message()
         assert request is not None
         await stream.send_initial_metadata()
-        run = _Run(request.run_id, request.model, asyncio.current_task())
-        self._runs[run.run_id] = run
+        run = self.runs.start(request.run_id, request.model)
+        run.task = asyncio.current_task()
         try:
             outcome = await self._play(stream, request, run)
             run.outcome = outcome
@@ -209,17 +171,13 @@ class SimNode:
         finally:
             if run.outcome is None:
                 run.outcome = "error"
-            self._ended(run)
+            self.runs.ended(run)
 
-    async def _send(
-        self, stream: Stream[pb.RunRequest, pb.RunEvent], run: _Run, ev: pb.RunEvent
-    ) -> None:
+    async def _send(self, stream: Events, run: RunRecord, ev: pb.RunEvent) -> None:
         await stream.send_message(ev)
         run.events_sent += 1
 
-    async def _play(
-        self, stream: Stream[pb.RunRequest, pb.RunEvent], request: pb.RunRequest, run: _Run
-    ) -> str:
+    async def _play(self, stream: Events, request: pb.RunRequest, run: RunRecord) -> str:
         if request.model == "sim-echo":
             return await self._echo(stream, request, run)
         if request.model == "sim-script":
@@ -231,9 +189,7 @@ class SimNode:
         )
         return "error"
 
-    async def _echo(
-        self, stream: Stream[pb.RunRequest, pb.RunEvent], request: pb.RunRequest, run: _Run
-    ) -> str:
+    async def _echo(self, stream: Events, request: pb.RunRequest, run: RunRecord) -> str:
         text = _last_user_text(request)
         words = text.split(" ")
         for i, word in enumerate(words):
@@ -250,7 +206,7 @@ class SimNode:
         return "complete"
 
     async def _send_repeated(
-        self, stream: Stream[pb.RunRequest, pb.RunEvent], run: _Run, event: pb.RunEvent, n: int
+        self, stream: Events, run: RunRecord, event: pb.RunEvent, n: int
     ) -> None:
         """The benchmarks' fast path: serialize once, send the bytes n times."""
         payload = _Encoded(bytes(event))
@@ -264,7 +220,10 @@ class SimNode:
                 await asyncio.sleep(0)
 
     async def _script(
-        self, stream: Stream[pb.RunRequest, pb.RunEvent], items: list[dict[str, Any]], run: _Run
+        self,
+        stream: Events,
+        items: list[dict[str, Any]],
+        run: RunRecord,
     ) -> str:
         for item in items:
             if "sleep_ms" in item:
@@ -287,54 +246,15 @@ class SimNode:
                 return "complete" if kind == "complete" else str(kind)
         return "ended"
 
-    # --- the runs log -----------------------------------------------------------
-
-    def _ended(self, run: _Run) -> None:
-        run.task = None
-        run.ended_at = time.time()
-        if run.outcome in ("complete", "error") or run.cancel_rpcs:
-            self._flush(run)
-        else:
-            loop = asyncio.get_running_loop()
-            run.flush_handle = loop.call_later(CANCEL_GRACE_S, self._flush, run)
-
-    def _flush(self, run: _Run) -> None:
-        if self._runs.pop(run.run_id, None) is None:
-            return
-        self._write(
-            {
-                "run_id": run.run_id,
-                "model": run.model,
-                "outcome": run.outcome,
-                "cancel_rpc": run.cancel_rpcs > 0,
-                "cancel_rpcs": run.cancel_rpcs,
-                "events_sent": run.events_sent,
-            }
-        )
-
-    def _write(self, record: dict[str, Any]) -> None:
-        self.finished.append(record)
-        if self._log is not None:
-            self._log.write(json.dumps(record, separators=(",", ":")) + "\n")
-
     def close(self) -> None:
-        for run in list(self._runs.values()):
-            if run.flush_handle is not None:
-                run.flush_handle.cancel()
-                self._flush(run)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self.runs.close()
 
 
 async def start_server(node: SimNode, host: str, port: int) -> tuple[Server, int]:
     """Start serving `node`; returns the server and the port it listens on."""
-    server = _Server([node], codec=_Codec())
+    server = NodeServer([node], codec=_Codec())
     await server.start(host, port, backlog=2048, reuse_address=True)
-    listening = server._server
-    assert isinstance(listening, asyncio.Server)
-    bound = listening.sockets[0].getsockname()[1]
-    return server, int(bound)
+    return server, bound_port(server)
 
 
 async def stop_server(node: SimNode, server: Server) -> None:

@@ -9,9 +9,7 @@ llama.cpp, Ollama and SGLang abort a request whose client went away.
 Describe lists the upstream's `/models` (or the configured models) and fails
 UNAVAILABLE while the upstream cannot be reached.
 
-The runs log has the simulated node's format: one JSON line per run when it
-ends (run_id, model, outcome, cancel_rpc, cancel_rpcs, events_sent), written
-after a short grace when the stream ended without CancelRun.
+The runs log is the simulated node's (`edge.nodekit.RunsLog`).
 
 This module owns the HTTP and gRPC sides; the mapping of chunks is the
 adapter's. It knows nothing of trio or of the edge that calls it.
@@ -24,20 +22,18 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
 import msgspec
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
-from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
-from h2.settings import SettingCodes
 
 from edge.node._proto.iop.node import v1 as pb
+from edge.nodekit import NodeServer, RunsLog, bound_port
 from edge.upstream.adapter import ChunkMapper, chat_request_body, error_message
 from edge.upstream.adapter import models_from_body as parse_models
 from edge.upstream.sse import SSEDecoder
@@ -45,8 +41,6 @@ from edge.upstream.sse import SSEDecoder
 RUN_ROUTE = "/iop.node.v1.NodeService/Run"
 CANCEL_ROUTE = "/iop.node.v1.NodeService/CancelRun"
 DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
-MAX_CONCURRENT_STREAMS = 100_000
-CANCEL_GRACE_S = 1.0
 MODELS_TTL_S = 2.0
 # Under the edge's 2 s Describe timeout, so the edge hears our UNAVAILABLE.
 DESCRIBE_TIMEOUT_S = 1.5
@@ -69,32 +63,6 @@ def normalize_upstream(url: str) -> str:
         raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
     base = url.strip().rstrip("/")
     return base if parts.path.strip("/") else base + "/v1"
-
-
-@dataclass(slots=True)
-class _Run:
-    run_id: str
-    model: str
-    # The upstream request, in a task of its own: see `_run`.
-    work: asyncio.Task[None] | None = None
-    events_sent: int = 0
-    cancel_rpcs: int = 0
-    outcome: str | None = None
-    flush_handle: asyncio.TimerHandle | None = field(default=None, repr=False)
-
-
-class _Protocol(H2Protocol):
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        h2_conn = self.connection._connection
-        h2_conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS})
-        self.connection.flush()
-
-
-class _Server(Server):
-    def _protocol_factory(self) -> H2Protocol:
-        proto = super()._protocol_factory()
-        return _Protocol(proto.handler, proto.config, proto.h2_config)
 
 
 class UpstreamNode:
@@ -133,10 +101,8 @@ class UpstreamNode:
         self._models: list[tuple[str, str]] = []
         self._models_at = -MODELS_TTL_S
         self._models_lock = asyncio.Lock()
-        self._runs: dict[str, _Run] = {}
+        self.runs = RunsLog(runs_log)
         self._work: set[asyncio.Task[None]] = set()  # strong references until done
-        self._log: IO[str] | None = runs_log.open("a", buffering=1) if runs_log else None
-        self.finished: list[dict[str, Any]] = []  # every run's log record, for in-process users
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
@@ -151,7 +117,12 @@ class UpstreamNode:
 
     @property
     def active_runs(self) -> int:
-        return sum(1 for run in self._runs.values() if run.outcome is None)
+        return self.runs.active
+
+    @property
+    def finished(self) -> list[dict[str, Any]]:
+        """Every runs-log record written so far (for in-process users)."""
+        return self.runs.finished
 
     # --- Describe ---------------------------------------------------------------
 
@@ -201,17 +172,9 @@ class UpstreamNode:
     async def _cancel_run(self, stream: Stream[pb.CancelRunRequest, pb.CancelRunResponse]) -> None:
         request = await stream.recv_message()
         assert request is not None
-        run = self._runs.get(request.run_id)
-        found = run is not None and run.outcome is None
-        if run is None:
-            self._write({"type": "cancel_rpc", "run_id": request.run_id, "found": False})
-        else:
-            run.cancel_rpcs += 1
-            if run.outcome is None and run.work is not None:
-                _stop(run.work)
-            elif run.flush_handle is not None:
-                run.flush_handle.cancel()
-                self._flush(run)
+        run, found = self.runs.cancel_rpc(request.run_id)
+        if run is not None and run.task is not None:
+            _stop(run.task)
         await stream.send_message(pb.CancelRunResponse(found=found))
 
     # --- Run --------------------------------------------------------------------
@@ -227,8 +190,7 @@ class UpstreamNode:
         request = await stream.recv_message()
         assert request is not None
         await stream.send_initial_metadata()
-        run = _Run(request.run_id, request.model)
-        self._runs[run.run_id] = run
+        run = self.runs.start(request.run_id, request.model)
 
         async def emit(event: pb.RunEvent) -> None:
             await stream.send_message(event)
@@ -236,7 +198,7 @@ class UpstreamNode:
             if event.type in _TERMINAL:
                 run.outcome = "complete" if event.type == "complete" else event.type
 
-        work = run.work = asyncio.create_task(self._relay(request, emit))
+        work = run.task = asyncio.create_task(self._relay(request, emit))
         self._work.add(work)
         work.add_done_callback(self._work.discard)
         try:
@@ -257,7 +219,7 @@ class UpstreamNode:
         finally:
             if run.outcome is None:
                 run.outcome = "error"
-            self._ended(run)
+            self.runs.ended(run)
 
     async def _relay(self, request: pb.RunRequest, emit: Emit) -> None:
         """Serve `request` from the upstream, emitting its events and exactly one terminal."""
@@ -345,49 +307,14 @@ class UpstreamNode:
         for event in mapper.end():
             await emit(event)
 
-    # --- the runs log -----------------------------------------------------------
-
-    def _ended(self, run: _Run) -> None:
-        run.work = None
-        if run.outcome in ("complete", "error") or run.cancel_rpcs:
-            self._flush(run)
-        else:
-            loop = asyncio.get_running_loop()
-            run.flush_handle = loop.call_later(CANCEL_GRACE_S, self._flush, run)
-
-    def _flush(self, run: _Run) -> None:
-        if self._runs.pop(run.run_id, None) is None:
-            return
-        self._write(
-            {
-                "run_id": run.run_id,
-                "model": run.model,
-                "outcome": run.outcome,
-                "cancel_rpc": run.cancel_rpcs > 0,
-                "cancel_rpcs": run.cancel_rpcs,
-                "events_sent": run.events_sent,
-            }
-        )
-
-    def _write(self, record: dict[str, Any]) -> None:
-        self.finished.append(record)
-        if self._log is not None:
-            self._log.write(json.dumps(record, separators=(",", ":")) + "\n")
-
     async def aclose(self) -> None:
         """Stop the runs still working (their upstream requests close), then the client."""
         for work in self._work:
             _stop(work)
         if self._work:
             await asyncio.wait(set(self._work), timeout=CLOSE_TIMEOUT_S)
-        for run in list(self._runs.values()):
-            if run.flush_handle is not None:
-                run.flush_handle.cancel()
-                self._flush(run)
         await self._client.aclose()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self.runs.close()
 
 
 def _stop(work: asyncio.Task[None]) -> None:
@@ -416,11 +343,9 @@ async def _read_capped(response: httpx.Response) -> bytes:
 
 async def start_server(node: UpstreamNode, host: str, port: int) -> tuple[Server, int]:
     """Start serving `node`; returns the server and the port it listens on."""
-    server = _Server([node])
+    server = NodeServer([node])
     await server.start(host, port, backlog=2048, reuse_address=True)
-    listening = server._server
-    assert isinstance(listening, asyncio.Server)
-    return server, int(listening.sockets[0].getsockname()[1])
+    return server, bound_port(server)
 
 
 async def stop_server(node: UpstreamNode, server: Server) -> None:
