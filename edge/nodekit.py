@@ -2,6 +2,8 @@
 
 - `NodeServer`: a grpclib server that lifts HTTP/2 MAX_CONCURRENT_STREAMS
   from grpclib's 100, so one edge connection can carry many runs.
+- `NodeService`: the routing of the three RPCs, CancelRun, and the runs log;
+  a node serves Run and Describe.
 - `RunsLog`: the runs in flight and the runs log, one JSON line per run when
   it ends: run_id, model, outcome, cancel_rpc, cancel_rpcs, events_sent. A run
   that ended without CancelRun waits CANCEL_GRACE_S for one (a CancelRun
@@ -19,12 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from grpclib.const import Cardinality, Handler
 from grpclib.protocol import H2Protocol
-from grpclib.server import Server
+from grpclib.server import Server, Stream
 from h2.settings import SettingCodes
+
+from edge.node._proto.iop.node import v1 as pb
 
 MAX_CONCURRENT_STREAMS = 100_000
 CANCEL_GRACE_S = 1.0
+RUN_ROUTE = "/iop.node.v1.NodeService/Run"
+CANCEL_ROUTE = "/iop.node.v1.NodeService/CancelRun"
+DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
+
+Events = Stream[pb.RunRequest, pb.RunEvent]
 
 
 class _Protocol(H2Protocol):
@@ -133,3 +143,52 @@ class RunsLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class NodeService:
+    """A node's NodeService: subclasses implement `_run` and `_describe`.
+
+    CancelRun is common: it is recorded in the runs log, and a live run's
+    task is stopped with `stop_task` (a subclass may stop it its own way).
+    """
+
+    def __init__(self, name: str, runs_log: Path | None = None) -> None:
+        self.name = name
+        self.runs = RunsLog(runs_log)
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            RUN_ROUTE: Handler(self._run, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent),
+            CANCEL_ROUTE: Handler(
+                self._cancel_run, Cardinality.UNARY_UNARY, pb.CancelRunRequest, pb.CancelRunResponse
+            ),
+            DESCRIBE_ROUTE: Handler(
+                self._describe, Cardinality.UNARY_UNARY, pb.DescribeRequest, pb.DescribeResponse
+            ),
+        }
+
+    @property
+    def active_runs(self) -> int:
+        return self.runs.active
+
+    @property
+    def finished(self) -> list[dict[str, Any]]:
+        """Every runs-log record written so far (for in-process users)."""
+        return self.runs.finished
+
+    async def _run(self, stream: Events) -> None:
+        raise NotImplementedError
+
+    async def _describe(self, stream: Stream[pb.DescribeRequest, pb.DescribeResponse]) -> None:
+        raise NotImplementedError
+
+    def stop_task(self, task: asyncio.Task[Any]) -> None:
+        task.cancel()
+
+    async def _cancel_run(self, stream: Stream[pb.CancelRunRequest, pb.CancelRunResponse]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        run, found = self.runs.cancel_rpc(request.run_id)
+        if run is not None and run.task is not None:
+            self.stop_task(run.task)
+        await stream.send_message(pb.CancelRunResponse(found=found))

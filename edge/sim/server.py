@@ -22,24 +22,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpclib.const import Cardinality, Handler, Status
+from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from edge.node._proto.iop.node import v1 as pb
-from edge.nodekit import NodeServer, RunRecord, RunsLog, bound_port
+from edge.nodekit import Events, NodeServer, NodeService, RunRecord, bound_port
 
 MODELS = ("sim-echo", "sim-script")
-RUN_ROUTE = "/iop.node.v1.NodeService/Run"
-CANCEL_ROUTE = "/iop.node.v1.NodeService/CancelRun"
-DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
 # Raised from grpclib's default of 100 so one edge connection can carry many runs.
 # A repeated event yields to the loop every this many messages.
 YIELD_EVERY = 8
-
-
-Events = Stream[pb.RunRequest, pb.RunEvent]
 
 
 class ScriptError(ValueError):
@@ -97,32 +91,11 @@ class _Codec(ProtoCodec):
         return super().encode(message, message_type)
 
 
-class SimNode:
+class SimNode(NodeService):
     """The NodeService of the simulated node."""
 
     def __init__(self, name: str = "iop-sim-node", runs_log: Path | None = None) -> None:
-        self.name = name
-        self.runs = RunsLog(runs_log)
-
-    def __mapping__(self) -> dict[str, Handler]:
-        return {
-            RUN_ROUTE: Handler(self._run, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent),
-            CANCEL_ROUTE: Handler(
-                self._cancel_run, Cardinality.UNARY_UNARY, pb.CancelRunRequest, pb.CancelRunResponse
-            ),
-            DESCRIBE_ROUTE: Handler(
-                self._describe, Cardinality.UNARY_UNARY, pb.DescribeRequest, pb.DescribeResponse
-            ),
-        }
-
-    @property
-    def active_runs(self) -> int:
-        return self.runs.active
-
-    @property
-    def finished(self) -> list[dict[str, Any]]:
-        """Every runs-log record written so far (for in-process users)."""
-        return self.runs.finished
+        super().__init__(name, runs_log)
 
     # --- RPCs -------------------------------------------------------------------
 
@@ -135,14 +108,6 @@ class SimNode:
                 active_runs=self.active_runs,
             )
         )
-
-    async def _cancel_run(self, stream: Stream[pb.CancelRunRequest, pb.CancelRunResponse]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        run, found = self.runs.cancel_rpc(request.run_id)
-        if run is not None and run.task is not None:
-            run.task.cancel()
-        await stream.send_message(pb.CancelRunResponse(found=found))
 
     async def _run(self, stream: Events) -> None:
         request = await stream.recv_message()

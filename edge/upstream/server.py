@@ -28,19 +28,16 @@ from urllib.parse import urlsplit
 
 import httpx
 import msgspec
-from grpclib.const import Cardinality, Handler, Status
+from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from edge.node._proto.iop.node import v1 as pb
-from edge.nodekit import NodeServer, RunsLog, bound_port
+from edge.nodekit import Events, NodeServer, NodeService, bound_port
 from edge.upstream.adapter import ChunkMapper, chat_request_body, error_message
 from edge.upstream.adapter import models_from_body as parse_models
 from edge.upstream.sse import SSEDecoder
 
-RUN_ROUTE = "/iop.node.v1.NodeService/Run"
-CANCEL_ROUTE = "/iop.node.v1.NodeService/CancelRun"
-DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
 MODELS_TTL_S = 2.0
 # Under the edge's 2 s Describe timeout, so the edge hears our UNAVAILABLE.
 DESCRIBE_TIMEOUT_S = 1.5
@@ -51,7 +48,6 @@ MAX_ERROR_BODY = 64 * 1024
 # On shutdown, how long runs get to close their upstream requests.
 CLOSE_TIMEOUT_S = 2.0
 
-Events = Stream[pb.RunRequest, pb.RunEvent]
 Emit = Callable[[pb.RunEvent], Awaitable[None]]
 _TERMINAL = frozenset({"complete", "error", "cancelled"})
 
@@ -65,7 +61,7 @@ def normalize_upstream(url: str) -> str:
     return base if parts.path.strip("/") else base + "/v1"
 
 
-class UpstreamNode:
+class UpstreamNode(NodeService):
     """The NodeService of a node whose model server speaks OpenAI's chat completions.
 
     Args:
@@ -87,7 +83,7 @@ class UpstreamNode:
         runs_log: Path | None = None,
         read_timeout_s: float = 600.0,
     ) -> None:
-        self.name = name
+        super().__init__(name, runs_log)
         self.upstream = normalize_upstream(upstream)
         self._chat_url = self.upstream + "/chat/completions"
         self._models_url = self.upstream + "/models"
@@ -101,28 +97,7 @@ class UpstreamNode:
         self._models: list[tuple[str, str]] = []
         self._models_at = -MODELS_TTL_S
         self._models_lock = asyncio.Lock()
-        self.runs = RunsLog(runs_log)
         self._work: set[asyncio.Task[None]] = set()  # strong references until done
-
-    def __mapping__(self) -> dict[str, Handler]:
-        return {
-            RUN_ROUTE: Handler(self._run, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent),
-            CANCEL_ROUTE: Handler(
-                self._cancel_run, Cardinality.UNARY_UNARY, pb.CancelRunRequest, pb.CancelRunResponse
-            ),
-            DESCRIBE_ROUTE: Handler(
-                self._describe, Cardinality.UNARY_UNARY, pb.DescribeRequest, pb.DescribeResponse
-            ),
-        }
-
-    @property
-    def active_runs(self) -> int:
-        return self.runs.active
-
-    @property
-    def finished(self) -> list[dict[str, Any]]:
-        """Every runs-log record written so far (for in-process users)."""
-        return self.runs.finished
 
     # --- Describe ---------------------------------------------------------------
 
@@ -169,13 +144,8 @@ class UpstreamNode:
 
     # --- CancelRun --------------------------------------------------------------
 
-    async def _cancel_run(self, stream: Stream[pb.CancelRunRequest, pb.CancelRunResponse]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        run, found = self.runs.cancel_rpc(request.run_id)
-        if run is not None and run.task is not None:
-            _stop(run.task)
-        await stream.send_message(pb.CancelRunResponse(found=found))
+    def stop_task(self, task: asyncio.Task[Any]) -> None:
+        _stop(task)
 
     # --- Run --------------------------------------------------------------------
 
@@ -185,7 +155,7 @@ class UpstreamNode:
         A stream reset (grpclib cancels this handler) and CancelRun both end a
         run, often within a millisecond: a second `Task.cancel()` would cut
         httpcore's shielded close short and leave the upstream request open.
-        The work task only ever sees one cancel, from `_stop`.
+        The work task only ever sees one cancel, from `_stop` (CancelRun uses it too).
         """
         request = await stream.recv_message()
         assert request is not None
@@ -317,7 +287,7 @@ class UpstreamNode:
         self.runs.close()
 
 
-def _stop(work: asyncio.Task[None]) -> None:
+def _stop(work: asyncio.Task[Any]) -> None:
     """Cancel the work task unless it is done or already being cancelled (by anyone)."""
     if not work.done() and not work.cancelling():
         work.cancel()
