@@ -421,7 +421,7 @@ def render(result: dict[str, Any]) -> str:
         table(["goal", "measured", "met"], goal_rows(sm)),
     ]
     if result.get("litellm"):
-        from benchmarks.peer import peer_rows
+        from benchmarks.peer import peer_rows, same_mock_rows
 
         peer = result["litellm"]
         if "error" in peer:
@@ -436,6 +436,15 @@ def render(result: dict[str, Any]) -> str:
                     peer_rows(peer, sm, s),
                 ),
             ]
+            same = same_mock_rows(peer)
+            if same:
+                lines += [
+                    "",
+                    "Same upstream, same client (the peer tool): iop-edge -> iop-node -> mock "
+                    f"vs LiteLLM -> mock (iop-node CPU {peer.get('iop_node_cpu_s')} s, not in "
+                    "the edge's CPU figures)",
+                    table(["figure", "iop-edge + iop-node", "LiteLLM", "mock alone"], same),
+                ]
     return "\n".join(lines)
 
 
