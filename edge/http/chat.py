@@ -30,6 +30,7 @@ from edge.config import Config
 from edge.errors import EdgeError
 from edge.http.runstream import RunStream
 from edge.metrics import EdgeMetrics
+from edge.node.client import RunHandle
 from edge.node.convert import run_request_from_chat
 from edge.node.pool import NodePool, NodeState
 from edge.stream.output import Outcome, Status
@@ -125,40 +126,10 @@ class ChatService:
         created = int(time.time())
         settings = self.settings_for(request, run_id)
         started_at = trio.current_time()
-        total_s = self.config.timeouts.total_s
-        run_request = run_request_from_chat(
-            request,
-            run_id=run_id,
-            model=request.model,
-            deadline_unix_ms=int((time.time() + total_s) * 1000),
+        info = StreamInfo(
+            run_id, request.model, node.client.name, request.stream, started_at, None, request_id
         )
-        node.in_flight += 1
-        try:
-            handle = await node.client.start_run(
-                self.runs,
-                run_request,
-                deadline=started_at + total_s,
-                slow_consumer_s=self.config.timeouts.slow_client_s,
-            )
-        except BaseException as exc:
-            node.in_flight -= 1
-            if isinstance(exc, EdgeError):
-                self.metrics.rejected(request.model, request.stream)
-                self.metrics.node_errors.labels(node.client.name, exc.type).inc()
-                # The run id ties this rejection to the node's own record of the run.
-                logger.bind(
-                    request_id=request_id, run_id=run_id, node=node.client.name,
-                    error_type=exc.type,
-                ).warning("run {} did not start on node {}: {}", run_id, node.client.name,
-                          exc.message)  # fmt: skip
-            else:
-                # The caller left (or the edge is stopping) before the node accepted
-                # the run; start_run has cancelled it. Still one count, one log line.
-                info = StreamInfo(run_id, request.model, node.client.name, request.stream,
-                                  started_at, None, request_id)  # fmt: skip
-                status: Status = "error" if isinstance(exc, Exception) else "cancelled"
-                self._log_outcome(info, Outcome(status, usage_sample=False))
-            raise
+        handle = await self._start_run(node, request, info)
         self.metrics.counted_at_its_end()
         session = StreamSession(settings, _trace if settings.trace else None)
         run = RunStream(
@@ -170,9 +141,6 @@ class ChatService:
         )
         self.active.add(run)
         self.metrics.active_streams.inc()
-        info = StreamInfo(
-            run_id, request.model, node.client.name, request.stream, started_at, None, request_id
-        )
         response_id = f"chatcmpl-{run_id}"
         if request.stream:
             encoder = SSEEncoder(
@@ -190,6 +158,44 @@ class ChatService:
             response.headers["X-Request-Id"] = request_id
             return response
         return await self._complete(node, run, info, response_id, created, request.model)
+
+    async def _start_run(
+        self, node: NodeState, request: ChatRequest, info: StreamInfo
+    ) -> RunHandle:
+        """Start the run on `node`; every way it can fail to start is counted and logged once."""
+        total_s = self.config.timeouts.total_s
+        run_request = run_request_from_chat(
+            request,
+            run_id=info.run_id,
+            model=request.model,
+            deadline_unix_ms=int((time.time() + total_s) * 1000),
+        )
+        node.in_flight += 1
+        try:
+            return await node.client.start_run(
+                self.runs,
+                run_request,
+                deadline=info.started_at + total_s,
+                slow_consumer_s=self.config.timeouts.slow_client_s,
+            )
+        except EdgeError as exc:
+            node.in_flight -= 1
+            self.metrics.rejected(request.model, request.stream)
+            self.metrics.node_errors.labels(node.client.name, exc.type).inc()
+            # The run id ties this rejection to the node's own record of the run.
+            logger.bind(
+                request_id=info.request_id, run_id=info.run_id, node=node.client.name,
+                error_type=exc.type,
+            ).warning("run {} did not start on node {}: {}", info.run_id, node.client.name,
+                      exc.message)  # fmt: skip
+            raise
+        except BaseException as exc:
+            node.in_flight -= 1
+            # The caller left (or the edge is stopping) before the node accepted
+            # the run; start_run has cancelled it. Still one count, one log line.
+            status: Status = "error" if isinstance(exc, Exception) else "cancelled"
+            self._log_outcome(info, Outcome(status, usage_sample=False))
+            raise
 
     async def _complete(
         self,
