@@ -27,7 +27,7 @@ from quart.wrappers.response import ResponseBody
 from edge.api.render import KEEPALIVE, ResponseBuilder, SSEEncoder, error_body
 from edge.api.request import ChatRequest, parse_chat_request
 from edge.config import Config
-from edge.errors import EdgeError
+from edge.errors import EdgeError, NodeUnavailableError
 from edge.http.runstream import RunStream
 from edge.metrics import EdgeMetrics
 from edge.node.client import RunHandle
@@ -180,6 +180,8 @@ class ChatService:
             )
         except EdgeError as exc:
             node.in_flight -= 1
+            if isinstance(exc, NodeUnavailableError):
+                self.pool.mark_down(node, exc.message)
             self.metrics.rejected(request.model, request.stream)
             self.metrics.node_errors.labels(node.client.name, exc.type).inc()
             # The run id ties this rejection to the node's own record of the run.

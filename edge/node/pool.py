@@ -18,6 +18,10 @@ from edge.errors import EdgeError, NodeUnavailableError, NotFoundError
 from edge.node.client import NodeClient, NodeDescription
 
 REFRESH_INTERVAL_S = 5.0
+# A node that answered before is marked down after this many Describe failures
+# in a row: one slow answer from a busy node must not take it out of routing.
+# A node that refuses a run (NodeUnavailableError) is marked down at once.
+DOWN_AFTER_FAILURES = 2
 
 
 @dataclass(slots=True)
@@ -27,6 +31,7 @@ class NodeState:
     models: tuple[str, ...] = ()
     error: str | None = "not contacted yet"
     in_flight: int = 0
+    failures: int = 0
     description: NodeDescription | None = field(default=None, repr=False)
 
 
@@ -46,11 +51,12 @@ class NodePool:
         try:
             description = await state.client.describe()
         except (EdgeError, trio.TooSlowError) as exc:
-            if state.healthy:
-                logger.warning("node {} is down: {}", state.client.name, exc)
-            state.healthy = False
-            state.error = str(exc) or type(exc).__name__
+            state.failures += 1
+            if state.healthy and state.failures < DOWN_AFTER_FAILURES:
+                return
+            self.mark_down(state, str(exc) or type(exc).__name__)
             return
+        state.failures = 0
         if not state.healthy:
             logger.info(
                 "node {} is up, models: {}", state.client.name, ", ".join(description.models)
@@ -59,6 +65,13 @@ class NodePool:
         state.error = None
         state.models = description.models
         state.description = description
+
+    def mark_down(self, state: NodeState, reason: str) -> None:
+        """Take a node out of routing until its Describe answers again."""
+        if state.healthy:
+            logger.warning("node {} is down: {}", state.client.name, reason)
+        state.healthy = False
+        state.error = reason
 
     async def run_refresh(self, interval: float = REFRESH_INTERVAL_S) -> None:
         """Refresh forever (in the daemon's nursery)."""
