@@ -21,7 +21,7 @@ import msgspec
 
 from edge.errors import RequestError
 from edge.stream.toolcall import ToolCall, ToolPolicy
-from edge.stream.tools import validate_tool_choice, validate_tools
+from edge.stream.tools import schema_problem, validate_tool_choice, validate_tools
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -365,6 +365,15 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
             raise _missing("response_format.json_schema", "an object with at least a name")
         if not isinstance(schema.get("name"), str) or not schema["name"]:
             raise _invalid("response_format.json_schema.name", "must be a non-empty string")
+        body = schema.get("schema")
+        if body is not None:
+            if not isinstance(body, dict):
+                raise _invalid("response_format.json_schema.schema", "must be a JSON Schema object")
+            problem = schema_problem(body)
+            if problem is not None:
+                raise _invalid(
+                    "response_format.json_schema.schema", f"not a valid JSON Schema: {problem}"
+                )
     return fmt
 
 

@@ -17,11 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import referencing
-import referencing.exceptions
-from jsonschema.exceptions import SchemaError, best_match
-from jsonschema.validators import Draft202012Validator, validator_for
-
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
 from edge.stream.output import (
     ContentOut,
@@ -40,6 +35,7 @@ from edge.stream.toolcall import ToolCall, ToolPolicy
 from edge.stream.toolparse import DEFAULT_FORMATS
 from edge.stream.tools import (
     parse_native_tool_calls,
+    schema_error,
     synthesize_tool_calls,
     unstreamed_remainder,
     validate_tool_calls,
@@ -47,9 +43,6 @@ from edge.stream.tools import (
 from edge.stream.tooltext import ToolTextFilter
 
 TraceFn = Callable[[str, Mapping[str, Any]], None]
-
-# Schema $refs resolve only within the schema itself: nothing is ever fetched.
-_NO_RETRIEVAL: referencing.Registry[Any] = referencing.Registry()
 
 ReasoningParser = Literal["none", "think", "think_start"]
 
@@ -402,19 +395,9 @@ class StreamSession:
             return "response_format json_object: the output is not a JSON object"
         schema = (fmt.get("json_schema") or {}).get("schema")
         if fmt["type"] == "json_schema" and isinstance(schema, dict):
-            # The schema is the caller's: check it first (a bad one raises from
-            # iter_errors), and never retrieve a remote $ref (this core does no I/O).
-            cls = validator_for(schema, default=Draft202012Validator)
-            try:
-                cls.check_schema(schema)
-                error = best_match(cls(schema, registry=_NO_RETRIEVAL).iter_errors(value))
-            except SchemaError as exc:
-                return f"response_format json_schema: the schema is not valid: {exc.message}"
-            except referencing.exceptions.Unresolvable as exc:
-                return f"response_format json_schema: the schema has an unresolvable $ref: {exc}"
+            error = schema_error(schema, value)
             if error is not None:
-                where = "$" + "".join(f"[{p!r}]" for p in error.absolute_path)
-                return f"response_format json_schema: {error.message} (at {where})"
+                return f"response_format json_schema: {error}"
         return None
 
     # --- bookkeeping ------------------------------------------------------------

@@ -92,7 +92,7 @@ def validate_tool_definition(obj: object, index: int) -> ToolSpec:
                 f"{where}.function.parameters must be a JSON Schema object",
                 param=f"{where}.function.parameters",
             )
-        problem = _schema_problem(parameters)
+        problem = schema_problem(parameters)
         if problem is not None:
             raise RequestError(
                 f"{where}.function.parameters is not a valid JSON Schema: {problem}",
@@ -261,17 +261,23 @@ def _schema_key(schema: Mapping[str, Any]) -> str:
     return json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _schema_problem(schema: Mapping[str, Any]) -> str | None:
+def schema_problem(schema: Mapping[str, Any]) -> str | None:
     """Why `schema` is not a valid JSON Schema (None when it is); results are cached."""
     key = _schema_key(schema)
     if key in _CHECKED:
         _CHECKED.move_to_end(key)
         return _CHECKED[key]
-    try:
-        validator_for(schema, default=Draft202012Validator).check_schema(dict(schema))
-        problem = None
-    except SchemaError as exc:
-        problem = f"{exc.message} (at {exc.json_path})"
+    dialect = schema.get("$schema")
+    if dialect is not None and not isinstance(dialect, str):
+        problem: str | None = "$schema must be a string (at $.$schema)"
+    else:
+        try:
+            validator_for(schema, default=Draft202012Validator).check_schema(dict(schema))
+            problem = None
+        except SchemaError as exc:
+            problem = f"{exc.message} (at {exc.json_path})"
+        except RecursionError:
+            problem = "the schema is nested too deeply"
     _CHECKED[key] = problem
     if len(_CHECKED) > _VALIDATORS_MAX:
         _CHECKED.popitem(last=False)
@@ -292,13 +298,21 @@ def _validator(schema: Mapping[str, Any]) -> Validator:
     return validator
 
 
-def _schema_error(schema: Mapping[str, Any], instance: dict[str, Any]) -> str | None:
+def schema_error(schema: Mapping[str, Any], instance: Any) -> str | None:
+    """Why `instance` breaks `schema` (None when it does not).
+
+    The schema is a caller's: it is checked first (cached), and a remote
+    `$ref` is never retrieved (this core does no I/O).
+    """
+    problem = schema_problem(schema)
+    if problem is not None:
+        return f"the schema is not valid: {problem}"
     try:
         error = best_match(_validator(schema).iter_errors(instance))
     except referencing.exceptions.Unresolvable as exc:
-        return f"the parameters schema has an unresolvable $ref: {exc}"
+        return f"the schema has an unresolvable $ref: {exc}"
     except RecursionError:
-        return "the arguments are nested too deeply to validate"
+        return "the value is nested too deeply to validate"
     if error is None:
         return None
     return f"{error.message} (at {error.json_path}, rule {error.validator!r})"
@@ -332,7 +346,7 @@ def validate_tool_calls(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | 
         if not isinstance(arguments, dict):
             return f'tool "{call.name}" arguments are not a JSON object'
         if spec.parameters is not None:
-            problem = _schema_error(spec.parameters, arguments)
+            problem = schema_error(spec.parameters, arguments)
             if problem is not None:
                 return f'tool "{call.name}" arguments: {problem}'
     return None

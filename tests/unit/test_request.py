@@ -261,6 +261,19 @@ BAD: list[tuple[dict[str, Any], str | None]] = [
         {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
         "response_format.json_schema.name",
     ),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nope"}},
+            }
+        },
+        "response_format.json_schema.schema",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}},
+        "response_format.json_schema.schema",
+    ),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"metadata": {"a": 1}}, "metadata"),
     ({"metadata": ["a"]}, "metadata"),

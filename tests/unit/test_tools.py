@@ -431,3 +431,13 @@ def test_unstreamed_remainder() -> None:
     assert unstreamed_remainder("Hello world", "Hello") == " world"
     assert unstreamed_remainder("Hello", "") == "Hello"
     assert unstreamed_remainder("Hello", "Help") == ""
+
+
+@pytest.mark.parametrize("dialect", [[], 5, {"a": 1}])
+def test_a_schema_whose_dialect_is_not_a_string_is_a_400(dialect: object) -> None:
+    """`$schema` that is not a string is a bad tool definition (400), never an internal error."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"$schema": dialect}}}
+    with pytest.raises(RequestError) as info:
+        validate_tool_definition(tool, 0)
+    assert info.value.param == "tools[0].function.parameters"
+    assert "$schema must be a string" in info.value.message
