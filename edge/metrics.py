@@ -36,6 +36,15 @@ def _mark_counted() -> None:
         box[0] = True
 
 
+class RequestCount:
+    """The HTTP status a counted request was answered with (0 = none was sent)."""
+
+    __slots__ = ("status",)
+
+    def __init__(self) -> None:
+        self.status = 0
+
+
 class EdgeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -108,21 +117,25 @@ class EdgeMetrics:
         _mark_counted()
 
     @contextmanager
-    def counting(self) -> Iterator[None]:
+    def counting(self) -> Iterator[RequestCount]:
         """Count the chat request handled inside the block exactly once.
 
-        The handler counts each request where it ends. A client that leaves
-        before the handler ran (while quart read the body, say) reaches none
-        of those places: it is counted here, as cancelled.
+        The handler counts each request that reaches it where it ends. One
+        that does not (a 401, 405, 413 or a draining 503 answered before the
+        handler; a client that left while quart read the body) is counted
+        here: `error` when it was answered with an error status, else
+        `cancelled`. The caller sets `status` from the response it sent.
         """
         box = [False]
+        count = RequestCount()
         token = _COUNTED.set(box)
         try:
-            yield
+            yield count
         finally:
             _COUNTED.reset(token)
             if not box[0]:
-                self.requests.labels("unknown", "none", "false", "cancelled").inc()
+                status = "error" if count.status >= 400 else "cancelled"
+                self.requests.labels("unknown", "none", "false", status).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

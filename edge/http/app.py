@@ -88,12 +88,18 @@ class _HTTPConnection(TrioASGIHTTPConnection):
         await super().handle_request(nursery, request, send_end_shielded)
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        if self.scope["path"] != CHAT_PATH or self.scope["method"] != "POST":
+        if self.scope["path"] != CHAT_PATH:
             await super().__call__(receive, send)
             return
         chat: ChatService = self.app.extensions["chat"]
-        with chat.metrics.counting():
-            await super().__call__(receive, send)
+        with chat.metrics.counting() as count:
+
+            async def send_noting_status(message: ASGISendEvent) -> None:
+                if message["type"] == "http.response.start":
+                    count.status = message["status"]
+                await send(message)
+
+            await super().__call__(receive, send_noting_status)
 
 
 class ApiKeys:
@@ -138,8 +144,6 @@ def create_app(
         g.started = time.perf_counter()
         needs_key = keys.enabled and request.path.startswith("/v1/")
         if needs_key and not keys.accepts(request.headers.get("Authorization")):
-            if request.path == CHAT_PATH:
-                chat.metrics.rejected("unknown", stream=False)
             raise AuthenticationError(
                 "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
                 code="invalid_api_key",
@@ -165,10 +169,7 @@ def create_app(
 
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
-        error = _http_error(exc)
-        if request.path == CHAT_PATH:  # 405, 413: never reached the handler's counting
-            chat.metrics.rejected("unknown", stream=False)
-        return _error_response(error)
+        return _error_response(_http_error(exc))
 
     @app.errorhandler(Exception)
     async def on_unexpected(exc: Exception) -> Response:
@@ -178,7 +179,6 @@ def create_app(
     @app.post(CHAT_PATH)
     async def chat_completions() -> Response:
         if state["draining"]:
-            chat.metrics.rejected("unknown", stream=False)
             raise ShuttingDownError("The server is shutting down; retry on another instance.")
         body = await request.get_data(cache=False)
         assert isinstance(body, bytes)

@@ -5,8 +5,9 @@ so its `__aexit__` is the one place a client disconnect is seen; it calls
 `RunStream.abandon()`, which cancels the run on the node through the one
 cancel path. Non-streaming answers are folded in the handler itself, whose
 cancellation (client gone) reaches the same `abandon()` in a `finally`.
-Every request is counted once: `_finished` for a run that started,
-`metrics.rejected` for one that did not.
+Every request that reaches the handler is counted once: `_finished` for a
+run that started, `metrics.rejected` for one that did not (the app counts
+those answered before the handler).
 """
 
 from __future__ import annotations
