@@ -207,6 +207,16 @@ def parse_chat_request(body: bytes) -> ChatRequest:
             the API; `param` names the offending field (e.g. "messages[0].role").
     """
     try:
+        return _parse(body)
+    except RecursionError:
+        raise RequestError(_TOO_DEEP) from None
+
+
+_TOO_DEEP: Final = "The JSON body of your request is nested too deeply."
+
+
+def _parse(body: bytes) -> ChatRequest:
+    try:
         wire = _DECODER.decode(body)
     except msgspec.ValidationError as exc:
         # msgspec validates as it parses, so it can stop at a type error before a

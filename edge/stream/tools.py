@@ -263,7 +263,10 @@ def _schema_key(schema: Mapping[str, Any]) -> str:
 
 def schema_problem(schema: Mapping[str, Any]) -> str | None:
     """Why `schema` is not a valid JSON Schema (None when it is); results are cached."""
-    key = _schema_key(schema)
+    try:
+        key = _schema_key(schema)
+    except RecursionError:
+        return "the schema is nested too deeply"
     if key in _CHECKED:
         _CHECKED.move_to_end(key)
         return _CHECKED[key]

@@ -192,6 +192,9 @@ class BareScan:
         self.pos -= n
 
 
+MAX_INFO = 64
+
+
 class FenceScan:
     """Follows a ```` ``` ```` fence starting at `start` until it is known to hold JSON
     and closes, or is known not to be a JSON fence.
@@ -212,7 +215,12 @@ class FenceScan:
 
     def advance(self, text: str, stop: int) -> int | None:
         if self.stage == 0:
-            nl = text.find("\n", self.pos, stop)
+            # An info line longer than MAX_INFO cannot be "json": deciding that
+            # after MAX_INFO characters keeps each feed's look at it bounded.
+            look = min(stop, self.pos + MAX_INFO + 1)
+            nl = text.find("\n", self.pos, look)
+            if nl < 0 and look - self.pos > MAX_INFO:
+                return self.start + len(FENCE)
             info = text[self.pos : nl if nl >= 0 else stop].strip().lower()
             if not "json".startswith(info) or (nl >= 0 and info not in ("", "json")):
                 return self.start + len(FENCE)

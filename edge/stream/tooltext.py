@@ -74,6 +74,7 @@ class ToolTextFilter:
         "_syntax",
         "_tail",
         "_tail_len",
+        "_ws_run",
     )
 
     def __init__(
@@ -95,6 +96,9 @@ class ToolTextFilter:
         self._pending: BareScan | FenceScan | None = None
         self._hold_all = False
         self._in_code = False  # inside a code block: only tags and the closing fence count
+        # A maximal whitespace run of `_buf`, (start, end), remembered so that a
+        # long run (a model stuck emitting newlines) is walked once, not per feed.
+        self._ws_run: tuple[int, int] | None = None
 
     @property
     def holding(self) -> bool:
@@ -208,12 +212,31 @@ class ToolTextFilter:
             self._pending = BareScan(i) if kind is Start.BARE else FenceScan(i)
         return self._release()
 
+    def _ws_before(self, end: int) -> int:
+        """The start of the whitespace run that ends at `end` in `_buf` (memoized).
+
+        `_buf` only grows at its end between releases, so a remembered run
+        ending at or before `end` is still a run: only the text after it is new.
+        """
+        buf = self._buf
+        run = self._ws_run
+        start = end
+        floor = run[1] if run is not None and run[1] <= end else 0
+        while start > floor and buf[start - 1].isspace():
+            start -= 1
+        if run is not None and start == floor == run[1]:
+            start = run[0]
+        self._ws_run = (start, end)
+        return start
+
     def _release(self) -> str:
         buf = self._buf
-        cut = _ws_start(buf, len(buf) if self._cand is None else self._cand)
+        cut = self._ws_before(len(buf) if self._cand is None else self._cand)
         if not cut:
             return self._check_hold_all() if self._hold_all else ""
         self._buf = buf[cut:]
+        run = self._ws_run
+        self._ws_run = None if run is None or run[0] < cut else (run[0] - cut, run[1] - cut)
         self._pos -= cut
         if self._cand is not None:
             self._cand -= cut
