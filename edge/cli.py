@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import threading
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -22,6 +25,10 @@ from edge.config import (
     upstream_url,
 )
 from edge.log import setup_logging
+
+DEFAULT_CONFIG = Path("config.toml")
+# After the drain deadline: time for the notices and the CancelRuns to go out.
+HARD_STOP_GRACE_S = 15.0
 
 
 def _address(value: str) -> str:
@@ -49,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         type=Path,
-        default=Path("config.toml"),
+        default=None,
         help="TOML config file (default ./config.toml; missing = built-in defaults)",
     )
     parser.add_argument("--listen", type=_address, help="HOST:PORT to serve HTTP on")
@@ -69,8 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_config(args: argparse.Namespace) -> Config:
     """The config file (if any), with command-line flags on top."""
-    explicit = "--config" in sys.argv[1:] or any(a.startswith("--config=") for a in sys.argv[1:])
-    config = load_config(args.config) if args.config.exists() or explicit else Config()
+    if args.config is not None:  # named: it must exist
+        config = load_config(args.config)
+    elif DEFAULT_CONFIG.exists():
+        config = load_config(DEFAULT_CONFIG)
+    else:
+        config = Config()
     server = config.server
     if args.listen:
         server = replace(server, listen=args.listen)
@@ -83,14 +94,30 @@ def resolve_config(args: argparse.Namespace) -> Config:
     return replace(config, server=server, log=log, nodes=nodes)
 
 
-async def _signals(shutdown: trio.Event) -> None:
+def _exit_now(code: int) -> None:
+    """Leave at once: a client that stopped reading can hold a shielded socket
+    write (hypercorn's) forever, so no graceful path is guaranteed to end."""
+    logger.complete()
+    os._exit(code)
+
+
+async def _signals(shutdown: trio.Event, hard_stop_s: float) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             if shutdown.is_set():
                 logger.warning("second signal: exiting now")
-                raise SystemExit(1)
+                _exit_now(1)
             logger.info("{}: draining", signal.Signals(signum).name)
             shutdown.set()
+            # Past the drain and the grace for closing, stop whatever still holds on.
+            timer = threading.Timer(hard_stop_s, _hard_stop, args=(hard_stop_s,))
+            timer.daemon = True
+            timer.start()
+
+
+def _hard_stop(after_s: float) -> None:
+    logger.error("still running {}s after the shutdown signal: exiting", after_s)
+    _exit_now(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,12 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     from edge.daemon import run_forever
 
     try:
-        run_forever(config, _signals)
+        hard_stop_s = config.server.drain_timeout_s + HARD_STOP_GRACE_S
+        run_forever(config, partial(_signals, hard_stop_s=hard_stop_s), runs_log=args.runs_log)
     except KeyboardInterrupt:
         return 130
     except BaseExceptionGroup as group:
-        exits = group.subgroup(SystemExit)
-        if exits is None:
+        refused = group.subgroup(OSError)
+        if refused is not None:  # the listen address is taken, or not ours to bind
+            error = refused.exceptions[0]
+            while isinstance(error, BaseExceptionGroup):
+                error = error.exceptions[0]
+            print(f"iop-edge: cannot listen on {config.server.listen}: {error}", file=sys.stderr)
+            return 1
+        if group.subgroup(SystemExit) is None:
             raise
         return 1
     return 0

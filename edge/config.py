@@ -7,6 +7,7 @@ knows nothing of the daemon that uses it.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -122,10 +123,16 @@ class _Reader:
             raise self.fail(key, f"expected {_names(kinds)}, got {type(value).__name__}")
         return value
 
-    def number(self, key: str, default: float, *, minimum: float = 0.0) -> float:
+    def number(
+        self, key: str, default: float, *, minimum: float = 0.0, maximum: float = 1e9
+    ) -> float:
         value = float(self.get(key, (int, float), default))
+        if not math.isfinite(value):
+            raise self.fail(key, "must be a finite number")
         if value < minimum:
             raise self.fail(key, f"must be >= {minimum}")
+        if value > maximum:
+            raise self.fail(key, f"must be <= {maximum:g}")
         return value
 
     def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -168,7 +175,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     r = _Reader(source, "server", root.get("server", dict, {}))
     server = ServerConfig(
         listen=r.get("listen", str, srv.listen),
-        api_keys=r.strings("api_keys", ()),
+        api_keys=tuple(key.strip() for key in r.strings("api_keys", ())),
         api_keys_file=r.get("api_keys_file", str, None),
         drain_timeout_s=r.number("drain_timeout_s", srv.drain_timeout_s),
         max_body_bytes=int(r.number("max_body_bytes", srv.max_body_bytes, minimum=1024)),
@@ -176,6 +183,8 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         node_refresh_s=r.number("node_refresh_s", srv.node_refresh_s, minimum=0.05),
     )
     _check_listen(r, server.listen)
+    if any(not key.strip() for key in server.api_keys):
+        raise r.fail("api_keys", "an empty key would let anyone in")
     r.done()
     if server.api_keys_file is not None:
         server = ServerConfig(**{
@@ -301,9 +310,8 @@ def _read_keys(source: str, path: str) -> tuple[str, ...]:
         raise ConfigError(
             f"{source}: server.api_keys_file: cannot read {path}: {exc.strerror or exc}"
         ) from None
-    keys = tuple(
-        line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
-    )
+    stripped = (line.strip() for line in text.splitlines())
+    keys = tuple(line for line in stripped if line and not line.startswith("#"))
     if not keys:
         raise ConfigError(f"{source}: server.api_keys_file: {path} holds no key")
     return keys

@@ -164,7 +164,12 @@ async def _serve_http(
         done.set()
 
 
-def run_forever(config: Config, signals: Callable[[trio.Event], Awaitable[None]]) -> None:
+def run_forever(
+    config: Config,
+    signals: Callable[[trio.Event], Awaitable[None]],
+    *,
+    runs_log: Path | None = None,
+) -> None:
     """Serve until `signals` sets the shutdown event; returns once drained."""
 
     # The objects made at startup live as long as the process: keep them out of
@@ -178,7 +183,7 @@ def run_forever(config: Config, signals: Callable[[trio.Event], Awaitable[None]]
         shutdown = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(signals, shutdown)
-            await serve(config, shutdown=shutdown)
+            await serve(config, shutdown=shutdown, runs_log=runs_log)
             nursery.cancel_scope.cancel()
 
     trio.run(main)

@@ -178,6 +178,7 @@ class ChatService:
                 run_request,
                 deadline=info.started_at + total_s,
                 slow_consumer_s=self.config.timeouts.slow_client_s,
+                accept_s=self.config.timeouts.first_event_s,
             )
         except EdgeError as exc:
             node.in_flight -= 1

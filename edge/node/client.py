@@ -18,7 +18,7 @@ from typing import Protocol
 import trio
 from loguru import logger
 
-from edge.errors import EdgeError, NodeFailedError, NodeUnavailableError
+from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.bridge import Item, TrioSink, call_asyncio
 from edge.node.grpc import Accepted, GrpcNode
@@ -104,6 +104,7 @@ class NodeClient(Protocol):
         *,
         deadline: float,
         slow_consumer_s: float = math.inf,
+        accept_s: float = math.inf,
     ) -> RunHandle: ...
 
     async def describe(self) -> NodeDescription: ...
@@ -137,8 +138,12 @@ class GrpcNodeClient:
         *,
         deadline: float,
         slow_consumer_s: float = math.inf,
+        accept_s: float = math.inf,
     ) -> RunHandle:
         """Start `request` in `nursery`; return once the node accepted it.
+
+        A node that has not accepted the run within `accept_s` fails it with
+        NodeTimeoutError (the run is cancelled, reason "timeout").
 
         `deadline` (trio clock) bounds the whole run: past it the run is
         cancelled with reason "timeout". A consumer that takes no event for
@@ -151,7 +156,11 @@ class GrpcNodeClient:
             self._run, handle, request, TrioSink(send, limit_s=slow_consumer_s), send
         )
         try:
-            first = await receive.receive()
+            with trio.move_on_after(accept_s) as waiting:
+                first = await receive.receive()
+            if waiting.cancelled_caught:
+                handle.cancel("timeout")
+                raise NodeTimeoutError(f"node {self.name} did not accept the run in {accept_s}s")
         except trio.EndOfChannel:
             if handle.error is not None:
                 raise handle.error from None

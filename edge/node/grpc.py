@@ -172,6 +172,8 @@ class GrpcNode:
                 return await stream.recv_message()
         except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
             raise translate_error(exc, accepted=False, address=self.address) from exc
+        except Exception as exc:  # a malformed answer (protobuf decode), or any other surprise
+            raise NodeFailedError(f"node {self.address} sent a bad answer: {exc!r}") from exc
         finally:
             self._release(pooled)
 

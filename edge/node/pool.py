@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import trio
 from loguru import logger
 
-from edge.errors import EdgeError, NodeUnavailableError, NotFoundError
+from edge.errors import NodeUnavailableError, NotFoundError
 from edge.node.client import NodeClient, NodeDescription
 
 REFRESH_INTERVAL_S = 5.0
@@ -50,7 +50,7 @@ class NodePool:
     async def _refresh_one(self, state: NodeState) -> None:
         try:
             description = await state.client.describe()
-        except (EdgeError, trio.TooSlowError) as exc:
+        except Exception as exc:  # EdgeError, TooSlowError, or a bug: never kill the pool
             state.failures += 1
             if state.healthy and state.failures < DOWN_AFTER_FAILURES:
                 return

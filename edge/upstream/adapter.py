@@ -23,6 +23,7 @@ It must not know sockets, httpx, grpclib or asyncio, nor who reads the events.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -170,6 +171,8 @@ def _arguments(value: object) -> str:
 
 def _count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if isinstance(value, float) and not math.isfinite(value):
         return 0
     return max(0, min(int(value), _UINT32_MAX))
 

@@ -38,15 +38,28 @@ class SSEDecoder:
     between events still works.
     """
 
-    __slots__ = ("_buffer", "_data", "_event")
+    __slots__ = ("_buffer", "_data", "_data_chars", "_event", "_pieces", "_pieces_chars")
 
     def __init__(self) -> None:
         self._buffer = ""
+        # A line still without its break, in pieces: joined once, when it ends
+        # (a long line costs its length, not its length times its pieces).
+        self._pieces: list[str] = []
+        self._pieces_chars = 0
         self._data: list[str] = []
+        self._data_chars = 0
         self._event = ""
 
     def feed(self, text: str) -> list[SSEMessage]:
-        buffer = self._buffer + text
+        if "\n" not in text and "\r" not in text:
+            self._pieces.append(text)
+            self._pieces_chars += len(text)
+            if len(self._buffer) + self._pieces_chars > MAX_LINE_CHARS:
+                raise ValueError(f"upstream sent a line of over {MAX_LINE_CHARS} characters")
+            return []
+        buffer = self._buffer + "".join(self._pieces) + text
+        self._pieces.clear()
+        self._pieces_chars = 0
         held = ""
         if buffer.endswith("\r"):  # maybe the first half of "\r\n"
             buffer, held = buffer[:-1], "\r"
@@ -62,9 +75,12 @@ class SSEDecoder:
     def close(self) -> list[SSEMessage]:
         """The events still held when the body ends (a last line without a break)."""
         out: list[SSEMessage] = []
-        if self._buffer.strip("\r"):
-            self._line(self._buffer.strip("\r"), out)
+        last = (self._buffer + "".join(self._pieces)).strip("\r")
+        if last:
+            self._line(last, out)
         self._buffer = ""
+        self._pieces.clear()
+        self._pieces_chars = 0
         self._dispatch(out)
         return out
 
@@ -84,6 +100,9 @@ class SSEDecoder:
                 self._event = ""
             else:
                 self._data.append(value)
+                self._data_chars += len(value)
+                if self._data_chars > MAX_LINE_CHARS:
+                    raise ValueError(f"upstream sent an event of over {MAX_LINE_CHARS} characters")
         elif name == "event":
             self._event = value
 
@@ -91,4 +110,5 @@ class SSEDecoder:
         if self._data:
             out.append(SSEMessage("\n".join(self._data), self._event))
         self._data = []
+        self._data_chars = 0
         self._event = ""

@@ -108,3 +108,25 @@ def test_api_keys_file(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[timeouts]\ntotal_s = inf\n", "timeouts.total_s: must be a finite number"),
+        ("[timeouts]\nidle_s = nan\n", "timeouts.idle_s: must be a finite number"),
+        ("[timeouts]\ntotal_s = 1e300\n", "timeouts.total_s: must be <="),
+        ('[server]\napi_keys = [" "]\n', "server.api_keys: an empty key"),
+    ],
+)
+def test_numbers_are_finite_and_keys_non_empty(tmp_path: Path, text: str, message: str) -> None:
+    """Infinite, NaN or absurd durations and empty API keys are config mistakes, not 500s."""
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        _load(tmp_path, text)
+
+
+def test_indented_comments_in_the_keys_file_are_not_keys(tmp_path: Path) -> None:
+    """A comment line is skipped even when indented: it never becomes a valid key."""
+    (tmp_path / "keys.txt").write_text("key-a\n  # revoked: sk-old\n")
+    config = _load(tmp_path, '[server]\napi_keys_file = "keys.txt"\n')
+    assert config.server.api_keys == ("key-a",)
