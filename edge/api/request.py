@@ -247,6 +247,8 @@ def _parse(body: bytes) -> ChatRequest:
     if wire.n is not None and wire.n != 1:
         raise RequestError(f"Only n=1 is supported; got n={wire.n}.", param="n")
     _check_choice(wire.reasoning_effort, "reasoning_effort", REASONING_EFFORTS)
+    if wire.reasoning is not None:
+        _check_choice(wire.reasoning.effort, "reasoning.effort", REASONING_EFFORTS)
     metadata = wire.metadata or {}
     if len(metadata) > MAX_METADATA_KEYS:
         raise _invalid("metadata", f"at most {MAX_METADATA_KEYS} keys; got {len(metadata)}")
@@ -272,7 +274,9 @@ def _parse(body: bytes) -> ChatRequest:
         user=wire.user,
         include_reasoning=include_reasoning,
         reasoning_explicit=reasoning_explicit,
-        reasoning_effort=wire.reasoning_effort,
+        # OpenAI's top-level field, else OpenRouter's `reasoning.effort`.
+        reasoning_effort=wire.reasoning_effort
+        or (wire.reasoning.effort if wire.reasoning is not None else None),
         strict_output=wire.strict_output,
         stream_buffer=wire.stream_buffer,
         trace_stream=metadata.get("trace_stream", "").strip().lower() in _TRUTHY,

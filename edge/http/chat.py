@@ -338,9 +338,3 @@ class SSEBody(ResponseBody):
         # client left while the headers were sent) still ends its run.
         if self._on_done is not None:
             self._close()
-
-
-def edge_error_response(error: EdgeError) -> Response:
-    return Response(
-        msgspec.json.encode(error.to_dict()), status=error.status, content_type="application/json"
-    )

@@ -31,7 +31,6 @@ from edge.node._proto.iop.node import v1 as pb
 from edge.nodekit import Events, NodeServer, NodeService, RunRecord, bound_port
 
 MODELS = ("sim-echo", "sim-script")
-# Raised from grpclib's default of 100 so one edge connection can carry many runs.
 # A repeated event yields to the loop every this many messages.
 YIELD_EVERY = 8
 

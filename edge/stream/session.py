@@ -12,7 +12,6 @@ It knows nothing of HTTP, SSE bytes, trio or gRPC: the caller feeds
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,6 +32,7 @@ from edge.stream.sentinel import DEFAULT_SENTINELS, SentinelFilter
 from edge.stream.think import ThinkSplitter, has_close_think, has_open_think
 from edge.stream.toolcall import ToolCall, ToolPolicy
 from edge.stream.toolparse import DEFAULT_FORMATS
+from edge.stream.toolparse import loads as strict_json
 from edge.stream.tools import (
     parse_native_tool_calls,
     schema_error,
@@ -388,8 +388,8 @@ class StreamSession:
             return None
         text = "".join(self._emitted)
         try:
-            value = json.loads(text)
-        except (ValueError, RecursionError) as exc:
+            value = strict_json(text)
+        except ValueError as exc:
             return f"response_format {fmt['type']}: the output is not valid JSON: {exc}"
         if fmt["type"] == "json_object" and not isinstance(value, dict):
             return "response_format json_object: the output is not a JSON object"

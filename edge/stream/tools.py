@@ -39,7 +39,6 @@ __all__ = [
     "normalize_native_tool_calls",
     "parse_native_tool_calls",
     "synthesize_tool_calls",
-    "tool_calls_to_openai",
     "unstreamed_remainder",
     "validate_tool_calls",
     "validate_tool_choice",
@@ -402,16 +401,3 @@ def unstreamed_remainder(cleaned: str, emitted: str) -> str:
     (the filter hit its cap and showed raw markup), nothing more is shown.
     """
     return cleaned[len(emitted) :] if cleaned.startswith(emitted) else ""
-
-
-def tool_calls_to_openai(calls: Sequence[ToolCall], *, index: bool = True) -> list[dict[str, Any]]:
-    """The `tool_calls` of a stream delta; `index=False` gives the non-stream message
-    form, which is the same objects without "index"."""
-    out: list[dict[str, Any]] = []
-    for position, call in enumerate(calls):
-        item: dict[str, Any] = {"index": position} if index else {}
-        item["id"] = call.id
-        item["type"] = call.type
-        item["function"] = {"name": call.name, "arguments": call.arguments}
-        out.append(item)
-    return out

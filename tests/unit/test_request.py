@@ -672,3 +672,16 @@ def test_any_request_shaped_body_parses_or_is_a_request_error(value: dict[str, A
 def test_any_bytes_parse_or_are_a_request_error(raw: bytes) -> None:
     """Arbitrary bytes give a ChatRequest or RequestError, nothing else."""
     check_total(raw)
+
+
+def test_reasoning_effort_from_either_form() -> None:
+    """`reasoning_effort` comes from the top-level field, else from `reasoning.effort`;
+    a bad `reasoning.effort` is a 400 like a bad top-level one."""
+    base = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    both = {**base, "reasoning_effort": "low", "reasoning": {"effort": "high"}}
+    assert parse_chat_request(json.dumps(both).encode()).reasoning_effort == "low"
+    nested = {**base, "reasoning": {"effort": "high"}}
+    assert parse_chat_request(json.dumps(nested).encode()).reasoning_effort == "high"
+    with pytest.raises(RequestError) as info:
+        parse_chat_request(json.dumps({**base, "reasoning": {"effort": "max"}}).encode())
+    assert info.value.param == "reasoning.effort"

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
+from edge.api.render import tool_calls_list
 from edge.errors import RequestError
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
 from edge.stream.tools import (
     normalize_native_tool_calls,
     parse_native_tool_calls,
     synthesize_tool_calls,
-    tool_calls_to_openai,
     unstreamed_remainder,
     validate_tool_calls,
     validate_tool_choice,
@@ -404,10 +404,10 @@ def test_synthesis_without_candidates() -> None:
 # --- output shapes -----------------------------------------------------------------
 
 
-def test_tool_calls_to_openai() -> None:
+def test_tool_calls_list() -> None:
     """The stream delta form carries an index per call; the message form omits it."""
     calls = [ToolCall("c0", "get_time", "{}"), ToolCall("c1", "get_weather", '{"city":"P"}')]
-    assert tool_calls_to_openai(calls) == [
+    assert tool_calls_list(calls, indexed=True) == [
         {
             "index": 0,
             "id": "c0",
@@ -421,7 +421,7 @@ def test_tool_calls_to_openai() -> None:
             "function": {"name": "get_weather", "arguments": '{"city":"P"}'},
         },
     ]
-    assert tool_calls_to_openai(calls[:1], index=False) == [
+    assert tool_calls_list(calls[:1], indexed=False) == [
         {"id": "c0", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
     ]
 
