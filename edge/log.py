@@ -53,7 +53,8 @@ def _json_sink(message: Message) -> None:
     if record["extra"]:
         line.update(record["extra"])
     if record["exception"] is not None:
-        line["exception"] = str(record["exception"].value)
+        # The sink's format is empty: the message is just the formatted traceback.
+        line["exception"] = str(message).strip() or str(record["exception"].value)
     sys.stderr.write(json.dumps(line, default=str) + "\n")
 
 
@@ -71,7 +72,14 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     logger.remove()
     logger.configure(patcher=_bind_request_id)
     if fmt == "json":
-        logger.add(_json_sink, level=level, enqueue=True, backtrace=False, diagnose=False)
+        logger.add(
+            _json_sink,
+            level=level,
+            format="",  # loguru appends the formatted traceback, if any
+            enqueue=True,
+            backtrace=False,
+            diagnose=False,
+        )
     else:
         logger.add(
             sys.stderr,
