@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,6 +26,7 @@ import referencing.exceptions
 from jsonschema.exceptions import SchemaError, best_match
 from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
+from referencing.jsonschema import DRAFT202012
 
 from edge.errors import RequestError
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
@@ -275,7 +276,7 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
     else:
         try:
             validator_for(schema, default=Draft202012Validator).check_schema(dict(schema))
-            problem = None
+            problem = _unresolvable_local_ref(schema)
         except SchemaError as exc:
             problem = f"{exc.message} (at {exc.json_path})"
         except RecursionError:
@@ -284,6 +285,36 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
     if len(_CHECKED) > _VALIDATORS_MAX:
         _CHECKED.popitem(last=False)
     return problem
+
+
+def _local_refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            yield ref
+        for value in node.values():
+            yield from _local_refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _local_refs(value)
+
+
+def _unresolvable_local_ref(schema: Mapping[str, Any]) -> str | None:
+    """A `#...` $ref that points nowhere in the schema (remote refs are never followed)."""
+    refs = list(_local_refs(schema))
+    if not refs:
+        return None
+    root = referencing.Resource.from_contents(dict(schema), default_specification=DRAFT202012)
+    resolver = referencing.Registry().with_resource(_ROOT_URI, root).resolver(_ROOT_URI)
+    for ref in refs:
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable:
+            return f"$ref {ref!r} points nowhere in the schema"
+    return None
+
+
+_ROOT_URI = "urn:iop:schema"
 
 
 def _validator(schema: Mapping[str, Any]) -> Validator:

@@ -441,3 +441,23 @@ def test_a_schema_whose_dialect_is_not_a_string_is_a_400(dialect: object) -> Non
         validate_tool_definition(tool, 0)
     assert info.value.param == "tools[0].function.parameters"
     assert "$schema must be a string" in info.value.message
+
+
+def test_a_local_ref_that_points_nowhere_is_a_400() -> None:
+    """A `#...` $ref the schema cannot resolve is the caller's mistake at request time (400),
+    not a tool_validation_error on every call later; resolvable refs are fine."""
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/$defs/x"}}}
+    with pytest.raises(RequestError, match="points nowhere"):
+        validate_tool_definition(bad, 0)
+    good = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"$ref": "#/$defs/x"}},
+                "$defs": {"x": {"type": "string"}},
+            },
+        },
+    }
+    assert validate_tool_definition(good, 0).name == "f"
