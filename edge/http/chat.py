@@ -192,6 +192,8 @@ class ChatService:
                 error_type=exc.type,
             ).warning("run {} did not start on node {}: {}", info.run_id, node.client.name,
                       exc.message)  # fmt: skip
+            if self.on_outcome is not None:
+                self.on_outcome(info, Outcome("error", error_type=exc.type, usage_sample=False))
             raise
         except BaseException as exc:
             node.in_flight -= 1

@@ -7,6 +7,8 @@ edge hosts (a node whose address is "embedded"). Models:
 - `sim-script`: plays the last user message, `{"events": [...]}`, item by item:
   a RunEvent as JSON, `{"sleep_ms": N}`, `{"type": "hang"}` (wait until
   cancelled), or `{"type": "abort"}` (break the stream, no terminal event).
+  A first item `{"accept_after_ms": N}` holds the run's acceptance (the
+  response headers) back N ms.
   A delta item may carry `"repeat": N` to send the same delta N times (the
   benchmarks' fast path).
 
@@ -90,6 +92,19 @@ class _Codec(ProtoCodec):
         return super().encode(message, message_type)
 
 
+def _accept_delay_s(request: pb.RunRequest) -> float:
+    """A sim-script that starts with {"accept_after_ms": N} is accepted N ms late."""
+    if request.model != "sim-script":
+        return 0.0
+    try:
+        items = parse_script(_last_user_text(request))
+    except ScriptError:
+        return 0.0
+    if items and "accept_after_ms" in items[0]:
+        return float(items[0]["accept_after_ms"]) / 1000
+    return 0.0
+
+
 class SimNode(NodeService):
     """The NodeService of the simulated node."""
 
@@ -111,10 +126,13 @@ class SimNode(NodeService):
     async def _run(self, stream: Events) -> None:
         request = await stream.recv_message()
         assert request is not None
-        await stream.send_initial_metadata()
         run = self.runs.start(request.run_id, request.model)
         run.task = asyncio.current_task()
         try:
+            delay_s = _accept_delay_s(request)
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            await stream.send_initial_metadata()
             outcome = await self._play(stream, request, run)
             run.outcome = outcome
         except asyncio.CancelledError:
@@ -190,6 +208,8 @@ class SimNode(NodeService):
         run: RunRecord,
     ) -> str:
         for item in items:
+            if "accept_after_ms" in item:
+                continue  # played before the run was accepted
             if "sleep_ms" in item:
                 await asyncio.sleep(float(item["sleep_ms"]) / 1000)
                 continue

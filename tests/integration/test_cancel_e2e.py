@@ -250,3 +250,21 @@ async def test_client_that_stops_reading_is_treated_as_gone(
     assert (await running.wait_outcome(run_id)).status == "cancelled"
     await running.wait_idle()
     await stop_edge(running)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_node_that_does_not_accept_the_run_is_a_504(
+    timeout_edge: RunningEdge, sim: SimProcess, stream: bool
+) -> None:
+    """A node that has not accepted a run within first_event_s: 504 `timeout` before any
+    byte (streaming or not), and the run is cancelled on the node once."""
+    body = chat_body("sim-script", script({"accept_after_ms": 5000}, HANG), stream=stream)
+    async with httpx.AsyncClient(base_url=timeout_edge.url, timeout=30) as client:
+        response = await client.post(CHAT, json=body)
+    assert response.status_code == 504
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["error"]["type"] == "timeout"
+    info, outcome = timeout_edge.outcomes[-1]
+    assert outcome.error_type == "timeout"
+    await _assert_cancelled_once(timeout_edge, sim, info.run_id)
+    assert (await sim.wait_run(info.run_id))["events_sent"] == 0
