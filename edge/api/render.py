@@ -66,7 +66,7 @@ def error_frame(error_type: str, message: str) -> bytes:
 class SSEEncoder:
     """Renders one stream's output events as SSE bytes."""
 
-    __slots__ = ("_head", "_include_usage", "_tail", "_usage_head")
+    __slots__ = ("_end", "_head", "_include_usage", "_tail", "_usage_head")
 
     def __init__(self, response_id: str, created: int, model: str, *, include_usage: bool) -> None:
         common = (
@@ -78,7 +78,9 @@ class SSEEncoder:
             + _encode(model)
         )
         self._head = b"data: " + common + b',"choices":[{"index":0,"delta":'
-        self._tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        # With include_usage, every chunk but the last carries "usage": null (as OpenAI's).
+        self._end = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+        self._tail = b',"logprobs":null,"finish_reason":null}' + self._end
         self._usage_head = b"data: " + common + b',"choices":[],"usage":'
         self._include_usage = include_usage
 
@@ -108,7 +110,8 @@ class SSEEncoder:
                 self._head
                 + b'{},"logprobs":null,"finish_reason":'
                 + _encode(event.finish_reason)
-                + b"}]}\n\n"
+                + b"}"
+                + self._end
             )
             if self._include_usage:
                 frame += self._usage_head + _encode(usage_dict(event.usage)) + b"}\n\n"

@@ -836,20 +836,21 @@ def test_render_usage_mapping() -> None:
 
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_render_include_usage_chunk(include_usage: bool) -> None:
-    """include_usage: one usage chunk with no choices after the finish chunk, before [DONE];
-    without it, no usage anywhere."""
+    """include_usage: one usage chunk with no choices after the finish chunk, before [DONE],
+    and "usage": null on every other chunk (as OpenAI sends); without it, no usage anywhere."""
     usage = Usage(input_tokens=2, output_tokens=1)
     result = run([Delta("x"), Complete(usage, {})])
     encoder = SSEEncoder("id", 1, "m", include_usage=include_usage)
     payloads = sse_payloads(encoder.encode(result.out))
     chunks = [json.loads(p) for p in payloads[:-1]]
-    with_usage = [c for c in chunks if "usage" in c]
+    with_usage = [c for c in chunks if c.get("usage") is not None]
     if include_usage:
         assert with_usage == [chunks[-1]]
+        assert all("usage" in c and c["usage"] is None for c in chunks[:-1])
         assert chunks[-1]["choices"] == []
         assert chunks[-1]["usage"] == usage_dict(usage)
     else:
-        assert with_usage == []
+        assert all("usage" not in c for c in chunks)
 
 
 def test_render_non_streaming_is_the_same_session() -> None:
