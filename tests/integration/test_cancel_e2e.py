@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import httpx
 import pytest
 import trio
 
+from edge.config import ServerConfig
 from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
@@ -180,17 +182,12 @@ async def test_keepalive_comments_while_waiting_for_the_first_token(
     nursery: trio.Nursery, sim: SimProcess
 ) -> None:
     """While the first token is slow, the stream carries SSE comments, then the answer."""
-    config = edge_config(sim)
-    config = config.__class__(
-        **{
-            **{f: getattr(config, f) for f in config.__dataclass_fields__},
-            "server": config.server.__class__(listen="127.0.0.1:0", keepalive_s=0.05),
-        }
-    )
+    config = replace(edge_config(sim), server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0.05))
     running = await start_edge(nursery, config)
     body = chat_body(
         "sim-script",
-        script({"sleep_ms": 400}, {"type": "delta", "delta": "late"}, {"type": "complete"}),
+        # 1.5 s against 0.05 s: keep-alives are due many times over, however loaded the machine.
+        script({"sleep_ms": 1500}, {"type": "delta", "delta": "late"}, {"type": "complete"}),
         stream=True,
     )
     async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:

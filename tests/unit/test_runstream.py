@@ -1,0 +1,96 @@
+"""RunStream's deadlines under trio's MockClock: no test here takes real time.
+
+RunStream drives one session from a run's event channel. These tests feed a
+real RunHandle's channel themselves and let the autojump clock run the
+deadlines: first event, idle, total, keep-alives, and an event that waited in
+the buffer while the writer was busy.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from edge.config import TimeoutsConfig
+from edge.http.runstream import RunStream
+from edge.node.client import RunHandle
+from edge.stream.events import Complete, Delta
+from edge.stream.output import ContentOut, ErrorOut, FinishOut, RoleOut
+from edge.stream.session import SessionSettings, StreamSession
+
+TIMEOUTS = TimeoutsConfig(first_event_s=10, idle_s=5, total_s=60)
+
+
+def _stream(keepalive_s: float = 0.0) -> tuple[RunStream, trio.MemorySendChannel[object]]:
+    send, receive = trio.open_memory_channel[object](16)
+    handle = RunHandle("r1", "node", receive)
+    session = StreamSession(SessionSettings(run_id="r1"))
+    run = RunStream(handle, session, TIMEOUTS, started_at=trio.current_time(),
+                    keepalive_s=keepalive_s)  # fmt: skip
+    return run, send
+
+
+async def test_first_event_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    """No event within first_event_s: a `timeout` frame naming the first token, the run
+    cancelled with reason "timeout", the session's outcome `timeout`."""
+    run, _send = _stream()
+    start = trio.current_time()
+    assert await run.next_batch() == [RoleOut()]
+    batch = await run.next_batch()
+    assert trio.current_time() - start == TIMEOUTS.first_event_s
+    assert batch == [ErrorOut("timeout", "timed out waiting for the first token")]
+    assert run.handle.cancel_reason == "timeout"
+    assert run.session.outcome is not None
+    assert run.session.outcome.status == "timeout"
+
+
+async def test_keepalives_only_before_the_first_event(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """While the first event is awaited, "keepalive" comes every keepalive_s; the first
+    event stops them, and the first-event deadline still counts from dispatch."""
+    run, send = _stream(keepalive_s=3)
+    start = trio.current_time()
+    await run.next_batch()
+    assert await run.next_batch() == "keepalive"
+    assert trio.current_time() - start == 3
+    assert await run.next_batch() == "keepalive"
+    send.send_nowait(Delta("hi"))
+    assert await run.next_batch() == [ContentOut("hi")]
+    assert run.first_event_at == start + 6
+    batch = await run.next_batch()  # idle from here: no more keep-alives
+    assert batch == [ErrorOut("timeout", "timed out waiting for the next token")]
+    assert trio.current_time() - start == 6 + TIMEOUTS.idle_s
+
+
+async def test_total_timeout_wins_over_a_steady_stream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A node that sends a token every idle_s - 1 never trips the idle deadline, but the
+    total deadline ends the stream."""
+    run, send = _stream()
+    start = trio.current_time()
+    await run.next_batch()
+    batch: object = []
+    while not run.session.terminated:
+        await trio.sleep(TIMEOUTS.idle_s - 1)
+        send.send_nowait(Delta("."))
+        batch = await run.next_batch()
+    assert batch == [ErrorOut("timeout", "timed out waiting for the run to finish")]
+    assert trio.current_time() - start >= TIMEOUTS.total_s
+
+
+async def test_a_buffered_event_is_taken_after_the_idle_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Events that waited in the buffer while the writer was busy (a slow reader) are
+    taken, whatever the idle clock says: the node was not silent."""
+    run, send = _stream()
+    await run.next_batch()
+    send.send_nowait(Delta("a"))
+    assert await run.next_batch() == [ContentOut("a")]
+    send.send_nowait(Delta("b"))
+    send.send_nowait(Complete())
+    await trio.sleep(TIMEOUTS.idle_s * 3)  # the writer was stuck this long
+    assert await run.next_batch() == [ContentOut("b"), FinishOut("stop", None)]
+    assert run.session.outcome is not None
+    assert run.session.outcome.status == "success"
