@@ -173,5 +173,15 @@ def run_request_from_chat(
         metadata=dict(request.metadata),
         deadline_unix_ms=deadline_unix_ms,
         include_reasoning=request.include_reasoning,
-        extra_json="" if not request.extra else json.dumps(request.extra, separators=(",", ":")),
+        extra_json=_extra_json(request),
     )
+
+
+def _extra_json(request: ChatRequest) -> str:
+    """Request fields the contract has no field of its own for, as one JSON object."""
+    extra = dict(request.extra)
+    if request.reasoning_effort is not None:
+        extra["reasoning_effort"] = request.reasoning_effort
+    if request.user is not None:
+        extra["user"] = request.user
+    return json.dumps(extra, separators=(",", ":")) if extra else ""

@@ -127,3 +127,15 @@ def test_tool_choice_modes_and_defaults() -> None:
     assert (run.tool_choice, run.parallel_tool_calls) == ("auto", True)
     run = to_node()
     assert (run.tools, run.tool_choice, run.parallel_tool_calls) == ([], "", None)
+
+
+def test_reasoning_effort_and_user_travel_in_extra_json() -> None:
+    """Fields without a contract field of their own reach the node in extra_json."""
+    request = parse_chat_request(
+        json.dumps({
+            "model": "m", "messages": [{"role": "user", "content": "x"}],
+            "reasoning": {"effort": "high"}, "user": "u-1", "top_k": 5,
+        }).encode()
+    )  # fmt: skip
+    message = run_request_from_chat(request, run_id="r", model="m")
+    assert json.loads(message.extra_json) == {"top_k": 5, "reasoning_effort": "high", "user": "u-1"}
