@@ -54,7 +54,6 @@ class RunHandle:
     """
 
     __slots__ = (
-        "_ended",
         "_scope",
         "cancel_reason",
         "error",
@@ -74,21 +73,12 @@ class RunHandle:
         self.cancel_reason: str | None = None
         self.finished = False
         self._scope = trio.CancelScope()
-        self._ended = trio.Event()
 
     def cancel(self, reason: str) -> None:
         """End the run early. Idempotent; the first reason wins; never blocks."""
         if self.cancel_reason is None and not self.finished:
             self.cancel_reason = reason
         self._scope.cancel()
-
-    @property
-    def ended(self) -> bool:
-        """The run task is over: its events are closed and any CancelRun was sent."""
-        return self._ended.is_set()
-
-    async def wait_ended(self) -> None:
-        await self._ended.wait()
 
 
 class NodeClient(Protocol):
@@ -200,7 +190,6 @@ class GrpcNodeClient:
                 await self._cancel_on_node(handle)
         finally:
             send.close()
-            handle._ended.set()
 
     async def _cancel_on_node(self, handle: RunHandle) -> None:
         """Send CancelRun, shielded and bounded.
