@@ -32,8 +32,8 @@ from edge.errors import EdgeError, NodeUnavailableError
 from edge.http.runstream import RunStream
 from edge.metrics import EdgeMetrics
 from edge.node.client import RunHandle
-from edge.node.convert import run_request_from_chat
 from edge.node.pool import NodePool, NodeState
+from edge.node.wire import encode_run_request
 from edge.stream.output import Outcome, Status
 from edge.stream.session import SessionSettings, StreamSession
 
@@ -165,7 +165,7 @@ class ChatService:
     ) -> RunHandle:
         """Start the run on `node`; every way it can fail to start is counted and logged once."""
         total_s = self.config.timeouts.total_s
-        run_request = run_request_from_chat(
+        run_request = encode_run_request(
             request,
             run_id=info.run_id,
             model=request.model,

@@ -22,6 +22,7 @@ from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavai
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.bridge import Item, TrioSink, call_asyncio
 from edge.node.grpc import Accepted, GrpcNode
+from edge.node.wire import EncodedRunRequest
 from edge.stream.events import NodeEvent
 
 # Events buffered between the node's read loop and the stream's writer; past
@@ -90,7 +91,7 @@ class NodeClient(Protocol):
     async def start_run(
         self,
         nursery: trio.Nursery,
-        request: pb.RunRequest,
+        request: pb.RunRequest | EncodedRunRequest,
         *,
         deadline: float,
         slow_consumer_s: float = math.inf,
@@ -124,7 +125,7 @@ class GrpcNodeClient:
     async def start_run(
         self,
         nursery: trio.Nursery,
-        request: pb.RunRequest,
+        request: pb.RunRequest | EncodedRunRequest,
         *,
         deadline: float,
         slow_consumer_s: float = math.inf,
@@ -164,7 +165,7 @@ class GrpcNodeClient:
     async def _run(
         self,
         handle: RunHandle,
-        request: pb.RunRequest,
+        request: pb.RunRequest | EncodedRunRequest,
         sink: TrioSink,
         send: trio.MemorySendChannel[Item],
     ) -> None:

@@ -173,11 +173,11 @@ def run_request_from_chat(
         metadata=dict(request.metadata),
         deadline_unix_ms=deadline_unix_ms,
         include_reasoning=request.include_reasoning,
-        extra_json=_extra_json(request),
+        extra_json=extra_json(request),
     )
 
 
-def _extra_json(request: ChatRequest) -> str:
+def extra_json(request: ChatRequest) -> str:
     """Request fields the contract has no field of its own for, as one JSON object."""
     extra = dict(request.extra)
     if request.reasoning_effort is not None:

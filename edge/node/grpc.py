@@ -20,6 +20,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.convert import RunEventDecoder, Skip
+from edge.node.wire import EncodedRunRequest
 from edge.stream.events import Complete, Failed, NodeEvent
 
 RUN_ROUTE = "/iop.node.v1.NodeService/Run"
@@ -114,7 +115,7 @@ class GrpcNode:
                 self._channels.remove(pooled)
                 pooled.channel.close()
 
-    async def read_run(self, request: pb.RunRequest, sink: EventSink) -> bool:
+    async def read_run(self, request: pb.RunRequest | EncodedRunRequest, sink: EventSink) -> bool:
         """Run `request` on the node, putting ACCEPTED and then each event into `sink`.
 
         Returns True when the node sent a terminal event (complete, error,
@@ -126,7 +127,7 @@ class GrpcNode:
         terminal = False
         try:
             async with pooled.channel.request(
-                RUN_ROUTE, Cardinality.UNARY_STREAM, pb.RunRequest, RunEventDecoder
+                RUN_ROUTE, Cardinality.UNARY_STREAM, type(request), RunEventDecoder
             ) as stream:
                 await stream.send_message(request, end=True)
                 await stream.recv_initial_metadata()
