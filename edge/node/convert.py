@@ -135,13 +135,6 @@ def run_request_from_chat(
 ) -> pb.RunRequest:
     """Every field of the caller's request that a node needs, as a RunRequest."""
     policy = request.tools
-    choice = policy.choice
-    if not policy.tools:
-        tool_choice = ""
-    elif choice.mode == "function":
-        tool_choice = choice.name or ""
-    else:
-        tool_choice = choice.mode
     return pb.RunRequest(
         run_id=run_id,
         model=model,
@@ -158,7 +151,7 @@ def run_request_from_chat(
             )
             for t in policy.tools
         ],
-        tool_choice=tool_choice,
+        tool_choice=tool_choice(request),
         parallel_tool_calls=policy.parallel_tool_calls if policy.tools else None,
         temperature=request.temperature,
         top_p=request.top_p,
@@ -175,6 +168,16 @@ def run_request_from_chat(
         include_reasoning=request.include_reasoning,
         extra_json=extra_json(request),
     )
+
+
+def tool_choice(request: ChatRequest) -> str:
+    """The contract's tool_choice: "" without tools, a mode, or a function's name."""
+    policy = request.tools
+    if not policy.tools:
+        return ""
+    if policy.choice.mode == "function":
+        return policy.choice.name or ""
+    return policy.choice.mode
 
 
 def extra_json(request: ChatRequest) -> str:

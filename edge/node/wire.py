@@ -13,7 +13,7 @@ import json
 import struct
 from typing import TYPE_CHECKING
 
-from edge.node.convert import extra_json
+from edge.node.convert import extra_json, tool_choice
 
 if TYPE_CHECKING:
     from edge.api.request import ChatMessage, ChatRequest
@@ -101,13 +101,6 @@ def encode_run_request(
 ) -> EncodedRunRequest:
     """The RunRequest `edge.node.convert.run_request_from_chat` builds, as bytes."""
     policy = request.tools
-    choice = policy.choice
-    if not policy.tools:
-        tool_choice = ""
-    elif choice.mode == "function":
-        tool_choice = choice.name or ""
-    else:
-        tool_choice = choice.mode
     tools = b"".join(
         _len(
             4,
@@ -127,7 +120,7 @@ def encode_run_request(
         + _str(2, model)
         + b"".join(_len(3, _message(m)) for m in request.messages)
         + tools
-        + _str(5, tool_choice)
+        + _str(5, tool_choice(request))
         + _bool(6, policy.parallel_tool_calls if policy.tools else None, optional=True)
         + _double(7, request.temperature)
         + _double(8, request.top_p)
