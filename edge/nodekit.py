@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -51,6 +52,15 @@ class NodeServer(Server):
     def _protocol_factory(self) -> H2Protocol:
         proto = super()._protocol_factory()
         return _Protocol(proto.handler, proto.config, proto.h2_config)
+
+
+async def wait_for_stop_signal() -> None:
+    """Return on SIGTERM or SIGINT (a node run as its own process)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 def bound_port(server: Server) -> int:

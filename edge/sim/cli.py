@@ -4,29 +4,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
 
+from edge.config import split_address
+from edge.nodekit import wait_for_stop_signal
 from edge.sim.server import SimNode, start_server, stop_server
 
 
 def _parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host or "127.0.0.1", int(port)
+    try:
+        return split_address(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 async def _serve(host: str, port: int, runs_log: Path | None, name: str) -> None:
     node = SimNode(name=name, runs_log=runs_log)
     server, bound = await start_server(node, host, port)
     print(f"iop-sim-node listening on {host}:{bound}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     await stop_server(node, server)
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edge.config import split_address
+from edge.nodekit import wait_for_stop_signal
 from edge.upstream.server import UpstreamNode, normalize_upstream, start_server, stop_server
 
 DEFAULT_LISTEN = "127.0.0.1:50061"
@@ -45,10 +46,10 @@ class NodeSettings:
 
 
 def _split_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingsError(f"listen: expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    try:
+        return split_address(value)
+    except ValueError as exc:
+        raise SettingsError(f"listen: {exc}") from None
 
 
 def _models(values: list[str] | None) -> tuple[str, ...]:
@@ -144,11 +145,7 @@ async def _serve(settings: NodeSettings) -> None:
     server, bound = await start_server(node, settings.host, settings.port)
     print(f"iop-node listening on {settings.host}:{bound}", flush=True)
     print(f"iop-node: runs go to {settings.upstream}", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     await stop_server(node, server)
 
 
