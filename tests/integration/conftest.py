@@ -55,10 +55,14 @@ class SimProcess:
         return record
 
 
-def start_sim(tmp: Path, name: str = "sim") -> SimProcess:
-    runs_log = tmp / f"{name}-runs.jsonl"
+def start_node_process(module: str, runs_log: Path, *args: str) -> SimProcess:
+    """A node (`python -m MODULE --listen 127.0.0.1:0 --runs-log ...`), once it listens.
+
+    Node processes print "... listening on HOST:PORT" first; that line gives the port.
+    """
+    command = [sys.executable, "-m", module, "--listen", "127.0.0.1:0"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "edge.sim", "--listen", "127.0.0.1:0", "--runs-log", str(runs_log)],
+        [*command, "--runs-log", str(runs_log), *args],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -71,10 +75,13 @@ def start_sim(tmp: Path, name: str = "sim") -> SimProcess:
         if "listening on" in line or not line:
             break
     if "listening on" not in line:
-        process.kill()
-        raise RuntimeError(f"iop-sim-node did not start: {line!r}")
-    address = line.rsplit(" ", 1)[1].strip()
-    return SimProcess(address, runs_log, process)
+        stop_process(process)
+        raise RuntimeError(f"{module} did not start: {line!r}")
+    return SimProcess(line.rsplit(" ", 1)[1].strip(), runs_log, process)
+
+
+def start_sim(tmp: Path, name: str = "sim") -> SimProcess:
+    return start_node_process("edge.sim", tmp / f"{name}-runs.jsonl")
 
 
 def stop_process(process: subprocess.Popen[str]) -> None:
@@ -165,6 +172,25 @@ async def stop_edge(running: RunningEdge) -> None:
 async def http(edge: RunningEdge) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=edge.url, timeout=30) as client:
         yield client
+
+
+# A declared tool the tests share: one required string, one enum, nothing else.
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def script(*events: dict[str, Any]) -> str:

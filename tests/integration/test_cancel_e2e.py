@@ -19,6 +19,7 @@ import trio
 
 from edge.config import ServerConfig
 from tests.integration.conftest import (
+    WEATHER_TOOL,
     RunningEdge,
     SimProcess,
     chat_body,
@@ -30,15 +31,6 @@ from tests.integration.conftest import (
 
 CHAT = "/v1/chat/completions"
 HANG = {"type": "hang"}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
 
 
 async def _read_frames(response: httpx.Response, count: int) -> list[dict[str, object]]:
@@ -100,7 +92,7 @@ async def test_disconnect_during_tool_hold_back(
         "sim-script",
         script({"type": "delta", "delta": "Checking. "},
                {"type": "delta", "delta": '<tool_call>{"name": "get_weather", '}, HANG),
-        stream=True, tools=TOOLS,
+        stream=True, tools=[WEATHER_TOOL],
     )  # fmt: skip
     async with http.stream("POST", CHAT, json=body) as response:
         role, content = await _read_frames(response, 2)

@@ -15,7 +15,7 @@ import openai
 import pytest
 import trio
 
-from tests.integration.conftest import RunningEdge, chat_body, script
+from tests.integration.conftest import WEATHER_TOOL, RunningEdge, chat_body, script
 
 USAGE = {"input_tokens": 9, "output_tokens": 4, "reasoning_tokens": 3, "cached_input_tokens": 5}
 
@@ -297,15 +297,7 @@ async def test_non_streaming_renders_the_same_session(edge: RunningEdge) -> None
 async def test_tool_calls_from_text(edge: RunningEdge) -> None:
     """With tools declared, tool-call markup in content becomes a tool_calls delta; the
     markup never reaches the caller; finish_reason is tool_calls."""
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-            },
-        }
-    ]
+    tools = [WEATHER_TOOL]
     chunks, error = await stream(
         edge,
         delta("Checking.\n<tool_"),

@@ -21,6 +21,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from edge.config import ModelConfig
 from tests.integration.conftest import (
+    WEATHER_TOOL,
     RunningEdge,
     SimProcess,
     chat_body,
@@ -32,22 +33,7 @@ from tests.integration.conftest import (
 from tests.integration.test_chat_e2e import parse_sse
 
 CHAT = "/v1/chat/completions"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER = WEATHER_TOOL
 TIME = {
     "type": "function",
     "function": {

@@ -15,10 +15,7 @@ Two upstreams, both real sockets on 127.0.0.1:
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -40,27 +37,17 @@ from edge.node.client import GrpcNodeClient
 from edge.stream.events import Delta, Failed, NodeEvent
 from edge.upstream.embedded import embedded_upstream_node
 from tests.integration.conftest import (
-    STARTUP_TIMEOUT_S,
+    WEATHER_TOOL,
     RunningEdge,
     SimProcess,
     script,
     start_edge,
+    start_node_process,
     stop_edge,
     stop_process,
 )
 
 FIXTURES = Path(__file__).parent / "upstream_fixtures"
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 WAIT_S = 10.0
 
 
@@ -426,23 +413,7 @@ async def test_describe_lists_the_upstream_models(
 
 def start_node(tmp: Path, upstream: str) -> SimProcess:
     """`iop-node` as a process; its runs log has the simulated node's format."""
-    runs_log = tmp / "iop-node-runs.jsonl"
-    command = [sys.executable, "-m", "edge.upstream", "--listen", "127.0.0.1:0"]
-    command += ["--upstream", upstream, "--runs-log", str(runs_log)]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-    assert process.stdout is not None
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    line = ""
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if "listening on" in line or not line:
-            break
-    if "listening on" not in line:
-        stop_process(process)
-        raise RuntimeError(f"iop-node did not start: {line!r}")
-    return SimProcess(line.rsplit(" ", 1)[1].strip(), runs_log, process)
+    return start_node_process("edge.upstream", tmp / "iop-node-runs.jsonl", "--upstream", upstream)
 
 
 @dataclass
