@@ -66,7 +66,6 @@ class StreamInfo:
     node: str
     stream: bool
     started_at: float
-    first_event_at: float | None
     request_id: str = ""
 
 
@@ -128,7 +127,7 @@ class ChatService:
         settings = self.settings_for(request, run_id)
         started_at = trio.current_time()
         info = StreamInfo(
-            run_id, request.model, node.client.name, request.stream, started_at, None, request_id
+            run_id, request.model, node.client.name, request.stream, started_at, request_id
         )
         handle = await self._start_run(node, request, info)
         self.metrics.counted_at_its_end()
@@ -249,9 +248,7 @@ class ChatService:
         if run.session.settings.trace:
             logger.bind(**run.session.log_fields()).info("stream closed")
         if self.on_outcome is not None:
-            final = StreamInfo(info.run_id, info.model, info.node, info.stream, info.started_at,
-                               run.first_event_at, info.request_id)  # fmt: skip
-            self.on_outcome(final, outcome)
+            self.on_outcome(info, outcome)
 
     def _log_outcome(self, info: StreamInfo, outcome: Outcome) -> None:
         """Count a request that ran (or began to) and log its one "chat completion" line."""
@@ -289,7 +286,6 @@ class SSEBody(ResponseBody):
         self._observe_gap = observe_gap
         self._observe_added = observe_added
         self._last_write: float | None = None
-        self._ready_at: float | None = None
 
     async def __aenter__(self) -> SSEBody:
         return self
@@ -300,11 +296,6 @@ class SSEBody(ResponseBody):
     async def __anext__(self) -> bytes:
         run = self._run
         session = run.session
-        now = trio.current_time()
-        if self._ready_at is not None:
-            # The previous batch has been handed to the server: the edge's share is known.
-            self._observe_added(now - self._ready_at)
-            self._ready_at = None
         while True:
             if session.terminated and not session.out:
                 raise StopAsyncIteration
@@ -313,7 +304,9 @@ class SSEBody(ResponseBody):
                 return KEEPALIVE
             if batch:
                 data = self._encoder.encode(batch)
-                now = self._ready_at = trio.current_time()
+                now = trio.current_time()
+                if run.batch_event_at is not None:  # the edge's share of a node event's trip
+                    self._observe_added(now - run.batch_event_at)
                 if self._last_write is not None:
                     self._observe_gap(now - self._last_write)
                 self._last_write = now

@@ -35,6 +35,7 @@ class RunStream:
         "_next_keepalive",
         "_node_done",
         "_total_deadline",
+        "batch_event_at",
         "first_event_at",
         "handle",
         "session",
@@ -59,6 +60,8 @@ class RunStream:
         # The node itself ended the run (a terminal event arrived).
         self._node_done = False
         self.first_event_at: float | None = None
+        # When the node events of the batch just returned arrived (None: no event in it).
+        self.batch_event_at: float | None = None
         self._keepalive_s = keepalive_s
         self._next_keepalive = started_at + keepalive_s if keepalive_s > 0 else math.inf
 
@@ -70,6 +73,7 @@ class RunStream:
         (only while waiting for the first event).
         """
         session = self.session
+        self.batch_event_at = None
         out = session.drain()
         if out or session.terminated:
             return out
@@ -102,7 +106,7 @@ class RunStream:
                     return "keepalive"
                 self.timeout()
                 return session.drain()
-        now = self._last_event_at = trio.current_time()
+        now = self._last_event_at = self.batch_event_at = trio.current_time()
         if not self._got_first:
             self._got_first = True
             self.first_event_at = now
