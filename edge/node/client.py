@@ -172,7 +172,8 @@ class GrpcNodeClient:
         try:
             with handle._scope:
                 try:
-                    handle.finished = await call_asyncio(self._grpc.read_run, request, sink)
+                    await call_asyncio(self._grpc.read_run, request, sink)
+                    handle.finished = True
                 except EdgeError as exc:
                     handle.error = exc
                 except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from edge.errors import NodeFailedError
 from edge.node._proto.iop.node import v1 as pb
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
 
@@ -94,7 +95,10 @@ SKIP = Skip()
 
 def _decode_for_grpclib(data: bytes) -> NodeEvent | Skip:
     # grpclib reads None as the end of the stream: an unknown event is SKIP.
-    event = decode_run_event(data)
+    try:
+        event = decode_run_event(data)
+    except Exception as exc:  # bytes that are no RunEvent: the node's failure, not ours
+        raise NodeFailedError(f"the node sent a message that is not a RunEvent: {exc!r}") from exc
     return SKIP if event is None else event
 
 

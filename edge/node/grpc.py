@@ -115,12 +115,12 @@ class GrpcNode:
                 self._channels.remove(pooled)
                 pooled.channel.close()
 
-    async def read_run(self, request: pb.RunRequest | EncodedRunRequest, sink: EventSink) -> bool:
+    async def read_run(self, request: pb.RunRequest | EncodedRunRequest, sink: EventSink) -> None:
         """Run `request` on the node, putting ACCEPTED and then each event into `sink`.
 
-        Returns True when the node sent a terminal event (complete, error,
-        cancelled), False if the stream ended without one. Raises an EdgeError
-        when the node cannot be reached or the stream breaks.
+        Returns once the node sent its terminal event (complete, error,
+        cancelled). Raises an EdgeError when the node cannot be reached, the
+        stream breaks, or it ends without a terminal event.
         """
         pooled = self._acquire()
         accepted = False
@@ -148,12 +148,11 @@ class GrpcNode:
                 raise NodeFailedError(
                     f"node {self.address} ended the run's stream without a terminal event"
                 )
-            return True
         except EdgeError:
             raise
         except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
             if terminal:
-                return True  # the trailers broke after the terminal event: nothing lost
+                return  # the trailers broke after the terminal event: nothing lost
             raise translate_error(exc, accepted=accepted, address=self.address) from exc
         finally:
             self._release(pooled)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge.errors import NodeFailedError
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.convert import SKIP, RunEventDecoder, decode_run_event, event_from_pb
 from edge.stream.events import Delta, ReasoningDelta
@@ -58,3 +60,10 @@ def test_unknown_types_are_skipped_not_the_end() -> None:
     """grpclib reads None as the end of a stream: an unknown type decodes to SKIP."""
     assert RunEventDecoder.FromString(bytes(pb.RunEvent(type="progress"))) is SKIP
     assert RunEventDecoder.FromString(bytes(pb.RunEvent(type="delta", delta="x"))) == Delta("x")
+
+
+def test_bytes_that_are_no_run_event_are_a_node_failure() -> None:
+    """A message that does not decode is the node's failure (NodeFailedError, the
+    fail-stream path), never an error of the edge's own."""
+    with pytest.raises(NodeFailedError, match="not a RunEvent"):
+        RunEventDecoder.FromString(b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01")
