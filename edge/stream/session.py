@@ -222,6 +222,8 @@ class StreamSession:
         if self._tool_filter is not None:
             shown = self._tool_filter.feed(text)
             if not shown:
+                if self._trace is None:  # the hot path while tool text is held
+                    return
                 self._trace_event(
                     "suppressed",
                     {
@@ -250,7 +252,7 @@ class StreamSession:
             self.out.append(ReasoningOut(text))
 
     def _emit_pending(self, pending: str) -> None:
-        """Emit text the tool-text filter held back (or a placeholder)."""
+        """Emit text the tool-text filter held back."""
         if pending:
             self._emitted.append(pending)
             self._write_content(pending, pending, False)
