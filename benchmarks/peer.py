@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import dig, fmt, med
-from benchmarks.stack import Probe, _get, _spawn, free_port, stop_process, venv_script
+from benchmarks.stack import EDGE_CONFIG, Probe, _get, _spawn, free_port, stop_process, venv_script
 from benchmarks.workloads import Settings
 
 DEFAULT_TOOL = Path("/work/shared/tools/peer-litellm-bench")
@@ -35,24 +35,6 @@ PEER_TIMEOUT_S = 45 * 60
 
 
 EDGE_TARGET = "iop-edge"
-MOCK_CONFIG = """\
-[server]
-listen = "127.0.0.1:{port}"
-node_refresh_s = 0.5
-keepalive_s = 15
-
-[log]
-level = "WARNING"
-
-[timeouts]
-first_event_s = 120
-idle_s = 900
-total_s = 1800
-
-[[nodes]]
-name = "mock"
-address = "127.0.0.1:{node_port}"
-"""
 
 
 def _start_edge_for_mock(
@@ -66,7 +48,9 @@ def _start_edge_for_mock(
         log_dir / "peer-iop-node.log",
     )  # fmt: skip
     config = log_dir / "peer-edge.toml"
-    config.write_text(MOCK_CONFIG.format(port=edge_port, node_port=node_port))
+    config.write_text(
+        EDGE_CONFIG.format(port=edge_port, name="mock", node=f"127.0.0.1:{node_port}")
+    )
     edge = _spawn(
         [venv_script("iop-edge"), "--config", str(config), "--log-level", "WARNING"],
         log_dir / "peer-edge.log",

@@ -213,6 +213,7 @@ EDGE_CONFIG = """\
 listen = "127.0.0.1:{port}"
 drain_timeout_s = 2
 keepalive_s = 15
+node_refresh_s = 0.5
 
 [log]
 level = "WARNING"
@@ -223,7 +224,7 @@ idle_s = 900
 total_s = 1800
 
 [[nodes]]
-name = "sim"
+name = "{name}"
 address = "{node}"
 """
 
@@ -281,7 +282,7 @@ class Stack:
         self.edge_port = free_port()
         config = self.tmp / "config.toml"
         config.write_text(
-            EDGE_CONFIG.format(port=self.edge_port, node=f"127.0.0.1:{self.node_port}")
+            EDGE_CONFIG.format(port=self.edge_port, name="sim", node=f"127.0.0.1:{self.node_port}")
         )
         self.edge = _spawn(
             [venv_script("iop-edge"), "--config", str(config), "--log-level", "WARNING"],
