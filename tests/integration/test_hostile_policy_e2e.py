@@ -204,3 +204,108 @@ async def received(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, A
     content = response.json()["choices"][0]["message"]["content"]
     request: dict[str, Any] = json.loads(content)
     return request
+
+
+def media_body(*urls: str, key: str = "image_url") -> dict[str, Any]:
+    """An echo request whose user message carries one media part per URL."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": script({"type": "request"}, COMPLETE)}]
+    parts += [{"type": key, key: {"url": url}} for url in urls]
+    return {"model": "sim-script", "messages": [{"role": "user", "content": parts}]}
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 400, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    return error
+
+
+async def test_default_policy_caps_tokens_and_drops_template_and_ignore_eos(
+    edge: RunningEdge, http: httpx.AsyncClient
+) -> None:
+    """Defaults: max_tokens over 131072 is a 400 naming the cap; under it, or absent, it
+    reaches the node as sent (nothing invented); chat_template and ignore_eos never reach
+    the node, the other chat_template_kwargs do."""
+    error = error_of(await http.post(CHAT, json=echo_body(max_tokens=2**32 - 1)))
+    assert error["param"] == "max_tokens"
+    assert "at most 131072" in error["message"]
+    error = error_of(await http.post(CHAT, json=echo_body(max_completion_tokens=131_073)))
+    assert "at most 131072" in error["message"]
+    assert (await received(http, echo_body(max_tokens=131_072)))["maxTokens"] == 131_072
+    assert "maxTokens" not in await received(http, echo_body())
+    sent = await received(
+        http,
+        echo_body(
+            chat_template_kwargs={"chat_template": "{{ 7*7 }}", "enable_thinking": False},
+            ignore_eos=True,
+            top_k=5,
+        ),
+    )
+    assert json.loads(sent["extraJson"]) == {
+        "chat_template_kwargs": {"enable_thinking": False},
+        "top_k": 5,
+    }
+    only_template = echo_body(chat_template_kwargs={"chat_template": "x"})
+    assert "extraJson" not in await received(http, only_template)
+
+
+async def test_a_model_table_sets_its_own_policy(nursery: trio.Nursery, sim: SimProcess) -> None:
+    """[models.sim-script] with max_output_tokens = 1000, allow_chat_template and
+    allow_ignore_eos: 1001 tokens (or min_tokens) is a 400 naming 1000; the template and
+    ignore_eos reach the node as sent."""
+    model = ModelConfig(max_output_tokens=1000, allow_chat_template=True, allow_ignore_eos=True)
+    running = await start_edge(nursery, with_models(sim, **{"sim-script": model}))
+    async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+        error = error_of(await http.post(CHAT, json=echo_body(max_tokens=1001)))
+        assert (error["param"], error["code"]) == ("max_tokens", "invalid_value")
+        assert "at most 1000 completion tokens" in error["message"]
+        error = error_of(await http.post(CHAT, json=echo_body(min_tokens=1001)))
+        assert error["param"] == "min_tokens"
+        kwargs = {"chat_template": "{{ 7*7 }}"}
+        sent = await received(
+            http, echo_body(max_tokens=1000, chat_template_kwargs=kwargs, ignore_eos=True)
+        )
+        assert sent["maxTokens"] == 1000
+        assert json.loads(sent["extraJson"]) == {"chat_template_kwargs": kwargs, "ignore_eos": True}
+    await stop_edge(running)
+
+
+async def test_media_urls_data_only_by_default(edge: RunningEdge, http: httpx.AsyncClient) -> None:
+    """By default a data: URL reaches the node as sent; http(s), file:, ftp:, javascript:
+    and a scheme hidden behind a blank are 400s naming the part's param path."""
+    image = "data:image/png;base64,iVBORw0KGgo="
+    sent = await received(http, media_body(image))
+    assert json.loads(sent["messages"][0]["parts"][1]["json"])["image_url"]["url"] == image
+    for url in (
+        "https://example.com/cat.png",
+        "http://169.254.169.254/latest/meta-data/",
+        "file:///etc/passwd",
+        "FTP://example.com/x",
+        "javascript:alert(1)",
+        " file:///etc/passwd",
+        "/etc/passwd",
+    ):
+        error = error_of(await http.post(CHAT, json=media_body(image, url)))
+        assert error["param"] == "messages[0].content[2].image_url.url", url
+    error = error_of(await http.post(CHAT, json=media_body("gopher://x/", key="video_url")))
+    assert error["param"] == "messages[0].content[1].video_url.url"
+    file_part = {"type": "file", "file": {"file_data": "file:///etc/passwd"}}
+    body = media_body()
+    body["messages"][0]["content"].append(file_part)
+    assert error_of(await http.post(CHAT, json=body))["param"] == (
+        "messages[0].content[1].file.file_data"
+    )
+
+
+async def test_https_media_when_the_model_allows_it(nursery: trio.Nursery, sim: SimProcess) -> None:
+    """media_url_schemes = ["https"]: https URLs reach the node; http and file: do not."""
+    model = ModelConfig(media_url_schemes=("https",))
+    running = await start_edge(nursery, with_models(sim, **{"sim-script": model}))
+    async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+        url = "https://example.com/cat.png"
+        sent = await received(http, media_body(url, "data:image/png;base64,AAAA"))
+        assert json.loads(sent["messages"][0]["parts"][1]["json"])["image_url"]["url"] == url
+        for refused in ("http://example.com/cat.png", "file:///etc/passwd"):
+            error = error_of(await http.post(CHAT, json=media_body(refused)))
+            assert error["param"] == "messages[0].content[1].image_url.url"
+    await stop_edge(running)
