@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -78,10 +79,16 @@ _UNSAFE = (
     *range(0x202A, 0x202F), *range(0x2066, 0x206A),
 )  # fmt: skip
 _ESCAPES = {code: _escape_one(code) for code in _UNSAFE}
+_HAS_UNSAFE = re.compile("[" + "".join(re.escape(chr(code)) for code in _UNSAFE) + "]")
 
 
 def escape_controls(text: str) -> str:
-    """`text` with every unsafe character written as a visible escape; one linear pass."""
+    """`text` with every unsafe character written as a visible escape; linear.
+
+    Most lines hold none: one regex scan finds that, and they are returned as is.
+    """
+    if _HAS_UNSAFE.search(text) is None:
+        return text
     return text.translate(_ESCAPES)
 
 
