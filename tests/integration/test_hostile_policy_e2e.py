@@ -309,3 +309,21 @@ async def test_https_media_when_the_model_allows_it(nursery: trio.Nursery, sim: 
             error = error_of(await http.post(CHAT, json=media_body(refused)))
             assert error["param"] == "messages[0].content[1].image_url.url"
     await stop_edge(running)
+
+
+async def test_dropped_fields_are_logged_at_debug(sim: SimProcess, tmp_path: Path) -> None:
+    """With [log] level = "DEBUG", a request whose template and ignore_eos were dropped
+    leaves one debug line naming both (with its request id and model)."""
+    toml = node_toml(sim) + '[log]\nlevel = "DEBUG"\n'
+    async with (
+        edge_process(tmp_path, toml) as edge,
+        httpx.AsyncClient(base_url=edge.url, timeout=30) as http,
+    ):
+        body = echo_body(chat_template_kwargs={"chat_template": "x"}, ignore_eos=True)
+        response = await http.post(CHAT, json=body, headers={"X-Request-Id": "drop-1"})
+        assert response.status_code == 200
+        line = await edge.wait_line(r"not forwarded to the node")
+    assert "chat_template_kwargs.chat_template, ignore_eos" in line
+    assert "DEBUG" in line
+    assert "drop-1" in line
+    assert "sim-script" in line
