@@ -1,4 +1,12 @@
-"""`iop-edge`: command line -> config -> logging -> trio.run(daemon)."""
+"""`iop-edge`: command line -> config -> logging -> trio.run(daemon), and its signals.
+
+Signals: SIGTERM and SIGINT drain (a second one exits at once). SIGHUP,
+SIGUSR1 and SIGUSR2, whose default action would end the process on the spot
+(no drain, no CancelRun), are logged and otherwise ignored: the edge has no
+reload, and a stray `kill -HUP` or a closed terminal must not cut streams.
+SIGPIPE stays ignored as Python sets it at start: a write to a socket the
+peer closed fails for that connection only.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +37,8 @@ from edge.log import setup_logging
 DEFAULT_CONFIG = Path("config.toml")
 # After the drain deadline: time for the notices and the CancelRuns to go out.
 HARD_STOP_GRACE_S = 15.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+IGNORED_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _address(value: str) -> str:
@@ -102,8 +112,14 @@ def _exit_now(code: int) -> None:
 
 
 async def _signals(shutdown: trio.Event, hard_stop_s: float) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
         async for signum in signals:
+            if signum in IGNORED_SIGNALS:
+                logger.info(
+                    "{}: ignored (there is no reload; SIGTERM drains and stops)",
+                    signal.Signals(signum).name,
+                )
+                continue
             if shutdown.is_set():
                 logger.warning("second signal: exiting now")
                 _exit_now(1)
@@ -120,7 +136,14 @@ def _hard_stop(after_s: float) -> None:
     _exit_now(1)
 
 
+def _ignore_signals() -> None:
+    """Until the daemon's receiver takes them over (and after it), these do nothing."""
+    for signum in IGNORED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _ignore_signals()
     args = build_parser().parse_args(argv)
     try:
         config = resolve_config(args)

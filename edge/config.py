@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from edge.api.policy import DEFAULT_MAX_OUTPUT_TOKENS, MEDIA_SCHEMES, ForwardPolicy
 from edge.stream.sentinel import DEFAULT_SENTINELS
 from edge.stream.toolparse import DEFAULT_FORMATS
 
 REASONING_PARSERS = ("none", "think", "think_start")
+# The node protocol carries max_tokens as a uint32.
+_MAX_UINT32 = 2**32 - 1
 
 
 class ConfigError(Exception):
@@ -65,7 +68,7 @@ class NodeConfig:
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """Per-model output settings (`[models.NAME]`)."""
+    """Per-model settings (`[models.NAME]`): the output policy and the forwarding policy."""
 
     strict: bool = False
     stream_buffer: bool = False
@@ -73,6 +76,22 @@ class ModelConfig:
     tool_call_formats: tuple[str, ...] = DEFAULT_FORMATS
     sentinels: tuple[str, ...] = DEFAULT_SENTINELS
     trace_stream: bool = False
+    # Forwarding policy (edge.api.policy): a request asking for more is a 400.
+    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+    # Not forwarded unless allowed: chat_template_kwargs.chat_template, ignore_eos.
+    allow_chat_template: bool = False
+    allow_ignore_eos: bool = False
+    # Media URL schemes the node may be sent besides data: ("http", "https").
+    media_url_schemes: tuple[str, ...] = ("data",)
+
+    @property
+    def forward_policy(self) -> ForwardPolicy:
+        return ForwardPolicy(
+            max_output_tokens=self.max_output_tokens,
+            allow_chat_template=self.allow_chat_template,
+            allow_ignore_eos=self.allow_ignore_eos,
+            media_url_schemes=frozenset(self.media_url_schemes) | {"data"},
+        )
 
 
 DEFAULT_MODEL = ModelConfig()
@@ -147,6 +166,12 @@ class _Reader:
         value = str(self.get(key, str, default))
         if value not in choices:
             raise self.fail(key, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def integer(self, key: str, default: int, *, minimum: int, maximum: int) -> int:
+        value: int = self.get(key, int, default)
+        if not minimum <= value <= maximum:
+            raise self.fail(key, f"must be between {minimum} and {maximum}, got {value}")
         return value
 
     def done(self) -> None:
@@ -242,6 +267,12 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
             tool_call_formats=formats,
             sentinels=r.strings("sentinels", base.sentinels),
             trace_stream=r.get("trace_stream", bool, base.trace_stream),
+            max_output_tokens=r.integer(
+                "max_output_tokens", base.max_output_tokens, minimum=1, maximum=_MAX_UINT32
+            ),
+            allow_chat_template=r.get("allow_chat_template", bool, base.allow_chat_template),
+            allow_ignore_eos=r.get("allow_ignore_eos", bool, base.allow_ignore_eos),
+            media_url_schemes=_media_schemes(r, base.media_url_schemes),
         )
         r.done()
     root.done()
@@ -253,6 +284,18 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         models=models,
         source=source,
     )
+
+
+def _media_schemes(r: _Reader, default: tuple[str, ...]) -> tuple[str, ...]:
+    """`media_url_schemes`, lower case; only data, http and https can be allowed."""
+    schemes = tuple(s.lower().removesuffix(":") for s in r.strings("media_url_schemes", default))
+    for scheme in schemes:
+        if scheme not in MEDIA_SCHEMES:
+            raise r.fail(
+                "media_url_schemes",
+                f"unsupported scheme {scheme!r} (allowed: {', '.join(MEDIA_SCHEMES)})",
+            )
+    return schemes
 
 
 def _check_listen(r: _Reader, value: str) -> None:

@@ -4,6 +4,11 @@ Every error a caller can see leaves through `_error_response`: an EdgeError
 as its status and OpenAI error object, an HTTP error (404, 405, 413) the
 same way, and anything unexpected as a logged 500 with no traceback in the
 body. Quart's 60 s response timeout is off: the edge owns its deadlines.
+
+Paths are matched as sent: a target that is not byte for byte one of the
+edge's routes (`//`, a trailing slash, percent-encoding, `..`, an absolute
+URL) is the JSON 404, never a redirect (werkzeug would otherwise answer
+`//` with a 308 whose Location is built from the Host header).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from quart import Request, Response, g, request
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import RequestRedirect
 
 from edge.errors import (
     AuthenticationError,
@@ -50,10 +56,30 @@ def _error_response(error: EdgeError) -> Response:
     return _json_response(error.to_dict(), error.status)
 
 
+def _not_found() -> NotFoundError:
+    return NotFoundError(f"Unknown path {request.method} {_target()}", code="not_found")
+
+
+def _target() -> str:
+    """The path as the client sent it (percent-escapes kept), for messages."""
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1") if isinstance(raw, bytes) else request.path
+
+
+def _is_route_path() -> bool:
+    """Whether the raw path is exactly the decoded one: no percent-escapes anywhere.
+
+    The routes are plain ASCII, so a path that needed decoding is not one of
+    them; `%2F` must not turn into a separator behind the client's back.
+    """
+    raw = request.scope.get("raw_path")
+    return raw is None or raw == request.path.encode()
+
+
 def _http_error(exc: HTTPException) -> EdgeError:
     code = exc.code or 500
-    if code == 404:
-        return NotFoundError(f"Unknown path {request.method} {request.path}", code="not_found")
+    if code == 404 or 300 <= code < 400:  # no redirect ever leaves the edge
+        return _not_found()
     if code == 405:
         return MethodNotAllowedError(
             f"Method {request.method} is not allowed for {request.path}", code="method_not_allowed"
@@ -113,9 +139,17 @@ class ApiKeys:
         return bool(self._keys)
 
     def accepts(self, header: str | None) -> bool:
-        if header is None or not header.startswith("Bearer "):
+        """Whether `header` is `Bearer <key>` for an accepted key.
+
+        The scheme is matched case-insensitively (RFC 9110, section 11.1), so
+        `bearer` and `BEARER` work; the key itself is compared exactly.
+        """
+        if header is None:
             return False
-        offered = header[len("Bearer ") :].strip().encode()
+        scheme, _, credentials = header.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        offered = credentials.strip().encode()
         ok = False
         for key in self._keys:  # no early exit: time does not tell which key matched
             ok |= hmac.compare_digest(offered, key)
@@ -132,6 +166,8 @@ def create_app(
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    # Routes match as written: `//` is not merged into `/` by a redirect.
+    app.url_map.merge_slashes = False
     keys = ApiKeys(api_keys)
     state = {"draining": False}
 
@@ -142,6 +178,8 @@ def create_app(
         # Every line logged while this request is served (and by its run) carries its id.
         REQUEST_ID.set(g.request_id)
         g.started = time.perf_counter()
+        if not _is_route_path() or isinstance(request.routing_exception, RequestRedirect):
+            raise _not_found()
         needs_key = keys.enabled and request.path.startswith("/v1/")
         if needs_key and not keys.accepts(request.headers.get("Authorization")):
             raise AuthenticationError(

@@ -25,6 +25,7 @@ from loguru import logger
 from quart import Response
 from quart.wrappers.response import ResponseBody
 
+from edge.api.policy import apply_policy
 from edge.api.render import KEEPALIVE, ResponseBuilder, SSEEncoder, error_body
 from edge.api.request import ChatRequest, parse_chat_request
 from edge.config import Config
@@ -110,6 +111,15 @@ class ChatService:
             response_format=request.response_format,
         )
 
+    def forwarded(self, request: ChatRequest) -> ChatRequest:
+        """The request as its model's forwarding policy lets it reach the node."""
+        result = apply_policy(request, self.config.model(request.model).forward_policy)
+        if result.dropped:
+            logger.bind(model=request.model).debug(
+                "not forwarded to the node: {}", ", ".join(result.dropped)
+            )
+        return result.request
+
     async def handle(self, body: bytes, request_id: str = "") -> Response:
         try:
             request = parse_chat_request(body)
@@ -121,6 +131,11 @@ class ChatService:
         except EdgeError:
             known = request.model in self.pool.models()
             self.metrics.rejected(request.model if known else "unknown", request.stream)
+            raise
+        try:
+            request = self.forwarded(request)
+        except EdgeError:
+            self.metrics.rejected(request.model, request.stream)
             raise
         run_id = secrets.token_hex(12)
         created = int(time.time())

@@ -10,7 +10,8 @@ edge hosts (a node whose address is "embedded"). Models:
   A first item `{"accept_after_ms": N}` holds the run's acceptance (the
   response headers) back N ms.
   A delta item may carry `"repeat": N` to send the same delta N times (the
-  benchmarks' fast path).
+  benchmarks' fast path). `{"type": "request"}` sends one delta holding the
+  RunRequest this node received, as protobuf JSON (what the edge forwarded).
 
 The runs log (`edge.nodekit.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
@@ -163,7 +164,7 @@ class SimNode(NodeService):
         if request.model == "sim-echo":
             return await self._echo(stream, request, run)
         if request.model == "sim-script":
-            return await self._script(stream, parse_script(_last_user_text(request)), run)
+            return await self._script(stream, parse_script(_last_user_text(request)), run, request)
         await self._send(
             stream,
             run,
@@ -206,6 +207,7 @@ class SimNode(NodeService):
         stream: Events,
         items: list[dict[str, Any]],
         run: RunRecord,
+        request: pb.RunRequest | None = None,
     ) -> str:
         for item in items:
             if "accept_after_ms" in item:
@@ -214,6 +216,8 @@ class SimNode(NodeService):
                 await asyncio.sleep(float(item["sleep_ms"]) / 1000)
                 continue
             kind = item.get("type")
+            if kind == "request" and request is not None:
+                item = {"type": "delta", "delta": request.to_json()}
             if kind == "hang":
                 await asyncio.Event().wait()
             if kind == "abort":

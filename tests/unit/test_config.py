@@ -70,6 +70,32 @@ def test_model_defaults() -> None:
     assert config.model("llama").reasoning_parser == "none"
 
 
+def test_forwarding_policy_keys(tmp_path: Path) -> None:
+    """A model table sets its forwarding policy; data: is always allowed; models without a
+    table get the defaults (131072 tokens, nothing unsafe forwarded, data: only)."""
+    config = _load(
+        tmp_path,
+        """
+[models.big]
+max_output_tokens = 1000
+allow_chat_template = true
+allow_ignore_eos = true
+media_url_schemes = ["HTTPS", "http:"]
+""",
+    )
+    policy = config.model("big").forward_policy
+    assert policy.max_output_tokens == 1000
+    assert policy.allow_chat_template
+    assert policy.allow_ignore_eos
+    assert policy.media_url_schemes == {"data", "http", "https"}
+    for name in ("other", "sim-echo"):
+        default = config.model(name).forward_policy
+        assert default.max_output_tokens == 131_072
+        assert not default.allow_chat_template
+        assert not default.allow_ignore_eos
+        assert default.media_url_schemes == {"data"}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -84,6 +110,19 @@ def test_model_defaults() -> None:
         ('[[nodes]]\naddress = "a:1"\n[[nodes]]\naddress = "a:1"\n', "duplicate node name"),
         ('[models.m]\ntool_call_formats = ["xml"]\n', "unknown format 'xml'"),
         ('[models.m]\nstrict = "yes"\n', "models.m.strict: expected a boolean"),
+        ("[models.m]\nmax_output_tokens = 0\n", "models.m.max_output_tokens: must be between 1"),
+        (
+            "[models.m]\nmax_output_tokens = 4294967296\n",
+            "models.m.max_output_tokens: must be between 1 and 4294967295",
+        ),
+        ("[models.m]\nmax_output_tokens = 1.5\n", "max_output_tokens: expected an integer"),
+        ('[models.m]\nallow_ignore_eos = "no"\n', "models.m.allow_ignore_eos: expected a boolean"),
+        ("[models.m]\nallow_chat_template = 1\n", "models.m.allow_chat_template: expected a"),
+        (
+            '[models.m]\nmedia_url_schemes = ["file"]\n',
+            "models.m.media_url_schemes: unsupported scheme 'file' (allowed: data, http, https)",
+        ),
+        ('[models.m]\nmedia_url_schemes = "https"\n', "models.m.media_url_schemes: expected a"),
         ('[server]\napi_keys_file = "missing.txt"\n', "server.api_keys_file: cannot read"),
         ("[server\n", "not valid TOML"),
     ],
