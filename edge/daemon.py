@@ -1,8 +1,9 @@
 """The daemon: the root nursery that holds the server, the nodes and the runs.
 
 `serve(config)` opens the asyncio loop the node bridge needs, starts any
-embedded simulated node, learns the nodes' models, and serves HTTP with
-hypercorn's trio worker until `shutdown` is set. Runs live in their own
+embedded simulated node, learns the nodes' models, and serves HTTP (the
+edge's own loop around hypercorn's protocol classes, `edge.http.server`)
+until `shutdown` is set. Runs live in their own
 nursery, so a stream can outlive the handler that started it.
 
 Shutdown drains: stop accepting, answer new requests 503, let streams in
@@ -21,13 +22,13 @@ from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 from loguru import logger
 
 from edge import systemd
 from edge.config import Config, split_address, upstream_url
 from edge.http.app import create_app
 from edge.http.chat import ChatService, OutcomeHook
+from edge.http.server import HttpServer, ServerLimits, default_max_connections, raise_fd_limit
 from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
@@ -64,6 +65,13 @@ def _hypercorn_config(config: Config) -> HypercornConfig:
     # Hand hypercorn a stdlib logger (routed into loguru), or it writes to stderr itself.
     hc.errorlog = logging.getLogger("hypercorn.error")
     return hc
+
+
+def _server_limits(config: Config) -> ServerLimits:
+    """The connection limits; the fd limit is raised to its hard limit first."""
+    fd_limit = raise_fd_limit()
+    max_connections = config.server.max_connections or default_max_connections(fd_limit)
+    return ServerLimits(max_connections, config.timeouts.slow_client_s)
 
 
 async def serve(
@@ -117,9 +125,8 @@ async def serve(
                     api_keys=config.server.api_keys,
                 )  # fmt: skip
                 http_done = trio.Event()
-                binds = await root.start(
-                    _serve_http, app, _hypercorn_config(config), shutdown, http_done
-                )
+                server = HttpServer(app, _hypercorn_config(config), _server_limits(config), metrics)
+                binds = await root.start(_serve_http, server, config, shutdown, http_done)
                 url = binds[0]
                 logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
                 systemd.notify("READY=1\nSTATUS=serving")
@@ -151,15 +158,16 @@ async def _drain(
 
 
 async def _serve_http(
-    app: object,
-    hc: HypercornConfig,
+    server: HttpServer,
+    config: Config,
     shutdown: trio.Event,
     done: trio.Event,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    host, port = split_address(config.server.listen)
     try:
-        await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)  # type: ignore[arg-type]
+        await server.serve(host, port, shutdown, task_status=task_status)
     finally:
         done.set()
 
