@@ -257,6 +257,7 @@ class _Connection:
         self._scanner = HeadScanner(server.config.h11_max_incomplete_size)
         self._protocol: ProtocolWrapper | None = None
         self._idle = True
+        self._idle_again = trio.Event()  # set when the answer in flight is done
         self._read_scope = trio.CancelScope()
         self._closed = False
 
@@ -293,8 +294,12 @@ class _Connection:
     def _set_idle(self, idle: bool) -> None:
         self._idle = idle
         if not idle:
+            if self._idle_again.is_set():
+                self._idle_again = trio.Event()
             self._read_scope.deadline = math.inf
-        elif self.server.context.terminated.is_set():
+            return
+        self._idle_again.set()
+        if self.server.context.terminated.is_set():
             self._read_scope.deadline = -math.inf
         else:
             self._read_scope.deadline = trio.current_time() + self.server.config.keep_alive_timeout
@@ -328,8 +333,9 @@ class _Connection:
 
     async def _reject(self, rejection: Rejection) -> None:
         self.server.errors.record("bad_request", f"{rejection.status} {rejection.message}")
-        if self._idle and not self._closed:
-            # No answer in flight on this connection: this one is the next it sends.
+        # A request before it in the same packet (pipelining) is answered first.
+        await self._idle_again.wait()
+        if not self._closed:
             answer = error_response(
                 rejection.status, _REASONS.get(rejection.status, "Bad Request"),
                 rejection.message, rejection.code, "invalid_request_error",
@@ -379,6 +385,7 @@ class _Connection:
         if self._closed:
             return
         self._closed = True
+        self._idle_again.set()
         self._read_scope.cancel()
         try:
             await self.stream.send_eof()
