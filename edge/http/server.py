@@ -56,7 +56,7 @@ _WRITE_PIECE = 2**16
 FD_RESERVE = 128
 # Over-limit connections being answered 503 at once; past it they are just closed.
 _MAX_REFUSING = 64
-_REFUSE_DEADLINE_S = 1.0
+_REFUSE_DEADLINE_S = 0.25
 _LOG_INTERVAL_S = 1.0
 _ACCEPT_BACKOFF_S = (0.01, 1.0)
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -237,9 +237,14 @@ class HttpServer:
             with trio.move_on_after(_REFUSE_DEADLINE_S):
                 await stream.send_all(_OVER_LIMIT)
                 await stream.send_eof()
-                # Read what the client sent, so closing does not reset the answer away.
-                while await stream.receive_some(MAX_RECV):
-                    pass
+                # Read the request head the client sent (not more), so that closing
+                # does not reset the connection before the client reads the answer.
+                seen = b""
+                while b"\r\n\r\n" not in seen and len(seen) < MAX_RECV:
+                    data = await stream.receive_some(MAX_RECV)
+                    if not data:
+                        break
+                    seen = seen[-3:] + data
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
@@ -371,9 +376,9 @@ class _Connection:
         limit = self.server.limits.slow_client_s
         view = memoryview(data)
         for start in range(0, len(view), _WRITE_PIECE):
-            with trio.CancelScope(shield=True):
-                with trio.move_on_after(limit) as scope:
-                    await self.stream.send_all(view[start : start + _WRITE_PIECE])
+            # One scope: shielded from outside, yet cancelled by its own deadline.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + limit) as scope:
+                await self.stream.send_all(view[start : start + _WRITE_PIECE])
             if scope.cancelled_caught:
                 self.server.errors.record(
                     "slow_client", f"client read nothing for {limit:g}s: connection closed"
