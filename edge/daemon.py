@@ -55,7 +55,6 @@ class Edge:
 
 def _hypercorn_config(config: Config) -> HypercornConfig:
     hc = HypercornConfig()
-    hc.bind = [config.server.listen]
     hc.backlog = 2048
     hc.graceful_timeout = config.server.drain_timeout_s + _CLOSE_GRACE_S
     # hypercorn's trio worker releases a keep-alive connection that the client
