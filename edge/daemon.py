@@ -37,7 +37,7 @@ from edge.node.pool import NodePool
 from edge.upstream.embedded import embedded_upstream_node
 
 # After the drain deadline: time for the notice frames to go out before
-# hypercorn cuts the connections that are left.
+# the HTTP server cuts the connections that are left.
 _CLOSE_GRACE_S = 2.0
 
 
@@ -54,11 +54,12 @@ class Edge:
 
 
 def _hypercorn_config(config: Config) -> HypercornConfig:
+    """Settings of hypercorn's protocol classes, as `edge.http.server` runs them."""
     hc = HypercornConfig()
     hc.backlog = 2048
     hc.graceful_timeout = config.server.drain_timeout_s + _CLOSE_GRACE_S
-    # hypercorn's trio worker releases a keep-alive connection that the client
-    # closed while idle only when this timer fires: keep it short.
+    # An idle connection (before its first request, or between two) is closed
+    # after this long; a client that sends a head slowly counts as idle too.
     hc.keep_alive_timeout = 5.0
     hc.accesslog = None
     # Hand hypercorn a stdlib logger (routed into loguru), or it writes to stderr itself.
