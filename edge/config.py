@@ -39,6 +39,8 @@ class ServerConfig:
     keepalive_s: float = 15.0
     # How often every node is asked for its models (health, /readyz, routing).
     node_refresh_s: float = 5.0
+    # Client connections served at once; 0 = derived from the file-descriptor limit.
+    max_connections: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +156,12 @@ class _Reader:
             raise self.fail(key, f"must be <= {maximum:g}")
         return value
 
+    def integer(self, key: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:
+        value = self.get(key, int, default)
+        if not minimum <= value <= maximum:
+            raise self.fail(key, f"must be an integer from {minimum} to {maximum}")
+        return int(value)
+
     def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
         value = self.get(key, list, None)
         if value is None:
@@ -206,6 +214,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         max_body_bytes=int(r.number("max_body_bytes", srv.max_body_bytes, minimum=1024)),
         keepalive_s=r.number("keepalive_s", srv.keepalive_s),
         node_refresh_s=r.number("node_refresh_s", srv.node_refresh_s, minimum=0.05),
+        max_connections=r.integer("max_connections", srv.max_connections),
     )
     _check_listen(r, server.listen)
     if any(not key.strip() for key in server.api_keys):

@@ -1,8 +1,9 @@
 """The daemon: the root nursery that holds the server, the nodes and the runs.
 
 `serve(config)` opens the asyncio loop the node bridge needs, starts any
-embedded simulated node, learns the nodes' models, and serves HTTP with
-hypercorn's trio worker until `shutdown` is set. Runs live in their own
+embedded simulated node, learns the nodes' models, and serves HTTP (the
+edge's own loop around hypercorn's protocol classes, `edge.http.server`)
+until `shutdown` is set. Runs live in their own
 nursery, so a stream can outlive the handler that started it.
 
 Shutdown drains: stop accepting, answer new requests 503, let streams in
@@ -21,13 +22,13 @@ from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 from loguru import logger
 
 from edge import systemd
 from edge.config import Config, split_address, upstream_url
 from edge.http.app import create_app
 from edge.http.chat import ChatService, OutcomeHook
+from edge.http.server import HttpServer, ServerLimits, default_max_connections, raise_fd_limit
 from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
@@ -36,7 +37,7 @@ from edge.node.pool import NodePool
 from edge.upstream.embedded import embedded_upstream_node
 
 # After the drain deadline: time for the notice frames to go out before
-# hypercorn cuts the connections that are left.
+# the HTTP server cuts the connections that are left.
 _CLOSE_GRACE_S = 2.0
 
 
@@ -53,17 +54,30 @@ class Edge:
 
 
 def _hypercorn_config(config: Config) -> HypercornConfig:
+    """Settings of hypercorn's protocol classes, as `edge.http.server` runs them."""
     hc = HypercornConfig()
-    hc.bind = [config.server.listen]
     hc.backlog = 2048
     hc.graceful_timeout = config.server.drain_timeout_s + _CLOSE_GRACE_S
-    # hypercorn's trio worker releases a keep-alive connection that the client
-    # closed while idle only when this timer fires: keep it short.
+    # An idle connection (before its first request, or between two) is closed
+    # after this long; a client that sends a head slowly counts as idle too.
     hc.keep_alive_timeout = 5.0
     hc.accesslog = None
     # Hand hypercorn a stdlib logger (routed into loguru), or it writes to stderr itself.
     hc.errorlog = logging.getLogger("hypercorn.error")
     return hc
+
+
+def _server_limits(config: Config) -> ServerLimits:
+    """The connection limits; the fd limit is raised to its hard limit first."""
+    fd_limit = raise_fd_limit()
+    max_connections = config.server.max_connections or default_max_connections(fd_limit)
+    if max_connections > default_max_connections(fd_limit):
+        logger.warning(
+            "server.max_connections = {} leaves too few of the {} file descriptors for the"
+            " rest: at the limit, accepts fail until a connection ends",
+            max_connections, fd_limit,
+        )  # fmt: skip
+    return ServerLimits(max_connections, config.timeouts.slow_client_s)
 
 
 async def serve(
@@ -117,9 +131,8 @@ async def serve(
                     api_keys=config.server.api_keys,
                 )  # fmt: skip
                 http_done = trio.Event()
-                binds = await root.start(
-                    _serve_http, app, _hypercorn_config(config), shutdown, http_done
-                )
+                server = HttpServer(app, _hypercorn_config(config), _server_limits(config), metrics)
+                binds = await root.start(_serve_http, server, config, shutdown, http_done)
                 url = binds[0]
                 logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
                 systemd.notify("READY=1\nSTATUS=serving")
@@ -151,15 +164,16 @@ async def _drain(
 
 
 async def _serve_http(
-    app: object,
-    hc: HypercornConfig,
+    server: HttpServer,
+    config: Config,
     shutdown: trio.Event,
     done: trio.Event,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    host, port = split_address(config.server.listen)
     try:
-        await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)  # type: ignore[arg-type]
+        await server.serve(host, port, shutdown, task_status=task_status)
     finally:
         done.set()
 

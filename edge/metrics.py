@@ -22,6 +22,15 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 )  # fmt: skip
+# Why the HTTP server closed a connection (or refused to open one).
+CONNECTION_ERROR_KINDS = (
+    "exception",  # serving it raised: the connection is closed, the others go on
+    "bad_request",  # a request head refused before any handler (400, 431)
+    "slow_client",  # a write made no progress for slow_client_s
+    "over_limit",  # accepted past max_connections: answered 503 and closed
+    "accept_fd_exhausted",  # accept() failed: EMFILE, ENFILE, ENOBUFS, ENOMEM
+    "accept_error",  # accept() failed otherwise
+)
 _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
 
 
@@ -85,6 +94,20 @@ class EdgeMetrics:
             " stream_broken, error_event (mid-run).",
             ["node", "kind"],
             registry=r,
+        )
+
+        self.connection_errors = Counter(
+            "iop_edge_connection_errors",
+            "Connections closed by the server for cause, by kind: "
+            + ", ".join(CONNECTION_ERROR_KINDS)
+            + ".",
+            ["kind"],
+            registry=r,
+        )
+        for kind in CONNECTION_ERROR_KINDS:
+            self.connection_errors.labels(kind)
+        self.open_connections = Gauge(
+            "iop_edge_open_connections", "HTTP connections being served.", registry=r
         )
 
     def request(self, model: str, node: str, stream: bool, outcome: Outcome) -> None:

@@ -169,3 +169,13 @@ def test_indented_comments_in_the_keys_file_are_not_keys(tmp_path: Path) -> None
     (tmp_path / "keys.txt").write_text("key-a\n  # revoked: sk-old\n")
     config = _load(tmp_path, '[server]\napi_keys_file = "keys.txt"\n')
     assert config.server.api_keys == ("key-a",)
+
+
+def test_max_connections_defaults_to_derived_and_takes_a_whole_number(tmp_path: Path) -> None:
+    """0 (the default) means derived from the file-descriptor limit; a fraction, a
+    negative number or a string is a config error naming the key."""
+    assert Config().server.max_connections == 0
+    assert _load(tmp_path, "[server]\nmax_connections = 500\n").server.max_connections == 500
+    for bad in ("-1", "1.5", '"many"', "true"):
+        with pytest.raises(ConfigError, match=r"server\.max_connections"):
+            _load(tmp_path, f"[server]\nmax_connections = {bad}\n")

@@ -1,0 +1,401 @@
+# The edge's own HTTP serving loop: listeners, accept loop, one task per
+# connection, and the byte stream between each socket and hypercorn's protocol.
+#
+# Owns: which connections exist (and how many may), what ends one (an
+# exception, a refused head, a write that cannot progress, idleness), the
+# lifespan of the ASGI app, and the drain (stop accepting, close idle
+# connections, let busy ones finish within `graceful_timeout`). It does not
+# parse HTTP (hypercorn's protocol classes and h11/h2 do, after the head
+# checks of `edge.http.headcheck`) and knows nothing of the app it serves.
+"""Serve an ASGI app with hypercorn's protocol classes, one connection contained at a time.
+
+Why not `hypercorn.trio.serve`: in hypercorn 0.18.0 (the newest release) an
+exception raised while serving one connection escapes `trio.serve_listeners`
+and ends `trio.run`. One packet does it: a malformed h2c upgrade, HTTP/2 DATA
+on an answered stream, a PRIORITY flood, a WebSocket upgrade with a trailing
+byte (upstream: pgjones/hypercorn issues #197, #225, #329; PRs #228, #312,
+#334, #365). Its socket writes are also shielded without a deadline, so a
+client that stops reading keeps its connection forever, and its accept loop
+logs a traceback every 100 ms at the file-descriptor limit.
+
+So the edge runs its own accept loop and connection class on hypercorn's
+public building blocks (`ProtocolWrapper`, `TaskGroup`, `WorkerContext`,
+`Lifespan`, `Config`), without touching their insides: each connection runs
+inside its own `except* Exception`, so whatever it raises closes it, is
+counted (`iop_edge_connection_errors_total{kind="exception"}`) and logged (a
+line per kind per second at most), and never reaches another connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import resource
+from dataclasses import dataclass
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.task_group import TaskGroup
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState, Framework, LifespanState
+from hypercorn.utils import parse_socket_addr, repr_socket_addr, wrap_app
+from loguru import logger
+
+from edge.http.headcheck import HeadScanner, Rejection
+from edge.metrics import EdgeMetrics
+
+MAX_RECV = 2**16
+# A write is cut into pieces this big; each must go out within slow_client_s.
+_WRITE_PIECE = 2**16
+# File descriptors kept for what is not a client connection (nodes, logs, files).
+FD_RESERVE = 128
+# Over-limit connections being answered 503 at once; past it they are just closed.
+_MAX_REFUSING = 64
+_REFUSE_DEADLINE_S = 0.25
+_LOG_INTERVAL_S = 1.0
+_ACCEPT_BACKOFF_S = (0.01, 1.0)
+_FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft file-descriptor limit to the hard one; returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft if soft != resource.RLIM_INFINITY else 1 << 20
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft
+    return target
+
+
+def default_max_connections(fd_limit: int) -> int:
+    """Connections the fd limit allows, keeping `FD_RESERVE` for everything else."""
+    return max(16, fd_limit - FD_RESERVE)
+
+
+def error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
+    """A complete HTTP/1.1 answer with an OpenAI-shaped body, closing the connection."""
+    body = json.dumps(
+        {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+_REASONS = {400: "Bad Request", 431: "Request Header Fields Too Large"}
+_OVER_LIMIT = error_response(
+    503, "Service Unavailable", "the server has too many open connections; retry later",
+    "too_many_connections", "service_unavailable",
+)  # fmt: skip
+
+
+class ConnectionErrors:
+    """Counts connection errors by kind and logs at most one line per kind per second."""
+
+    def __init__(self, metrics: EdgeMetrics) -> None:
+        self._counter = metrics.connection_errors
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def record(self, kind: str, detail: str) -> None:
+        self._counter.labels(kind).inc()
+        now = trio.current_time()
+        last = self._last.get(kind)
+        if last is not None and now - last < _LOG_INTERVAL_S:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        more = self._suppressed.pop(kind, 0)
+        suffix = f" ({more} more since the last line)" if more else ""
+        logger.warning("connection closed ({}): {}{}", kind, detail, suffix)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line naming an exception; `repr` escapes control characters a client may have sent."""
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return _describe(exc.exceptions[0])
+    return f"{type(exc).__name__}: {str(exc)[:200]!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    max_connections: int
+    slow_client_s: float
+
+
+class HttpServer:
+    """One edge's HTTP server: listeners, connections, their limits and their drain."""
+
+    def __init__(
+        self, app: Framework, config: HypercornConfig, limits: ServerLimits, metrics: EdgeMetrics
+    ) -> None:
+        self.config = config
+        self.limits = limits
+        self.errors = ConnectionErrors(metrics)
+        self._gauge = metrics.open_connections
+        self.app = wrap_app(app, config.wsgi_max_body_size, "asgi")
+        self.context = WorkerContext(None)
+        self._connections: set[_Connection] = set()
+        self._refusing = 0
+        self.lifespan_state: LifespanState = {}
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    async def serve(
+        self,
+        host: str,
+        port: int,
+        shutdown: trio.Event,
+        *,
+        task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve until `shutdown` is set, then drain within `graceful_timeout`."""
+        lifespan = Lifespan(self.app, self.config, self.lifespan_state)
+        async with trio.open_nursery() as lifespan_nursery:
+            await lifespan_nursery.start(lifespan.handle_lifespan)
+            await lifespan.wait_for_startup()
+            async with trio.open_nursery() as connections:
+                listeners = await trio.open_tcp_listeners(
+                    port, host=host, backlog=self.config.backlog
+                )
+                binds = [
+                    f"http://{repr_socket_addr(lst.socket.family, lst.socket.getsockname())}"
+                    for lst in listeners
+                ]
+                task_status.started(binds)
+                try:
+                    async with trio.open_nursery() as accepting:
+                        for listener in listeners:
+                            accepting.start_soon(self._accept_loop, listener, connections)
+                        await shutdown.wait()
+                        accepting.cancel_scope.cancel()
+                finally:
+                    for listener in listeners:
+                        listener.socket.close()
+                await self.context.terminated.set()
+                for connection in list(self._connections):
+                    connection.close_if_idle()
+                connections.cancel_scope.deadline = (
+                    trio.current_time() + self.config.graceful_timeout
+                )
+            await lifespan.wait_for_shutdown()
+            lifespan_nursery.cancel_scope.cancel()
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        backoff = _ACCEPT_BACKOFF_S[0]
+        while True:
+            try:
+                stream = await listener.accept()
+            except trio.ClosedResourceError:
+                return
+            except OSError as exc:
+                kind = "accept_fd_exhausted" if exc.errno in _FD_ERRNOS else "accept_error"
+                self.errors.record(kind, f"accept failed: {exc.strerror or exc}")
+                # Wait for a connection to end (or a short while) before trying again.
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, _ACCEPT_BACKOFF_S[1])
+                continue
+            backoff = _ACCEPT_BACKOFF_S[0]
+            if len(self._connections) >= self.limits.max_connections:
+                self.errors.record("over_limit", f"{self.limits.max_connections} connections open")
+                if self._refusing < _MAX_REFUSING:
+                    self._refusing += 1
+                    nursery.start_soon(self._refuse, stream)
+                else:
+                    await stream.aclose()
+                continue
+            connection = _Connection(self, stream)
+            self._connections.add(connection)
+            self._gauge.inc()
+            nursery.start_soon(self._serve_connection, connection)
+
+    async def _serve_connection(self, connection: _Connection) -> None:
+        try:
+            await connection.run()
+        except* Exception as group:
+            self.errors.record("exception", _describe(group))
+        finally:
+            self._connections.discard(connection)
+            self._gauge.dec()
+            await connection.stream.aclose()
+
+    async def _refuse(self, stream: trio.SocketStream) -> None:
+        """Answer 503 without reading the request, then close: a clear no, at once."""
+        try:
+            with trio.move_on_after(_REFUSE_DEADLINE_S):
+                await stream.send_all(_OVER_LIMIT)
+                await stream.send_eof()
+                # Read the request head the client sent (not more), so that closing
+                # does not reset the connection before the client reads the answer.
+                seen = b""
+                while b"\r\n\r\n" not in seen and len(seen) < MAX_RECV:
+                    data = await stream.receive_some(MAX_RECV)
+                    if not data:
+                        break
+                    seen = seen[-3:] + data
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            self._refusing -= 1
+            await stream.aclose()
+
+
+class _Connection:
+    """One client connection: socket bytes in and out of hypercorn's protocol."""
+
+    def __init__(self, server: HttpServer, stream: trio.SocketStream) -> None:
+        self.server = server
+        self.stream = stream
+        self._send_lock = trio.Lock()
+        self._scanner = HeadScanner(server.config.h11_max_incomplete_size)
+        self._protocol: ProtocolWrapper | None = None
+        self._idle = True
+        self._idle_again = trio.Event()  # set when the answer in flight is done
+        self._read_scope = trio.CancelScope()
+        self._closed = False
+
+    async def run(self) -> None:
+        config = self.server.config
+        sock = self.stream.socket
+        try:
+            client = parse_socket_addr(sock.family, sock.getpeername())
+            server = parse_socket_addr(sock.family, sock.getsockname())
+        except OSError:
+            return  # the client left before we looked
+        async with TaskGroup() as task_group:
+            self._protocol = ProtocolWrapper(
+                self.server.app,
+                config,
+                self.server.context,
+                task_group,
+                ConnectionState(dict(self.server.lifespan_state)),
+                False,
+                client,
+                server,
+                self._protocol_send,
+                "http/1.1",
+            )
+            await self._protocol.initiate()
+            self._set_idle(True)
+            await self._read_loop(self._protocol)
+
+    def close_if_idle(self) -> None:
+        """Shutdown: a connection between requests closes now; a busy one after its answer."""
+        if self._idle:
+            self._read_scope.deadline = -math.inf
+
+    def _set_idle(self, idle: bool) -> None:
+        self._idle = idle
+        if not idle:
+            if self._idle_again.is_set():
+                self._idle_again = trio.Event()
+            self._read_scope.deadline = math.inf
+            return
+        self._idle_again.set()
+        if self.server.context.terminated.is_set():
+            self._read_scope.deadline = -math.inf
+        else:
+            self._read_scope.deadline = trio.current_time() + self.server.config.keep_alive_timeout
+
+    async def _read_loop(self, protocol: ProtocolWrapper) -> None:
+        while not self._closed:
+            data = b""
+            with self._read_scope:
+                try:
+                    data = await self.stream.receive_some(MAX_RECV)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+            if self._read_scope.cancelled_caught:
+                break  # idle past keep_alive_timeout, or shutting down
+            # A cancel scope enters once: the next receive gets a fresh one.
+            deadline = self._read_scope.deadline
+            self._read_scope = trio.CancelScope(deadline=deadline)
+            if not data:
+                await protocol.handle(RawData(b""))
+                break
+            if self._scanner.checking:
+                forward, rejection = self._scanner.feed(data)
+            else:
+                forward, rejection = data, None
+            if forward:
+                await protocol.handle(RawData(forward))
+            if rejection is not None:
+                await self._reject(rejection)
+                break
+        await protocol.handle(Closed())
+
+    async def _reject(self, rejection: Rejection) -> None:
+        self.server.errors.record("bad_request", f"{rejection.status} {rejection.message}")
+        # A request before it in the same packet (pipelining) is answered first.
+        await self._idle_again.wait()
+        if not self._closed:
+            answer = error_response(
+                rejection.status, _REASONS.get(rejection.status, "Bad Request"),
+                rejection.message, rejection.code, "invalid_request_error",
+            )  # fmt: skip
+            async with self._send_lock:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._write(answer)
+        await self._close()
+
+    async def _protocol_send(self, event: Event) -> None:
+        assert self._protocol is not None
+        if isinstance(event, RawData):
+            async with self._send_lock:
+                try:
+                    await self._write(event.data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._protocol.handle(Closed())
+        elif isinstance(event, Closed):
+            await self._close()
+            await self._protocol.handle(Closed())
+        elif isinstance(event, Updated):
+            self._set_idle(event.idle)
+
+    async def _write(self, data: bytes) -> None:
+        """Send `data`; a piece that cannot go out within slow_client_s closes the connection.
+
+        The send is shielded from outside cancellation (as hypercorn does: a
+        half-written HTTP/2 frame would corrupt every other stream), but not
+        from its own deadline.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError
+        limit = self.server.limits.slow_client_s
+        view = memoryview(data)
+        for start in range(0, len(view), _WRITE_PIECE):
+            # One scope: shielded from outside, yet cancelled by its own deadline.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + limit) as scope:
+                await self.stream.send_all(view[start : start + _WRITE_PIECE])
+            if scope.cancelled_caught:
+                self.server.errors.record(
+                    "slow_client", f"client read nothing for {limit:g}s: connection closed"
+                )
+                await self._close()
+                raise trio.ClosedResourceError
+
+    async def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._idle_again.set()
+        self._read_scope.cancel()
+        try:
+            await self.stream.send_eof()
+        except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError):
+            pass
+        except OSError:
+            pass
+        await self.stream.aclose()
