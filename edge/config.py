@@ -156,12 +156,6 @@ class _Reader:
             raise self.fail(key, f"must be <= {maximum:g}")
         return value
 
-    def integer(self, key: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:
-        value = self.get(key, int, default)
-        if not minimum <= value <= maximum:
-            raise self.fail(key, f"must be an integer from {minimum} to {maximum}")
-        return int(value)
-
     def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
         value = self.get(key, list, None)
         if value is None:
@@ -176,7 +170,7 @@ class _Reader:
             raise self.fail(key, f"expected one of {', '.join(choices)}, got {value!r}")
         return value
 
-    def integer(self, key: str, default: int, *, minimum: int, maximum: int) -> int:
+    def integer(self, key: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:
         value: int = self.get(key, int, default)
         if not minimum <= value <= maximum:
             raise self.fail(key, f"must be between {minimum} and {maximum}, got {value}")
