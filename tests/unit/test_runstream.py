@@ -12,21 +12,32 @@ import trio
 
 from edge.config import TimeoutsConfig
 from edge.http.runstream import RunStream
+from edge.node.bridge import EventBuffer
 from edge.node.client import RunHandle
-from edge.stream.events import Complete, Delta
+from edge.stream.events import Complete, Delta, NodeEvent
 from edge.stream.output import ContentOut, ErrorOut, FinishOut, RoleOut
 from edge.stream.session import SessionSettings, StreamSession
 
 TIMEOUTS = TimeoutsConfig(first_event_s=10, idle_s=5, total_s=60)
 
 
-def _stream(keepalive_s: float = 0.0) -> tuple[RunStream, trio.MemorySendChannel[object]]:
-    send, receive = trio.open_memory_channel[object](16)
-    handle = RunHandle("r1", "node", receive)
+class _Sender:
+    """The node side of a run's EventBuffer, as these tests drive it."""
+
+    def __init__(self, events: EventBuffer) -> None:
+        self._events = events
+
+    def send_nowait(self, event: NodeEvent) -> None:
+        assert self._events.put_nowait(event)
+
+
+def _stream(keepalive_s: float = 0.0) -> tuple[RunStream, _Sender]:
+    events = EventBuffer(max_events=16, max_chars=1 << 20)
+    handle = RunHandle("r1", "node", events)
     session = StreamSession(SessionSettings(run_id="r1"))
     run = RunStream(handle, session, TIMEOUTS, started_at=trio.current_time(),
                     keepalive_s=keepalive_s)  # fmt: skip
-    return run, send
+    return run, _Sender(events)
 
 
 async def test_first_event_timeout(autojump_clock: trio.testing.MockClock) -> None:
