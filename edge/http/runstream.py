@@ -20,10 +20,10 @@ from edge.stream.output import OutEvent
 from edge.stream.session import StreamSession
 
 # Node events taken per batch: output for a batch goes out in one write. A
-# batch also stops past MAX_BATCH_CHARS characters of delta text taken, so one write to a
-# client that stopped reading never holds more than about that much.
+# batch also stops past MAX_BATCH_CHARS characters of delta text, so a write
+# blocked on a client that stopped reading holds no more than about that much.
 MAX_BATCH = 256
-MAX_BATCH_CHARS = 256 * 1024
+MAX_BATCH_CHARS = 64 * 1024
 
 
 class RunStream:

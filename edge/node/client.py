@@ -25,11 +25,12 @@ from edge.node.grpc import Accepted, GrpcNode
 from edge.node.wire import EncodedRunRequest
 
 # Events buffered between the node's read loop and the stream's writer, in
-# count and in bytes of delta text; past either the read loop waits and HTTP/2
-# flow control slows the node down (a client that stops reading holds at most
-# this much here, plus the node connection's 256 KiB stream window).
+# count and in characters of delta text; past either the read loop waits and
+# HTTP/2 flow control slows the node down. A client that stops reading holds
+# this much here, one batch (runstream.MAX_BATCH_CHARS) and the node
+# connection's 256 KiB stream window: ~0.7 MiB measured per stalled stream.
 EVENT_BUFFER = 512
-EVENT_BUFFER_CHARS = 1024 * 1024
+EVENT_BUFFER_CHARS = 256 * 1024
 CANCEL_RPC_TIMEOUT_S = 2.0
 # CancelRuns in flight per node at once, and how long one may wait its turn.
 CANCEL_CONCURRENCY = 64
