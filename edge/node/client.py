@@ -18,10 +18,16 @@ from typing import Protocol
 import trio
 from loguru import logger
 
-from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
+from edge.errors import (
+    EdgeError,
+    NodeFailedError,
+    NodeTimeoutError,
+    NodeUnavailableError,
+    PayloadTooLargeError,
+)
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.bridge import EventBuffer, call_asyncio
-from edge.node.grpc import Accepted, GrpcNode
+from edge.node.grpc import MAX_MESSAGE_BYTES, Accepted, GrpcNode
 from edge.node.wire import EncodedRunRequest
 
 # Events buffered between the node's read loop and the stream's writer, in
@@ -134,6 +140,9 @@ class GrpcNodeClient:
     ) -> RunHandle:
         """Start `request` in `nursery`; return once the node accepted it.
 
+        A request over the nodes' gRPC message limit is refused at once
+        (PayloadTooLargeError, a 413): the node would refuse it anyway.
+
         A node that has not accepted the run within `accept_s` fails it with
         NodeTimeoutError (the run is cancelled, reason "timeout").
 
@@ -141,6 +150,12 @@ class GrpcNodeClient:
         cancelled with reason "timeout". A consumer that takes no event for
         `slow_consumer_s` while events wait is gone: reason "slow_client".
         """
+        if isinstance(request, EncodedRunRequest) and len(request) > MAX_MESSAGE_BYTES:
+            # The node would refuse it (gRPC's 4 MiB limit): say so before starting.
+            raise PayloadTooLargeError(
+                f"the request is {len(request)} bytes as a RunRequest, over the"
+                f" {MAX_MESSAGE_BYTES}-byte gRPC message limit of the nodes"
+            )
         events = EventBuffer(
             max_events=EVENT_BUFFER, max_chars=EVENT_BUFFER_CHARS, limit_s=slow_consumer_s
         )
