@@ -48,8 +48,8 @@ class EventBuffer:
     Bounded twice: in events (`max_events`) and in delta text held
     (`max_chars` characters: that many bytes for ASCII text, at most four
     times that for any text, as CPython stores a string at 1, 2 or 4 bytes a
-    character; `len` is what the fast path can afford, `sys.getsizeof` costs
-    three times the whole put). A stream whose client stops reading holds at
+    character; `len` is what the fast path can afford, `sys.getsizeof` would
+    about double the cost of a put and its receive). A stream whose client stops reading holds at
     most that much here, whatever the size of its deltas; the read loop waits
     and HTTP/2 flow control slows the node down. One delta larger than the
     bound still passes, alone (the gRPC message cap bounds it).
