@@ -109,6 +109,7 @@ class ChatService:
             sentinels=model.sentinels,
             reasoning_parser=model.reasoning_parser,  # type: ignore[arg-type]
             response_format=request.response_format,
+            whole_output=not request.stream,
         )
 
     def forwarded(self, request: ChatRequest) -> ChatRequest:

@@ -19,8 +19,11 @@ from edge.node.client import RunHandle
 from edge.stream.output import OutEvent
 from edge.stream.session import StreamSession
 
-# Node events taken per batch: output for a batch goes out in one write.
+# Node events taken per batch: output for a batch goes out in one write. A
+# batch also stops past MAX_BATCH_CHARS characters of delta text, so a write
+# blocked on a client that stopped reading holds no more than about that much.
 MAX_BATCH = 256
+MAX_BATCH_CHARS = 64 * 1024
 
 
 class RunStream:
@@ -113,9 +116,14 @@ class RunStream:
         feed = session.feed
         done = feed(event)
         if not done:
-            # Everything else already here goes out in the same batch.
+            # Everything else already here goes out in the same batch. The
+            # buffer's character count only falls while this loop runs (the node's
+            # read loop cannot run in between), so the drop is what was taken.
             receive_nowait = receive.receive_nowait
+            floor = receive.held_chars - MAX_BATCH_CHARS
             for _ in range(MAX_BATCH):
+                if receive.held_chars <= floor:
+                    break
                 try:
                     event = receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):

@@ -2,10 +2,10 @@
 
 grpclib is asyncio-only. The edge runs on trio, with an asyncio loop hosted
 inside it by trio-asyncio. This module opens that loop, runs asyncio
-coroutines from trio, and adapts a trio memory channel into the `EventSink`
-the asyncio read loop writes to. Nothing else in the edge imports
-trio_asyncio; nothing outside `edge.node` (and the simulated node) imports
-asyncio.
+coroutines from trio, and holds each run's events between the asyncio read
+loop (an `EventSink`) and the trio writer, bounded in count and in bytes.
+Nothing else in the edge imports trio_asyncio; nothing outside `edge.node`
+(and the simulated node) imports asyncio.
 """
 
 from __future__ import annotations
@@ -13,18 +13,20 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar, cast
 
 import trio
 import trio_asyncio
 
 from edge.node.grpc import Accepted
-from edge.stream.events import NodeEvent
+from edge.stream.events import Delta, NodeEvent, ReasoningDelta
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 Item = NodeEvent | Accepted
+
+_TEXT_EVENTS = frozenset({Delta, ReasoningDelta})
 
 
 @asynccontextmanager
@@ -40,27 +42,68 @@ async def call_asyncio(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P
     return result
 
 
-class TrioSink:
-    """An EventSink over a trio memory channel: no hop while the channel has room."""
+class EventBuffer:
+    """One run's events between the node's read loop (asyncio) and its writer (trio).
 
-    __slots__ = ("_limit_s", "_put", "_send", "_send_nowait")
+    Bounded twice: in events (`max_events`) and in delta text held
+    (`max_chars` characters: that many bytes for ASCII text, at most four
+    times that for any text, as CPython stores a string at 1, 2 or 4 bytes a
+    character; `len` is what the fast path can afford, `sys.getsizeof` would
+    about double the cost of a put and its receive). A stream whose client stops reading holds at
+    most that much here, whatever the size of its deltas; the read loop waits
+    and HTTP/2 flow control slows the node down. One delta larger than the
+    bound still passes, alone (the gRPC message cap bounds it).
 
-    def __init__(self, send: trio.MemorySendChannel[Item], *, limit_s: float = math.inf) -> None:
+    The producer side is the `EventSink` of `edge.node.grpc` (`put_nowait`,
+    `put`); the consumer side is `receive`/`receive_nowait`, as on a trio
+    memory channel (trio.WouldBlock, trio.EndOfChannel).
+    """
+
+    __slots__ = (
+        "_chars",
+        "_limit_s",
+        "_max_chars",
+        "_put",
+        "_receive",
+        "_receive_nowait",
+        "_room",
+        "_send",
+        "_send_nowait",
+        "_waiting",
+    )
+
+    def __init__(self, *, max_events: int, max_chars: int, limit_s: float = math.inf) -> None:
+        send, receive = trio.open_memory_channel[Item](max_events)
         self._send = send
         self._send_nowait = send.send_nowait
+        self._receive = receive
+        self._receive_nowait = receive.receive_nowait
+        self._max_chars = max_chars
+        self._chars = 0
         self._limit_s = limit_s
-        self._put: Callable[[Item], Awaitable[None]] = trio_asyncio.trio_as_aio(self._bounded_send)
+        # The producer parks here while the text bound is reached.
+        self._room = trio.lowlevel.ParkingLot()
+        self._waiting = False
+        self._put: Callable[[Item], Awaitable[None]] = trio_asyncio.trio_as_aio(self._wait_put)
 
-    async def _bounded_send(self, item: Item) -> None:
-        # Raises trio.TooSlowError when the reader has taken nothing for limit_s.
-        with trio.fail_after(self._limit_s):
-            await self._send.send(item)
+    @property
+    def held_chars(self) -> int:
+        """Characters of delta text waiting for the writer."""
+        return self._chars
+
+    # --- producer (the node's read loop) ----------------------------------------
 
     def put_nowait(self, item: Item) -> bool:
+        """Queue `item` if both bounds leave room; False when the caller must `put`."""
+        size = len(item.text) if type(item) in _TEXT_EVENTS else 0  # type: ignore[union-attr]
+        held = self._chars
+        if held and held + size > self._max_chars:
+            return False
         try:
             self._send_nowait(item)
         except trio.WouldBlock:
             return False
+        self._chars = held + size
         return True
 
     def put(self, item: Item) -> Awaitable[None]:
@@ -70,3 +113,50 @@ class TrioSink:
         is stuck (a client that stopped reading).
         """
         return self._put(item)
+
+    async def _wait_put(self, item: Item) -> None:
+        size = len(item.text) if type(item) in _TEXT_EVENTS else 0  # type: ignore[union-attr]
+        with trio.fail_after(self._limit_s):
+            while self._chars and self._chars + size > self._max_chars:
+                self._waiting = True
+                await self._room.park()
+            await self._send.send(item)
+        self._chars += size
+
+    def close(self) -> None:
+        """No more events: the consumer sees trio.EndOfChannel once it took the rest."""
+        self._send.close()
+
+    # --- consumer (the stream's writer) -----------------------------------------
+
+    # The first item is always ACCEPTED, taken by whoever starts the run; the
+    # consumer sees node events after it (typed so, to spare a check per event).
+
+    def _taken(self, item: Item) -> NodeEvent:
+        if type(item) in _TEXT_EVENTS:
+            self._chars -= len(item.text)  # type: ignore[union-attr]
+            if self._waiting:
+                self._waiting = False
+                self._room.unpark_all()
+        return cast("NodeEvent", item)
+
+    def receive_nowait(self) -> NodeEvent:
+        item = self._receive_nowait()
+        if type(item) in _TEXT_EVENTS:  # _taken, inlined: the per-event path
+            self._chars -= len(item.text)  # type: ignore[union-attr]
+            if self._waiting:
+                self._waiting = False
+                self._room.unpark_all()
+        return item  # type: ignore[return-value]
+
+    async def receive(self) -> NodeEvent:
+        return self._taken(await self._receive.receive())
+
+    def __aiter__(self) -> EventBuffer:
+        return self
+
+    async def __anext__(self) -> NodeEvent:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None

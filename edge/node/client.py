@@ -18,16 +18,25 @@ from typing import Protocol
 import trio
 from loguru import logger
 
-from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
+from edge.errors import (
+    EdgeError,
+    NodeFailedError,
+    NodeTimeoutError,
+    NodeUnavailableError,
+    PayloadTooLargeError,
+)
 from edge.node._proto.iop.node import v1 as pb
-from edge.node.bridge import Item, TrioSink, call_asyncio
-from edge.node.grpc import Accepted, GrpcNode
+from edge.node.bridge import EventBuffer, call_asyncio
+from edge.node.grpc import MAX_MESSAGE_BYTES, Accepted, GrpcNode
 from edge.node.wire import EncodedRunRequest
-from edge.stream.events import NodeEvent
 
-# Events buffered between the node's read loop and the stream's writer; past
-# this the read loop waits and HTTP/2 flow control slows the node down.
+# Events buffered between the node's read loop and the stream's writer, in
+# count and in characters of delta text; past either the read loop waits and
+# HTTP/2 flow control slows the node down. A client that stops reading holds
+# this much here, one batch (runstream.MAX_BATCH_CHARS) and the node
+# connection's 256 KiB stream window: ~0.7 MiB measured per stalled stream.
 EVENT_BUFFER = 512
+EVENT_BUFFER_CHARS = 256 * 1024
 CANCEL_RPC_TIMEOUT_S = 2.0
 # CancelRuns in flight per node at once, and how long one may wait its turn.
 CANCEL_CONCURRENCY = 64
@@ -64,12 +73,10 @@ class RunHandle:
         "run_id",
     )
 
-    def __init__(
-        self, run_id: str, node_name: str, events: trio.MemoryReceiveChannel[Item]
-    ) -> None:
+    def __init__(self, run_id: str, node_name: str, events: EventBuffer) -> None:
         self.run_id = run_id
         self.node_name = node_name
-        self.events: trio.MemoryReceiveChannel[NodeEvent] = events  # type: ignore[assignment]
+        self.events = events
         self.error: EdgeError | None = None
         self.cancel_reason: str | None = None
         self.finished = False
@@ -133,6 +140,9 @@ class GrpcNodeClient:
     ) -> RunHandle:
         """Start `request` in `nursery`; return once the node accepted it.
 
+        A request over the nodes' gRPC message limit is refused at once
+        (PayloadTooLargeError, a 413): the node would refuse it anyway.
+
         A node that has not accepted the run within `accept_s` fails it with
         NodeTimeoutError (the run is cancelled, reason "timeout").
 
@@ -140,15 +150,21 @@ class GrpcNodeClient:
         cancelled with reason "timeout". A consumer that takes no event for
         `slow_consumer_s` while events wait is gone: reason "slow_client".
         """
-        send, receive = trio.open_memory_channel[Item](EVENT_BUFFER)
-        handle = RunHandle(request.run_id, self.name, receive)
-        handle._scope.deadline = deadline
-        nursery.start_soon(
-            self._run, handle, request, TrioSink(send, limit_s=slow_consumer_s), send
+        if isinstance(request, EncodedRunRequest) and len(request) > MAX_MESSAGE_BYTES:
+            # The node would refuse it (gRPC's 4 MiB limit): say so before starting.
+            raise PayloadTooLargeError(
+                f"the request is {len(request)} bytes as a RunRequest, over the"
+                f" {MAX_MESSAGE_BYTES}-byte gRPC message limit of the nodes"
+            )
+        events = EventBuffer(
+            max_events=EVENT_BUFFER, max_chars=EVENT_BUFFER_CHARS, limit_s=slow_consumer_s
         )
+        handle = RunHandle(request.run_id, self.name, events)
+        handle._scope.deadline = deadline
+        nursery.start_soon(self._run, handle, request, events)
         try:
             with trio.move_on_after(accept_s) as waiting:
-                first = await receive.receive()
+                first = await events.receive()
             if waiting.cancelled_caught:
                 handle.cancel("timeout")
                 raise NodeTimeoutError(f"node {self.name} did not accept the run in {accept_s}s")
@@ -166,13 +182,12 @@ class GrpcNodeClient:
         self,
         handle: RunHandle,
         request: pb.RunRequest | EncodedRunRequest,
-        sink: TrioSink,
-        send: trio.MemorySendChannel[Item],
+        events: EventBuffer,
     ) -> None:
         try:
             with handle._scope:
                 try:
-                    await call_asyncio(self._grpc.read_run, request, sink)
+                    await call_asyncio(self._grpc.read_run, request, events)
                     handle.finished = True
                 except EdgeError as exc:
                     handle.error = exc
@@ -187,11 +202,11 @@ class GrpcNodeClient:
             if handle._scope.cancelled_caught and handle.cancel_reason is None:
                 handle.cancel_reason = "timeout"
             # The reason is final: now the writer may see the end of the events.
-            send.close()
+            events.close()
             if not handle.finished and not isinstance(handle.error, NodeUnavailableError):
                 await self._cancel_on_node(handle)
         finally:
-            send.close()
+            events.close()
 
     async def _cancel_on_node(self, handle: RunHandle) -> None:
         """Send CancelRun, shielded and bounded.

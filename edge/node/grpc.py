@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from grpclib.client import Channel
 from grpclib.config import Configuration
 from grpclib.const import Cardinality, Status
+from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
@@ -37,6 +38,34 @@ _H2_CONFIG = Configuration(
     http2_stream_window_size=256 * 1024,
 )
 _CONNECT_ERRORS = (OSError, asyncio.TimeoutError, ConnectionError)
+# gRPC's default limit on a received message. A node never needs more (it
+# splits long text into deltas); a larger message is the node's failure.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+class BoundedCodec(ProtoCodec):
+    """grpclib's protobuf codec, refusing a received message over MAX_MESSAGE_BYTES.
+
+    grpclib 0.4.9 (the latest release) has no receive limit of its own
+    (vmagamedov/grpclib#195, open): it reads a message's 4-byte length prefix
+    and then the whole message before any hook of ours runs. The codec is the
+    first public place that sees a message, so the limit is enforced here:
+    the oversized message is dropped before it is parsed, the run fails with
+    a clear error and the connection's other runs go on. The bytes of that
+    one message were still received (the node's HTTP/2 window is granted
+    again as grpclib reads); the limit bounds what is parsed and kept.
+    """
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise NodeFailedError(
+                f"the node sent a message of {len(data)} bytes, over the"
+                f" {MAX_MESSAGE_BYTES}-byte gRPC message limit"
+            )
+        return super().decode(data, message_type)
+
+
+_CODEC = BoundedCodec()
 
 
 class Accepted:
@@ -100,7 +129,7 @@ class GrpcNode:
             ):
                 best = pooled
         if best is None:
-            best = _PooledChannel(Channel(self.host, self.port, config=_H2_CONFIG))
+            best = _PooledChannel(Channel(self.host, self.port, codec=_CODEC, config=_H2_CONFIG))
             self._channels.append(best)
         best.active += 1
         return best

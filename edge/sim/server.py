@@ -10,8 +10,11 @@ edge hosts (a node whose address is "embedded"). Models:
   A first item `{"accept_after_ms": N}` holds the run's acceptance (the
   response headers) back N ms.
   A delta item may carry `"repeat": N` to send the same delta N times (the
-  benchmarks' fast path). `{"type": "request"}` sends one delta holding the
-  RunRequest this node received, as protobuf JSON (what the edge forwarded).
+  benchmarks' fast path), and `"delta_times": K` to make its text K copies of
+  `delta` (large events from a small script: a 64 KiB delta, or a message
+  over the gRPC size limit, which this node sends as a broken node would).
+  `{"type": "request"}` sends one delta holding the RunRequest this node
+  received, as protobuf JSON (what the edge forwarded).
 
 The runs log (`edge.nodekit.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
@@ -26,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from grpclib.const import Status
-from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from edge.node._proto.iop.node import v1 as pb
-from edge.nodekit import Events, NodeServer, NodeService, RunRecord, bound_port
+from edge.nodekit import BoundedCodec, Events, NodeServer, NodeService, RunRecord, bound_port
 
 MODELS = ("sim-echo", "sim-script")
 # A repeated event yields to the loop every this many messages.
@@ -59,7 +61,7 @@ def _event_from_json(item: dict[str, Any]) -> pb.RunEvent:
     }
     return pb.RunEvent(
         type=str(item.get("type", "")),
-        delta=str(item.get("delta", "")),
+        delta=str(item.get("delta", "")) * int(item.get("delta_times", 1)),
         error=str(item.get("error", "")),
         message=str(item.get("message", "")),
         usage=pb.Usage(**{k: int(v) for k, v in usage.items()}) if usage else None,
@@ -86,7 +88,7 @@ class _Encoded(bytes):
     """A message serialized already: the codec sends it as it is."""
 
 
-class _Codec(ProtoCodec):
+class _Codec(BoundedCodec):
     def encode(self, message: Any, message_type: Any) -> bytes:
         if type(message) is _Encoded:
             return message

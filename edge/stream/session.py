@@ -54,6 +54,12 @@ _HIDDEN_FALLBACK = {
 }
 _HIDDEN_FALLBACK_DEFAULT = "[The model produced reasoning but no answer.]"
 
+# What a session may keep of an answer it must hold whole (non-streaming
+# answers, tool calls from text, strict JSON output, stream_buffer), in
+# characters of model text: past it the stream ends with `output_too_large`.
+MAX_HELD_CHARS = 16 * 1024 * 1024
+OUTPUT_TOO_LARGE = "output_too_large"
+
 
 def hidden_reasoning_fallback(finish_reason: str) -> str:
     return _HIDDEN_FALLBACK.get(finish_reason, _HIDDEN_FALLBACK_DEFAULT)
@@ -79,6 +85,9 @@ class SessionSettings:
     reasoning_parser: ReasoningParser = "none"
     # The request's response_format; checked on strict output.
     response_format: Mapping[str, Any] | None = None
+    # The caller keeps every output event until the end (a non-streaming answer).
+    whole_output: bool = False
+    max_held_chars: int = MAX_HELD_CHARS
 
     @property
     def expose_reasoning(self) -> bool:
@@ -91,11 +100,17 @@ class StreamSession:
 
     __slots__ = (
         "_content",
+        "_content_chars",
+        "_content_seen",
         "_content_sentinel",
         "_emitted",
         "_expose_reasoning",
+        "_held_chars",
         "_held_content",
+        "_holds",
         "_reasoning",
+        "_reasoning_chars_",
+        "_reasoning_seen",
         "_reasoning_sentinel",
         "_think",
         "_tool_filter",
@@ -113,11 +128,32 @@ class StreamSession:
         self._expose_reasoning = settings.expose_reasoning
         self._trace = trace if settings.trace else None
         self._trace_seq = 0
-        self._content: list[str] = []
-        self._reasoning: list[str] = []
-        self._emitted: list[str] = []
+        # Text is kept only for a feature that reads it whole, and never twice
+        # without one: the accumulators below are None when nothing needs them.
+        tools = bool(settings.tools.tools)
+        strict_json = settings.strict and (settings.response_format or {}).get("type") in (
+            "json_object",
+            "json_schema",
+        )
+        # The whole content: tool calls are synthesized from it.
+        self._content: list[str] | None = [] if tools else None
+        # What was written: for the unstreamed remainder of a tool-call answer,
+        # and the strict response_format check.
+        self._emitted: list[str] | None = [] if tools or strict_json else None
+        # Reasoning, for the fallback that quotes it when no answer came; dropped
+        # once content is seen (the fallback cannot happen any more).
+        keep_reasoning = not settings.strict and settings.include_reasoning
+        self._reasoning: list[str] | None = [] if keep_reasoning else None
+        self._content_chars = 0
+        self._reasoning_chars_ = 0
+        self._content_seen = False  # any content that is not whitespace
+        self._reasoning_seen = False
         # stream_buffer: content held until the whole output is validated.
         self._held_content: list[str] | None = [] if settings.stream_buffer else None
+        # Whether this session (or its caller) holds the answer whole: then the
+        # answer counts against max_held_chars.
+        self._holds = tools or strict_json or settings.stream_buffer or settings.whole_output
+        self._held_chars = 0
         self._content_sentinel = SentinelFilter(settings.sentinels)
         self._reasoning_sentinel = SentinelFilter(settings.sentinels)
         self._think: ThinkSplitter | None = None
@@ -192,7 +228,7 @@ class StreamSession:
             "run_id": self.settings.run_id,
             "strict_output": self.settings.strict,
             "strict_stream_buffer": self.settings.stream_buffer,
-            "content_len": sum(map(len, self._content)),
+            "content_len": self._content_chars,
             "reasoning_len": self._reasoning_chars(),
         }
 
@@ -217,7 +253,14 @@ class StreamSession:
         self._visible(text, source)
 
     def _visible(self, text: str, source: str) -> None:
-        self._content.append(text)
+        self._content_chars += len(text)
+        if not self._content_seen and not text.isspace():
+            self._content_seen = True
+            self._reasoning = None  # no fallback any more: stop keeping reasoning
+        if self._holds and self._hold(len(text)):
+            return
+        if self._content is not None:
+            self._content.append(text)
         shown = text
         if self._tool_filter is not None:
             shown = self._tool_filter.feed(text)
@@ -234,7 +277,8 @@ class StreamSession:
                     },
                 )
                 return
-        self._emitted.append(shown)
+        if self._emitted is not None:
+            self._emitted.append(shown)
         self._write_content(shown, source, shown != source)
 
     def _on_reasoning(self, source: str) -> None:
@@ -245,8 +289,15 @@ class StreamSession:
             self._reasoning_text(text)
 
     def _reasoning_text(self, text: str) -> None:
-        self._reasoning.append(text)
+        self._reasoning_chars_ += len(text)
+        if not self._reasoning_seen and not text.isspace():
+            self._reasoning_seen = True
+        # The fallback quotes at most the first max_held_chars of reasoning.
+        if self._reasoning is not None and self._reasoning_chars_ <= self.settings.max_held_chars:
+            self._reasoning.append(text)
         if self._expose_reasoning:
+            if self.settings.whole_output and self._hold(len(text)):
+                return
             self._trace_seq += 1
             self._trace_chunk("reasoning", len(text))
             self.out.append(ReasoningOut(text))
@@ -254,7 +305,8 @@ class StreamSession:
     def _emit_pending(self, pending: str) -> None:
         """Emit text the tool-text filter held back."""
         if pending:
-            self._emitted.append(pending)
+            if self._emitted is not None:
+                self._emitted.append(pending)
             self._write_content(pending, pending, False)
 
     def _write_content(self, text: str, source: str, filtered: bool) -> None:
@@ -293,6 +345,8 @@ class StreamSession:
         tail = self._reasoning_sentinel.flush()
         if tail:
             self._reasoning_text(tail)
+        if self.outcome is not None:  # what the flushes released passed the held-output cap
+            return
 
         metadata = event.metadata
         finish_reason = metadata.get("finish_reason") or "stop"
@@ -326,7 +380,7 @@ class StreamSession:
             "done",
             {
                 "finish_reason": finish_reason,
-                "content_len": sum(map(len, self._content)),
+                "content_len": self._content_chars,
                 "reasoning_len": self._reasoning_chars(),
             },
         )
@@ -358,6 +412,8 @@ class StreamSession:
                 self.fail("tool_validation_error", problem)
             return native, True
         if self._tool_filter is not None:
+            assert self._content is not None  # kept whenever tools are declared
+            assert self._emitted is not None
             result = synthesize_tool_calls(
                 "".join(self._content), policy, run_id, self.settings.tool_formats
             )
@@ -371,16 +427,15 @@ class StreamSession:
         return (), False
 
     def _reasoning_fallback(self, finish_reason: str) -> None:
-        if self.settings.strict or "".join(self._content).strip() or "".join(self._emitted).strip():
+        if self.settings.strict or self._content_seen or not self._reasoning_seen:
             return
-        reasoning = "".join(self._reasoning)
-        if not reasoning.strip():
-            return
+        reasoning = "".join(self._reasoning or ())
         if self.settings.include_reasoning:
             text = reasoning_only_fallback(reasoning, finish_reason)
         else:
             text = hidden_reasoning_fallback(finish_reason)
-        self._emitted.append(text)
+        if self._emitted is not None:
+            self._emitted.append(text)
         self._write_content(text, reasoning, False)
 
     def _check_output_format(self) -> str | None:
@@ -388,7 +443,7 @@ class StreamSession:
         fmt = self.settings.response_format
         if not fmt or fmt.get("type") not in ("json_object", "json_schema"):
             return None
-        text = "".join(self._emitted)
+        text = "".join(self._emitted or ())
         try:
             value = strict_json(text)
         except ValueError as exc:
@@ -412,7 +467,25 @@ class StreamSession:
         return True
 
     def _reasoning_chars(self) -> int:
-        return sum(map(len, self._reasoning))
+        return self._reasoning_chars_
+
+    def _hold(self, chars: int) -> bool:
+        """Count `chars` more of an answer held whole; True (and the session failed) past the cap.
+
+        Past the cap everything kept is let go: the terminal is an error
+        frame (or error response) naming the limit, never unbounded growth.
+        """
+        self._held_chars += chars
+        if self._held_chars <= self.settings.max_held_chars:
+            return False
+        self._content = self._emitted = self._reasoning = self._held_content = None
+        self.fail(
+            OUTPUT_TOO_LARGE,
+            f"the answer exceeds the edge's limit of {self.settings.max_held_chars} characters"
+            " for an answer it must hold whole (a non-streaming answer, tool calls, strict"
+            " output or a buffered stream)",
+        )
+        return True
 
     def _trace_chunk(self, kind: str, length: int) -> None:
         if self._trace is not None:
@@ -433,4 +506,11 @@ class StreamSession:
             )
 
 
-__all__ = ["SessionSettings", "Status", "StreamSession", "Usage"]
+__all__ = [
+    "MAX_HELD_CHARS",
+    "OUTPUT_TOO_LARGE",
+    "SessionSettings",
+    "Status",
+    "StreamSession",
+    "Usage",
+]

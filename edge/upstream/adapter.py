@@ -33,6 +33,7 @@ from edge.upstream.sse import DONE, SSEMessage
 __all__ = [
     "ChunkMapper",
     "ToolCallAssembler",
+    "ToolCallLimitError",
     "chat_request_body",
     "error_message",
     "models_from_body",
@@ -40,6 +41,14 @@ __all__ = [
 
 # Error bodies are quoted up to this many characters.
 MAX_ERROR_CHARS: Final = 500
+# A text delta longer than this is sent as several RunEvents: each stays well
+# under gRPC's 4 MiB message limit (at most 4 bytes a character in UTF-8).
+MAX_DELTA_CHARS: Final = 512 * 1024
+# What one run's streamed tool calls may add up to: their names and argument
+# fragments in characters, and their number. The calls travel in the complete
+# event's metadata, one gRPC message (4 MiB at most).
+MAX_TOOL_CALL_CHARS: Final = 512 * 1024
+MAX_TOOL_CALLS: Final = 256
 _UINT32_MAX: Final = 2**32 - 1
 # Fields the request body owns: extra_json may not override them.
 _OWNED: Final = frozenset({"model", "messages", "stream", "stream_options"})
@@ -184,19 +193,27 @@ def _detail(usage: dict[str, Any], key: str, name: str) -> int:
     return _count(usage.get(name))  # some servers flatten the details
 
 
+class ToolCallLimitError(ValueError):
+    """The upstream's tool calls passed MAX_TOOL_CALL_CHARS or MAX_TOOL_CALLS."""
+
+
 class ToolCallAssembler:
     """Streamed tool-call fragments folded into whole calls, in the order they began.
 
     A fragment joins the call with its `index` unless it names a different
     `id`; without an index it joins the call with its id, starts a new call if
     it has an id or a name, and otherwise extends the last call.
+
+    What it holds is bounded: past MAX_TOOL_CALLS calls or MAX_TOOL_CALL_CHARS
+    characters of ids, names and arguments, `feed` raises ToolCallLimitError.
     """
 
-    __slots__ = ("_by_index", "calls")
+    __slots__ = ("_by_index", "_chars", "calls")
 
     def __init__(self) -> None:
         self.calls: list[_Call] = []
         self._by_index: dict[int, _Call] = {}
+        self._chars = 0
 
     def feed(self, fragments: object) -> None:
         if isinstance(fragments, dict):
@@ -226,15 +243,26 @@ class ToolCallAssembler:
         elif not name and self.calls:
             call = self.calls[-1]
         if call is None:
+            if len(self.calls) >= MAX_TOOL_CALLS:
+                raise ToolCallLimitError(f"upstream sent more than {MAX_TOOL_CALLS} tool calls")
             call = _Call()
             self.calls.append(call)
             if index is not None:
                 self._by_index[index] = call
+        arguments = _arguments(fn.get("arguments", fragment.get("arguments")))
+        kept = len(arguments)
         if call_id and not call.id:
             call.id = call_id
+            kept += len(call.id)
         if name and not call.name:
             call.name = name
-        arguments = _arguments(fn.get("arguments", fragment.get("arguments")))
+            kept += len(name)
+        self._chars += kept
+        if self._chars > MAX_TOOL_CALL_CHARS:
+            raise ToolCallLimitError(
+                f"upstream tool calls exceed {MAX_TOOL_CALL_CHARS} characters"
+                " of ids, names and arguments"
+            )
         if arguments:
             call.arguments.append(arguments)
 
@@ -265,6 +293,16 @@ def _error_text(payload: dict[str, Any]) -> str:
         message, code = payload.get("message") or "unknown error", payload.get("code")
     suffix = f" (code {code})" if isinstance(code, int | str) and code != "" else ""
     return f"upstream error: {str(message)[:MAX_ERROR_CHARS]}{suffix}"
+
+
+def _deltas(kind: str, text: str) -> list[pb.RunEvent]:
+    """`text` as RunEvents of `kind`, each at most MAX_DELTA_CHARS characters."""
+    if len(text) <= MAX_DELTA_CHARS:
+        return [pb.RunEvent(type=kind, delta=text)]
+    return [
+        pb.RunEvent(type=kind, delta=text[i : i + MAX_DELTA_CHARS])
+        for i in range(0, len(text), MAX_DELTA_CHARS)
+    ]
 
 
 def _is_error(payload: dict[str, Any]) -> bool:
@@ -309,7 +347,10 @@ class ChunkMapper:
             return [self.error(f"upstream sent a malformed chunk: {message.data[:200]!r}")]
         if message.event == "error" or _is_error(payload):
             return [self.error(_error_text(payload))]
-        return self._chunk(payload)
+        try:
+            return self._chunk(payload)
+        except ToolCallLimitError as exc:
+            return [self.error(str(exc))]
 
     def feed_completion(self, payload: object) -> list[pb.RunEvent]:
         """A whole `chat.completion` (a server that did not stream): its events and terminal."""
@@ -325,7 +366,10 @@ class ChunkMapper:
                     {**c, "delta": c.get("message") or {}} for c in choices if isinstance(c, dict)
                 ],
             }
-        events = self._chunk(payload)
+        try:
+            events = self._chunk(payload)
+        except ToolCallLimitError as exc:
+            return [self.error(str(exc))]
         if not self.terminated:
             events.append(self._complete())
         return events
@@ -359,10 +403,10 @@ class ChunkMapper:
             delta = delta if isinstance(delta, dict) else {}
             reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
             if reasoning:
-                events.append(pb.RunEvent(type="reasoning_delta", delta=reasoning))
+                events.extend(_deltas("reasoning_delta", reasoning))
             content = _text(delta.get("content"))
             if content:
-                events.append(pb.RunEvent(type="delta", delta=content))
+                events.extend(_deltas("delta", content))
             if delta.get("tool_calls"):
                 self.tools.feed(delta.get("tool_calls"))
             finish = choice.get("finish_reason")

@@ -45,6 +45,9 @@ CONNECT_TIMEOUT_S = 10.0
 # After the terminal event, read the rest of the body (to reuse the connection) this long.
 DRAIN_TIMEOUT_S = 1.0
 MAX_ERROR_BODY = 64 * 1024
+# A whole (non-streamed) answer is read up to this many bytes; past it the run
+# ends with an error event and the upstream request is closed.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 # On shutdown, how long runs get to close their upstream requests.
 CLOSE_TIMEOUT_S = 2.0
 
@@ -233,8 +236,12 @@ class UpstreamNode(NodeService):
                 if not content_type or "event-stream" in content_type:
                     await self._relay_sse(response, mapper, emit)
                 elif "json" in content_type:  # a server that does not stream
-                    payload = json.loads(await response.aread())
-                    for event in mapper.feed_completion(payload):
+                    raw = await _read_capped(response, MAX_BODY_BYTES + 1)
+                    if len(raw) > MAX_BODY_BYTES:
+                        text = f"upstream answer exceeds the node's limit of {MAX_BODY_BYTES} bytes"
+                        await emit(mapper.error(text))
+                        return
+                    for event in mapper.feed_completion(json.loads(raw)):
                         await emit(event)
                 else:
                     raw = await _read_capped(response)
@@ -264,6 +271,8 @@ class UpstreamNode(NodeService):
                         await emit(event)
                 if mapper.terminated:
                     break
+            if mapper.outcome == "error":
+                return  # leaving closes the upstream request (an error, or a limit passed)
             if mapper.terminated:
                 # The body ends right after [DONE]: read it, so the connection is reused.
                 with contextlib.suppress(TimeoutError, httpx.HTTPError):
@@ -297,8 +306,8 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-async def _read_capped(response: httpx.Response) -> bytes:
-    """At most MAX_ERROR_BODY bytes of an error body: enough to quote, never unbounded."""
+async def _read_capped(response: httpx.Response, limit: int = MAX_ERROR_BODY) -> bytes:
+    """At most `limit` bytes of a body (an error body: enough to quote), never unbounded."""
     chunks: list[bytes] = []
     size = 0
     body = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
@@ -306,9 +315,9 @@ async def _read_capped(response: httpx.Response) -> bytes:
         async for chunk in pieces:
             chunks.append(chunk)
             size += len(chunk)
-            if size >= MAX_ERROR_BODY:
+            if size >= limit:
                 break
-    return b"".join(chunks)[:MAX_ERROR_BODY]
+    return b"".join(chunks)[:limit]
 
 
 async def start_server(node: UpstreamNode, host: str, port: int) -> tuple[Server, int]:

@@ -11,22 +11,33 @@ from __future__ import annotations
 import trio
 
 from edge.config import TimeoutsConfig
-from edge.http.runstream import RunStream
+from edge.http.runstream import MAX_BATCH_CHARS, RunStream
+from edge.node.bridge import EventBuffer
 from edge.node.client import RunHandle
-from edge.stream.events import Complete, Delta
+from edge.stream.events import Complete, Delta, NodeEvent
 from edge.stream.output import ContentOut, ErrorOut, FinishOut, RoleOut
 from edge.stream.session import SessionSettings, StreamSession
 
 TIMEOUTS = TimeoutsConfig(first_event_s=10, idle_s=5, total_s=60)
 
 
-def _stream(keepalive_s: float = 0.0) -> tuple[RunStream, trio.MemorySendChannel[object]]:
-    send, receive = trio.open_memory_channel[object](16)
-    handle = RunHandle("r1", "node", receive)
+class _Sender:
+    """The node side of a run's EventBuffer, as these tests drive it."""
+
+    def __init__(self, events: EventBuffer) -> None:
+        self._events = events
+
+    def send_nowait(self, event: NodeEvent) -> None:
+        assert self._events.put_nowait(event)
+
+
+def _stream(keepalive_s: float = 0.0) -> tuple[RunStream, _Sender]:
+    events = EventBuffer(max_events=16, max_chars=1 << 30)
+    handle = RunHandle("r1", "node", events)
     session = StreamSession(SessionSettings(run_id="r1"))
     run = RunStream(handle, session, TIMEOUTS, started_at=trio.current_time(),
                     keepalive_s=keepalive_s)  # fmt: skip
-    return run, send
+    return run, _Sender(events)
 
 
 async def test_first_event_timeout(autojump_clock: trio.testing.MockClock) -> None:
@@ -94,3 +105,40 @@ async def test_a_buffered_event_is_taken_after_the_idle_deadline(
     assert await run.next_batch() == [ContentOut("b"), FinishOut("stop", None)]
     assert run.session.outcome is not None
     assert run.session.outcome.status == "success"
+
+
+async def test_event_buffer_is_bounded_in_characters() -> None:
+    """The buffer refuses an event once its delta text would pass max_chars (the node's
+    read loop then waits), takes events again once the writer took some, and lets one
+    delta larger than the bound through alone."""
+    events = EventBuffer(max_events=16, max_chars=100)
+    assert events.put_nowait(Delta("a" * 60))
+    assert not events.put_nowait(Delta("b" * 60))
+    assert events.held_chars == 60
+    assert events.receive_nowait() == Delta("a" * 60)
+    assert events.held_chars == 0
+    assert events.put_nowait(Delta("b" * 60))
+    events.receive_nowait()
+    assert events.put_nowait(Delta("c" * 500))
+    assert not events.put_nowait(Delta("d"))
+    assert events.held_chars == 500
+
+
+async def test_a_batch_stops_past_max_batch_chars() -> None:
+    """One batch (one write to the client) takes delta text up to about MAX_BATCH_CHARS,
+    leaving the rest for the next batch, so a stalled writer never holds more."""
+    run, send = _stream()
+    await run.next_batch()
+    piece = "x" * (MAX_BATCH_CHARS // 3)
+    for _ in range(12):
+        send.send_nowait(Delta(piece))
+    first = await run.next_batch()
+    assert isinstance(first, list)
+    assert 1 < len(first) < 12
+    assert sum(len(e.text) for e in first if isinstance(e, ContentOut)) <= 2 * MAX_BATCH_CHARS
+    rest = []
+    while len(first) + len(rest) < 12:
+        batch = await run.next_batch()
+        assert isinstance(batch, list)
+        rest += batch
+    assert all(e == ContentOut(piece) for e in [*first, *rest])

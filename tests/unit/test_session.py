@@ -11,6 +11,7 @@ event sequence (garbage included), and that any session renders as valid SSE.
 from __future__ import annotations
 
 import json
+import tracemalloc
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -1164,3 +1165,96 @@ def test_property_sse_rendering_is_valid(
         message = builder.response("id", 1, model)["choices"][0]["message"]
         text = "".join(e.text for e in out if isinstance(e, ContentOut))
         assert message["content"] == (text if text or "tool_calls" not in message else None)
+
+
+# --- bounded memory: what the session keeps ------------------------------------------
+
+DELTA_64K = "x" * 65536  # ASCII: one byte a character
+
+
+def _growth_after_deltas(cfg: SessionSettings, deltas: int = 32) -> int:
+    """Bytes still allocated after feeding (and draining) `deltas` 64 KiB deltas."""
+    session = StreamSession(cfg)
+    session.drain()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(deltas):
+            session.feed(Delta(DELTA_64K[:-1] + str(i % 10)))  # a new string each time
+            session.drain()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [conf(), conf(include_reasoning=False), conf(strict=True), conf(reasoning_parser="think")],
+)
+def test_streaming_session_keeps_no_copy_of_the_output(cfg: SessionSettings) -> None:
+    """A streamed answer with no feature that reads it whole (no tools, no strict JSON, no
+    stream_buffer) is not kept: 2 MiB through the session leaves well under 64 KiB behind."""
+    assert _growth_after_deltas(cfg) < 64 * 1024
+
+
+def test_tool_session_keeps_the_content_it_needs() -> None:
+    """With tools declared the content is kept (tool calls are synthesized from it whole):
+    the same 2 MiB leaves about that much behind, bounded by max_held_chars."""
+    assert _growth_after_deltas(conf(tools=TOOLS)) >= 2 * 1024 * 1024
+
+
+HELD_CAP = 1000
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        conf(whole_output=True, max_held_chars=HELD_CAP),
+        conf(tools=TOOLS, max_held_chars=HELD_CAP),
+        conf(stream_buffer=True, max_held_chars=HELD_CAP),
+        conf(strict=True, response_format={"type": "json_object"}, max_held_chars=HELD_CAP),
+        conf(whole_output=True, reasoning_explicit=True, max_held_chars=HELD_CAP),
+    ],
+    ids=["non-stream", "tools", "stream_buffer", "strict-json", "non-stream-reasoning"],
+)
+def test_held_answer_past_the_cap_ends_with_output_too_large(cfg: SessionSettings) -> None:
+    """An answer the edge must hold whole ends, once it passes max_held_chars, with exactly
+    one terminal: an `output_too_large` error naming the limit; later events are ignored."""
+    kind = ReasoningDelta if cfg.reasoning_explicit else Delta
+    result = run([*(kind("y" * 300) for _ in range(10)), complete()], cfg)
+    assert result.outcome is not None
+    assert result.outcome.status == "error"
+    assert result.outcome.error_type == "output_too_large"
+    errors = [e for e in result.out if isinstance(e, ErrorOut)]
+    assert len(errors) == 1
+    assert result.out[-1] is errors[0]
+    assert str(HELD_CAP) in errors[0].message
+    assert not any(isinstance(e, FinishOut) for e in result.out)
+
+
+def test_held_answer_within_the_cap_is_whole() -> None:
+    """At the cap exactly, a held answer still completes, whole."""
+    cfg = conf(whole_output=True, max_held_chars=HELD_CAP)
+    result = run([Delta("z" * 500), Delta("z" * 500), complete()], cfg)
+    assert result.outcome is not None
+    assert result.outcome.status == "success"
+    assert result.content == "z" * HELD_CAP
+
+
+def test_streamed_answer_is_not_capped() -> None:
+    """A streamed answer the edge does not hold has no size cap: it flows through."""
+    result = run([*(Delta("y" * 300) for _ in range(10)), complete()], conf(max_held_chars=100))
+    assert result.outcome is not None
+    assert result.outcome.status == "success"
+    assert result.content == "y" * 3000
+
+
+def test_reasoning_fallback_quotes_at_most_the_cap() -> None:
+    """Reasoning is kept for the reasoning-only fallback up to max_held_chars, not beyond:
+    the stream still completes, quoting the first part."""
+    cfg = conf(max_held_chars=HELD_CAP)
+    result = run([*(ReasoningDelta("r" * 300) for _ in range(10)), complete()], cfg)
+    assert result.outcome is not None
+    assert result.outcome.status == "success"
+    assert result.content.startswith(hidden_reasoning_fallback("stop"))
+    assert 0 < result.content.count("r") <= HELD_CAP

@@ -20,6 +20,9 @@ from edge.cli import build_parser as edge_parser
 from edge.config import ConfigError, parse_config, upstream_url
 from edge.node._proto.iop.node import v1 as pb
 from edge.upstream.adapter import (
+    MAX_DELTA_CHARS,
+    MAX_TOOL_CALL_CHARS,
+    MAX_TOOL_CALLS,
     ChunkMapper,
     ToolCallAssembler,
     chat_request_body,
@@ -548,3 +551,46 @@ def test_node_settings_errors(tmp_path: Path, text: str, message: str) -> None:
     path.write_text(text)
     with pytest.raises(SettingsError, match=message):
         resolve(node_parser().parse_args(["--config", str(path)]))
+
+
+# --- bounded reading: what one run may hold of an upstream's answer ---------------------
+
+
+def _chunk(delta: dict[str, Any]) -> SSEMessage:
+    return SSEMessage(json.dumps({"choices": [{"index": 0, "delta": delta}]}))
+
+
+def test_endless_tool_call_arguments_end_in_an_error_naming_the_limit() -> None:
+    """Tool-call argument fragments are held up to MAX_TOOL_CALL_CHARS: past it the run's
+    terminal is an error event naming the limit, and later chunks are ignored."""
+    mapper = ChunkMapper(id_prefix="r1")
+    fragment = {"index": 0, "function": {"name": "f", "arguments": "a" * 65536}}
+    events: list[pb.RunEvent] = []
+    for _ in range(MAX_TOOL_CALL_CHARS // 65536 + 2):
+        events += mapper.feed(_chunk({"tool_calls": [fragment]}))
+    events += mapper.feed(SSEMessage("[DONE]"))
+    assert [e.type for e in events] == ["error"]
+    assert str(MAX_TOOL_CALL_CHARS) in events[0].error
+
+
+def test_too_many_tool_calls_end_in_an_error() -> None:
+    """Each new index starts a call: past MAX_TOOL_CALLS calls the run ends in an error."""
+    mapper = ChunkMapper(id_prefix="r1")
+    events: list[pb.RunEvent] = []
+    for i in range(MAX_TOOL_CALLS + 1):
+        events += mapper.feed(_chunk({"tool_calls": [{"index": i, "function": {"name": "f"}}]}))
+    assert [e.type for e in events] == ["error"]
+    assert str(MAX_TOOL_CALLS) in events[0].error
+
+
+def test_long_text_is_split_into_deltas_under_the_message_limit() -> None:
+    """A long content or reasoning text becomes several deltas of at most MAX_DELTA_CHARS
+    characters (each RunEvent stays under gRPC's 4 MiB), together the same text."""
+    text = "é" * (2 * MAX_DELTA_CHARS + 7)
+    mapper = ChunkMapper(id_prefix="r1")
+    events = mapper.feed(_chunk({"content": text, "reasoning_content": text}))
+    for kind in ("delta", "reasoning_delta"):
+        pieces = [e.delta for e in events if e.type == kind]
+        assert len(pieces) == 3
+        assert "".join(pieces) == text
+        assert all(len(bytes(pb.RunEvent(type=kind, delta=p))) < 4 * 1024 * 1024 for p in pieces)
