@@ -2,8 +2,10 @@
 
 This module owns one rule: text that may be (the start of) tool-call markup is
 not shown until it is known not to be. It reuses the start rules and block
-scanners of `edge.stream.toolparse`, so it never releases text that
-`parse_tool_text` would call markup. It does not know the declared tools, how
+scanners of `edge.stream.toolscan` (as `parse_tool_text` does), so it never
+releases text that `parse_tool_text` would call markup. Every character is
+scanned a bounded number of times, whatever the split: the filter is linear in
+what it is fed. It does not know the declared tools, how
 calls are validated or emitted, or anything about I/O or event loops.
 
 What is held, from where (a candidate start):
@@ -13,18 +15,23 @@ What is held, from where (a candidate start):
   end of the stream is held (the session synthesizes calls at the end).
 - a `{` or `[` that is the first non-whitespace character of a line: held until
   its brackets balance; a call-shaped block means hold-all, anything else is
-  released and the scan goes on after it.
+  released and the scan goes on after it. A raw newline inside a string fails
+  the block (it cannot be JSON): the scan goes on from the next character.
 - a ```` ``` ```` opening a line: held until the info line and the first content
   character show whether it is a JSON fence, then until the closing fence;
   handled like a bare block. Any other fence is released and opens a code
   block, in which only tags (and the closing fence) are looked for.
 - the whitespace just before a candidate start, and trailing whitespace at the
   end of what was fed: markup removal strips the whitespace next to it, so
-  what the filter shows stays a prefix of `ParseResult.cleaned`.
+  what the filter shows stays a prefix of `ParseResult.cleaned`. At most the
+  last `max_hold` characters of such a run are held; the rest is released
+  (and the shown text may then stop being a prefix of the cleaned one).
 
 The cap: when a candidate holds more than `max_hold` characters (counted from
 its start character; whitespace before it is not counted), everything held is
 released as content and the filter passes all further text through unchanged.
+So the filter never holds more than `2 * max_hold` characters (64 Ki each by
+default: at most 512 KiB of UTF-8).
 The decision is made per character position, so it does not depend on how the
 text was split. After the cap, shown text may contain markup.
 
@@ -273,7 +280,10 @@ class ToolTextFilter:
 
     def _release(self) -> str:
         buf = self._buf
-        cut = self._ws_before(len(buf) if self._cand is None else self._cand)
+        end = len(buf) if self._cand is None else self._cand
+        # Whitespace is held for at most `max_hold` characters: of a longer run
+        # (a model stuck emitting newlines) only the last `max_hold` wait.
+        cut = max(self._ws_before(end), end - self._max_hold)
         if not cut:
             return self._check_hold_all() if self._hold_all else ""
         self._lines.shift(buf, cut)
@@ -282,7 +292,7 @@ class ToolTextFilter:
             self._track = None
         self._buf = buf[cut:]
         run = self._ws_run
-        self._ws_run = None if run is None or run[0] < cut else (run[0] - cut, run[1] - cut)
+        self._ws_run = None if run is None else (max(run[0], cut) - cut, run[1] - cut)
         self._pos -= cut
         if self._cand is not None:
             self._cand -= cut

@@ -321,11 +321,21 @@ def test_cap_releases_and_stops_holding(start: str) -> None:
 
 
 def test_cap_counts_from_the_candidate_start() -> None:
-    """A candidate within max_hold is still held; whitespace before it does not count."""
+    """A candidate within max_hold is still held; whitespace before it does not count
+    towards its cap, but only the last max_hold characters of it are held."""
     f = ToolTextFilter(max_hold=16)
-    assert f.feed("a" + " " * 50 + "<tool_call>12345") == "a"
+    assert f.feed("a" + " " * 50 + "<tool_call>12345") == "a" + " " * 34
     assert f.holding
-    assert f.feed("6") == " " * 50 + "<tool_call>123456"
+    assert f.feed("6") == " " * 16 + "<tool_call>123456"
+
+
+def test_whitespace_flood_is_held_only_up_to_the_cap() -> None:
+    """A model stuck emitting whitespace: the filter holds at most max_hold
+    characters of it, whatever the split, and everything comes out in the end."""
+    f = ToolTextFilter(max_hold=16)
+    shown = "".join(f.feed(" \n") for _ in range(1000))
+    assert len(shown) == 2000 - 16
+    assert shown + f.flush() == " \n" * 1000
 
 
 def test_formats_restrict_what_is_held() -> None:
