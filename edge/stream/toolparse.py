@@ -15,7 +15,8 @@ Formats (`DEFAULT_FORMATS` enables all):
 - "llama": `<|python_tag|>` then JSON objects separated by `;`, up to and
   including `<|eom_id|>` if present (else to end of text).
 - "json": a bare JSON object or array of objects whose `{`/`[` is the first
-  non-whitespace character of a line; it ends where its brackets balance.
+  non-whitespace character of a line; it ends where its brackets balance. A
+  raw newline inside one of its strings means it is not JSON (not a block).
 - "fenced": a fence ```` ``` ```` / ```` ```json ```` opening a line, whose first
   non-whitespace character after the info line is `{` or `[`; the block ends at
   the next ```` ``` ```` (or at end of text when the content is a call).
@@ -44,6 +45,10 @@ they do not decode). `ParseResult.cleaned` is the text with markup removed: each
 piece of content next to removed markup loses its whitespace on that side, and
 the remaining pieces are joined with a newline; text with no markup is
 returned unchanged.
+
+The parse is linear in the length of the text: one bracket pass answers for
+every bare candidate, closing tags are searched for once, and nothing after a
+tag is copied unless it is that tag's block.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 This module owns the start rules of each text format (which characters may
 begin a tag, a bare JSON block or a fence, given the line and code-block
 context) and the incremental scanners that find where a bare JSON block or a
-JSON fence ends. `edge.stream.toolparse` (the whole-text parse) and
+JSON fence ends, and where lines start. Each scanner looks at a character a
+bounded number of times however many candidates the text holds, so the
+filter and the parse stay linear on hostile text (floods of `{`, tags,
+backticks, whitespace). `edge.stream.toolparse` (the whole-text parse) and
 `edge.stream.tooltext` (the streaming hold-back filter) both run on these, so
 the filter never releases text the parse would call markup. It does not
 decode JSON, know what a call looks like, the declared tools, or any I/O; the
