@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
@@ -56,7 +57,13 @@ from edge.stream.limits import (
     MAX_VALIDATION_STEPS,
 )
 
-__all__ = ["schema_error", "schema_key", "schema_limit_problem", "schema_problem"]
+__all__ = [
+    "schema_error",
+    "schema_key",
+    "schema_limit_problem",
+    "schema_problem",
+    "validation_budget",
+]
 
 # --- RE2 -------------------------------------------------------------------------
 
@@ -127,9 +134,24 @@ def _spend(steps: int = 1) -> None:
         budget.spend(steps)
 
 
+@contextmanager
+def validation_budget() -> Iterator[None]:
+    """One budget of `MAX_VALIDATION_STEPS` for every `schema_error` inside the block
+    (all the tool calls of one answer share it); a no-op inside another budget."""
+    if _BUDGET.get() is not None:
+        yield
+        return
+    token = _BUDGET.set(_Budget(MAX_VALIDATION_STEPS))
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
+
+
 def _search(pattern: str, text: str) -> bool:
     """Whether RE2 finds `pattern` in `text`; a pattern it cannot run matches nothing."""
-    _spend(len(text) >> 10)
+    # A step per 512 characters: RE2 scans that in about the time of one keyword.
+    _spend(len(text) >> 9)
     try:
         regex = _compiled(pattern)
     except PatternError:
@@ -399,9 +421,9 @@ def schema_error(schema: Mapping[str, Any], instance: Any) -> str | None:
     problem = schema_problem(schema)
     if problem is not None:
         return f"the schema is not valid: {problem}"
-    token = _BUDGET.set(_Budget(MAX_VALIDATION_STEPS))
     try:
-        error = best_match(_validator(schema).iter_errors(instance))
+        with validation_budget():
+            error = best_match(_validator(schema).iter_errors(instance))
     except _BudgetExceeded:
         return (
             f"validating the value took more than {MAX_VALIDATION_STEPS} schema checks "
@@ -411,8 +433,6 @@ def schema_error(schema: Mapping[str, Any], instance: Any) -> str | None:
         return f"the schema has an unresolvable $ref: {exc}"
     except RecursionError:
         return "the value is nested too deeply to validate"
-    finally:
-        _BUDGET.reset(token)
     if error is None:
         return None
     return f"{error.message} (at {error.json_path}, rule {error.validator!r})"

@@ -22,7 +22,13 @@ from typing import Any, Literal
 
 from edge.errors import RequestError
 from edge.stream.limits import MAX_REQUEST_SCHEMA_BYTES, MAX_TOOLS
-from edge.stream.schema import schema_error, schema_key, schema_limit_problem, schema_problem
+from edge.stream.schema import (
+    schema_error,
+    schema_key,
+    schema_limit_problem,
+    schema_problem,
+    validation_budget,
+)
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
 from edge.stream.toolparse import DEFAULT_FORMATS, loads, parse_tool_text
 
@@ -280,8 +286,14 @@ def validate_tool_calls(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | 
     """The first way `calls` break the declared tools or `tool_choice`, or None.
 
     `tool_choice` "required" or a named function with no call is a violation
-    (a run under them must end with a call); "none" with any call is one.
+    (a run under them must end with a call); "none" with any call is one. All
+    the calls share one validation budget, so many calls cost no more than one.
     """
+    with validation_budget():
+        return _first_violation(calls, policy)
+
+
+def _first_violation(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | None:
     choice = policy.choice
     if choice.mode == "none" and calls:
         return f'tool_choice is "none" but the model called "{calls[0].name}"'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -16,7 +17,8 @@ from edge.stream.limits import (
     MAX_VALIDATION_STEPS,
 )
 from edge.stream.schema import schema_error, schema_limit_problem, schema_problem
-from edge.stream.tools import check_declared_schema, validate_tools
+from edge.stream.toolcall import ToolCall, ToolPolicy, ToolSpec
+from edge.stream.tools import check_declared_schema, validate_tool_calls, validate_tools
 
 REDOS = "^(a+)+$"
 # Python's re takes minutes on this against REDOS (each extra "a" doubles it).
@@ -169,3 +171,17 @@ def test_validation_stops_at_its_step_budget() -> None:
     assert str(MAX_VALIDATION_STEPS) in error
     assert schema_error(schema, ["x1", "x2"]) is None
     assert schema_error(schema, ["y"]) is not None
+
+
+def test_the_calls_of_one_answer_share_one_budget() -> None:
+    """Many tool calls each well within the budget, together past it: a validation
+    error naming the limit, so the work of one answer is bounded, not per call."""
+    schema = obj(xs={"type": "array", "items": {"type": "string"}})
+    policy = ToolPolicy(tools=(ToolSpec("f", parameters=schema),))
+    arguments = json.dumps({"xs": ["a"] * 60})
+    one = [ToolCall(id="c0", name="f", arguments=arguments)]
+    assert validate_tool_calls(one, policy) is None
+    many = [ToolCall(id=f"c{i}", name="f", arguments=arguments) for i in range(100)]
+    error = validate_tool_calls(many, policy)
+    assert error is not None
+    assert str(MAX_VALIDATION_STEPS) in error
