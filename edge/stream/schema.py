@@ -24,6 +24,7 @@ keeps the RE2 class). `unevaluatedProperties` finds evaluated keys with `re`
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -311,10 +312,15 @@ def schema_limit_problem(schema: Mapping[str, Any]) -> str | None:
     return None
 
 
-# Schema checks, keyed by the canonical JSON: an agent declares the same tools on
-# every request, and check_schema costs far more than the key.
+# Schema checks, keyed by a digest of the canonical JSON: an agent declares the
+# same tools on every request, and check_schema costs far more than the key. A
+# schema checked at request time (in a worker thread) is still in this cache when
+# its run's output is validated (on the loop) unless thousands of other schemas
+# came in between; the digest keeps each entry small.
+_CHECKED_MAX = 4096
+_CHECKED: OrderedDict[bytes, str | None] = OrderedDict()
+# Compiled validators hold their schema: fewer of them.
 _CACHE_MAX = 256
-_CHECKED: OrderedDict[str, str | None] = OrderedDict()
 _VALIDATORS: OrderedDict[str, Validator] = OrderedDict()
 _NO_RETRIEVAL: referencing.Registry[Any] = referencing.Registry()
 _ROOT_URI = "urn:iop:schema"
@@ -326,7 +332,7 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
     Callers check `schema_limit_problem` first: this one assumes a bounded schema.
     """
     try:
-        key = schema_key(schema)
+        key = hashlib.blake2b(schema_key(schema).encode(), digest_size=16).digest()
     except RecursionError:
         return "the schema is nested too deeply"
     if key in _CHECKED:
@@ -334,7 +340,7 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
         return _CHECKED[key]
     problem = _problem(schema)
     _CHECKED[key] = problem
-    if len(_CHECKED) > _CACHE_MAX:
+    if len(_CHECKED) > _CHECKED_MAX:
         _CHECKED.popitem(last=False)
     return problem
 
