@@ -49,7 +49,7 @@ MAX_SCHEMA_DEPTH: Final = 32
 # RE2 program size of one `pattern` / `patternProperties` regex: matching costs
 # at most (text length x program size), so this bounds each match.
 MAX_PATTERN_PROGRAM: Final = 1_000
-# Schema keyword evaluations (plus one per KiB of text a pattern scans) allowed
+# Schema keyword evaluations (plus one per 512 characters a pattern scans) allowed
 # when validating the tool calls of one answer, or one strict output, against
 # their schemas. A step costs 5 us typically and ~45 us at worst (a wide anyOf),
 # so this bounds the validation at the end of a run to ~10 ms typically, ~90 ms
