@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import msgspec
 import referencing
 import referencing.exceptions
 from jsonschema.exceptions import best_match
@@ -51,6 +52,7 @@ __all__ = [
     "schema_key",
     "schema_limit_problem",
     "schema_problem",
+    "schema_size",
     "validation_budget",
 ]
 
@@ -67,6 +69,20 @@ _NAME_MAPS = frozenset(
     {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 )
 _DATA = frozenset({"const", "enum", "default", "examples"})
+_TOO_DEEP = f"is nested more than {MAX_SCHEMA_DEPTH} levels deep (limit {MAX_SCHEMA_DEPTH})"
+
+
+# A path as a linked list, (step, parent): built in O(1) per node and spelled
+# out only for the error message (a long key must not be copied per child).
+_Trail = tuple[str, "_Trail"] | None
+
+
+def _spelled(trail: _Trail) -> str:
+    steps: list[str] = []
+    while trail is not None:
+        step, trail = trail
+        steps.append(step)
+    return "$" + "".join(reversed(steps))
 
 
 def _structure_problem(schema: Mapping[str, Any]) -> str | None:
@@ -75,36 +91,47 @@ def _structure_problem(schema: Mapping[str, Any]) -> str | None:
     Iterative, so a deep schema costs no recursion; data keywords (`const`,
     `enum`, ...) are skipped except where they name properties.
     """
-    stack: list[tuple[Any, int, str, bool]] = [(schema, 1, "$", False)]
+    stack: list[tuple[Any, int, _Trail, bool]] = [(schema, 1, None, False)]
     seen: set[str] = set()
     while stack:
-        node, depth, path, name_map = stack.pop()
+        node, depth, trail, name_map = stack.pop()
         if depth > MAX_SCHEMA_DEPTH:
-            return f"is nested more than {MAX_SCHEMA_DEPTH} levels deep (limit {MAX_SCHEMA_DEPTH})"
+            return _TOO_DEEP
         if isinstance(node, dict):
             if not name_map:
                 if isinstance(node.get("$schema"), str) and depth > 1:
-                    return f"has $schema below its root (at {path}); only the root names a dialect"
+                    where = _spelled(trail)
+                    return f"has $schema below its root (at {where}); only the root names a dialect"
                 seen.update(k for k in ("unevaluatedProperties", "patternProperties") if k in node)
             for key, value in node.items():
                 if isinstance(value, dict | list) and (name_map or key not in _DATA):
-                    stack.append((value, depth + 1, f"{path}.{key}", key in _NAME_MAPS))
+                    stack.append((value, depth + 1, (f".{key}", trail), key in _NAME_MAPS))
         elif isinstance(node, list):
-            stack.extend((v, depth + 1, f"{path}[{i}]", False) for i, v in enumerate(node))
+            stack.extend((v, depth + 1, (f"[{i}]", trail), False) for i, v in enumerate(node))
     if len(seen) == 2:
         return "uses unevaluatedProperties together with patternProperties, which is not supported"
     return None
 
 
+def schema_size(schema: Mapping[str, Any]) -> int:
+    """The size that `MAX_SCHEMA_BYTES` bounds: compact UTF-8 JSON, as msgspec writes
+    it (fast, so a body-sized schema is measured before anything walks it).
+
+    Raises:
+        RecursionError: the schema is nested past what the encoder goes.
+    """
+    return len(msgspec.json.encode(schema))
+
+
 def schema_limit_problem(schema: Mapping[str, Any]) -> str | None:
     """Which limit `schema` breaks, said as "is ... (limit N)"; None when within them."""
-    problem = _structure_problem(schema)
-    if problem is not None:
-        return problem
-    size = len(schema_key(schema).encode())
+    try:
+        size = schema_size(schema)
+    except RecursionError:
+        return _TOO_DEEP
     if size > MAX_SCHEMA_BYTES:
         return f"is {size} bytes as JSON; the limit is {MAX_SCHEMA_BYTES} bytes"
-    return None
+    return _structure_problem(schema)
 
 
 # Schema checks, keyed by a digest of the canonical JSON: an agent declares the

@@ -24,9 +24,9 @@ from edge.errors import RequestError
 from edge.stream.limits import MAX_REQUEST_SCHEMA_BYTES, MAX_TOOLS
 from edge.stream.schema import (
     schema_error,
-    schema_key,
     schema_limit_problem,
     schema_problem,
+    schema_size,
     validation_budget,
 )
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
@@ -116,7 +116,7 @@ def check_declared_schema(schema: Mapping[str, Any], param: str) -> int:
     problem = schema_problem(schema)
     if problem is not None:
         raise RequestError(f"{param} is not a valid JSON Schema: {problem}", param=param)
-    return len(schema_key(schema).encode())
+    return schema_size(schema)
 
 
 def validate_tools(obj: object) -> tuple[ToolSpec, ...]:
@@ -140,7 +140,7 @@ def validate_tools(obj: object) -> tuple[ToolSpec, ...]:
             if limit is not None:
                 where = f"tools[{index}].function.parameters"
                 raise RequestError(f"{where} {limit}.", param=where)
-            total += len(schema_key(parameters).encode())
+            total += schema_size(parameters)
     if total > MAX_REQUEST_SCHEMA_BYTES:
         raise RequestError(
             f"the tools' parameter schemas are {total} bytes as JSON together; the limit is "
