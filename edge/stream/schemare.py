@@ -47,14 +47,14 @@ _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a refused pattern is the caller's error, not a log line
 _RE2_OPTIONS.never_capture = True  # only "does it match" is asked
 # Bounds the lazily built DFA of each cached pattern (RE2's default is 8 MiB).
-_RE2_OPTIONS.max_mem = 2 << 20
+_RE2_OPTIONS.max_mem = 1 << 20
 
 
 class PatternError(ValueError):
     """A regex that RE2 cannot run, or only at a cost past `MAX_PATTERN_PROGRAM`."""
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=128)  # with max_mem, at most 128 MiB of RE2 state in all
 def _compiled(pattern: str) -> Any:
     try:
         regex = re2.compile(pattern, _RE2_OPTIONS)
@@ -126,8 +126,9 @@ def validation_budget() -> Iterator[None]:
 
 def _search(pattern: str, text: str) -> bool:
     """Whether RE2 finds `pattern` in `text`; a pattern it cannot run matches nothing."""
-    # A step per 512 characters: RE2 scans that in about the time of one keyword.
-    _spend(len(text) >> 9)
+    # A step per search and per 512 characters: RE2 scans that many in about the
+    # time of one keyword (and many patterns times many keys add up).
+    _spend(1 + (len(text) >> 9))
     try:
         regex = _compiled(pattern)
     except PatternError:
