@@ -64,6 +64,41 @@ class Start(enum.Enum):
     FENCE = "fence"
 
 
+# How much indentation the start pattern itself checks before a line-start
+# character; deeper indentation is checked by `classify` (8 characters per try).
+_INDENT = 8
+
+
+def _start_re(tags: Sequence[str], line_chars: str) -> re.Pattern[str] | None:
+    """A pattern for every position `classify` may call a start, and few others.
+
+    Whole tags, a proper prefix of a tag that ends the text, and a line-start
+    character preceded (on its line) by at most `_INDENT` whitespace characters,
+    or by `_INDENT` of them: a flood of `{`, `<` or backticks in the middle of a
+    line is skipped by the regex engine instead of one character at a time.
+    Lookbehinds see before the search position, so a search may start anywhere.
+    """
+    alternatives = [re.escape(tag) for tag in tags]
+    prefixes = {tag[:n] for tag in tags for n in range(1, len(tag))}
+    if prefixes:
+        ends = "|".join(re.escape(p) for p in sorted(prefixes, key=lambda p: (-len(p), p)))
+        alternatives.append(f"(?:{ends})\\Z")
+    if line_chars:
+        # The character comes first (the engine then scans for it at C speed),
+        # the lookbehinds, which include it, check what precedes it on its line.
+        behind = [f"(?<=^[^\\S\\n]{{{k}}}.)" for k in range(_INDENT)]
+        behind.append(f"(?<=[^\\S\\n]{{{_INDENT}}}.)")
+        chars = "".join(re.escape(c) for c in line_chars)
+        alternatives.append(f"[{chars}](?:{'|'.join(behind)})")
+    if not alternatives:
+        return None
+    # A leading class of every first character lets the engine skip to candidates
+    # at C speed (it does not work that out from the alternation itself).
+    firsts = {tag[0] for tag in tags} | set(line_chars)
+    first = "".join(re.escape(c) for c in sorted(firsts))
+    return re.compile(f"(?m)(?=[{first}])(?:{'|'.join(alternatives)})")
+
+
 class Syntax:
     """The start rules of one format list.
 
@@ -81,14 +116,12 @@ class Syntax:
         self.bare = "json" in formats
         self.fenced = "fenced" in formats
         self.fences = self.bare or self.fenced
-        chars = {tag[0] for tag in self.tags}
+        chars = set()
         if self.bare:
             chars |= {"{", "["}
         if self.fences:
             chars.add("`")
-        self.start_re: re.Pattern[str] | None = (
-            re.compile("[" + "".join(re.escape(c) for c in sorted(chars)) + "]") if chars else None
-        )
+        self.start_re: re.Pattern[str] | None = _start_re(self.tags, "".join(sorted(chars)))
 
     def classify(
         self, text: str, i: int, line_start: bool, final: bool, in_code: bool
