@@ -7,7 +7,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.stream.toolscan import FAILED, PENDING, BareTrack, LineStarts, NextFind, at_line_start
+from edge.stream.toolscan import (
+    DEFAULT_FORMATS,
+    FAILED,
+    PENDING,
+    BareTrack,
+    LineStarts,
+    NextFind,
+    Start,
+    at_line_start,
+    syntax_for,
+)
 
 HOSTILE = st.text(alphabet='{}[]"\\ \nab', max_size=120)
 
@@ -110,3 +120,21 @@ def test_kill_fails_every_open_block(n: int) -> None:
     assert all(track.end(text, 2 * k, len(text), final=True) == FAILED for k in range(n))
     last = text.rindex("{")
     assert track.end(text, last, len(text), final=True) == len(text) - 1
+
+
+@given(
+    text=st.text(alphabet="{[`<> \t\n|_TOOLCALSpythonagx]", max_size=60),
+    head=st.booleans(),
+    final=st.booleans(),
+    in_code=st.booleans(),
+)
+def test_start_pattern_finds_every_start(text: str, head: bool, final: bool, in_code: bool) -> None:
+    """The start pattern (which lets the regex engine skip floods) matches at every
+    position `classify` would call a start: it may find more, never fewer."""
+    syntax = syntax_for(DEFAULT_FORMATS)
+    assert syntax.start_re is not None
+    for i in range(len(text)):
+        line_start = at_line_start(text, i, head)
+        kind, _ = syntax.classify(text, i, line_start, final=final, in_code=in_code)
+        if kind is not Start.NONE:
+            assert syntax.start_re.match(text, i) is not None, (text, i)
