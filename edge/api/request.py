@@ -14,14 +14,17 @@ in, values out (or a `RequestError`). No trio, quart, grpclib or asyncio.
 from __future__ import annotations
 
 import re
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast, get_args
 
 import msgspec
 
 from edge.errors import RequestError
+from edge.stream import limits
+from edge.stream.limits import MAX_METADATA_KEYS, MAX_STOP
 from edge.stream.toolcall import ToolCall, ToolPolicy
-from edge.stream.tools import schema_problem, validate_tool_choice, validate_tools
+from edge.stream.tools import check_declared_schema, validate_tool_choice, validate_tools
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -33,8 +36,6 @@ EXTRA_FIELDS: Final = (
     "top_k", "min_p", "repetition_penalty", "logit_bias", "logprobs", "top_logprobs",
     "ignore_eos", "min_tokens", "chat_template_kwargs",
 )  # fmt: skip
-MAX_STOP: Final = 4
-MAX_METADATA_KEYS: Final = 16
 _TRUTHY: Final = frozenset({"1", "true", "yes"})
 # The node protocol carries max_tokens as uint32 and seed as int64.
 _MAX_TOKENS: Final = 2**32 - 1
@@ -227,8 +228,10 @@ def _parse(body: bytes) -> ChatRequest:
 
     if not wire.model:
         raise _invalid("model", "must be a non-empty string")
+    _check_chars(wire.model, "model", limits.MAX_MODEL_CHARS)
     if not wire.messages:
         raise _invalid("messages", "must contain at least one message")
+    _check_count(wire.messages, "messages", limits.MAX_MESSAGES, "messages")
     messages = tuple(_message(m, f"messages[{i}]") for i, m in enumerate(wire.messages))
 
     stream = bool(wire.stream)
@@ -252,6 +255,13 @@ def _parse(body: bytes) -> ChatRequest:
     metadata = wire.metadata or {}
     if len(metadata) > MAX_METADATA_KEYS:
         raise _invalid("metadata", f"at most {MAX_METADATA_KEYS} keys; got {len(metadata)}")
+    for key, value in metadata.items():
+        _check_chars(key, "metadata", limits.MAX_METADATA_KEY_CHARS, "a key")
+        _check_chars(value, f"metadata.{key}", limits.MAX_METADATA_VALUE_CHARS)
+    if wire.user is not None:
+        _check_chars(wire.user, "user", limits.MAX_USER_CHARS)
+    if wire.logit_bias is not None:
+        _check_count(wire.logit_bias, "logit_bias", limits.MAX_LOGIT_BIAS, "entries")
 
     include_reasoning, reasoning_explicit = _reasoning_flags(wire)
     return ChatRequest(
@@ -289,6 +299,8 @@ def _message(wire: _WireMessage, at: str) -> ChatMessage:
     role = cast(Role, wire.role)
     content = wire.content if isinstance(wire.content, str) else None
     parts = _parts(wire.content, at) if isinstance(wire.content, list) else ()
+    if wire.tool_calls is not None:
+        _check_count(wire.tool_calls, f"{at}.tool_calls", limits.MAX_MESSAGE_TOOL_CALLS, "calls")
     calls = tuple(
         _tool_call(c, f"{at}.tool_calls[{j}]") for j, c in enumerate(wire.tool_calls or ())
     )
@@ -316,6 +328,7 @@ def _message(wire: _WireMessage, at: str) -> ChatMessage:
 
 
 def _parts(raw_parts: list[dict[str, Any]], at: str) -> tuple[ContentPart, ...]:
+    _check_count(raw_parts, f"{at}.content", limits.MAX_CONTENT_PARTS, "parts")
     parts = []
     for j, raw in enumerate(raw_parts):
         kind, text = raw.get("type"), raw.get("text", "")
@@ -332,6 +345,8 @@ def _parts(raw_parts: list[dict[str, Any]], at: str) -> tuple[ContentPart, ...]:
 def _tool_call(wire: _WireToolCall, at: str) -> ToolCall:
     if wire.type != "function":
         raise _invalid(f"{at}.type", f"{wire.type!r}; only 'function' is supported")
+    arguments = wire.function.arguments
+    _check_chars(arguments, f"{at}.function.arguments", limits.MAX_TOOL_ARGUMENTS_CHARS)
     return ToolCall(id=wire.id, name=wire.function.name, arguments=wire.function.arguments)
 
 
@@ -363,9 +378,11 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
     if isinstance(stop, str):
-        return (stop,)
-    if len(stop) > MAX_STOP:
+        stop = [stop]
+    elif len(stop) > MAX_STOP:
         raise _invalid("stop", f"at most {MAX_STOP} sequences; got {len(stop)}")
+    for sequence in stop:
+        _check_chars(sequence, "stop", limits.MAX_STOP_CHARS, "a sequence")
     return tuple(stop)
 
 
@@ -383,12 +400,22 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
         if body is not None:
             if not isinstance(body, dict):
                 raise _invalid("response_format.json_schema.schema", "must be a JSON Schema object")
-            problem = schema_problem(body)
-            if problem is not None:
-                raise _invalid(
-                    "response_format.json_schema.schema", f"not a valid JSON Schema: {problem}"
-                )
+            check_declared_schema(body, "response_format.json_schema.schema")
     return fmt
+
+
+def _check_count(items: Sized, param: str, limit: int, what: str) -> None:
+    """A list or map longer than its limit is a 400 naming the limit."""
+    if len(items) > limit:
+        raise _invalid(param, f"{len(items)} {what}; the limit is {limit} {what}")
+
+
+def _check_chars(text: str, param: str, limit: int, what: str = "the value") -> None:
+    """A string longer than its limit is a 400 naming the limit."""
+    if len(text) > limit:
+        raise _invalid(
+            param, f"{what} is {len(text)} characters long; the limit is {limit} characters"
+        )
 
 
 def _check_range(

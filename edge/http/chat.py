@@ -74,6 +74,10 @@ def _trace(what: str, fields: Mapping[str, Any]) -> None:
     logger.bind(**fields).info("stream trace: {}", what)
 
 
+# Requests parsed at once, each in a worker thread.
+PARSE_THREADS = 4
+
+
 class ChatService:
     """The chat completions endpoint's state: config, nodes, runs, metrics."""
 
@@ -92,6 +96,9 @@ class ChatService:
         self.on_outcome = on_outcome
         # Streams in flight in this process, for drain; not shared state.
         self.active: set[RunStream] = set()
+        # Request parsing runs in worker threads (schema checks cost ms per KiB);
+        # few at once, so the loop thread waits little for the GIL.
+        self.parsing = trio.CapacityLimiter(PARSE_THREADS)
 
     def settings_for(self, request: ChatRequest, run_id: str) -> SessionSettings:
         model = self.config.model(request.model)
@@ -123,7 +130,9 @@ class ChatService:
 
     async def handle(self, body: bytes, request_id: str = "") -> Response:
         try:
-            request = parse_chat_request(body)
+            # Schema checks of declared tools cost milliseconds per KiB: off the
+            # loop, so a large request never stalls other streams.
+            request = await trio.to_thread.run_sync(parse_chat_request, body, limiter=self.parsing)
         except EdgeError:
             self.metrics.rejected("unknown", stream=False)
             raise

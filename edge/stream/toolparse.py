@@ -15,7 +15,8 @@ Formats (`DEFAULT_FORMATS` enables all):
 - "llama": `<|python_tag|>` then JSON objects separated by `;`, up to and
   including `<|eom_id|>` if present (else to end of text).
 - "json": a bare JSON object or array of objects whose `{`/`[` is the first
-  non-whitespace character of a line; it ends where its brackets balance.
+  non-whitespace character of a line; it ends where its brackets balance. A
+  raw newline inside one of its strings means it is not JSON (not a block).
 - "fenced": a fence ```` ``` ```` / ```` ```json ```` opening a line, whose first
   non-whitespace character after the info line is `{` or `[`; the block ends at
   the next ```` ``` ```` (or at end of text when the content is a call).
@@ -44,6 +45,10 @@ they do not decode). `ParseResult.cleaned` is the text with markup removed: each
 piece of content next to removed markup loses its whitespace on that side, and
 the remaining pieces are joined with a newline; text with no markup is
 returned unchanged.
+
+The parse is linear in the length of the text: one bracket pass answers for
+every bare candidate, closing tags are searched for once, and nothing after a
+tag is copied unless it is that tag's block.
 """
 
 from __future__ import annotations
@@ -56,14 +61,17 @@ from typing import Any
 
 from edge.stream.toolscan import (
     DEFAULT_FORMATS,
+    FAILED,
     FENCE,
     HERMES_CLOSE,
     HERMES_OPEN,
     LLAMA_END,
     LLAMA_TAG,
     MISTRAL_TAG,
-    BareScan,
+    BareTrack,
     FenceScan,
+    LineStarts,
+    NextFind,
     Start,
     Syntax,
     at_line_start,
@@ -78,7 +86,6 @@ __all__ = [
     "LLAMA_END",
     "LLAMA_TAG",
     "MISTRAL_TAG",
-    "BareScan",
     "FenceScan",
     "ParseResult",
     "ParsedCall",
@@ -224,27 +231,49 @@ class _Block:
     items: list[ParsedCall | str]
 
 
+_NON_SPACE = re.compile(r"\S")
+
+
+class _Finds:
+    """The text being parsed, with memoized searches for the closing tags.
+
+    Tag blocks are parsed in order, so each search goes forward; memoizing
+    keeps a thousand unclosed tags from each searching the rest of the text.
+    """
+
+    __slots__ = ("hermes_close", "hermes_open", "llama_end", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.hermes_close = NextFind(text, HERMES_CLOSE)
+        self.hermes_open = NextFind(text, HERMES_OPEN)
+        self.llama_end = NextFind(text, LLAMA_END)
+
+
 def _payload_block(text: str, t: int, end_at: int, end: int, what: str) -> _Block | None:
-    payload = text[t:end_at]
-    head = payload.lstrip()
-    if not head:
+    # The head is found without slicing: prose after a tag must not copy the
+    # rest of the text once per tag.
+    head = _NON_SPACE.search(text, t, end_at)
+    if head is None:
         return _Block(end, [f"empty {what} block"])
-    if head[0] not in "{[":
+    if head.group() not in "{[":
         return None  # prose that mentions the tag
-    return _Block(end, _decode_sequence(payload))
+    return _Block(end, _decode_sequence(text[t:end_at]))
 
 
-def _hermes(text: str, i: int) -> _Block | None:
+def _hermes(finds: _Finds, i: int) -> _Block | None:
+    text = finds.text
     t = i + len(HERMES_OPEN)
-    close = text.find(HERMES_CLOSE, t)
-    reopen = text.find(HERMES_OPEN, t)
+    close = finds.hermes_close.find(t)
+    reopen = finds.hermes_open.find(t)
     if close >= 0 and (reopen < 0 or close < reopen):
         return _payload_block(text, t, close, close + len(HERMES_CLOSE), HERMES_OPEN)
     end = reopen if reopen >= 0 else len(text)
     return _payload_block(text, t, end, end, HERMES_OPEN)
 
 
-def _mistral(text: str, i: int) -> _Block | None:
+def _mistral(finds: _Finds, i: int) -> _Block | None:
+    text = finds.text
     t = i + len(MISTRAL_TAG)
     n = len(text)
     j = t
@@ -268,9 +297,10 @@ def _mistral(text: str, i: int) -> _Block | None:
     return _Block(end, [_item({"name": m.group(1), "arguments": args})])
 
 
-def _llama(text: str, i: int) -> _Block | None:
+def _llama(finds: _Finds, i: int) -> _Block | None:
+    text = finds.text
     t = i + len(LLAMA_TAG)
-    eom = text.find(LLAMA_END, t)
+    eom = finds.llama_end.find(t)
     if eom >= 0:
         return _payload_block(text, t, eom, eom + len(LLAMA_END), LLAMA_TAG)
     return _payload_block(text, t, len(text), len(text), LLAMA_TAG)
@@ -309,26 +339,30 @@ def parse_tool_text(text: str, formats: Sequence[str] = DEFAULT_FORMATS) -> Pars
     n = len(text)
     pos = number = 0
     in_code = False
+    finds = _Finds(text)
+    lines = LineStarts()
+    track: BareTrack | None = None
     while pos < n:
         m = syntax.start_re.search(text, pos)
         if m is None:
             break
         i = m.start()
-        line_start = at_line_start(text, i, True)
+        line_start = lines.at(text, i)
         kind, tag = syntax.classify(text, i, line_start, final=True, in_code=in_code)
         block: _Block | None = None
         pos = i + 1
         if kind is Start.TAG:
-            block = _TAG_PARSERS[tag](text, i)
+            block = _TAG_PARSERS[tag](finds, i)
             pos = i + len(tag)
         elif kind is Start.BARE:
-            bare = BareScan(i)
-            end = bare.advance(text, n)
-            if end is not None:
-                values = block_values(bare.content(text, end))
-                pos = end
+            if track is None:
+                track = BareTrack(i)
+            ends = track.end(text, i, n, final=True)
+            if ends != FAILED:
+                values = block_values(text[i:ends])
+                pos = ends
                 if values is not None:
-                    block = _Block(end, _items(values))
+                    block = _Block(ends, _items(values))
         elif kind is Start.FENCE:
             pos = i + len(FENCE)
             if in_code or not syntax.fenced:

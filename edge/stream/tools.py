@@ -16,29 +16,32 @@ from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import referencing
-import referencing.exceptions
-from jsonschema.exceptions import SchemaError, best_match
-from jsonschema.protocols import Validator
-from jsonschema.validators import Draft202012Validator, validator_for
-from referencing.jsonschema import DRAFT202012
-
 from edge.errors import RequestError
+from edge.stream.limits import MAX_REQUEST_SCHEMA_BYTES, MAX_TOOLS
+from edge.stream.schema import (
+    schema_error,
+    schema_limit_problem,
+    schema_problem,
+    schema_size,
+    validation_budget,
+)
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
 from edge.stream.toolparse import DEFAULT_FORMATS, loads, parse_tool_text
 
 __all__ = [
     "NativeToolCalls",
     "Synthesis",
+    "check_declared_schema",
     "compact_json",
     "match_tool_name",
     "normalize_native_tool_calls",
     "parse_native_tool_calls",
+    "schema_error",
+    "schema_problem",
     "synthesize_tool_calls",
     "unstreamed_remainder",
     "validate_tool_calls",
@@ -92,12 +95,7 @@ def validate_tool_definition(obj: object, index: int) -> ToolSpec:
                 f"{where}.function.parameters must be a JSON Schema object",
                 param=f"{where}.function.parameters",
             )
-        problem = schema_problem(parameters)
-        if problem is not None:
-            raise RequestError(
-                f"{where}.function.parameters is not a valid JSON Schema: {problem}",
-                param=f"{where}.function.parameters",
-            )
+        check_declared_schema(parameters, f"{where}.function.parameters")
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise RequestError(
@@ -106,10 +104,49 @@ def validate_tool_definition(obj: object, index: int) -> ToolSpec:
     return ToolSpec(name=name, description=description or "", parameters=parameters, strict=strict)
 
 
+def check_declared_schema(schema: Mapping[str, Any], param: str) -> int:
+    """A caller's schema, within the limits and valid, else a `RequestError` for `param`.
+
+    Returns its size in bytes (compact JSON), which counts towards
+    `MAX_REQUEST_SCHEMA_BYTES`.
+    """
+    limit = schema_limit_problem(schema)
+    if limit is not None:
+        raise RequestError(f"{param} {limit}.", param=param)
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise RequestError(f"{param} is not a valid JSON Schema: {problem}", param=param)
+    return schema_size(schema)
+
+
 def validate_tools(obj: object) -> tuple[ToolSpec, ...]:
-    """The whole `tools` array: every definition valid, names distinct."""
+    """The whole `tools` array: at most `MAX_TOOLS`, every definition valid, names distinct.
+
+    The count and the schemas' total size are checked before any costly step,
+    so a flood of tools is refused in time proportional to its size.
+    """
     if not isinstance(obj, list):
         raise RequestError("tools must be an array", param="tools")
+    if len(obj) > MAX_TOOLS:
+        raise RequestError(
+            f"tools has {len(obj)} entries; the limit is {MAX_TOOLS} tools", param="tools"
+        )
+    total = 0
+    for index, item in enumerate(obj):
+        fn = item.get("function") if isinstance(item, dict) else None
+        parameters = fn.get("parameters") if isinstance(fn, dict) else None
+        if isinstance(parameters, dict):
+            limit = schema_limit_problem(parameters)
+            if limit is not None:
+                where = f"tools[{index}].function.parameters"
+                raise RequestError(f"{where} {limit}.", param=where)
+            total += schema_size(parameters)
+    if total > MAX_REQUEST_SCHEMA_BYTES:
+        raise RequestError(
+            f"the tools' parameter schemas are {total} bytes as JSON together; the limit is "
+            f"{MAX_REQUEST_SCHEMA_BYTES} bytes",
+            param="tools",
+        )
     specs: list[ToolSpec] = []
     seen: set[str] = set()
     for index, item in enumerate(obj):
@@ -245,118 +282,18 @@ def normalize_native_tool_calls(
     return parse_native_tool_calls(raw, policy, id_prefix).calls
 
 
-# Compiled validators, keyed by the schema's canonical JSON: the same tools are
-# declared on request after request, and a schema is immutable once declared.
-_VALIDATORS: OrderedDict[str, Validator] = OrderedDict()
-_VALIDATORS_MAX = 256
-_NO_RETRIEVAL: referencing.Registry[Any] = referencing.Registry()
-
-
-# Schema checks of declared tools, keyed likewise: an agent declares the same
-# tools on every request, and check_schema costs far more than the key.
-_CHECKED: OrderedDict[str, str | None] = OrderedDict()
-
-
-def _schema_key(schema: Mapping[str, Any]) -> str:
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def schema_problem(schema: Mapping[str, Any]) -> str | None:
-    """Why `schema` is not a valid JSON Schema (None when it is); results are cached."""
-    try:
-        key = _schema_key(schema)
-    except RecursionError:
-        return "the schema is nested too deeply"
-    if key in _CHECKED:
-        _CHECKED.move_to_end(key)
-        return _CHECKED[key]
-    dialect = schema.get("$schema")
-    if dialect is not None and not isinstance(dialect, str):
-        problem: str | None = "$schema must be a string (at $.$schema)"
-    else:
-        try:
-            validator_for(schema, default=Draft202012Validator).check_schema(dict(schema))
-            problem = _unresolvable_local_ref(schema)
-        except SchemaError as exc:
-            problem = f"{exc.message} (at {exc.json_path})"
-        except RecursionError:
-            problem = "the schema is nested too deeply"
-    _CHECKED[key] = problem
-    if len(_CHECKED) > _VALIDATORS_MAX:
-        _CHECKED.popitem(last=False)
-    return problem
-
-
-def _local_refs(node: Any) -> Iterator[str]:
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            yield ref
-        for value in node.values():
-            yield from _local_refs(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _local_refs(value)
-
-
-def _unresolvable_local_ref(schema: Mapping[str, Any]) -> str | None:
-    """A `#...` $ref that points nowhere in the schema (remote refs are never followed)."""
-    refs = list(_local_refs(schema))
-    if not refs:
-        return None
-    root = referencing.Resource.from_contents(dict(schema), default_specification=DRAFT202012)
-    resolver = referencing.Registry().with_resource(_ROOT_URI, root).resolver(_ROOT_URI)
-    for ref in refs:
-        try:
-            resolver.lookup(ref)
-        except referencing.exceptions.Unresolvable:
-            return f"$ref {ref!r} points nowhere in the schema"
-    return None
-
-
-_ROOT_URI = "urn:iop:schema"
-
-
-def _validator(schema: Mapping[str, Any]) -> Validator:
-    key = _schema_key(schema)
-    validator = _VALIDATORS.get(key)
-    if validator is None:
-        cls = validator_for(schema, default=Draft202012Validator)
-        validator = cls(schema, registry=_NO_RETRIEVAL)
-        _VALIDATORS[key] = validator
-        if len(_VALIDATORS) > _VALIDATORS_MAX:
-            _VALIDATORS.popitem(last=False)
-    else:
-        _VALIDATORS.move_to_end(key)
-    return validator
-
-
-def schema_error(schema: Mapping[str, Any], instance: Any) -> str | None:
-    """Why `instance` breaks `schema` (None when it does not).
-
-    The schema is a caller's: it is checked first (cached), and a remote
-    `$ref` is never retrieved (this core does no I/O).
-    """
-    problem = schema_problem(schema)
-    if problem is not None:
-        return f"the schema is not valid: {problem}"
-    try:
-        error = best_match(_validator(schema).iter_errors(instance))
-    except referencing.exceptions.Unresolvable as exc:
-        return f"the schema has an unresolvable $ref: {exc}"
-    except RecursionError:
-        return "the value is nested too deeply to validate"
-    if error is None:
-        return None
-    return f"{error.message} (at {error.json_path}, rule {error.validator!r})"
-
-
 def validate_tool_calls(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | None:
     """The first way `calls` break the declared tools or `tool_choice`, or None.
 
     `tool_choice` "required" or a named function with no call is a violation
-    (a run under them must end with a call); "none" with any call is one.
+    (a run under them must end with a call); "none" with any call is one. All
+    the calls share one validation budget, so many calls cost no more than one.
     """
+    with validation_budget():
+        return _first_violation(calls, policy)
+
+
+def _first_violation(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | None:
     choice = policy.choice
     if choice.mode == "none" and calls:
         return f'tool_choice is "none" but the model called "{calls[0].name}"'

@@ -2,8 +2,10 @@
 
 This module owns one rule: text that may be (the start of) tool-call markup is
 not shown until it is known not to be. It reuses the start rules and block
-scanners of `edge.stream.toolparse`, so it never releases text that
-`parse_tool_text` would call markup. It does not know the declared tools, how
+scanners of `edge.stream.toolscan` (as `parse_tool_text` does), so it never
+releases text that `parse_tool_text` would call markup. Every character is
+scanned a bounded number of times, whatever the split: the filter is linear in
+what it is fed. It does not know the declared tools, how
 calls are validated or emitted, or anything about I/O or event loops.
 
 What is held, from where (a candidate start):
@@ -13,18 +15,23 @@ What is held, from where (a candidate start):
   end of the stream is held (the session synthesizes calls at the end).
 - a `{` or `[` that is the first non-whitespace character of a line: held until
   its brackets balance; a call-shaped block means hold-all, anything else is
-  released and the scan goes on after it.
+  released and the scan goes on after it. A raw newline inside a string fails
+  the block (it cannot be JSON): the scan goes on from the next character.
 - a ```` ``` ```` opening a line: held until the info line and the first content
   character show whether it is a JSON fence, then until the closing fence;
   handled like a bare block. Any other fence is released and opens a code
   block, in which only tags (and the closing fence) are looked for.
 - the whitespace just before a candidate start, and trailing whitespace at the
   end of what was fed: markup removal strips the whitespace next to it, so
-  what the filter shows stays a prefix of `ParseResult.cleaned`.
+  what the filter shows stays a prefix of `ParseResult.cleaned`. At most the
+  last `max_hold` characters of such a run are held; the rest is released
+  (and the shown text may then stop being a prefix of the cleaned one).
 
 The cap: when a candidate holds more than `max_hold` characters (counted from
 its start character; whitespace before it is not counted), everything held is
 released as content and the filter passes all further text through unchanged.
+So the filter never holds more than `2 * max_hold` characters (64 Ki each by
+default: at most 512 KiB of UTF-8).
 The decision is made per character position, so it does not depend on how the
 text was split. After the cap, shown text may contain markup.
 
@@ -37,14 +44,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edge.stream.toolparse import (
+from edge.stream.toolparse import block_values
+from edge.stream.toolscan import (
     DEFAULT_FORMATS,
+    FAILED,
     FENCE,
-    BareScan,
+    PENDING,
+    BareTrack,
     FenceScan,
+    LineStarts,
     Start,
-    at_line_start,
-    block_values,
     syntax_for,
 )
 
@@ -62,18 +71,22 @@ class ToolTextFilter:
     """Incremental hold-back of tool-call candidates: `feed` per token, flush at the end."""
 
     __slots__ = (
+        "_bare",
         "_buf",
         "_cand",
         "_disabled",
         "_hold_all",
         "_in_code",
+        "_lines",
         "_max_hold",
+        "_origin",
         "_pending",
         "_pos",
         "_released_any",
         "_syntax",
         "_tail",
         "_tail_len",
+        "_track",
         "_ws_run",
     )
 
@@ -93,7 +106,14 @@ class ToolTextFilter:
         self._tail_len = 0
         self._pos = 0  # the scan goes on from here in `_buf`
         self._cand: int | None = None  # where in `_buf` the current candidate starts
-        self._pending: BareScan | FenceScan | None = None
+        self._pending: FenceScan | None = None
+        self._bare = False  # the candidate at `_cand` is a bare block: `_track` says where it ends
+        self._track: BareTrack | None = None
+        self._origin = 0  # absolute position of `_buf[0]` in the stream (for `_track`)
+        # Line starts, asked at increasing positions: whether `_buf[0]` begins a
+        # line is whether nothing was released yet (released text never ends
+        # in whitespace, so a line begun before `_buf` is not blank).
+        self._lines = LineStarts(0, not self._released_any)
         self._hold_all = False
         self._in_code = False  # inside a code block: only tags and the closing fence count
         # A maximal whitespace run of `_buf`, (start, end), remembered so that a
@@ -123,6 +143,8 @@ class ToolTextFilter:
             and not text[-1].isspace()
         ):
             self._released_any = True
+            self._lines.clean = False
+            self._origin += len(text)
             return text
         self._buf += text
         return self._scan()
@@ -165,9 +187,31 @@ class ToolTextFilter:
         buf = self._buf
         syntax = self._syntax
         assert syntax.start_re is not None
-        if self._pending is None:
+        if self._pending is None and not self._bare:
             self._cand = None  # a PARTIAL start is found again from `_pos`
         while True:
+            if self._bare:
+                cand = self._cand
+                assert cand is not None
+                assert self._track is not None
+                limit = cand + self._max_hold
+                origin = self._origin
+                ends = self._track.end(buf, cand + origin, min(len(buf), limit), final=False)
+                if ends == PENDING:
+                    if len(buf) > limit:
+                        return self._give_up()
+                    break
+                self._bare = False
+                self._cand = None
+                if ends == FAILED:
+                    self._pos = cand + 1
+                elif block_values(buf[cand : ends - origin]) is not None:
+                    self._cand = cand
+                    self._hold_all = True
+                    break
+                else:
+                    self._pos = ends - origin
+                continue
             pending = self._pending
             if pending is not None:
                 assert self._cand is not None
@@ -177,7 +221,7 @@ class ToolTextFilter:
                     if len(buf) > limit:
                         return self._give_up()
                     break
-                if isinstance(pending, BareScan) or pending.is_block:
+                if pending.is_block:
                     if block_values(pending.content(buf, end)) is not None:
                         self._hold_all = True
                         self._pending = None
@@ -194,7 +238,7 @@ class ToolTextFilter:
                 self._pos = len(buf)
                 break
             i = m.start()
-            line_start = at_line_start(buf, i, not self._released_any)
+            line_start = self._lines.at(buf, i)
             kind, _ = syntax.classify(buf, i, line_start, final=False, in_code=self._in_code)
             if kind is Start.NONE:
                 self._pos = i + 1
@@ -209,7 +253,12 @@ class ToolTextFilter:
                 break
             if kind is Start.PARTIAL:
                 break
-            self._pending = BareScan(i) if kind is Start.BARE else FenceScan(i)
+            if kind is Start.BARE:
+                self._bare = True
+                if self._track is None:
+                    self._track = BareTrack(i + self._origin, self._origin)
+            else:
+                self._pending = FenceScan(i)
         return self._release()
 
     def _ws_before(self, end: int) -> int:
@@ -231,12 +280,19 @@ class ToolTextFilter:
 
     def _release(self) -> str:
         buf = self._buf
-        cut = self._ws_before(len(buf) if self._cand is None else self._cand)
+        end = len(buf) if self._cand is None else self._cand
+        # Whitespace is held for at most `max_hold` characters: of a longer run
+        # (a model stuck emitting newlines) only the last `max_hold` wait.
+        cut = max(self._ws_before(end), end - self._max_hold)
         if not cut:
             return self._check_hold_all() if self._hold_all else ""
+        self._lines.shift(buf, cut)
+        self._origin += cut
+        if self._track is not None and not self._track.shift(buf, cut):
+            self._track = None
         self._buf = buf[cut:]
         run = self._ws_run
-        self._ws_run = None if run is None or run[0] < cut else (run[0] - cut, run[1] - cut)
+        self._ws_run = None if run is None else (max(run[0], cut) - cut, run[1] - cut)
         self._pos -= cut
         if self._cand is not None:
             self._cand -= cut

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from edge.api.request import ChatMessage, ChatRequest, ContentPart, parse_chat_request
 from edge.errors import RequestError
+from edge.stream import limits
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy
 
 USER = {"role": "user", "content": "hi"}
@@ -685,3 +686,116 @@ def test_reasoning_effort_from_either_form() -> None:
     with pytest.raises(RequestError) as info:
         parse_chat_request(json.dumps({**base, "reasoning": {"effort": "max"}}).encode())
     assert info.value.param == "reasoning.effort"
+
+
+# --- limits: each a 400 naming the parameter, the limit and its value ---------------
+
+DEEP_SCHEMA: dict[str, Any] = {}
+for _ in range(limits.MAX_SCHEMA_DEPTH):
+    DEEP_SCHEMA = {"not": DEEP_SCHEMA}
+ASSISTANT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "limit"),
+    [
+        ({"messages": [USER] * (limits.MAX_MESSAGES + 1)}, "messages", limits.MAX_MESSAGES),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * 1025}]},
+            "messages[0].content",
+            limits.MAX_CONTENT_PARTS,
+        ),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [ASSISTANT_CALL] * 1025}]},
+            "messages[0].tool_calls",
+            limits.MAX_MESSAGE_TOOL_CALLS,
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                **ASSISTANT_CALL,
+                                "function": {
+                                    "name": "f",
+                                    "arguments": "x" * (limits.MAX_TOOL_ARGUMENTS_CHARS + 1),
+                                },
+                            }
+                        ],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+            limits.MAX_TOOL_ARGUMENTS_CHARS,
+        ),
+        ({"tools": [WEATHER_TOOL] * (limits.MAX_TOOLS + 1)}, "tools", limits.MAX_TOOLS),
+        ({"stop": "x" * (limits.MAX_STOP_CHARS + 1)}, "stop", limits.MAX_STOP_CHARS),
+        ({"stop": ["a", "x" * (limits.MAX_STOP_CHARS + 1)]}, "stop", limits.MAX_STOP_CHARS),
+        (
+            {"metadata": {"k" * 65: "v"}},
+            "metadata",
+            limits.MAX_METADATA_KEY_CHARS,
+        ),
+        (
+            {"metadata": {"k": "v" * 513}},
+            "metadata.k",
+            limits.MAX_METADATA_VALUE_CHARS,
+        ),
+        ({"user": "u" * (limits.MAX_USER_CHARS + 1)}, "user", limits.MAX_USER_CHARS),
+        ({"model": "m" * (limits.MAX_MODEL_CHARS + 1)}, "model", limits.MAX_MODEL_CHARS),
+        (
+            {"logit_bias": {str(i): 1 for i in range(limits.MAX_LOGIT_BIAS + 1)}},
+            "logit_bias",
+            limits.MAX_LOGIT_BIAS,
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "n",
+                        "schema": {"properties": {f"p{i}": {} for i in range(5000)}},
+                    },
+                }
+            },
+            "response_format.json_schema.schema",
+            limits.MAX_SCHEMA_BYTES,
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": DEEP_SCHEMA},
+                }
+            },
+            "response_format.json_schema.schema",
+            limits.MAX_SCHEMA_DEPTH,
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_limits_are_400_naming_param_and_limit(
+    fields: dict[str, Any], param: str, limit: int
+) -> None:
+    """Each bound on what a request asks of the edge answers with a 400 whose param
+    is the offending field and whose message gives the limit's value."""
+    error = reject(body(**fields))
+    assert error.status == 400
+    assert error.param == param
+    assert str(limit) in str(error)
+
+
+def test_limits_allow_their_own_value() -> None:
+    """A request exactly at the limits is accepted."""
+    request = parse(
+        stop=["x" * limits.MAX_STOP_CHARS] * limits.MAX_STOP,
+        metadata={"k" * limits.MAX_METADATA_KEY_CHARS: "v" * limits.MAX_METADATA_VALUE_CHARS},
+        user="u" * limits.MAX_USER_CHARS,
+        tools=[
+            {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "name": f"t{i}"}}
+            for i in range(limits.MAX_TOOLS)
+        ],
+    )
+    assert len(request.tools.tools) == limits.MAX_TOOLS

@@ -233,3 +233,47 @@ def test_code_blocks_hide_bare_json_but_not_tags() -> None:
     assert calls_of(example + '{"name": "g", "arguments": {}}') == [("g", {})]
     not_a_call = '```json\n// note\n{"name": "f", "arguments": {}}\n```'
     assert not parse_tool_text(not_a_call).candidate_found
+
+
+# --- hostile text: floods the parse must get through in one pass --------------------
+
+CALL = '{"name": "f", "arguments": {}}'
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [
+        # Each line-start "{" once started its own scan to the end: 64k lines took
+        # over ten minutes (1k/2k/4k lines: 0.25/1.1/4.7 s).
+        ("{\n" * 64_000, []),
+        ("[\n" * 64_000, []),
+        ("{\n" * 32_000 + CALL, [("f", {})]),
+        ('{"\n' * 32_000 + CALL, [("f", {})]),
+        # Tags without an end, and tags followed by prose: no search or copy of the
+        # rest of the text per tag.
+        ("<tool_call>" * 20_000, None),
+        ("<|python_tag|> hi\n" * 20_000, []),
+        ("```json\n{\n" * 20_000, []),
+        ("x" + "{" * 100_000, []),
+        ("<" * 100_000, []),
+        (" \n" * 100_000 + CALL, [("f", {})]),
+    ],
+    ids=["braces", "brackets", "braces-call", "open-strings-call", "tags", "llama-prose",
+         "fences", "brace-line", "angle-line", "whitespace-call"],
+)  # fmt: skip
+def test_floods_parse_in_linear_time(text: str, calls: list[tuple[str, Any]] | None) -> None:
+    """Floods of candidate starts parse in one pass (the timeout is far above the
+    time it takes, far below what a quadratic scan takes), with the same answer."""
+    result = parse_tool_text(text)
+    if calls is not None:
+        assert [(c.name, c.arguments) for c in result.calls] == calls
+    if calls == []:
+        assert result.cleaned == text
+
+
+def test_newline_inside_a_string_ends_no_block() -> None:
+    """A raw newline inside a string cannot be JSON: the block around it is no
+    candidate, so a call on a later line is found."""
+    assert calls_of('{"note": "see\n' + CALL) == [("f", {})]
+    assert calls_of('{"note": "a\\\n' + CALL) == [("f", {})]

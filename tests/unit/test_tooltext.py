@@ -321,11 +321,21 @@ def test_cap_releases_and_stops_holding(start: str) -> None:
 
 
 def test_cap_counts_from_the_candidate_start() -> None:
-    """A candidate within max_hold is still held; whitespace before it does not count."""
+    """A candidate within max_hold is still held; whitespace before it does not count
+    towards its cap, but only the last max_hold characters of it are held."""
     f = ToolTextFilter(max_hold=16)
-    assert f.feed("a" + " " * 50 + "<tool_call>12345") == "a"
+    assert f.feed("a" + " " * 50 + "<tool_call>12345") == "a" + " " * 34
     assert f.holding
-    assert f.feed("6") == " " * 50 + "<tool_call>123456"
+    assert f.feed("6") == " " * 16 + "<tool_call>123456"
+
+
+def test_whitespace_flood_is_held_only_up_to_the_cap() -> None:
+    """A model stuck emitting whitespace: the filter holds at most max_hold
+    characters of it, whatever the split, and everything comes out in the end."""
+    f = ToolTextFilter(max_hold=16)
+    shown = "".join(f.feed(" \n") for _ in range(1000))
+    assert len(shown) == 2000 - 16
+    assert shown + f.flush() == " \n" * 1000
 
 
 def test_formats_restrict_what_is_held() -> None:
@@ -415,3 +425,50 @@ def test_streamed_text_is_a_prefix_of_the_cleaned_text(text: str, cuts: list[int
     parsed = parse_tool_text(text)
     assert parsed.cleaned.startswith(streamed)
     assert text.startswith(streamed)
+
+
+# --- hostile alphabets: floods of candidate starts -------------------------------------
+
+FLOODS = st.tuples(
+    st.sampled_from(
+        ["{\n", "{", "[\n", "<", "`", "```json\n{\n", " ", "\n", '"\n', "\\", "<tool_call>",
+         "<|python_tag|>", "[TOOL", '{"\n', "```\n"]
+    ),
+    st.integers(1, 60),
+).map(lambda pair: pair[0] * pair[1])  # fmt: skip
+flood_texts = st.lists(FLOODS | st.sampled_from(FRAGMENTS), max_size=8).map("".join)
+
+
+@given(
+    text=flood_texts,
+    cuts=st.lists(st.integers(0, 1000), max_size=30),
+    max_hold=st.sampled_from([16, 256, 64 * 1024]),
+)
+def test_split_invariance_under_floods(text: str, cuts: list[int], max_hold: int) -> None:
+    """Floods of braces, tags, fences, quotes and whitespace: any split gives the
+    output of feeding the text whole, and that is the text."""
+    whole = run(text, [], max_hold, "flush")[1]
+    assert whole == text
+    assert run(text, cuts, max_hold, "flush")[1] == whole
+
+
+@given(text=flood_texts, cuts=st.lists(st.integers(0, 1000), max_size=30))
+def test_floods_never_stream_markup(text: str, cuts: list[int]) -> None:
+    """Under floods too, what is shown before the end is a prefix of the parse's
+    cleaned content."""
+    streamed, _ = run(text, cuts, 64 * 1024, "flush")
+    assert parse_tool_text(text).cleaned.startswith(streamed)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "text",
+    ["x" + "{" * 100_000, "<" * 100_000, "`" * 100_000, "{\n" * 50_000, '{"\n' * 50_000],
+    ids=["brace-line", "angle-line", "backtick-line", "brace-lines", "open-strings"],
+)
+@pytest.mark.parametrize("size", [len, lambda text: 61], ids=["whole", "chunks"])
+def test_floods_filter_in_linear_time(text: str, size: Any) -> None:
+    """A flood fed whole or in small pieces goes through in one pass and comes out
+    unchanged (line starts are not searched for again per candidate character)."""
+    step = size(text)
+    assert run(text, range(0, len(text), step), 64 * 1024, "flush")[1] == text

@@ -1,0 +1,57 @@
+"""The bounds on what one request may ask the edge to do: every limit in one place.
+
+This module owns the numbers. Request validation (`edge.api.request`,
+`edge.stream.tools`) answers a request past one of them with a 400 naming the
+limit and its value; the schema checks (`edge.stream.schema`) and the tool-text
+scanners use the rest. Each limit is generous for real clients (OpenAI's own
+limit where it has one) and small enough that the worst request still costs the
+event loop only milliseconds. The request body itself is capped by
+`[server] max_body_bytes`. It knows nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- the request -----------------------------------------------------------------
+
+# Messages in one request: agents replay long histories, so far above 2048.
+MAX_MESSAGES: Final = 16_384
+# Content parts in one message (OpenAI accepts up to 500 images per request).
+MAX_CONTENT_PARTS: Final = 1_024
+# Tool calls in one assistant message of the history.
+MAX_MESSAGE_TOOL_CALLS: Final = 1_024
+# Characters of one history tool call's `arguments` string.
+MAX_TOOL_ARGUMENTS_CHARS: Final = 1_048_576
+# Declared tools (OpenAI's limit).
+MAX_TOOLS: Final = 128
+# Stop sequences (OpenAI's limit), and characters in each.
+MAX_STOP: Final = 4
+MAX_STOP_CHARS: Final = 1_024
+# Metadata (OpenAI's limits): keys, characters per key, characters per value.
+MAX_METADATA_KEYS: Final = 16
+MAX_METADATA_KEY_CHARS: Final = 64
+MAX_METADATA_VALUE_CHARS: Final = 512
+# Characters of `model` and of `user`.
+MAX_MODEL_CHARS: Final = 256
+MAX_USER_CHARS: Final = 1_024
+# Entries of `logit_bias` (a vocabulary-sized map would be pointless anyway).
+MAX_LOGIT_BIAS: Final = 1_024
+
+# --- JSON Schemas a caller sends (tool parameters, response_format) ---------------
+
+# Serialized (compact JSON, UTF-8) bytes of one schema.
+MAX_SCHEMA_BYTES: Final = 32_768
+# Serialized bytes of all the schemas of one request together.
+MAX_REQUEST_SCHEMA_BYTES: Final = 262_144
+# JSON nesting depth of one schema (objects and arrays; the root object is 1).
+MAX_SCHEMA_DEPTH: Final = 32
+# RE2 program size of one `pattern` / `patternProperties` regex: matching costs
+# at most (text length x program size), so this bounds each match.
+MAX_PATTERN_PROGRAM: Final = 1_000
+# Schema keyword evaluations (plus one per 512 characters a pattern scans) allowed
+# when validating the tool calls of one answer, or one strict output, against
+# their schemas. A step costs 5 us typically and ~45 us at worst (a wide anyOf),
+# so this bounds the validation at the end of a run to ~10 ms typically, ~90 ms
+# at worst; 2,000 steps validate e.g. 300 objects of 3 fields.
+MAX_VALIDATION_STEPS: Final = 2_000
