@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_OUT := edge/node/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 
-.PHONY: setup proto proto-check run sim test chaos bench lint format typecheck check clean
+.PHONY: setup proto proto-check run sim test chaos hostile bench lint format typecheck check clean
 
 setup: $(STAMP)
 
@@ -43,8 +43,16 @@ sim: $(STAMP)
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q tests
 
+# The chaos suite, then the hostile mix; fails if either failed (both always run).
 chaos: $(STAMP)
-	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+	@status=0; \
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS) || status=1; \
+	$(BIN)/python -m tests.chaos.hostile $(HOSTILE_ARGS) || status=1; \
+	exit $$status
+
+# Hostile input beside normal traffic, one bounded phase per attack (HOSTILE_ARGS="--phase-s 8").
+hostile: $(STAMP)
+	$(BIN)/python -m tests.chaos.hostile $(HOSTILE_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)

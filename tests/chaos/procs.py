@@ -126,22 +126,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def edge_config(port: int, nodes: list[SimNode]) -> str:
+# The chaos scenarios' [timeouts]; `None` (the hostile mix) keeps the edge's defaults.
+CHAOS_TIMEOUTS = {"first_event_s": FIRST_EVENT_S, "idle_s": IDLE_S, "total_s": TOTAL_S}
+
+
+def edge_config(
+    port: int,
+    nodes: list[SimNode],
+    *,
+    api_keys: tuple[str, ...] = (),
+    timeouts: dict[str, float] | None = CHAOS_TIMEOUTS,
+) -> str:
     lines = [
         "[server]",
         f'listen = "127.0.0.1:{port}"',
         "drain_timeout_s = 2",
         f"keepalive_s = {KEEPALIVE_S}",
-        "",
-        "[log]",
-        'level = "INFO"',
-        'format = "json"',
-        "",
-        "[timeouts]",
-        f"first_event_s = {FIRST_EVENT_S}",
-        f"idle_s = {IDLE_S}",
-        f"total_s = {TOTAL_S}",
     ]
+    if api_keys:
+        lines.append(f"api_keys = {json.dumps(list(api_keys))}")
+    lines += ["", "[log]", 'level = "INFO"', 'format = "json"']
+    if timeouts:
+        lines += ["", "[timeouts]", *(f"{k} = {v}" for k, v in timeouts.items())]
     for node in nodes:
         lines += ["", "[[nodes]]", f'name = "{node.name}"', f'address = "{node.address}"']
     return "\n".join(lines) + "\n"
@@ -155,6 +161,8 @@ class EdgeProcess:
     port: int = 0
     process: trio.Process | None = None
     log: Path = field(init=False)
+    api_keys: tuple[str, ...] = ()
+    timeouts: dict[str, float] | None = field(default_factory=lambda: dict(CHAOS_TIMEOUTS))
 
     def __post_init__(self) -> None:
         self.log = self.workdir / "edge.log"
@@ -168,7 +176,9 @@ class EdgeProcess:
         for _ in range(attempts):
             self.port = free_port()
             config = self.workdir / "edge.toml"
-            config.write_text(edge_config(self.port, nodes))
+            config.write_text(
+                edge_config(self.port, nodes, api_keys=self.api_keys, timeouts=self.timeouts)
+            )
             argv = [sys.executable, "-m", "edge", "--config", str(config)]
             self.process = await _open(argv, self.log)
             if await self._ready():
@@ -211,6 +221,29 @@ class EdgeProcess:
         assert self.process is not None
         return cpu_seconds(self.process.pid)
 
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def rss(self) -> int:
+        """The edge's resident memory in bytes now (0 once it is gone)."""
+        if self.process is None:
+            return 0
+        try:
+            return int(psutil.Process(self.process.pid).memory_info().rss)
+        except psutil.Error:
+            return 0
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the edge's output: the last `lines` lines of its uncaught traceback (a
+        raw one, not a log line) when there is one, where the exception itself is; else the
+        last `lines` lines."""
+        if not self.log.exists():
+            return ""
+        text = self.log.read_text(errors="replace").splitlines()
+        raw = (i for i, line in enumerate(text) if "Traceback" in line and line[:1] != "{")
+        first = next(raw, 0)
+        return "\n".join(text[first:][-lines:])
+
     def stats(self) -> Stats:
         assert self.process is not None
         proc = psutil.Process(self.process.pid)
@@ -242,6 +275,53 @@ class EdgeProcess:
     async def stop(self) -> int | None:
         code = await stop_process(self.process)
         return code
+
+
+PROBE_EVERY_S = 0.1
+PROBE_LIMIT_S = 10.0
+_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: chaos\r\nConnection: close\r\n\r\n"
+
+
+async def probe_healthz(edge: EdgeProcess, out_ms: list[float], errors: list[str]) -> None:
+    """GET /healthz every 100 ms (until cancelled): the edge's responsiveness under load.
+
+    A round trip is timed to the end of the answer, bounded by PROBE_LIMIT_S
+    (a frozen edge shows as that bound); a probe that gets no 200 (refused,
+    reset, cut) is recorded in `errors` and not timed.
+    """
+    while True:
+        start = trio.current_time()
+        try:
+            problem = await healthz(edge.port, PROBE_LIMIT_S)
+        except trio.Cancelled:  # a probe still waiting at the end took at least this long
+            out_ms.append((trio.current_time() - start) * 1000)
+            raise
+        elapsed_ms = (trio.current_time() - start) * 1000
+        if not problem or problem == "timeout":
+            out_ms.append(elapsed_ms)
+        else:
+            errors.append(problem)
+        await trio.sleep(PROBE_EVERY_S)
+
+
+async def healthz(port: int, limit_s: float) -> str:
+    """One GET /healthz over a fresh connection: "" when it got a 200, else what went wrong
+    ("timeout" past `limit_s`)."""
+    answer = b""
+    try:
+        with trio.move_on_after(limit_s) as scope:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            try:
+                await stream.send_all(_HEALTHZ)
+                while data := await stream.receive_some(4096):
+                    answer += data
+            finally:
+                await stream.aclose()
+    except (OSError, trio.BrokenResourceError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if scope.cancelled_caught:
+        return "timeout"
+    return "" if answer.startswith(b"HTTP/1.1 200") else f"answer {answer[:40]!r}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ class Report:
     load_s: float = 0.0
     # /healthz round trips during the load: how responsive the edge stayed.
     probe_ms: list[float] = field(default_factory=list)
+    probe_errors: list[str] = field(default_factory=list)
     # The machine's CPU busy %, sampled during the load.
     machine_busy: list[float] = field(default_factory=list)
     # CPU seconds during the load: the edge, the nodes, the chaos client.
@@ -168,6 +169,7 @@ def summary(report: Report) -> str:
             f"CPU during the {report.load_s:.1f}s load: edge {report.cpu_s[0]:.1f}s, nodes "
             f"{report.cpu_s[1]:.1f}s, chaos client {report.cpu_s[2]:.1f}s; /healthz round trip "
             f"p50 {probes[len(probes) // 2]:.0f} ms, max {probes[-1]:.0f} ms"
+            + (f", {len(report.probe_errors)} failed" if report.probe_errors else "")
         )
     if report.machine_busy:
         busy = report.machine_busy

@@ -26,7 +26,14 @@ import trio
 from tests.chaos.checks import FD_SLACK, THREAD_SLACK, check_all
 from tests.chaos.client import StreamResult, run_stream
 from tests.chaos.plan import Kill, make_scenario, warmup_plans
-from tests.chaos.procs import EdgeProcess, ProcessError, SimNode, Stats, cpu_seconds
+from tests.chaos.procs import (
+    EdgeProcess,
+    ProcessError,
+    SimNode,
+    Stats,
+    cpu_seconds,
+    probe_healthz,
+)
 from tests.chaos.report import Options, Report, summary, write_results
 from tests.chaos.witness import Observed
 
@@ -90,23 +97,6 @@ async def _machine(out: list[float]) -> None:
     while True:
         await trio.sleep(0.5)
         out.append(psutil.cpu_percent())
-
-
-async def _probe(port: int, out: list[float]) -> None:
-    """GET /healthz every 100 ms (until cancelled): the edge's responsiveness under load."""
-    request = b"GET /healthz HTTP/1.1\r\nHost: chaos\r\nConnection: close\r\n\r\n"
-    while True:
-        start = trio.current_time()
-        with trio.move_on_after(10):
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            try:
-                await stream.send_all(request)
-                while await stream.receive_some(4096):
-                    pass
-            finally:
-                await stream.aclose()
-        out.append((trio.current_time() - start) * 1000)
-        await trio.sleep(0.1)
 
 
 async def _killer(
@@ -218,7 +208,7 @@ async def run_suite(options: Options) -> Report:
         cpu_start = _cpu(edge, nodes)
         with trio.move_on_after(options.duration) as bound:
             async with trio.open_nursery() as probe:
-                probe.start_soon(_probe, edge.port, report.probe_ms)
+                probe.start_soon(probe_healthz, edge, report.probe_ms, report.probe_errors)
                 probe.start_soon(_machine, report.machine_busy)
                 await _drive(
                     results,

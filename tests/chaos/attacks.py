@@ -1,0 +1,286 @@
+"""The hostile mix's attacks and its normal traffic, each a task that runs until cancelled.
+
+Every attack talks to the edge under test (an `EdgeProcess`, whose port can
+change when the mix restarts it) over real sockets, bounded in count and
+time, and tallies what it saw in a `Tally`; `one_packet` alone ends on its
+own (UNTIMED). The normal traffic checks its
+own answers: a stream must end with `data: [DONE]` and carry the echoed
+text, a non-streamed answer must be a completion with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import trio
+
+from tests.chaos.procs import EdgeProcess, SimNode
+from tests.hostile import payloads
+from tests.hostile.cases import KEY, KINDS, make_case
+from tests.hostile.triggers import triggers
+from tests.hostile.wire import send_case
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# No single request of the mix waits longer than this.
+REQUEST_LIMIT_S = 20.0
+# A stalled reader's receive buffer: small, so the answer waits in the edge, not the kernel.
+STALLED_RCVBUF = 64 * 1024
+
+
+@dataclass
+class Tally:
+    """What one task saw: outcomes by kind ("200", "400", "timeout", ...), and notes."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+    def show(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.outcomes.most_common()) or "nothing sent"
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """How hard each attack pushes."""
+
+    conns: int = 2000
+    stalled: int = 200
+    stalled_deltas: int = 400  # 64 KiB each: 25 MiB per answer
+    tools: int = 2000
+    brace_lines: int = 4000
+    redos_a: int = 30
+    seed: int = 1234
+
+
+@dataclass
+class Target:
+    """The edge under attack, its nodes (to restart it on), and the attacks' sizes."""
+
+    edge: EdgeProcess
+    nodes: list[SimNode]
+    sizes: Sizes
+
+    async def restart(self) -> None:
+        await self.edge.stop()
+        await self.edge.start(self.nodes)
+
+
+Attack = Callable[[Target, Tally], Awaitable[None]]
+
+
+def _client(edge: EdgeProcess) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=edge.url, headers=AUTH, timeout=REQUEST_LIMIT_S)
+
+
+async def _post(edge: EdgeProcess, body: dict[str, Any], tally: Tally) -> None:
+    """One authenticated POST read to its end; its status (or failure) goes into `tally`,
+    also when the phase ends while it waits ("unanswered at the end")."""
+    outcome = "unanswered at the end"
+    try:
+        with trio.move_on_after(REQUEST_LIMIT_S) as scope:
+            try:
+                async with (
+                    _client(edge) as client,
+                    client.stream("POST", "/v1/chat/completions", json=body) as response,
+                ):
+                    async for _ in response.aiter_bytes():
+                        pass
+                    outcome = str(response.status_code)
+            except httpx.HTTPError as exc:
+                outcome = type(exc).__name__
+        if scope.cancelled_caught:
+            outcome = f"no answer within {REQUEST_LIMIT_S:g}s"
+    finally:
+        tally.outcomes[outcome] += 1
+
+
+def _repeat(body: Callable[[], dict[str, Any]]) -> Attack:
+    async def attack(t: Target, tally: Tally) -> None:
+        while True:
+            await _post(t.edge, body(), tally)
+            await trio.sleep(0.05)
+
+    return attack
+
+
+async def redos(t: Target, tally: Tally) -> None:
+    """A `^(a+)+$` pattern and a model argument that backtracks, again and again."""
+    await _repeat(lambda: payloads.redos(t.sizes.redos_a))(t, tally)
+
+
+async def tool_flood(t: Target, tally: Tally) -> None:
+    """Requests declaring `sizes.tools` tools with distinct schemas."""
+    body = payloads.tool_flood(t.sizes.tools)
+    await _repeat(lambda: body)(t, tally)
+
+
+async def brace_text(t: Target, tally: Tally) -> None:
+    """Model text of thousands of `{` lines, one tool declared."""
+    await _repeat(lambda: payloads.brace_lines(t.sizes.brace_lines))(t, tally)
+
+
+async def conn_flood(t: Target, tally: Tally) -> None:
+    """`sizes.conns` connections that send nothing, held open until cancelled."""
+    held: list[trio.SocketStream] = []
+    try:
+        for _ in range(t.sizes.conns):
+            try:
+                held.append(await trio.open_tcp_stream("127.0.0.1", t.edge.port))
+                tally.outcomes["opened"] += 1
+            except OSError as exc:
+                tally.outcomes[f"refused ({exc.errno})"] += 1
+                await trio.sleep(0.01)
+        await trio.sleep_forever()
+    finally:
+        for stream in held:
+            stream.socket.close()
+
+
+async def _stalled_one(edge: EdgeProcess, body: bytes, held: list[trio.socket.SocketType]) -> bool:
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, STALLED_RCVBUF)
+    held.append(sock)
+    try:
+        await sock.connect(("127.0.0.1", edge.port))
+        await sock.send(body)
+    except OSError:
+        return False
+    return True
+
+
+async def stalled_readers(t: Target, tally: Tally) -> None:
+    """`sizes.stalled` clients ask for a long answer of 64 KiB deltas and never read it."""
+    data = json.dumps(payloads.big_answer(t.sizes.stalled_deltas)).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode()
+    held: list[trio.socket.SocketType] = []
+    try:
+        for _ in range(t.sizes.stalled):
+            ok = await _stalled_one(t.edge, head + data, held)
+            tally.outcomes["stalled" if ok else "refused"] += 1
+        await trio.sleep_forever()
+    finally:
+        for sock in held:
+            sock.close()
+
+
+async def fuzz(t: Target, tally: Tally) -> None:
+    """Seeded malformed HTTP/1.1 and HTTP/2 cases, one after another (the fuzz test's)."""
+    for i in range(100_000):
+        case = make_case(t.sizes.seed, KINDS[i % 2], i // 2, KEY)
+        sent = await send_case(t.edge.port, case)
+        tally.outcomes[sent.ended] += 1
+        if not t.edge.alive():
+            tally.notes.append(
+                f"the edge exited after {case.kind} case {case.index} ({case.label}); replay: "
+                f"HOSTILE_FUZZ_SEED={t.sizes.seed} HOSTILE_FUZZ_CASE={case.kind}:{case.index}"
+            )
+            await trio.sleep_forever()
+
+
+async def one_packet(t: Target, tally: Tally) -> None:
+    """Each known one-packet trigger once; a trigger that ends the edge is noted, and the
+    edge restarted for the next one. Returns when all were sent (UNTIMED)."""
+    for case in triggers():
+        await send_case(t.edge.port, case)
+        with trio.move_on_after(2.0):
+            while t.edge.alive():  # noqa: ASYNC110 - another process's exit, bounded
+                await trio.sleep(0.05)
+        if t.edge.alive():
+            tally.outcomes["survived"] += 1
+        else:
+            tally.outcomes["ended the edge"] += 1
+            code = t.edge.process.returncode if t.edge.process else None
+            tally.notes.append(f"ended the edge (exit code {code}): {case.label}")
+            await t.restart()
+
+
+# Attacks that end on their own and get the time they need (the others run until cancelled).
+UNTIMED = frozenset({"one_packet"})
+ATTACKS: dict[str, Attack] = {
+    "conn_flood": conn_flood,
+    "stalled_readers": stalled_readers,
+    "tool_flood": tool_flood,
+    "brace_text": brace_text,
+    "redos": redos,
+    "fuzz": fuzz,
+    "one_packet": one_packet,
+}
+
+
+@dataclass
+class Normal:
+    """The normal traffic beside the attacks: streamed and not (`only_streams`: streamed
+    only), each answer checked; `pace_ms` spaces the words of an answer."""
+
+    pace_ms: int = 0
+    only_streams: bool = False
+    done: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def fail(self, kind: str, detail: str) -> None:
+        self.errors[kind] += 1
+        if len(self.examples) < 5:
+            self.examples.append(detail[:200])
+
+    async def worker(
+        self, edge: EdgeProcess, w: int, stop: trio.Event, *, requests: float = math.inf
+    ) -> None:
+        """Normal requests one after another until `stop` (or `requests` of them)."""
+        i = 0
+        while not stop.is_set() and i < requests:
+            stream = self.only_streams or i % 2 == 0
+            body, words = payloads.normal(w * 1_000_000 + i, stream=stream, pace_ms=self.pace_ms)
+            i += 1
+            try:
+                with trio.move_on_after(REQUEST_LIMIT_S) as scope:
+                    try:
+                        async with _client(edge) as client:
+                            problem = await (self._stream if stream else self._plain)(
+                                client, body, words
+                            )
+                    except httpx.HTTPError as exc:
+                        problem = f"{type(exc).__name__}: {exc}"
+            except trio.Cancelled:
+                self.fail("unanswered at the end", f"worker {w} request {i}: unanswered")
+                raise
+            if scope.cancelled_caught:
+                problem = f"no answer within {REQUEST_LIMIT_S:g}s"
+            if problem:
+                self.fail(problem.split(":", 1)[0], f"worker {w} request {i}: {problem}")
+            else:
+                self.done += 1
+            await trio.sleep(0.05)  # a dead edge fails fast: do not spin
+
+    async def _stream(self, client: httpx.AsyncClient, body: dict[str, Any], words: str) -> str:
+        payloads_seen: list[str] = []
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    payloads_seen.append(line[6:])
+        if response.status_code != 200:
+            return f"status {response.status_code}"
+        if not payloads_seen or payloads_seen[-1] != "[DONE]":
+            return f"stream without [DONE]: last {payloads_seen[-1:]!r}"
+        content = "".join(
+            (c.get("delta") or {}).get("content") or ""
+            for p in payloads_seen[:-1]
+            for c in json.loads(p).get("choices") or ()
+        )
+        return "" if content.split() == words.split() else f"content {content[:80]!r}"
+
+    async def _plain(self, client: httpx.AsyncClient, body: dict[str, Any], words: str) -> str:
+        response = await client.post("/v1/chat/completions", json=body)
+        if response.status_code != 200:
+            return f"status {response.status_code}: {response.text[:100]}"
+        content = response.json()["choices"][0]["message"]["content"] or ""
+        return "" if content.split() == words.split() else f"content {content[:80]!r}"
