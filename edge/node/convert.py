@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from edge.errors import NodeFailedError
 from edge.node._proto.iop.node import v1 as pb
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+from edge.stream.toolcall import ToolCall
 
 if TYPE_CHECKING:
     from edge.api.request import ChatRequest
@@ -43,7 +44,14 @@ def event_from_pb(message: pb.RunEvent) -> NodeEvent | None:
     if kind == "reasoning_delta":
         return ReasoningDelta(message.delta)
     if kind == "complete":
-        return Complete(usage=_usage(message.usage), metadata=dict(message.metadata))
+        return Complete(
+            usage=_usage(message.usage),
+            metadata=dict(message.metadata),
+            tool_calls=tuple(
+                ToolCall(id=c.id, name=c.name, arguments=c.arguments, type=c.type or "function")
+                for c in message.tool_calls
+            ),
+        )
     if kind == "error" or kind == "cancelled":
         return Failed(
             kind=kind, error=message.error, message=message.message, usage=_usage(message.usage)
