@@ -108,6 +108,20 @@ class NodeServer(Server):
         return int(sock.getsockname()[1])
 
 
+async def start_server(node: NodeService, host: str, port: int) -> tuple[NodeServer, int]:
+    """Start serving `node`; returns the server and the port it listens on."""
+    server = NodeServer([node])
+    port = await server.listen(host, port)
+    return server, port
+
+
+async def stop_server(node: NodeService, server: Server) -> None:
+    """Stop accepting, cancel the handlers, then close the node (its runs log last)."""
+    server.close()
+    await server.wait_closed()
+    await node.aclose()
+
+
 async def wait_for_stop_signal() -> None:
     """Return on SIGTERM or SIGINT (a node run as its own process)."""
     stop = asyncio.Event()
@@ -255,6 +269,10 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
 
     def stop_task(self, task: asyncio.Task[Any]) -> None:
         task.cancel()
+
+    async def aclose(self) -> None:
+        """Release what the node holds; the runs log's pending lines are written."""
+        self.runs.close()
 
     async def cancel_run(self, message: pb.CancelRunRequest) -> pb.CancelRunResponse:
         run, found = self.runs.cancel_rpc(message.run_id)

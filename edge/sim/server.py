@@ -34,10 +34,9 @@ from typing import Any
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server
 
 from edge.node._proto.iop.node import v1 as pb
-from edge.nodekit import Encoded, Events, NodeServer, NodeService, RunRecord, send_cancelled
+from edge.nodekit import Encoded, Events, NodeService, RunRecord, send_cancelled
 
 MODELS = ("sim-echo", "sim-script")
 # A repeated event yields to the loop every this many messages.
@@ -236,19 +235,3 @@ class SimNode(NodeService):
             if kind in ("complete", "error", "cancelled"):
                 return "complete" if kind == "complete" else str(kind)
         return "ended"
-
-    def close(self) -> None:
-        self.runs.close()
-
-
-async def start_server(node: SimNode, host: str, port: int) -> tuple[Server, int]:
-    """Start serving `node`; returns the server and the port it listens on."""
-    server = NodeServer([node])
-    port = await server.listen(host, port)
-    return server, port
-
-
-async def stop_server(node: SimNode, server: Server) -> None:
-    server.close()
-    await server.wait_closed()
-    node.close()

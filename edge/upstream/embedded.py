@@ -24,7 +24,8 @@ from pathlib import Path
 
 import trio
 
-from edge.upstream.server import UpstreamNode, start_server, stop_server
+from edge.nodekit import start_server, stop_server
+from edge.upstream.server import UpstreamNode
 
 # Starting (binding a port) and stopping (runs close their upstream requests,
 # bounded by the server's own CLOSE_TIMEOUT_S) take far less; past this the

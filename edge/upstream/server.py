@@ -30,10 +30,9 @@ import httpx
 import msgspec
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server
 
 from edge.node._proto.iop.node import v1 as pb
-from edge.nodekit import Events, NodeServer, NodeService, send_cancelled
+from edge.nodekit import Events, NodeService, send_cancelled
 from edge.upstream.adapter import ChunkMapper, chat_request_body, error_message
 from edge.upstream.adapter import models_from_body as parse_models
 from edge.upstream.sse import SSEDecoder
@@ -288,7 +287,7 @@ class UpstreamNode(NodeService):
         if self._work:
             await asyncio.wait(set(self._work), timeout=CLOSE_TIMEOUT_S)
         await self._client.aclose()
-        self.runs.close()
+        await super().aclose()
 
 
 def _stop(work: asyncio.Task[Any]) -> None:
@@ -313,16 +312,3 @@ async def _read_capped(response: httpx.Response, limit: int = MAX_ERROR_BODY) ->
             if size >= limit:
                 break
     return b"".join(chunks)[:limit]
-
-
-async def start_server(node: UpstreamNode, host: str, port: int) -> tuple[Server, int]:
-    """Start serving `node`; returns the server and the port it listens on."""
-    server = NodeServer([node])
-    port = await server.listen(host, port)
-    return server, port
-
-
-async def stop_server(node: UpstreamNode, server: Server) -> None:
-    server.close()
-    await server.wait_closed()
-    await node.aclose()
