@@ -14,6 +14,9 @@ from grpclib.client import Channel
 
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop, call_asyncio
+from edge.node.client import GrpcNodeClient, RunHandle
+from edge.node.grpc import STREAMS_PER_CHANNEL
+from edge.stream.events import Delta, NodeEvent
 from tests.integration.conftest import SimProcess, script
 
 WAIT_S = 10.0
@@ -81,3 +84,33 @@ async def test_sim_describe_through_the_generated_stub(sim: SimProcess) -> None:
             response = await call_asyncio(describe)
     assert [m.id for m in response.models] == ["sim-echo", "sim-script"]
     assert response.node_name
+
+
+async def test_more_runs_than_one_connection_carries(sim: SimProcess) -> None:
+    """Nodes advertise HTTP/2 MAX_CONCURRENT_STREAMS 100 (grpclib's, not raised): the edge
+    spreads runs over connections, so 120 runs at once on one node all start and stream."""
+    runs = STREAMS_PER_CHANNEL + 30
+    assert runs > 100
+    host, port = sim.address.rsplit(":", 1)
+    content = script({"type": "delta", "delta": "x"}, {"type": "hang"})
+    client = GrpcNodeClient("sim", host, int(port))
+    first: list[NodeEvent] = []
+    async with asyncio_loop():
+        try:
+            with trio.fail_after(WAIT_S * 3):
+                async with trio.open_nursery() as nursery:
+                    handles: list[RunHandle] = []
+                    for i in range(runs):
+                        request = pb.RunRequest(
+                            run_id=f"many-{i}",
+                            model="sim-script",
+                            messages=[pb.Message(role="user", content=content)],
+                        )
+                        deadline = trio.current_time() + WAIT_S * 3
+                        handles.append(await client.start_run(nursery, request, deadline=deadline))
+                    for handle in handles:
+                        first.append(await handle.events.receive())
+                    nursery.cancel_scope.cancel()  # every run still hangs: end them all
+        finally:
+            await client.aclose()
+    assert first == [Delta("x")] * runs
