@@ -36,6 +36,7 @@ from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
 from edge.stream.events import Delta, Failed, NodeEvent
 from edge.upstream.embedded import embedded_upstream_node
+from edge.upstream.server import UpstreamNode
 from tests.integration.conftest import (
     WEATHER_TOOL,
     RunningEdge,
@@ -336,8 +337,22 @@ async def test_client_disconnect_aborts_the_upstream_request(
         await upstream.hung_up.wait()
     await replay_edge.wait_idle()
     node = replay_edge.edge.embedded[0]
-    (record,) = [r for r in node.finished if r.get("run_id") == run_id]  # type: ignore[attr-defined]
+    assert isinstance(node, UpstreamNode)
+    record = await _finished_run(node, run_id)
     assert record["outcome"] == "cancelled"
+
+
+async def _finished_run(node: UpstreamNode, run_id: str) -> dict[str, Any]:
+    """The runs-log record of `run_id`, once the node (on its own thread's loop) wrote it."""
+
+    def records() -> list[dict[str, Any]]:
+        return [r for r in node.finished if r.get("run_id") == run_id]
+
+    with trio.fail_after(WAIT_S):
+        while not records():  # noqa: ASYNC110 - a list another thread appends to
+            await trio.sleep(0.01)
+    (record,) = records()
+    return record
 
 
 # --- the node over gRPC, without an edge ------------------------------------------
