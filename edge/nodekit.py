@@ -1,15 +1,22 @@
 """What the node implementations in this repo share: the simulated node and iop-node.
 
-- `NodeServer`: a grpclib server that lifts HTTP/2 MAX_CONCURRENT_STREAMS
-  from grpclib's 100, so one edge connection can carry many runs, and
-  refuses a received message over gRPC's default 4 MiB (`BoundedCodec`).
-- `NodeService`: the routing of the three RPCs, CancelRun, and the runs log;
-  a node serves Run and Describe.
+- `NodeServer`: a grpclib server that listens on a socket it binds itself
+  (so the port is known for port 0) and refuses a received message over
+  gRPC's default 4 MiB (`NodeCodec`, which also sends bytes serialized
+  ahead of time as they are).
+- `NodeService`: the generated `NodeServiceBase` with CancelRun and the runs
+  log; a node implements Describe (the generated signature) and Run, which
+  is served at the stream level (see `NodeService.__mapping__`).
 - `RunsLog`: the runs in flight and the runs log, one JSON line per run when
   it ends: run_id, model, outcome, cancel_rpc, cancel_rpcs, events_sent. A run
   that ended without CancelRun waits CANCEL_GRACE_S for one (a CancelRun
   races the stream reset) before its line is written; a CancelRun for an id
   the node does not know is logged as {"type": "cancel_rpc", "found": false}.
+
+HTTP/2 MAX_CONCURRENT_STREAMS stays at the 100 grpclib's h2 connections
+advertise: grpclib 0.4.9 has no public setting for it (its Configuration
+covers windows and keep-alive only), so instead of reaching into its
+protocol the edge opens one connection per `STREAMS_PER_CHANNEL` (90) runs.
 
 Node side only (asyncio, grpclib); the edge itself never imports this.
 """
@@ -17,50 +24,54 @@ Node side only (asyncio, grpclib); the edge itself never imports this.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
+import socket
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from grpclib.const import Cardinality, Handler, Status
-from grpclib.encoding.base import CodecBase
+from grpclib.const import Handler, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
-from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
-from h2.settings import SettingCodes
 
 from edge.node._proto.iop.node import v1 as pb
+from edge.node.routes import RUN_ROUTE
 
-MAX_CONCURRENT_STREAMS = 100_000
 # gRPC's default limit on a received message (the edge enforces the same).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 CANCEL_GRACE_S = 1.0
-RUN_ROUTE = "/iop.node.v1.NodeService/Run"
-CANCEL_ROUTE = "/iop.node.v1.NodeService/CancelRun"
-DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
+# How long a node tries to tell a reading edge that CancelRun stopped its run.
+CANCELLED_SEND_S = 1.0
+BACKLOG = 2048
 
 Events = Stream[pb.RunRequest, pb.RunEvent]
 
 
-class _Protocol(H2Protocol):
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        h2_conn = self.connection._connection
-        h2_conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS})
-        self.connection.flush()
+class Encoded(bytes):
+    """A message serialized already (by the generated code): `NodeCodec` sends it as it is.
+
+    A node that sends the same event many times serializes it once.
+    """
 
 
-class BoundedCodec(ProtoCodec):
-    """grpclib's protobuf codec, refusing a received message over MAX_MESSAGE_BYTES.
+class NodeCodec(ProtoCodec):
+    """grpclib's protobuf codec: `Encoded` bytes pass as they are; received
+    messages over MAX_MESSAGE_BYTES are refused.
 
     grpclib 0.4.9 (the latest release) has no receive limit of its own
     (vmagamedov/grpclib#195, open); the codec is the first public place that
     sees a received message. The RPC ends with RESOURCE_EXHAUSTED, as gRPC's
     own limit answers.
     """
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if type(message) is Encoded:
+            return message
+        return super().encode(message, message_type)
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         if len(data) > MAX_MESSAGE_BYTES:
@@ -72,20 +83,43 @@ class BoundedCodec(ProtoCodec):
 
 
 class NodeServer(Server):
-    """A grpclib server whose connections accept MAX_CONCURRENT_STREAMS streams.
+    """A grpclib server with the nodes' codec, listening on a socket of its own binding."""
 
-    Its codec is a `BoundedCodec` unless the caller passes one (which should
-    derive from it).
-    """
+    def __init__(self, handlers: Collection[NodeService]) -> None:
+        super().__init__(handlers, codec=NodeCodec())
 
-    def __init__(
-        self, handlers: Collection[NodeService], *, codec: CodecBase | None = None
-    ) -> None:
-        super().__init__(handlers, codec=codec if codec is not None else BoundedCodec())
+    async def listen(self, host: str, port: int) -> int:
+        """Start serving on host:port (port 0: any free port); returns the bound port.
 
-    def _protocol_factory(self) -> H2Protocol:
-        proto = super()._protocol_factory()
-        return _Protocol(proto.handler, proto.config, proto.h2_config)
+        The socket is bound here and handed to `Server.start(sock=...)`, so the
+        port is read from our own socket.
+        """
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            await self.start(sock=sock, backlog=BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
+        return int(sock.getsockname()[1])
+
+
+async def start_server(node: NodeService, host: str, port: int) -> tuple[NodeServer, int]:
+    """Start serving `node`; returns the server and the port it listens on."""
+    server = NodeServer([node])
+    port = await server.listen(host, port)
+    return server, port
+
+
+async def stop_server(node: NodeService, server: Server) -> None:
+    """Stop accepting, cancel the handlers, then close the node (its runs log last)."""
+    server.close()
+    await server.wait_closed()
+    await node.aclose()
 
 
 async def wait_for_stop_signal() -> None:
@@ -97,11 +131,18 @@ async def wait_for_stop_signal() -> None:
     await stop.wait()
 
 
-def bound_port(server: Server) -> int:
-    """The port a started server listens on (for port 0)."""
-    listening = server._server
-    assert isinstance(listening, asyncio.Server)
-    return int(listening.sockets[0].getsockname()[1])
+async def send_cancelled(stream: Events, run: RunRecord) -> bool:
+    """After CancelRun stopped `run`: tell an edge still reading, as the terminal event.
+
+    Bounded in time (a reader whose window is closed does not hold the
+    handler); False when the stream is gone (the edge reset it).
+    """
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(CANCELLED_SEND_S):
+            await stream.send_message(pb.RunEvent(type="cancelled", error="run cancelled"))
+            run.events_sent += 1
+            return True
+    return False
 
 
 @dataclass(slots=True)
@@ -189,8 +230,8 @@ class RunsLog:
             self._file = None
 
 
-class NodeService:
-    """A node's NodeService: subclasses implement `_run` and `_describe`.
+class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not type-checked
+    """A node's NodeService: subclasses implement `serve_run` and `describe`.
 
     CancelRun is common: it is recorded in the runs log, and a live run's
     task is stopped with `stop_task` (a subclass may stop it its own way).
@@ -201,15 +242,18 @@ class NodeService:
         self.runs = RunsLog(runs_log)
 
     def __mapping__(self) -> dict[str, Handler]:
-        return {
-            RUN_ROUTE: Handler(self._run, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent),
-            CANCEL_ROUTE: Handler(
-                self._cancel_run, Cardinality.UNARY_UNARY, pb.CancelRunRequest, pb.CancelRunResponse
-            ),
-            DESCRIBE_ROUTE: Handler(
-                self._describe, Cardinality.UNARY_UNARY, pb.DescribeRequest, pb.DescribeResponse
-            ),
-        }
+        """The generated mapping, with Run served at the stream level.
+
+        The generated Run handler sends the response headers with the first
+        event; a node accepts a run (the headers) before its first event,
+        which may be a long way off, so Run gets the stream itself.
+        """
+        mapping: dict[str, Handler] = super().__mapping__()
+        generated = mapping[RUN_ROUTE]
+        mapping[RUN_ROUTE] = Handler(
+            self.serve_run, generated.cardinality, generated.request_type, generated.reply_type
+        )
+        return mapping
 
     @property
     def active_runs(self) -> int:
@@ -220,19 +264,18 @@ class NodeService:
         """Every runs-log record written so far (for in-process users)."""
         return self.runs.finished
 
-    async def _run(self, stream: Events) -> None:
-        raise NotImplementedError
-
-    async def _describe(self, stream: Stream[pb.DescribeRequest, pb.DescribeResponse]) -> None:
-        raise NotImplementedError
+    async def serve_run(self, stream: Events) -> None:
+        raise GRPCError(Status.UNIMPLEMENTED)
 
     def stop_task(self, task: asyncio.Task[Any]) -> None:
         task.cancel()
 
-    async def _cancel_run(self, stream: Stream[pb.CancelRunRequest, pb.CancelRunResponse]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        run, found = self.runs.cancel_rpc(request.run_id)
+    async def aclose(self) -> None:
+        """Release what the node holds; the runs log's pending lines are written."""
+        self.runs.close()
+
+    async def cancel_run(self, message: pb.CancelRunRequest) -> pb.CancelRunResponse:
+        run, found = self.runs.cancel_rpc(message.run_id)
         if run is not None and run.task is not None:
             self.stop_task(run.task)
-        await stream.send_message(pb.CancelRunResponse(found=found))
+        return pb.CancelRunResponse(found=found)

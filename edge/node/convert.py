@@ -2,6 +2,16 @@
 
 Pure functions, both directions: RunEvent -> `edge.stream.events`, and the
 parsed OpenAI request -> RunRequest. The only place protobuf types meet ours.
+
+Every message goes through the code betterproto2 generates from the
+`.proto`, with one measured exception: a RunEvent that is only `type`
+("delta" or "reasoning_delta") and `delta`, most events of a stream, is
+read by hand (~1 us against ~15 us for the generated parser). Measured end
+to end, A/B in one sitting (quick benchmark, 6 rounds a variant), the edge
+spends 41 us of CPU per chunk on one stream without it and 29 us with it
+(8.5 against 6.6 calibration units). Any other bytes, including a delta
+event with any other field set, take the generated parser; a hypothesis
+property holds both paths to the same result on any input.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from typing import TYPE_CHECKING
 from edge.errors import NodeFailedError
 from edge.node._proto.iop.node import v1 as pb
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+from edge.stream.toolcall import ToolCall
 
 if TYPE_CHECKING:
     from edge.api.request import ChatRequest
@@ -43,7 +54,14 @@ def event_from_pb(message: pb.RunEvent) -> NodeEvent | None:
     if kind == "reasoning_delta":
         return ReasoningDelta(message.delta)
     if kind == "complete":
-        return Complete(usage=_usage(message.usage), metadata=dict(message.metadata))
+        return Complete(
+            usage=_usage(message.usage),
+            metadata=dict(message.metadata),
+            tool_calls=tuple(
+                ToolCall(id=c.id, name=c.name, arguments=c.arguments, type=c.type or "function")
+                for c in message.tool_calls
+            ),
+        )
     if kind == "error" or kind == "cancelled":
         return Failed(
             kind=kind, error=message.error, message=message.message, usage=_usage(message.usage)

@@ -14,7 +14,8 @@ from pathlib import Path
 import trio
 
 from edge.node.bridge import call_asyncio
-from edge.sim.server import SimNode, start_server, stop_server
+from edge.nodekit import start_server, stop_server
+from edge.sim.server import SimNode
 
 
 @asynccontextmanager

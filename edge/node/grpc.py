@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from grpclib.client import Channel
 from grpclib.config import Configuration
@@ -21,12 +21,9 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.convert import RunEventDecoder, Skip
+from edge.node.routes import RUN_ROUTE
 from edge.node.wire import EncodedRunRequest
 from edge.stream.events import Complete, Failed, NodeEvent
-
-RUN_ROUTE = "/iop.node.v1.NodeService/Run"
-CANCEL_ROUTE = "/iop.node.v1.NodeService/CancelRun"
-DESCRIBE_ROUTE = "/iop.node.v1.NodeService/Describe"
 
 # grpclib servers advertise MAX_CONCURRENT_STREAMS=100 and the client silently
 # queues stream 101 and up: open another connection before that.
@@ -37,6 +34,7 @@ _H2_CONFIG = Configuration(
     http2_connection_window_size=64 * 1024 * 1024,
     http2_stream_window_size=256 * 1024,
 )
+T = TypeVar("T")
 _CONNECT_ERRORS = (OSError, asyncio.TimeoutError, ConnectionError)
 # gRPC's default limit on a received message. A node never needs more (it
 # splits long text into deltas); a larger message is the node's failure.
@@ -186,19 +184,11 @@ class GrpcNode:
         finally:
             self._release(pooled)
 
-    async def _unary(
-        self,
-        route: str,
-        request: pb.CancelRunRequest | pb.DescribeRequest,
-        response_type: type[pb.CancelRunResponse] | type[pb.DescribeResponse],
-    ) -> object:
+    async def _unary(self, call: Callable[[pb.NodeServiceStub], Awaitable[T]]) -> T:
+        """One unary RPC through the generated stub, on a pooled connection."""
         pooled = self._acquire()
         try:
-            async with pooled.channel.request(
-                route, Cardinality.UNARY_UNARY, type(request), response_type
-            ) as stream:
-                await stream.send_message(request, end=True)
-                return await stream.recv_message()
+            return await call(pb.NodeServiceStub(pooled.channel))
         except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
             raise translate_error(exc, accepted=False, address=self.address) from exc
         except Exception as exc:  # a malformed answer (protobuf decode), or any other surprise
@@ -208,18 +198,12 @@ class GrpcNode:
 
     async def cancel_run(self, run_id: str, reason: str) -> bool:
         """CancelRun: True when the run was live on the node."""
-        response = await self._unary(
-            CANCEL_ROUTE,
-            pb.CancelRunRequest(run_id=run_id, reason=reason),
-            pb.CancelRunResponse,
-        )
-        return isinstance(response, pb.CancelRunResponse) and response.found
+        request = pb.CancelRunRequest(run_id=run_id, reason=reason)
+        response = await self._unary(lambda stub: stub.cancel_run(request))
+        return bool(response.found)
 
     async def describe(self) -> pb.DescribeResponse:
-        response = await self._unary(DESCRIBE_ROUTE, pb.DescribeRequest(), pb.DescribeResponse)
-        if not isinstance(response, pb.DescribeResponse):
-            raise NodeFailedError(f"node {self.address} sent no Describe response")
-        return response
+        return await self._unary(lambda stub: stub.describe(pb.DescribeRequest()))
 
     async def aclose(self) -> None:
         for pooled in self._channels:

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from edge.config import split_address
-from edge.nodekit import wait_for_stop_signal
-from edge.sim.server import SimNode, start_server, stop_server
+from edge.nodekit import start_server, stop_server, wait_for_stop_signal
+from edge.sim.server import SimNode
 
 
 def _parse_listen(value: str) -> tuple[str, int]:

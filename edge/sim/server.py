@@ -15,6 +15,11 @@ edge hosts (a node whose address is "embedded"). Models:
   over the gRPC size limit, which this node sends as a broken node would).
   `{"type": "request"}` sends one delta holding the RunRequest this node
   received, as protobuf JSON (what the edge forwarded).
+  A complete item's `"tool_calls"` (a list of `{"id", "name", "arguments"}`,
+  or OpenAI's `{"id", "function": {"name", "arguments"}}`; object arguments
+  are sent as JSON) go out in the typed `tool_calls` field; its
+  `"metadata": {"tool_calls": ...}` is sent as metadata, as a node older than
+  the typed field would.
 
 The runs log (`edge.nodekit.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
@@ -23,17 +28,15 @@ ends; outcomes here are complete | error | cancelled | aborted | ended.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server, Stream
 
 from edge.node._proto.iop.node import v1 as pb
-from edge.nodekit import BoundedCodec, Events, NodeServer, NodeService, RunRecord, bound_port
+from edge.nodekit import Encoded, Events, NodeService, RunRecord, send_cancelled
 
 MODELS = ("sim-echo", "sim-script")
 # A repeated event yields to the loop every this many messages.
@@ -53,12 +56,26 @@ def _last_user_text(request: pb.RunRequest) -> str:
     return ""
 
 
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def _tool_call_from_json(item: Any) -> pb.ToolCall:
+    if not isinstance(item, dict):
+        raise ScriptError("sim-script: a tool call is not an object")
+    fn = item.get("function")
+    source = fn if isinstance(fn, dict) else item
+    return pb.ToolCall(
+        id=str(item.get("id", "")),
+        type=str(item.get("type", "function")),
+        name=str(source.get("name", "")),
+        arguments=_json_text(source.get("arguments", "")),
+    )
+
+
 def _event_from_json(item: dict[str, Any]) -> pb.RunEvent:
     usage = item.get("usage")
-    metadata = {
-        str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-        for k, v in (item.get("metadata") or {}).items()
-    }
+    metadata = {str(k): _json_text(v) for k, v in (item.get("metadata") or {}).items()}
     return pb.RunEvent(
         type=str(item.get("type", "")),
         delta=str(item.get("delta", "")) * int(item.get("delta_times", 1)),
@@ -66,6 +83,7 @@ def _event_from_json(item: dict[str, Any]) -> pb.RunEvent:
         message=str(item.get("message", "")),
         usage=pb.Usage(**{k: int(v) for k, v in usage.items()}) if usage else None,
         metadata=metadata,
+        tool_calls=[_tool_call_from_json(c) for c in item.get("tool_calls") or ()],
     )
 
 
@@ -82,17 +100,6 @@ def parse_script(text: str) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise ScriptError(f"sim-script: events[{i}] is not an object")
     return items
-
-
-class _Encoded(bytes):
-    """A message serialized already: the codec sends it as it is."""
-
-
-class _Codec(BoundedCodec):
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        if type(message) is _Encoded:
-            return message
-        return super().encode(message, message_type)
 
 
 def _accept_delay_s(request: pb.RunRequest) -> float:
@@ -116,17 +123,14 @@ class SimNode(NodeService):
 
     # --- RPCs -------------------------------------------------------------------
 
-    async def _describe(self, stream: Stream[pb.DescribeRequest, pb.DescribeResponse]) -> None:
-        await stream.recv_message()
-        await stream.send_message(
-            pb.DescribeResponse(
-                node_name=self.name,
-                models=[pb.ModelInfo(id=m, owned_by="iop-sim") for m in MODELS],
-                active_runs=self.active_runs,
-            )
+    async def describe(self, message: pb.DescribeRequest) -> pb.DescribeResponse:
+        return pb.DescribeResponse(
+            node_name=self.name,
+            models=[pb.ModelInfo(id=m, owned_by="iop-sim") for m in MODELS],
+            active_runs=self.active_runs,
         )
 
-    async def _run(self, stream: Events) -> None:
+    async def serve_run(self, stream: Events) -> None:
         request = await stream.recv_message()
         assert request is not None
         run = self.runs.start(request.run_id, request.model)
@@ -140,12 +144,8 @@ class SimNode(NodeService):
             run.outcome = outcome
         except asyncio.CancelledError:
             run.outcome = "cancelled"
-            if run.cancel_rpcs and not stream._cancel_done:
-                # CancelRun arrived while the caller still reads: tell it.
-                with contextlib.suppress(Exception):
-                    await stream.send_message(pb.RunEvent(type="cancelled", error="run cancelled"))
-                    run.events_sent += 1
-                    return
+            if run.cancel_rpcs and await send_cancelled(stream, run):
+                return  # CancelRun stopped it while the caller still reads: it was told
             raise
         except GRPCError:
             raise
@@ -194,7 +194,7 @@ class SimNode(NodeService):
         self, stream: Events, run: RunRecord, event: pb.RunEvent, n: int
     ) -> None:
         """The benchmarks' fast path: serialize once, send the bytes n times."""
-        payload = _Encoded(bytes(event))
+        payload = Encoded(bytes(event))
         send = stream.send_message
         for i in range(n):
             await send(payload)
@@ -235,19 +235,3 @@ class SimNode(NodeService):
             if kind in ("complete", "error", "cancelled"):
                 return "complete" if kind == "complete" else str(kind)
         return "ended"
-
-    def close(self) -> None:
-        self.runs.close()
-
-
-async def start_server(node: SimNode, host: str, port: int) -> tuple[Server, int]:
-    """Start serving `node`; returns the server and the port it listens on."""
-    server = NodeServer([node], codec=_Codec())
-    await server.start(host, port, backlog=2048, reuse_address=True)
-    return server, bound_port(server)
-
-
-async def stop_server(node: SimNode, server: Server) -> None:
-    server.close()
-    await server.wait_closed()
-    node.close()

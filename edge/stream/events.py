@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from edge.stream.toolcall import ToolCall
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -38,10 +40,17 @@ class ReasoningDelta:
 
 @dataclass(frozen=True, slots=True)
 class Complete:
-    """The run finished. `metadata` holds `finish_reason` and native `tool_calls`."""
+    """The run finished.
+
+    `tool_calls` are the model's native calls as the node typed them (an
+    empty id means the node chose none). `metadata` holds `finish_reason`;
+    a node older than the typed field sends its native calls there instead,
+    as `tool_calls` (a JSON array), read only when `tool_calls` is empty.
+    """
 
     usage: Usage | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from edge.stream.tools import (
     parse_native_tool_calls,
     schema_error,
     synthesize_tool_calls,
+    typed_native_tool_calls,
     unstreamed_remainder,
     validate_tool_calls,
 )
@@ -350,7 +351,7 @@ class StreamSession:
 
         metadata = event.metadata
         finish_reason = metadata.get("finish_reason") or "stop"
-        calls, native = self._resolve_tool_calls(metadata)
+        calls, native = self._resolve_tool_calls(event)
         if self.outcome is not None:  # tool validation failed
             return
         if calls:
@@ -386,20 +387,24 @@ class StreamSession:
         )
         self.out.append(FinishOut(finish_reason, event.usage))
 
-    def _resolve_tool_calls(self, metadata: Mapping[str, str]) -> tuple[tuple[ToolCall, ...], bool]:
+    def _resolve_tool_calls(self, event: Complete) -> tuple[tuple[ToolCall, ...], bool]:
         """The completion's tool calls and whether they were native.
 
-        Native calls in the run metadata win over text; otherwise calls are
-        synthesized from the whole content when tools were declared. A
+        Native calls (typed, or JSON in an older node's metadata) win over
+        text; otherwise calls are synthesized from the whole content when
+        tools were declared. A
         validation failure ends the session (`fail`), and so does native
         metadata that cannot be read whole: a call is never silently dropped.
         """
         policy = self.settings.tools
         run_id = self.settings.run_id
-        raw_native = metadata.get("tool_calls")
         native: tuple[ToolCall, ...] = ()
-        if raw_native:
+        parsed = None
+        if event.tool_calls:
+            parsed = typed_native_tool_calls(event.tool_calls, policy, run_id)
+        elif raw_native := event.metadata.get("tool_calls"):  # a node older than the typed field
             parsed = parse_native_tool_calls(raw_native, policy, run_id)
+        if parsed is not None:
             if parsed.errors:
                 self.fail("tool_validation_error", parsed.errors[0])
                 return (), True

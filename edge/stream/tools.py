@@ -43,6 +43,7 @@ __all__ = [
     "schema_error",
     "schema_problem",
     "synthesize_tool_calls",
+    "typed_native_tool_calls",
     "unstreamed_remainder",
     "validate_tool_calls",
     "validate_tool_choice",
@@ -246,25 +247,49 @@ def parse_native_tool_calls(raw: str, policy: ToolPolicy, id_prefix: str) -> Nat
         data = [data]
     if not isinstance(data, list):
         return NativeToolCalls(errors=("tool_calls metadata is not a JSON array",))
-    calls: list[ToolCall] = []
-    errors: list[str] = []
-    used: set[str] = set()
-    for position, entry in enumerate(data):
+    entries: list[tuple[object, object, object] | None] = []
+    for entry in data:
         fn = entry.get("function") if isinstance(entry, dict) else None
         source: Mapping[str, Any] | None = fn if isinstance(fn, dict) else None
         if source is None and isinstance(entry, dict):
             source = entry
-        name = source.get("name") if source is not None else None
-        if not isinstance(entry, dict) or source is None or not isinstance(name, str) or not name:
+        if not isinstance(entry, dict) or source is None:
+            entries.append(None)
+            continue
+        arguments = source.get("arguments", source.get("parameters"))
+        entries.append((entry.get("id"), source.get("name"), arguments))
+    return _normalize_native(entries, policy, id_prefix)
+
+
+def typed_native_tool_calls(
+    typed: Sequence[ToolCall], policy: ToolPolicy, id_prefix: str
+) -> NativeToolCalls:
+    """Normalize the typed native calls of a run (`Complete.tool_calls`).
+
+    The same rules as `parse_native_tool_calls`, without JSON around them:
+    missing or repeated ids are chosen here, names are matched to the
+    declared tools, arguments are compacted when they are JSON.
+    """
+    return _normalize_native([(c.id, c.name, c.arguments) for c in typed], policy, id_prefix)
+
+
+def _normalize_native(
+    entries: Sequence[tuple[object, object, object] | None], policy: ToolPolicy, id_prefix: str
+) -> NativeToolCalls:
+    """(id, name, arguments) per native call, None for an entry that is no call."""
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    used: set[str] = set()
+    for position, entry in enumerate(entries):
+        call_id, name, arguments = entry if entry is not None else (None, None, None)
+        if not isinstance(name, str) or not name:
             errors.append(f'tool_calls[{position}] has no function "name"; dropped')
             continue
-        call_id = entry.get("id")
         if not isinstance(call_id, str) or not call_id or call_id in used:
             call_id = f"call_{id_prefix}_{len(calls)}"
             while call_id in used:
                 call_id += "_"
         used.add(call_id)
-        arguments = source.get("arguments", source.get("parameters"))
         calls.append(
             ToolCall(
                 id=call_id,

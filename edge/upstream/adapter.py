@@ -46,7 +46,7 @@ MAX_ERROR_CHARS: Final = 500
 MAX_DELTA_CHARS: Final = 512 * 1024
 # What one run's streamed tool calls may add up to: their names and argument
 # fragments in characters, and their number. The calls travel in the complete
-# event's metadata, one gRPC message (4 MiB at most).
+# event's typed `tool_calls`, one gRPC message (4 MiB at most).
 MAX_TOOL_CALL_CHARS: Final = 512 * 1024
 MAX_TOOL_CALLS: Final = 256
 _UINT32_MAX: Final = 2**32 - 1
@@ -266,18 +266,19 @@ class ToolCallAssembler:
         if arguments:
             call.arguments.append(arguments)
 
-    def openai(self, id_prefix: str) -> list[dict[str, Any]]:
-        """The named calls in OpenAI's format; a missing id becomes `call_{prefix}_{n}`."""
-        out: list[dict[str, Any]] = []
+    def typed(self, id_prefix: str) -> list[pb.ToolCall]:
+        """The named calls, as the contract types them; a missing id becomes `call_{prefix}_{n}`."""
+        out: list[pb.ToolCall] = []
         for call in self.calls:
             if not call.name:
                 continue
             out.append(
-                {
-                    "id": call.id or f"call_{id_prefix}_{len(out)}",
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": "".join(call.arguments) or "{}"},
-                }
+                pb.ToolCall(
+                    id=call.id or f"call_{id_prefix}_{len(out)}",
+                    type="function",
+                    name=call.name,
+                    arguments="".join(call.arguments) or "{}",
+                )
             )
         return out
 
@@ -417,12 +418,12 @@ class ChunkMapper:
     def _complete(self) -> pb.RunEvent:
         self.outcome = "complete"
         metadata = {"finish_reason": self._finish or "stop"}
-        calls = self.tools.openai(self._id_prefix)
-        if calls:
-            metadata["tool_calls"] = json.dumps(calls, separators=(",", ":"), ensure_ascii=False)
-            if metadata["finish_reason"] == "stop":  # Ollama and older servers
-                metadata["finish_reason"] = "tool_calls"
-        return pb.RunEvent(type="complete", usage=self._usage_pb(), metadata=metadata)
+        calls = self.tools.typed(self._id_prefix)
+        if calls and metadata["finish_reason"] == "stop":  # Ollama and older servers
+            metadata["finish_reason"] = "tool_calls"
+        return pb.RunEvent(
+            type="complete", usage=self._usage_pb(), metadata=metadata, tool_calls=calls
+        )
 
     def _usage_pb(self) -> pb.Usage | None:
         usage = self._usage

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from edge.config import split_address
-from edge.nodekit import wait_for_stop_signal
-from edge.upstream.server import UpstreamNode, normalize_upstream, start_server, stop_server
+from edge.nodekit import start_server, stop_server, wait_for_stop_signal
+from edge.upstream.server import UpstreamNode, normalize_upstream
 
 DEFAULT_LISTEN = "127.0.0.1:50061"
 _KEYS = ("listen", "upstream", "api_key_env", "models", "name", "runs_log", "read_timeout_s")

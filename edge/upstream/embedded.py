@@ -1,41 +1,95 @@
 """An upstream node run in-process, for `address = "openai+http://HOST:PORT/v1"`.
 
 The real grpclib server of `edge.upstream.server`, listening on an ephemeral
-127.0.0.1 port on the asyncio loop the bridge hosts: the edge reaches it over
-gRPC like any other node, so a developer can point the edge straight at a
-local model server without a second daemon. It knows nothing of the pool;
-the one thing it knows of asyncio is how to let anyio (httpx) find the loop.
+127.0.0.1 port: the edge reaches it over gRPC like any other node, so a
+developer can point the edge straight at a local model server without a
+second daemon. It knows nothing of the pool.
+
+The node runs on an asyncio loop of its own (`asyncio.run` in a thread), not
+on the trio-asyncio loop the edge hosts: httpx's transport (anyio) finds the
+running loop the standard way there, so nothing of anyio or asyncio is
+patched. Stopping it stops the server and the node's runs on that loop,
+then joins the thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 
-from edge.node.bridge import call_asyncio
-from edge.upstream.server import UpstreamNode, start_server, stop_server
+from edge.nodekit import start_server, stop_server
+from edge.upstream.server import UpstreamNode
+
+# Starting (binding a port) and stopping (runs close their upstream requests,
+# bounded by the server's own CLOSE_TIMEOUT_S) take far less; past this the
+# thread is reported stuck rather than waited on forever.
+THREAD_JOIN_S = 10.0
 
 
-def _let_anyio_find_the_loop() -> None:
-    """Give anyio trio-asyncio's `get_running_loop` and `current_task`.
+class _NodeThread:
+    """One node on its own asyncio loop in a thread.
 
-    trio-asyncio finds its loop by replacing those functions in `asyncio`.
-    anyio's asyncio backend (under httpx) imports them by name, so when it was
-    imported before trio-asyncio (pytest's anyio plugin does that) it keeps
-    the originals and fails with "no running event loop" on the bridge's loop
-    (python-trio/trio-asyncio#83). Rebinding is idempotent; when the backend
-    is not imported yet there is nothing to do, it will import the patched ones.
+    `start` waits until it listens, `stop` until its thread ended.
     """
-    backend = sys.modules.get("anyio._backends._asyncio")
-    if backend is not None:
-        backend.get_running_loop = asyncio.get_running_loop  # type: ignore[attr-defined]
-        backend.current_task = asyncio.current_task  # type: ignore[attr-defined]
+
+    def __init__(self, node: UpstreamNode) -> None:
+        self.node = node
+        self.port = 0
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name=f"node {node.name}", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # reported to whoever waits on start()
+            self._error = exc
+        finally:
+            self._started.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            server, self.port = await start_server(self.node, "127.0.0.1", 0)
+        except BaseException:
+            await self.node.aclose()
+            raise
+        self._started.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await stop_server(self.node, server)
+
+    def start(self) -> int:
+        """Run the node; blocks until it listens (returns its port) or failed (raises)."""
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            self._thread.join(THREAD_JOIN_S)
+            raise self._error
+        return self.port
+
+    def stop(self) -> None:
+        """Stop serving and wait for the thread (blocking)."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop closed already
+                loop.call_soon_threadsafe(stop.set)
+        self._thread.join(THREAD_JOIN_S)
+        if self._thread.is_alive():
+            raise RuntimeError(f"embedded node {self.node.name} did not stop")
+        if self._error is not None:
+            raise self._error
 
 
 @asynccontextmanager
@@ -43,19 +97,13 @@ async def embedded_upstream_node(
     name: str, upstream: str, runs_log: Path | None = None
 ) -> AsyncIterator[tuple[UpstreamNode, int]]:
     """Serve `upstream` as a node for the duration of the block; yields (node, port)."""
-    _let_anyio_find_the_loop()
     # httpx logs every request at INFO: in the edge's log that is one line per run
     # and per Describe. The node reports what matters through its events.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    node = UpstreamNode(upstream, name=name, runs_log=runs_log)
+    host = _NodeThread(UpstreamNode(upstream, name=name, runs_log=runs_log))
+    port = await trio.to_thread.run_sync(host.start, abandon_on_cancel=False)
     try:
-        server, port = await call_asyncio(start_server, node, "127.0.0.1", 0)
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await call_asyncio(node.aclose)
-        raise
-    try:
-        yield node, port
+        yield host.node, port
     finally:
         with trio.CancelScope(shield=True):
-            await call_asyncio(stop_server, node, server)
+            await trio.to_thread.run_sync(host.stop)

@@ -30,10 +30,9 @@ import httpx
 import msgspec
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server, Stream
 
 from edge.node._proto.iop.node import v1 as pb
-from edge.nodekit import Events, NodeServer, NodeService, bound_port
+from edge.nodekit import Events, NodeService, send_cancelled
 from edge.upstream.adapter import ChunkMapper, chat_request_body, error_message
 from edge.upstream.adapter import models_from_body as parse_models
 from edge.upstream.sse import SSEDecoder
@@ -104,15 +103,12 @@ class UpstreamNode(NodeService):
 
     # --- Describe ---------------------------------------------------------------
 
-    async def _describe(self, stream: Stream[pb.DescribeRequest, pb.DescribeResponse]) -> None:
-        await stream.recv_message()
+    async def describe(self, message: pb.DescribeRequest) -> pb.DescribeResponse:
         models = await self.models()
-        await stream.send_message(
-            pb.DescribeResponse(
-                node_name=self.name,
-                models=[pb.ModelInfo(id=m, owned_by=owner) for m, owner in models],
-                active_runs=self.active_runs,
-            )
+        return pb.DescribeResponse(
+            node_name=self.name,
+            models=[pb.ModelInfo(id=m, owned_by=owner) for m, owner in models],
+            active_runs=self.active_runs,
         )
 
     async def models(self) -> list[tuple[str, str]]:
@@ -152,7 +148,7 @@ class UpstreamNode(NodeService):
 
     # --- Run --------------------------------------------------------------------
 
-    async def _run(self, stream: Events) -> None:
+    async def serve_run(self, stream: Events) -> None:
         """One run. The upstream request runs in its own task, cancelled at most once.
 
         A stream reset (grpclib cancels this handler) and CancelRun both end a
@@ -180,10 +176,8 @@ class UpstreamNode(NodeService):
                 work.result()  # an unexpected error: grpclib logs it and fails the stream
             elif run.outcome is None:
                 run.outcome = "cancelled"
-                if run.cancel_rpcs and not stream._cancel_done:
-                    # CancelRun arrived while the caller still reads: tell it.
-                    with contextlib.suppress(Exception):
-                        await emit(pb.RunEvent(type="cancelled", error="run cancelled"))
+                if run.cancel_rpcs:  # CancelRun stopped it: tell a caller still reading
+                    await send_cancelled(stream, run)
         except asyncio.CancelledError:  # the caller reset the stream, or the server stops
             _stop(work)
             if run.outcome is None:
@@ -293,7 +287,7 @@ class UpstreamNode(NodeService):
         if self._work:
             await asyncio.wait(set(self._work), timeout=CLOSE_TIMEOUT_S)
         await self._client.aclose()
-        self.runs.close()
+        await super().aclose()
 
 
 def _stop(work: asyncio.Task[Any]) -> None:
@@ -318,16 +312,3 @@ async def _read_capped(response: httpx.Response, limit: int = MAX_ERROR_BODY) ->
             if size >= limit:
                 break
     return b"".join(chunks)[:limit]
-
-
-async def start_server(node: UpstreamNode, host: str, port: int) -> tuple[Server, int]:
-    """Start serving `node`; returns the server and the port it listens on."""
-    server = NodeServer([node])
-    await server.start(host, port, backlog=2048, reuse_address=True)
-    return server, bound_port(server)
-
-
-async def stop_server(node: UpstreamNode, server: Server) -> None:
-    server.close()
-    await server.wait_closed()
-    await node.aclose()

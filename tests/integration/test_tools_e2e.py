@@ -348,7 +348,7 @@ async def test_raw_sse_tool_calls_delta(http: httpx.AsyncClient) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
-# --- native calls from run metadata -----------------------------------------------
+# --- native calls: typed, and from the run metadata of older nodes -----------------
 
 NATIVE_OVER_TEXT = (
     "Sure, checking now.\n<tool_call>\n"
@@ -398,6 +398,44 @@ async def test_native_calls_are_normalized(edge: RunningEdge) -> None:
     assert streamed_content(chunks) == "Two lookups."
     items = tool_call_chunks(chunks)[0].choices[0].delta.tool_calls
     assert [i.function.arguments for i in items] == ['{"city":"Oslo"}', "{}"]
+
+
+def typed_output(text: str, calls: list[dict[str, Any]]) -> str:
+    """A sim-script streaming `text`, then completing with `calls` in the typed field."""
+    deltas = [{"type": "delta", "delta": piece} for piece in _pieces(text)]
+    complete = {"type": "complete", "metadata": {"finish_reason": "stop"}, "tool_calls": calls}
+    return script(*deltas, complete)
+
+
+async def test_typed_native_calls_streaming_and_non_streaming(edge: RunningEdge) -> None:
+    """Native calls in the contract's typed field win over markup, streamed or not: a given
+    id is kept, a missing one chosen, arguments compacted, the declared name matched."""
+    calls = [
+        {"id": "call_typed_1", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+        {"id": "", "name": "GET_TIME", "arguments": ""},
+    ]
+    expected = [("get_weather", {"city": "Rome"}), ("get_time", {})]
+    chunks, final = await stream(edge, typed_output(NATIVE_OVER_TEXT, calls))
+    check_streamed_calls(chunks, final, expected)
+    assert streamed_content(chunks) == "Sure, checking now."
+    items = tool_call_chunks(chunks)[0].choices[0].delta.tool_calls
+    assert items[0].id == "call_typed_1"
+    assert [i.function.arguments for i in items] == ['{"city":"Rome"}', "{}"]
+    completion = await create(edge, typed_output(NATIVE_OVER_TEXT, calls))
+    message = completion.choices[0].message
+    assert completion.choices[0].finish_reason == "tool_calls"
+    assert calls_of(message.tool_calls) == expected
+    assert message.tool_calls[0].id == "call_typed_1"
+    assert message.content == "Sure, checking now."
+
+
+async def test_typed_native_call_without_name_is_not_dropped(edge: RunningEdge) -> None:
+    """A typed call with no name is a tool_validation_error, as in the JSON form."""
+    calls = [{"id": "c1", "name": "", "arguments": "{}"}]
+    error = await stream_error(edge, typed_output("Checking.", calls))
+    assert error.type == "tool_validation_error"
+    status = await create_error(edge, typed_output("Checking.", calls))
+    assert status.status_code == 422
 
 
 @pytest.mark.parametrize(

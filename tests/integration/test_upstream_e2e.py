@@ -36,6 +36,7 @@ from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
 from edge.stream.events import Delta, Failed, NodeEvent
 from edge.upstream.embedded import embedded_upstream_node
+from edge.upstream.server import UpstreamNode
 from tests.integration.conftest import (
     WEATHER_TOOL,
     RunningEdge,
@@ -46,6 +47,7 @@ from tests.integration.conftest import (
     stop_edge,
     stop_process,
 )
+from tests.integration.test_nodes_e2e import cancel_while_reading
 
 FIXTURES = Path(__file__).parent / "upstream_fixtures"
 WAIT_S = 10.0
@@ -335,8 +337,22 @@ async def test_client_disconnect_aborts_the_upstream_request(
         await upstream.hung_up.wait()
     await replay_edge.wait_idle()
     node = replay_edge.edge.embedded[0]
-    (record,) = [r for r in node.finished if r.get("run_id") == run_id]  # type: ignore[attr-defined]
+    assert isinstance(node, UpstreamNode)
+    record = await _finished_run(node, run_id)
     assert record["outcome"] == "cancelled"
+
+
+async def _finished_run(node: UpstreamNode, run_id: str) -> dict[str, Any]:
+    """The runs-log record of `run_id`, once the node (on its own thread's loop) wrote it."""
+
+    def records() -> list[dict[str, Any]]:
+        return [r for r in node.finished if r.get("run_id") == run_id]
+
+    with trio.fail_after(WAIT_S):
+        while not records():  # noqa: ASYNC110 - a list another thread appends to
+            await trio.sleep(0.01)
+    (record,) = records()
+    return record
 
 
 # --- the node over gRPC, without an edge ------------------------------------------
@@ -406,6 +422,29 @@ async def test_describe_lists_the_upstream_models(
         description = await client.describe()
         await client.aclose()
     assert list(description.models) == upstream.models()
+
+
+async def test_iop_node_tells_a_reading_caller_its_run_was_cancelled(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """CancelRun while the caller reads (iop-node as a process): the run's terminal is the
+    node's `cancelled` event, the upstream request is closed, one CancelRun is logged."""
+    node = await trio.to_thread.run_sync(start_node, tmp_path, upstream.url)
+    try:
+        request = pb.RunRequest(
+            run_id="c1", model="hang", messages=[pb.Message(role="user", content="x")]
+        )
+        events = await cancel_while_reading(node.address, request)
+        with trio.fail_after(WAIT_S):
+            await upstream.hung_up.wait()
+        record = await node.wait_run("c1")
+    finally:
+        await trio.to_thread.run_sync(stop_process, node.process)
+    assert [(e.type, e.delta, e.error) for e in events] == [
+        ("delta", "x", ""),
+        ("cancelled", "", "run cancelled"),
+    ]
+    assert (record["outcome"], record["cancel_rpcs"]) == ("cancelled", 1)
 
 
 # --- the chain: SDK -> edge B -> iop-node -> edge A -> iop-sim-node --------------------

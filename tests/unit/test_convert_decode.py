@@ -11,9 +11,15 @@ from hypothesis import strategies as st
 from edge.errors import NodeFailedError
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.convert import SKIP, RunEventDecoder, decode_run_event, event_from_pb
-from edge.stream.events import Delta, ReasoningDelta
+from edge.stream.events import Complete, Delta, ReasoningDelta
 
 _TYPES = st.sampled_from(["delta", "reasoning_delta", "complete", "error", "cancelled", "x", ""])
+
+
+_CALLS = st.lists(
+    st.builds(pb.ToolCall, id=st.text(max_size=3), name=st.text(max_size=3), arguments=st.text()),
+    max_size=2,
+)
 
 
 @given(
@@ -21,13 +27,28 @@ _TYPES = st.sampled_from(["delta", "reasoning_delta", "complete", "error", "canc
     delta=st.text(),
     error=st.text(max_size=5),
     metadata=st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+    tool_calls=_CALLS,
 )
 def test_hand_and_general_paths_agree(
-    kind: str, delta: str, error: str, metadata: dict[str, str]
+    kind: str, delta: str, error: str, metadata: dict[str, str], tool_calls: list[pb.ToolCall]
 ) -> None:
     """For any RunEvent, decoding its bytes gives what betterproto2 + event_from_pb give."""
-    data = bytes(pb.RunEvent(type=kind, delta=delta, error=error, metadata=metadata))
+    event = pb.RunEvent(
+        type=kind, delta=delta, error=error, metadata=metadata, tool_calls=tool_calls
+    )
+    data = bytes(event)
     assert decode_run_event(data) == event_from_pb(pb.RunEvent.FromString(data))
+
+
+@given(_CALLS)
+def test_typed_tool_calls_reach_the_core_as_sent(tool_calls: list[pb.ToolCall]) -> None:
+    """A complete event's typed calls arrive in order, each field as the node wrote it."""
+    data = bytes(pb.RunEvent(type="complete", tool_calls=tool_calls))
+    event = decode_run_event(data)
+    assert isinstance(event, Complete)
+    assert [(c.id, c.name, c.arguments, c.type) for c in event.tool_calls] == [
+        (c.id, c.name, c.arguments, "function") for c in tool_calls
+    ]
 
 
 @given(st.binary(max_size=64))

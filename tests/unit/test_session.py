@@ -346,6 +346,39 @@ def test_finish_native_tool_calls_keep_ids_and_string_arguments() -> None:
     assert result.calls == (ToolCall(id="abc", name="get_time", arguments="{}"),)
 
 
+def test_finish_typed_native_tool_calls() -> None:
+    """finish step 3, typed native calls: the same normalization as the JSON form, no JSON
+    around them (a missing id is chosen, the declared name matched, arguments compacted)."""
+    typed = (
+        ToolCall(id="", name="GET_WEATHER", arguments='{ "city": "Rome" }'),
+        ToolCall(id="abc", name="get_time", arguments=""),
+    )
+    result = run([Delta("x"), Complete(tool_calls=typed)], conf(tools=TOOLS))
+    assert result.calls == (
+        ToolCall(id=f"call_{RUN}_0", name="get_weather", arguments='{"city":"Rome"}'),
+        ToolCall(id="abc", name="get_time", arguments="{}"),
+    )
+    assert result.terminal == FinishOut("tool_calls", None)
+
+
+def test_finish_typed_tool_calls_win_over_metadata() -> None:
+    """A node that sends both forms is read by its typed field; the JSON is not parsed."""
+    typed = (ToolCall(id="t1", name="get_time", arguments="{}"),)
+    event = Complete(metadata={"tool_calls": "not json"}, tool_calls=typed)
+    result = run([event], conf(tools=TOOLS))
+    assert result.calls == typed
+    assert result.terminal == FinishOut("tool_calls", None)
+
+
+def test_finish_typed_tool_call_without_name_fails() -> None:
+    """A typed call with no name is never silently dropped: tool_validation_error."""
+    typed = (ToolCall(id="t1", name="", arguments="{}"),)
+    result = run([Complete(tool_calls=typed)], conf(tools=TOOLS))
+    assert result.calls is None
+    assert result.outcome is not None
+    assert result.outcome.error_type == "tool_validation_error"
+
+
 def test_finish_synthesized_tool_calls() -> None:
     """finish step 3, text: calls are synthesized from the whole content; the cleaned text not
     yet emitted is emitted; markup never reaches the caller; finish_reason tool_calls."""

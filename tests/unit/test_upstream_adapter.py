@@ -50,7 +50,18 @@ def _event(ev: Any) -> Event:
             usage.reasoning_tokens,
             usage.cached_input_tokens,
         )
-    return (ev.type, ev.delta, ev.error, dict(ev.metadata), counts)
+    view = dict(ev.metadata)
+    assert "tool_calls" not in view, "native calls travel in the typed field only"
+    if ev.tool_calls:  # compared in OpenAI's shape, as the edge renders them
+        view["tool_calls"] = json.dumps(_openai(ev.tool_calls))
+    return (ev.type, ev.delta, ev.error, view, counts)
+
+
+def _openai(typed: list[pb.ToolCall]) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "type": c.type, "function": {"name": c.name, "arguments": c.arguments}}
+        for c in typed
+    ]
 
 
 def replay(pieces: list[str]) -> list[Event]:
@@ -253,8 +264,8 @@ def test_tool_calls_sharing_an_index_but_not_an_id_are_separate() -> None:
             {"id": "b", "index": 0, "function": {"name": "g", "arguments": {"y": 2}}},
         ]
     )
-    out = tools.openai("run")
-    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in out] == [
+    out = tools.typed("run")
+    assert [(c.id, c.name, c.arguments) for c in out] == [
         ("a", "f", '{"x":1}'),
         ("b", "g", '{"y":2}'),
     ]
@@ -268,7 +279,7 @@ def test_tool_fragments_without_index_or_id() -> None:
     tools.feed([{"function": {"arguments": '"x"}'}}])
     tools.feed([{"function": {"name": "g"}}])
     tools.feed([{"index": 5}, "junk"])  # nameless call: dropped
-    out = tools.openai("run")
+    out = _openai(tools.typed("run"))
     assert out == [
         {
             "id": "call_run_0",

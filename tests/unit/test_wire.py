@@ -1,4 +1,4 @@
-"""The hand-written RunRequest bytes say what betterproto2's RunRequest says."""
+"""The RunRequest bytes sent to a node read back as the RunRequest built from the request."""
 
 from __future__ import annotations
 
@@ -65,9 +65,8 @@ def _bodies(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @given(_bodies(), st.integers(0, 2**62))
-def test_hand_encoding_matches_betterproto2(body: dict[str, Any], deadline: int) -> None:
-    """For any request, betterproto2 reads the hand-written bytes as the RunRequest it
-    would have built itself."""
+def test_encoded_request_reads_back_whole(body: dict[str, Any], deadline: int) -> None:
+    """For any request, the bytes a node receives parse to the RunRequest the edge built."""
     request = parse_chat_request(json.dumps(body).encode())
     expected = run_request_from_chat(request, run_id="r1", model="m", deadline_unix_ms=deadline)
     encoded = encode_run_request(request, run_id="r1", model="m", deadline_unix_ms=deadline)

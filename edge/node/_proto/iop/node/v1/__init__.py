@@ -181,7 +181,16 @@ class RunEvent(betterproto2.Message):
         map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
     """
-    finish_reason; tool_calls = JSON array of OpenAI tool calls (native calls).
+    finish_reason, and anything else a node wants to pass along. Nodes older
+    than the typed tool_calls field put native calls here as "tool_calls", a
+    JSON array of OpenAI tool calls; the edge still reads that when
+    tool_calls is empty.
+    """
+
+    tool_calls: "list[ToolCall]" = betterproto2.field(7, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    On complete: the model's native tool calls, in order. An empty id lets
+    the edge choose one; arguments are the JSON text the model produced.
     """
 
 
