@@ -71,9 +71,10 @@ _REFUSE_DEADLINE_S = 0.25
 # Once a connection is over, its handlers (told `http.disconnect`) get this long
 # to end before they are cancelled: in hypercorn 0.18.0 an HTTP/2 handler that
 # is sending when its connection closes waits forever for a stream buffer that
-# no task drains any more, and would hold the connection's slot until shutdown.
-# (A wait inside a shielded scope, as the app's end of response, runs out its
-# own deadline first.)
+# no task drains any more (its send task has ended), and would hold the
+# connection's slot until shutdown; no upstream fix yet (related: pgjones/hypercorn
+# issue #308, HTTP/2 connections that never finish). A wait inside a shielded
+# scope, as the app's end of response, runs out its own deadline first.
 _HANDLER_GRACE_S = 1.0
 _LOG_INTERVAL_S = 1.0
 _ACCEPT_BACKOFF_S = (0.01, 1.0)
