@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import resource
 from dataclasses import dataclass
@@ -55,9 +54,16 @@ from hypercorn.trio.task_group import TaskGroup
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, Framework, LifespanState
 from hypercorn.utils import parse_socket_addr, repr_socket_addr, wrap_app
-from loguru import logger
 
 from edge.http.headcheck import H2Limits, HeadScanner, Rejection
+from edge.http.refusals import (
+    REASONS,
+    ConnectionErrors,
+    describe,
+    error_response,
+    goaway_frame,
+    over_limit_response,
+)
 from edge.metrics import EdgeMetrics
 
 MAX_RECV = 2**16
@@ -76,7 +82,6 @@ _REFUSE_DEADLINE_S = 0.25
 # issue #308, HTTP/2 connections that never finish). A wait inside a shielded
 # scope, as the app's end of response, runs out its own deadline first.
 _HANDLER_GRACE_S = 1.0
-_LOG_INTERVAL_S = 1.0
 _ACCEPT_BACKOFF_S = (0.01, 1.0)
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # HTTP/2 limits (set on hypercorn's Config, and watched per frame by headcheck).
@@ -92,7 +97,8 @@ H2_MAX_INBOUND_FRAME_SIZE = 2**14
 H2_RESET_BURST = 2 * H2_MAX_CONCURRENT_STREAMS
 H2_RESETS_PER_S = 100.0
 _H2_LIMITS = H2Limits(H2_MAX_HEADER_LIST_SIZE, H2_RESET_BURST, H2_RESETS_PER_S)
-_GOAWAY, _ENHANCE_YOUR_CALM = 0x7, 0xB
+_ENHANCE_YOUR_CALM = 0xB
+_OVER_LIMIT = over_limit_response()
 
 
 def raise_fd_limit() -> int:
@@ -111,61 +117,6 @@ def raise_fd_limit() -> int:
 def default_max_connections(fd_limit: int) -> int:
     """Connections the fd limit allows, keeping `FD_RESERVE` for everything else."""
     return max(16, fd_limit - FD_RESERVE)
-
-
-def error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
-    """A complete HTTP/1.1 answer with an OpenAI-shaped body, closing the connection."""
-    body = json.dumps(
-        {"error": {"message": message, "type": err_type, "param": None, "code": code}}
-    ).encode()
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode("ascii") + body
-
-
-def goaway_frame(last_stream_id: int, error_code: int, debug: bytes) -> bytes:
-    """An HTTP/2 GOAWAY frame (RFC 9113 6.8): the last stream served, why, and a note."""
-    payload = last_stream_id.to_bytes(4, "big") + error_code.to_bytes(4, "big") + debug
-    return len(payload).to_bytes(3, "big") + bytes((_GOAWAY, 0)) + (0).to_bytes(4, "big") + payload
-
-
-_REASONS = {
-    400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
-}  # fmt: skip
-_OVER_LIMIT = error_response(
-    503, "Service Unavailable", "the server has too many open connections; retry later",
-    "too_many_connections", "service_unavailable",
-)  # fmt: skip
-
-
-class ConnectionErrors:
-    """Counts connection errors by kind and logs at most one line per kind per second."""
-
-    def __init__(self, metrics: EdgeMetrics) -> None:
-        self._counter = metrics.connection_errors
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def record(self, kind: str, detail: str) -> None:
-        self._counter.labels(kind).inc()
-        now = trio.current_time()
-        last = self._last.get(kind)
-        if last is not None and now - last < _LOG_INTERVAL_S:
-            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
-            return
-        self._last[kind] = now
-        more = self._suppressed.pop(kind, 0)
-        suffix = f" ({more} more since the last line)" if more else ""
-        logger.warning("connection closed ({}): {}{}", kind, detail, suffix)
-
-
-def _describe(exc: BaseException) -> str:
-    """One line naming an exception; `repr` escapes control characters a client may have sent."""
-    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return _describe(exc.exceptions[0])
-    return f"{type(exc).__name__}: {str(exc)[:200]!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +223,7 @@ class HttpServer:
         try:
             await connection.run()
         except* Exception as group:
-            self.errors.record("exception", _describe(group))
+            self.errors.record("exception", describe(group))
         finally:
             self._connections.discard(connection)
             self._gauge.dec()
@@ -423,7 +374,7 @@ class _Connection:
             # A 408 unless part of an answer went out already (then only the close).
             if self._answer_bytes == 0 and self._scanner.http2 is None:
                 answer = error_response(
-                    408, _REASONS[408], what, "request_timeout", "invalid_request_error"
+                    408, REASONS[408], what, "request_timeout", "invalid_request_error"
                 )
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await self._write(answer)
@@ -446,7 +397,7 @@ class _Connection:
         await self._idle_again.wait()
         if not self._closed:
             answer = error_response(
-                rejection.status, _REASONS.get(rejection.status, "Bad Request"),
+                rejection.status, REASONS.get(rejection.status, "Bad Request"),
                 rejection.message, rejection.code, "invalid_request_error",
             )  # fmt: skip
             async with self._send_lock:

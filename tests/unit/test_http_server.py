@@ -7,12 +7,8 @@ import trio.testing
 from hyperframe.frame import Frame, GoAwayFrame
 from loguru import logger
 
-from edge.http.server import (
-    ConnectionErrors,
-    default_max_connections,
-    error_response,
-    goaway_frame,
-)
+from edge.http.refusals import ConnectionErrors, error_response, goaway_frame
+from edge.http.server import default_max_connections
 from edge.metrics import EdgeMetrics
 
 
