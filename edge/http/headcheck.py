@@ -28,7 +28,10 @@ in h2 or hypercorn limits how fast a client resets the streams it opens (the
 reset cancels it, and concurrency limits never apply). `H2FrameWatch` reads
 the 9-byte header of every frame the client sends and refuses a header block
 larger than the header list limit as it arrives, and RST_STREAM frames past
-a token bucket (a burst, then a steady rate per second, per connection).
+a token bucket (a burst, then a steady rate per second, per connection). A
+DATA or HEADERS frame on a stream the client already ended counts as a reset
+too: h2 answers it by resetting the stream, which frees a concurrent-stream
+slot while the handler goes on ("MadeYouReset", CVE-2025-8671).
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ _H2_PREFACE_LINE = b"PRI * HTTP/2.0"
 # What follows the preface's first "head" (h2 itself checks these bytes).
 _H2_PREFACE_REST = len(b"SM\r\n\r\n")
 _FRAME_HEADER = 9
-_HEADERS, _RST_STREAM, _CONTINUATION = 0x1, 0x3, 0x9
-_END_HEADERS = 0x4
+_DATA, _HEADERS, _RST_STREAM, _CONTINUATION = 0x0, 0x1, 0x3, 0x9
+_END_STREAM, _END_HEADERS = 0x1, 0x4
+# Streams remembered as ended by the client (the oldest forgotten first).
+_ENDED_KEPT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +81,10 @@ class H2FrameWatch:
     refused before it is all buffered.
     """
 
-    __slots__ = ("_block", "_header", "_last_time", "_left", "_limits", "_tokens", "last_stream_id")
+    __slots__ = (
+        "_block", "_ended", "_header", "_last_time", "_left", "_limits", "_tokens",
+        "last_stream_id",
+    )  # fmt: skip
 
     def __init__(self, limits: H2Limits) -> None:
         self._limits = limits
@@ -86,6 +94,7 @@ class H2FrameWatch:
         self._tokens = float(limits.reset_burst)
         self._last_time: float | None = None
         self.last_stream_id = 0  # the highest stream the client opened
+        self._ended: dict[int, None] = {}  # streams the client ended, oldest first
 
     def feed(self, data: bytes, start: int, now: float) -> tuple[bytes, Rejection | None]:
         """Read `data[start:]`; returns the bytes to hand on now, and a rejection that
@@ -127,12 +136,24 @@ class H2FrameWatch:
         kind, flags = header[3], header[4]
         stream_id = int.from_bytes(header[5:9], "big") & 0x7FFFFFFF
         self._left = length
+        if kind in (_DATA, _HEADERS) and stream_id in self._ended:
+            # A frame on a stream the client ended: h2 resets the stream while its
+            # handler runs on, out of the concurrent-stream count ("MadeYouReset",
+            # CVE-2025-8671). It costs what a reset costs: it counts as one.
+            rejection = self._reset(now)
+            if rejection is not None:
+                return rejection
+        elif kind in (_DATA, _HEADERS) and flags & _END_STREAM:
+            self._ended[stream_id] = None
+            if len(self._ended) > _ENDED_KEPT:
+                del self._ended[next(iter(self._ended))]
         if kind == _HEADERS:
             self.last_stream_id = max(self.last_stream_id, stream_id)
             self._block = length
         elif kind == _CONTINUATION and self._block >= 0:
             self._block += length
         elif kind == _RST_STREAM:
+            self._ended.pop(stream_id, None)
             return self._reset(now)
         if self._block > self._limits.max_header_block:
             return Rejection(

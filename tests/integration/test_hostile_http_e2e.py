@@ -558,6 +558,28 @@ async def test_h2_rapid_reset_closes_the_connection_and_others_are_served(
         assert (await client.get("/healthz")).status_code == 200
 
 
+async def test_h2_frames_after_end_of_stream_count_as_resets(edge: RunningEdge) -> None:
+    """ "MadeYouReset" (CVE-2025-8671): DATA on a stream the client ended makes h2
+    reset it while its handler runs on. Past the reset rate such frames get GOAWAY
+    (ENHANCE_YOUR_CALM) like resets do, and the edge serves other connections."""
+    conn = _h2_client()
+    host = _address(edge)[0]
+    headers = [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"), (":authority", host)]
+    frames = b""
+    for _ in range(300):
+        stream_id = conn.get_next_available_stream_id()
+        conn.send_headers(stream_id, headers, end_stream=True)
+        frames += conn.data_to_send() + DataFrame(stream_id, data=b"late").serialize()
+    stream = await _open(edge)
+    async with stream:
+        await stream.send_all(conn.data_to_send() + frames)
+        goaway = _h2_goaway(await _h2_until_closed(stream, conn))
+    assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert _errors(edge, "h2_reset_flood") == 1
+    async with httpx.AsyncClient(base_url=edge.url, timeout=BOUND_S) as client:
+        assert (await client.get("/healthz")).status_code == 200
+
+
 async def test_h2_header_block_past_the_list_size_is_refused_as_it_arrives(
     edge: RunningEdge,
 ) -> None:

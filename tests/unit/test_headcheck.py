@@ -204,3 +204,16 @@ def test_the_scanner_says_when_a_head_or_a_body_is_owed() -> None:
     assert (scanner.mid_head, scanner.in_body) == (False, True)
     scanner.feed(b" world")
     assert (scanner.mid_head, scanner.in_body) == (False, False)
+
+
+def test_h2_frames_on_a_stream_the_client_ended_count_as_resets() -> None:
+    """DATA after END_STREAM makes h2 reset the stream: a burst of 3 such frames,
+    then the 4th at once is refused; a stream that is not ended takes DATA freely."""
+    ended = b"".join(_headers(n) + _frame(0x0, n, b"x", 0x1) for n in (1, 3, 5, 7))
+    provoke = b"".join(_frame(0x0, n, b"late") for n in (1, 3, 5))
+    out, rejection, _ = _scan_h2(PREFACE + ended + provoke + _frame(0x0, 7, b"late"), [])
+    assert out == PREFACE + ended + provoke
+    assert rejection is not None
+    assert rejection.kind == "h2_reset_flood"
+    open_stream = _headers(9) + b"".join(_frame(0x0, 9, b"more") for _ in range(10))
+    assert _scan_h2(PREFACE + open_stream, [])[:2] == (PREFACE + open_stream, None)
