@@ -41,6 +41,16 @@ class ServerConfig:
     node_refresh_s: float = 5.0
     # Client connections served at once; 0 = derived from the file-descriptor limit.
     max_connections: int = 0
+    # A connection with no request in progress is closed this long after it went
+    # idle; the next request's head must be complete by then (slow heads too).
+    idle_timeout_s: float = 5.0
+    # Time the edge waits on the client for one HTTP/1.1 request body: past it, 408.
+    body_timeout_s: float = 60.0
+
+    @property
+    def timeouts(self) -> tuple[float, float]:
+        """(idle_timeout_s, body_timeout_s), in the order the HTTP server takes them."""
+        return self.idle_timeout_s, self.body_timeout_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +219,8 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         keepalive_s=r.number("keepalive_s", srv.keepalive_s),
         node_refresh_s=r.number("node_refresh_s", srv.node_refresh_s, minimum=0.05),
         max_connections=r.integer("max_connections", srv.max_connections),
+        idle_timeout_s=r.number("idle_timeout_s", srv.idle_timeout_s, minimum=0.01, maximum=3600),
+        body_timeout_s=r.number("body_timeout_s", srv.body_timeout_s, minimum=0.01, maximum=3600),
     )
     _check_listen(r, server.listen)
     if any(not key.strip() for key in server.api_keys):

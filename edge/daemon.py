@@ -77,7 +77,7 @@ def _server_limits(config: Config) -> ServerLimits:
             " rest: at the limit, accepts fail until a connection ends",
             max_connections, fd_limit,
         )  # fmt: skip
-    return ServerLimits(max_connections, config.timeouts.slow_client_s)
+    return ServerLimits(max_connections, config.timeouts.slow_client_s, *config.server.timeouts)
 
 
 async def serve(

@@ -27,6 +27,8 @@ CONNECTION_ERROR_KINDS = (
     "exception",  # serving it raised: the connection is closed, the others go on
     "bad_request",  # a request head refused before any handler (400, 431)
     "slow_client",  # a write made no progress for slow_client_s
+    "slow_request",  # a head or body arrived slower than idle_timeout_s / body_timeout_s
+    "h2_reset_flood",  # HTTP/2 stream resets past the rate allowed (GOAWAY)
     "over_limit",  # accepted past max_connections: answered 503 and closed
     "accept_fd_exhausted",  # accept() failed: EMFILE, ENFILE, ENOBUFS, ENOMEM
     "accept_error",  # accept() failed otherwise

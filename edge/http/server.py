@@ -2,7 +2,8 @@
 # connection, and the byte stream between each socket and hypercorn's protocol.
 #
 # Owns: which connections exist (and how many may), what ends one (an
-# exception, a refused head, a write that cannot progress, idleness), the
+# exception, a refused head, a write that cannot progress, idleness, a request
+# that arrives too slowly, an HTTP/2 flood), the HTTP/2 protocol limits, the
 # lifespan of the ASGI app, and the drain (stop accepting, close idle
 # connections, let busy ones finish within `graceful_timeout`). It does not
 # parse HTTP (hypercorn's protocol classes and h11/h2 do, after the head
@@ -24,13 +25,22 @@ public building blocks (`ProtocolWrapper`, `TaskGroup`, `WorkerContext`,
 inside its own `except* Exception`, so whatever it raises closes it, is
 counted (`iop_edge_connection_errors_total{kind="exception"}`) and logged (a
 line per kind per second at most), and never reaches another connection.
+
+Time limits on what a client sends (hypercorn's `read_timeout` is one
+deadline per read, so a client sending a byte just before each deadline
+holds a connection forever): a connection with no request in progress is
+closed `idle_timeout_s` after it went idle, whatever arrived meanwhile, so a
+head sent slowly is cut then too (408 when part of a head had arrived); an
+HTTP/1.1 request body gets `body_timeout_s` of waiting on the client in all
+(time spent while the edge itself is not reading does not count), then 408
+and the connection closes. HTTP/2 bodies are bounded by the app's own body
+timeout (Quart's BODY_TIMEOUT).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import resource
 from dataclasses import dataclass
@@ -44,9 +54,16 @@ from hypercorn.trio.task_group import TaskGroup
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, Framework, LifespanState
 from hypercorn.utils import parse_socket_addr, repr_socket_addr, wrap_app
-from loguru import logger
 
-from edge.http.headcheck import HeadScanner, Rejection
+from edge.http.headcheck import H2Limits, HeadScanner, Rejection
+from edge.http.refusals import (
+    REASONS,
+    ConnectionErrors,
+    describe,
+    error_response,
+    goaway_frame,
+    over_limit_response,
+)
 from edge.metrics import EdgeMetrics
 
 MAX_RECV = 2**16
@@ -57,9 +74,31 @@ FD_RESERVE = 128
 # Over-limit connections being answered 503 at once; past it they are just closed.
 _MAX_REFUSING = 64
 _REFUSE_DEADLINE_S = 0.25
-_LOG_INTERVAL_S = 1.0
+# Once a connection is over, its handlers (told `http.disconnect`) get this long
+# to end before they are cancelled: in hypercorn 0.18.0 an HTTP/2 handler that
+# is sending when its connection closes waits forever for a stream buffer that
+# no task drains any more (its send task has ended), and would hold the
+# connection's slot until shutdown; no upstream fix yet (related: pgjones/hypercorn
+# issue #308, HTTP/2 connections that never finish). A wait inside a shielded
+# scope, as the app's end of response, runs out its own deadline first.
+_HANDLER_GRACE_S = 1.0
 _ACCEPT_BACKOFF_S = (0.01, 1.0)
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# HTTP/2 limits (set on hypercorn's Config, and watched per frame by headcheck).
+# Streams one connection may have open at once (a request each; nginx allows 128).
+H2_MAX_CONCURRENT_STREAMS = 100
+# Header list size (RFC 9113 SETTINGS_MAX_HEADER_LIST_SIZE), also the cap on the
+# bytes of one header block as sent.
+H2_MAX_HEADER_LIST_SIZE = 2**16
+# The largest frame a client may send (the protocol's minimum, 16 KiB).
+H2_MAX_INBOUND_FRAME_SIZE = 2**14
+# Stream resets a client may send: a burst (twice the concurrent streams, so a
+# client may cancel all it has open), then this many per second.
+H2_RESET_BURST = 2 * H2_MAX_CONCURRENT_STREAMS
+H2_RESETS_PER_S = 100.0
+_H2_LIMITS = H2Limits(H2_MAX_HEADER_LIST_SIZE, H2_RESET_BURST, H2_RESETS_PER_S)
+_ENHANCE_YOUR_CALM = 0xB
+_OVER_LIMIT = over_limit_response()
 
 
 def raise_fd_limit() -> int:
@@ -80,57 +119,12 @@ def default_max_connections(fd_limit: int) -> int:
     return max(16, fd_limit - FD_RESERVE)
 
 
-def error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
-    """A complete HTTP/1.1 answer with an OpenAI-shaped body, closing the connection."""
-    body = json.dumps(
-        {"error": {"message": message, "type": err_type, "param": None, "code": code}}
-    ).encode()
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode("ascii") + body
-
-
-_REASONS = {400: "Bad Request", 431: "Request Header Fields Too Large"}
-_OVER_LIMIT = error_response(
-    503, "Service Unavailable", "the server has too many open connections; retry later",
-    "too_many_connections", "service_unavailable",
-)  # fmt: skip
-
-
-class ConnectionErrors:
-    """Counts connection errors by kind and logs at most one line per kind per second."""
-
-    def __init__(self, metrics: EdgeMetrics) -> None:
-        self._counter = metrics.connection_errors
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def record(self, kind: str, detail: str) -> None:
-        self._counter.labels(kind).inc()
-        now = trio.current_time()
-        last = self._last.get(kind)
-        if last is not None and now - last < _LOG_INTERVAL_S:
-            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
-            return
-        self._last[kind] = now
-        more = self._suppressed.pop(kind, 0)
-        suffix = f" ({more} more since the last line)" if more else ""
-        logger.warning("connection closed ({}): {}{}", kind, detail, suffix)
-
-
-def _describe(exc: BaseException) -> str:
-    """One line naming an exception; `repr` escapes control characters a client may have sent."""
-    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return _describe(exc.exceptions[0])
-    return f"{type(exc).__name__}: {str(exc)[:200]!r}"
-
-
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
     max_connections: int
     slow_client_s: float
+    idle_timeout_s: float = 5.0
+    body_timeout_s: float = 60.0
 
 
 class HttpServer:
@@ -139,6 +133,10 @@ class HttpServer:
     def __init__(
         self, app: Framework, config: HypercornConfig, limits: ServerLimits, metrics: EdgeMetrics
     ) -> None:
+        # The HTTP/2 limits are the server's: whatever the caller set is replaced.
+        config.h2_max_concurrent_streams = H2_MAX_CONCURRENT_STREAMS
+        config.h2_max_header_list_size = H2_MAX_HEADER_LIST_SIZE
+        config.h2_max_inbound_frame_size = H2_MAX_INBOUND_FRAME_SIZE
         self.config = config
         self.limits = limits
         self.errors = ConnectionErrors(metrics)
@@ -225,7 +223,7 @@ class HttpServer:
         try:
             await connection.run()
         except* Exception as group:
-            self.errors.record("exception", _describe(group))
+            self.errors.record("exception", describe(group))
         finally:
             self._connections.discard(connection)
             self._gauge.dec()
@@ -259,58 +257,79 @@ class _Connection:
         self.server = server
         self.stream = stream
         self._send_lock = trio.Lock()
-        self._scanner = HeadScanner(server.config.h11_max_incomplete_size)
+        self._scanner = HeadScanner(server.config.h11_max_incomplete_size, _H2_LIMITS)
         self._protocol: ProtocolWrapper | None = None
         self._idle = True
         self._idle_again = trio.Event()  # set when the answer in flight is done
+        # When an idle connection closes (inf while a request is in progress).
+        self._idle_deadline = math.inf
+        # What is left of the time the edge waits on the current request body.
+        self._body_left = server.limits.body_timeout_s
+        self._answer_bytes = 0  # written since the request in progress began
         self._read_scope = trio.CancelScope()
         self._closed = False
 
     async def run(self) -> None:
-        config = self.server.config
         sock = self.stream.socket
         try:
             client = parse_socket_addr(sock.family, sock.getpeername())
             server = parse_socket_addr(sock.family, sock.getsockname())
         except OSError:
             return  # the client left before we looked
-        async with TaskGroup() as task_group:
-            self._protocol = ProtocolWrapper(
-                self.server.app,
-                config,
-                self.server.context,
-                task_group,
-                ConnectionState(dict(self.server.lifespan_state)),
-                False,
-                client,
-                server,
-                self._protocol_send,
-                "http/1.1",
-            )
-            await self._protocol.initiate()
-            self._set_idle(True)
-            await self._read_loop(self._protocol)
+        with trio.CancelScope() as handlers:
+            async with TaskGroup() as task_group:
+                await self._serve(task_group, client, server)
+                handlers.deadline = trio.current_time() + _HANDLER_GRACE_S
+
+    async def _serve(
+        self, task_group: TaskGroup, client: tuple[str, int] | None, server: tuple[str, int] | None
+    ) -> None:
+        config = self.server.config
+        self._protocol = ProtocolWrapper(
+            self.server.app,
+            config,
+            self.server.context,
+            task_group,
+            ConnectionState(dict(self.server.lifespan_state)),
+            False,
+            client,
+            server,
+            self._protocol_send,
+            "http/1.1",
+        )
+        await self._protocol.initiate()
+        self._set_idle(True)
+        await self._read_loop(self._protocol)
 
     def close_if_idle(self) -> None:
         """Shutdown: a connection between requests closes now; a busy one after its answer."""
         if self._idle:
+            self._idle_deadline = -math.inf
             self._read_scope.deadline = -math.inf
 
     def _set_idle(self, idle: bool) -> None:
         self._idle = idle
         if not idle:
+            self._answer_bytes = 0
             if self._idle_again.is_set():
                 self._idle_again = trio.Event()
-            self._read_scope.deadline = math.inf
-            return
+            self._idle_deadline = math.inf
+            return  # the read loop sets the next receive's deadline itself
         self._idle_again.set()
         if self.server.context.terminated.is_set():
-            self._read_scope.deadline = -math.inf
+            self._idle_deadline = -math.inf
         else:
-            self._read_scope.deadline = trio.current_time() + self.server.config.keep_alive_timeout
+            self._idle_deadline = trio.current_time() + self.server.limits.idle_timeout_s
+        self._read_scope.deadline = self._idle_deadline
 
     async def _read_loop(self, protocol: ProtocolWrapper) -> None:
+        body_timeout_s = self.server.limits.body_timeout_s
         while not self._closed:
+            started = trio.current_time()
+            # Only time spent here, waiting on the client, counts against a body.
+            body_deadline = started + self._body_left if self._scanner.in_body else math.inf
+            # A cancel scope enters once: each receive gets a fresh one.
+            self._read_scope = trio.CancelScope(deadline=min(self._idle_deadline, body_deadline))
             data = b""
             with self._read_scope:
                 try:
@@ -318,15 +337,18 @@ class _Connection:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     break
             if self._read_scope.cancelled_caught:
-                break  # idle past keep_alive_timeout, or shutting down
-            # A cancel scope enters once: the next receive gets a fresh one.
-            deadline = self._read_scope.deadline
-            self._read_scope = trio.CancelScope(deadline=deadline)
+                await self._timed_out(body_deadline)
+                break
+            now = trio.current_time()
+            if body_deadline != math.inf:
+                self._body_left -= now - started
             if not data:
                 await protocol.handle(RawData(b""))
                 break
             if self._scanner.checking:
-                forward, rejection = self._scanner.feed(data)
+                forward, rejection = self._scanner.feed(data, now)
+                if not self._scanner.in_body:
+                    self._body_left = body_timeout_s
             else:
                 forward, rejection = data, None
             if forward:
@@ -336,13 +358,46 @@ class _Connection:
                 break
         await protocol.handle(Closed())
 
+    async def _timed_out(self, body_deadline: float) -> None:
+        """A receive's deadline passed: a normal idle close, or a request sent too slowly."""
+        limits = self.server.limits
+        if self._closed or self.server.context.terminated.is_set():
+            return
+        if trio.current_time() >= body_deadline:
+            what = f"request body not received within {limits.body_timeout_s:g}s"
+        elif self._idle and self._scanner.mid_head:
+            what = f"request head not received within {limits.idle_timeout_s:g}s"
+        else:
+            return  # idle past idle_timeout_s
+        self.server.errors.record("slow_request", what)
+        async with self._send_lock:
+            # A 408 unless part of an answer went out already (then only the close).
+            if self._answer_bytes == 0 and self._scanner.http2 is None:
+                answer = error_response(
+                    408, REASONS[408], what, "request_timeout", "invalid_request_error"
+                )
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._write(answer)
+        await self._close()
+
     async def _reject(self, rejection: Rejection) -> None:
-        self.server.errors.record("bad_request", f"{rejection.status} {rejection.message}")
+        self.server.errors.record(rejection.kind, f"{rejection.status} {rejection.message}")
+        watch = self._scanner.http2
+        if watch is not None:
+            # HTTP/2: GOAWAY at once (RFC 9113 5.4.1), then the connection ends.
+            frame = goaway_frame(
+                watch.last_stream_id, _ENHANCE_YOUR_CALM, rejection.message.encode()
+            )
+            async with self._send_lock:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._write(frame)
+            await self._close()
+            return
         # A request before it in the same packet (pipelining) is answered first.
         await self._idle_again.wait()
         if not self._closed:
             answer = error_response(
-                rejection.status, _REASONS.get(rejection.status, "Bad Request"),
+                rejection.status, REASONS.get(rejection.status, "Bad Request"),
                 rejection.message, rejection.code, "invalid_request_error",
             )  # fmt: skip
             async with self._send_lock:
@@ -354,6 +409,7 @@ class _Connection:
         assert self._protocol is not None
         if isinstance(event, RawData):
             async with self._send_lock:
+                self._answer_bytes += len(event.data)
                 try:
                     await self._write(event.data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -105,8 +106,19 @@ def kill(process: subprocess.Popen[str]) -> None:
                 pipe.close()
 
 
-def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    """Start a process whose stderr we read (Popen returns at once; it does not wait)."""
+def _spawn(
+    argv: list[str], env: dict[str, str], fd_limit: int | None = None
+) -> subprocess.Popen[str]:
+    """Start a process whose stderr we read (Popen returns at once; it does not wait).
+
+    `fd_limit` sets both the soft and the hard RLIMIT_NOFILE of the child (the
+    edge raises its soft limit to the hard one, so only a hard limit sticks).
+    """
+
+    def limit_fds() -> None:
+        assert fd_limit is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
     return subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -114,6 +126,7 @@ def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=None if fd_limit is None else limit_fds,
     )
 
 
@@ -125,13 +138,18 @@ async def edge_process(
     log_format: str = "text",
     env: Mapping[str, str] | None = None,
     name: str = "edge",
+    fd_limit: int | None = None,
 ) -> AsyncIterator[EdgeProcess]:
-    """`iop-edge --config <tmp>/<name>.toml --log-format FMT`, serving, killed on exit."""
+    """`iop-edge --config <tmp>/<name>.toml --log-format FMT`, serving, killed on exit.
+
+    `fd_limit`: the child's file-descriptor limit, soft and hard (default: inherited).
+    """
     config = tmp / f"{name}.toml"
     config.write_text(config_toml)
     process = _spawn(
         [*_script("iop-edge"), "--config", str(config), "--log-format", log_format],
         {**os.environ, **(env or {})},
+        fd_limit,
     )
     edge = EdgeProcess(process)
     edge._reader = threading.Thread(target=edge._read, daemon=True)

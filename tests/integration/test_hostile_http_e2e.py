@@ -4,17 +4,21 @@ Each one-packet trigger that used to end the process (hypercorn 0.18.0's trio
 worker let one connection's exception end `trio.run`) is sent, without an API
 key, to a real edge with API keys on while a stream is in flight: the edge
 must stay up, answer a normal request, and finish the stream normally. Then
-the connection limit, the slow reader, and the request-head checks.
+the connection limit, the slow reader, the request-head checks, requests sent
+too slowly, HTTP/2 floods, and the file-descriptor limit (an edge subprocess
+with a low hard limit).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import h2.config
@@ -24,7 +28,14 @@ import h11
 import httpx
 import pytest
 import trio
-from hyperframe.frame import DataFrame, Frame, PingFrame, PriorityFrame
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    Frame,
+    HeadersFrame,
+    PingFrame,
+    PriorityFrame,
+)
 
 from edge.config import Config
 from tests.integration.conftest import (
@@ -36,6 +47,7 @@ from tests.integration.conftest import (
     start_edge,
     stop_edge,
 )
+from tests.integration.edgeproc import edge_process
 
 KEY = "hostile-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -398,3 +410,250 @@ async def test_a_client_that_stops_reading_loses_its_connection(
     assert not raw.endswith(b"data: [DONE]\n\n")
     assert _errors(edge, "slow_client") == 1
     await stop_edge(edge)
+
+
+# --- requests sent too slowly ----------------------------------------------------
+
+
+async def _trickle(stream: trio.SocketStream, payload: bytes, every_s: float) -> None:
+    """Send `payload` a byte at a time; stops quietly once the edge has closed."""
+    for n in range(len(payload)):
+        try:
+            await stream.send_all(payload[n : n + 1])
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        await trio.sleep(every_s)  # the client's pace is the point
+
+
+async def _trickled_answer(edge: RunningEdge, head: bytes, payload: bytes) -> bytes:
+    """Send `head` at once, then `payload` slowly; everything the edge sent back."""
+    stream = await _open(edge)
+    async with stream:
+        await stream.send_all(head)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_trickle, stream, payload, 0.05)
+            raw = await _read_to_eof(stream)
+            nursery.cancel_scope.cancel()
+    return raw
+
+
+async def test_a_head_sent_a_byte_at_a_time_is_cut_with_408_at_the_idle_timeout(
+    nursery: trio.Nursery, sim: SimProcess
+) -> None:
+    """Bytes that keep arriving do not extend idle_timeout_s: a head still incomplete
+    then gets a 408 JSON answer and the connection closes (slowloris). A connection
+    that sends nothing is closed quietly, without a 408 and without being counted."""
+    edge = await start_edge(nursery, _config(sim, idle_timeout_s=0.3))
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"s" * 400 + b"\r\n\r\n"
+    raw = await _trickled_answer(edge, b"", head)  # 400 bytes at 20 a second: 20 s
+    status_line, _, rest = raw.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 408 Request Timeout", raw
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "request_timeout"
+    assert "request head not received within 0.3s" in error["message"]
+    assert _errors(edge, "slow_request") == 1
+    quiet = await _open(edge)
+    async with quiet:
+        assert await _read_to_eof(quiet) == b""
+    assert _errors(edge, "slow_request") == 1
+    async with httpx.AsyncClient(base_url=edge.url, timeout=BOUND_S) as client:
+        assert (await client.get("/healthz")).status_code == 200
+    await stop_edge(edge)
+
+
+async def test_a_body_sent_a_byte_at_a_time_is_cut_with_408_at_the_body_timeout(
+    nursery: trio.Nursery, sim: SimProcess
+) -> None:
+    """An authenticated request whose body trickles in gets a 408 once it has waited
+    body_timeout_s on the client, and the connection closes; a body that arrives in
+    time on the same settings is served."""
+    edge = await start_edge(nursery, _config(sim, body_timeout_s=0.3))
+    body = json.dumps(chat_body("sim-echo", "slow " * 100)).encode()
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    raw = await _trickled_answer(edge, head, body)
+    head_out, _, rest = raw.partition(b"\r\n\r\n")
+    assert head_out.startswith(b"HTTP/1.1 408 Request Timeout"), raw
+    assert b"connection: close" in head_out
+    assert json.loads(rest)["error"]["code"] == "request_timeout"
+    assert _errors(edge, "slow_request") == 1
+    assert _errors(edge, "exception") == 0
+    async with httpx.AsyncClient(base_url=edge.url, timeout=BOUND_S) as client:
+        answer = await client.post(CHAT, json=chat_body("sim-echo", "fast"), headers=AUTH)
+        assert answer.status_code == 200
+    await stop_edge(edge)
+
+
+# --- HTTP/2 floods ---------------------------------------------------------------
+
+
+async def _h2_until_closed(
+    stream: trio.SocketStream, conn: h2.connection.H2Connection
+) -> list[h2.events.Event]:
+    """Every HTTP/2 event until the edge closes the connection."""
+    events: list[h2.events.Event] = []
+    with trio.fail_after(BOUND_S):
+        while True:
+            try:
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return events
+            if not data:
+                return events
+            events += conn.receive_data(data)
+
+
+def _h2_goaway(events: list[h2.events.Event]) -> h2.events.ConnectionTerminated:
+    ended = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+    assert len(ended) == 1, events
+    return ended[0]
+
+
+def _open_and_reset(conn: h2.connection.H2Connection, count: int, host: str) -> bytes:
+    headers = [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"), (":authority", host)]
+    for _ in range(count):
+        stream_id = conn.get_next_available_stream_id()
+        conn.send_headers(stream_id, headers, end_stream=True)
+        conn.reset_stream(stream_id)
+    return conn.data_to_send()
+
+
+async def test_h2_rapid_reset_closes_the_connection_and_others_are_served(
+    edge: RunningEdge,
+) -> None:
+    """CVE-2023-44487: streams opened and reset at once. A burst as large as the
+    concurrent streams allowed is fine (the connection still answers a PING); past
+    the reset rate the edge sends GOAWAY (ENHANCE_YOUR_CALM) and closes. A stream in
+    flight on another connection ends with [DONE]."""
+    host = _address(edge)[0]
+    in_flight = script(
+        {"type": "delta", "delta": "still "}, {"sleep_ms": 100}, {"type": "delta", "delta": "here"},
+        {"type": "complete", "metadata": {"finish_reason": "stop"}},
+    )  # fmt: skip
+    lines: list[str] = []
+    async with httpx.AsyncClient(base_url=edge.url, timeout=BOUND_S) as client:
+        async with trio.open_nursery() as nursery:
+
+            async def stream_in_flight() -> None:
+                lines.extend(
+                    await _stream_lines(client, chat_body("sim-script", in_flight, stream=True))
+                )
+
+            nursery.start_soon(stream_in_flight)
+            conn = _h2_client()
+            stream = await _open(edge)
+            async with stream:
+                await stream.send_all(conn.data_to_send() + _open_and_reset(conn, 100, host))
+                await _h2_frames_then_ping(stream, [])
+                assert _errors(edge, "h2_reset_flood") == 0
+                await stream.send_all(_open_and_reset(conn, 400, host))
+                goaway = _h2_goaway(await _h2_until_closed(stream, conn))
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert goaway.additional_data is not None
+        assert b"too many HTTP/2 stream resets" in goaway.additional_data
+        assert _errors(edge, "h2_reset_flood") == 1
+        assert lines[-1] == "data: [DONE]"
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_h2_frames_after_end_of_stream_count_as_resets(edge: RunningEdge) -> None:
+    """ "MadeYouReset" (CVE-2025-8671): DATA on a stream the client ended makes h2
+    reset it while its handler runs on. Past the reset rate such frames get GOAWAY
+    (ENHANCE_YOUR_CALM) like resets do, and the edge serves other connections."""
+    conn = _h2_client()
+    host = _address(edge)[0]
+    headers = [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"), (":authority", host)]
+    frames = b""
+    for _ in range(300):
+        stream_id = conn.get_next_available_stream_id()
+        conn.send_headers(stream_id, headers, end_stream=True)
+        frames += conn.data_to_send() + DataFrame(stream_id, data=b"late").serialize()
+    stream = await _open(edge)
+    async with stream:
+        await stream.send_all(conn.data_to_send() + frames)
+        goaway = _h2_goaway(await _h2_until_closed(stream, conn))
+    assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert _errors(edge, "h2_reset_flood") == 1
+    async with httpx.AsyncClient(base_url=edge.url, timeout=BOUND_S) as client:
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_h2_header_block_past_the_list_size_is_refused_as_it_arrives(
+    edge: RunningEdge,
+) -> None:
+    """A HEADERS frame and CONTINUATION frames that never end the block (the
+    CVE-2024-27316 class): once the block passes the header list size (64 KiB) the
+    edge sends GOAWAY and closes, without waiting for the end of the block."""
+    conn = _h2_client()
+    stream = await _open(edge)
+    async with stream:
+        await stream.send_all(conn.data_to_send())
+        frames: list[Frame] = [HeadersFrame(1, data=b"\x00" * 16000)]
+        frames += [ContinuationFrame(1, data=b"\x00" * 16000) for _ in range(5)]
+        await stream.send_all(b"".join(frame.serialize() for frame in frames))
+        goaway = _h2_goaway(await _h2_until_closed(stream, conn))
+    assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert goaway.additional_data is not None
+    assert b"header block larger than 65536 bytes" in goaway.additional_data
+    assert _errors(edge, "bad_request") == 1
+
+
+# --- the file-descriptor limit -------------------------------------------------------
+
+_ACCEPT_FD_LINE = re.compile(r"connection closed \(accept_fd_exhausted\)")
+
+
+async def _metric(url: str, name: str) -> float:
+    async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
+        text = (await client.get("/metrics")).text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+async def test_at_the_fd_limit_accept_errors_are_a_few_lines_and_health_returns(
+    tmp_path: Path, sim: SimProcess
+) -> None:
+    """An edge whose hard fd limit is 160, with max_connections above what that allows:
+    idle connections use up every descriptor, accept() fails with EMFILE, and the edge
+    logs a line a second at most (not a traceback every 100 ms), counts every failure,
+    answers /healthz again once the connections are gone, and never exits."""
+    toml = (
+        '[server]\nlisten = "127.0.0.1:0"\nmax_connections = 1000\nidle_timeout_s = 60\n'
+        f'[[nodes]]\nname = "sim"\naddress = "{sim.address}"\n'
+    )
+    async with edge_process(tmp_path, toml, fd_limit=160) as edge:
+        await edge.wait_line(r"server\.max_connections = 1000 leaves too few")
+        host, port = edge.url.removeprefix("http://").rsplit(":", 1)
+        held: list[trio.SocketStream] = []
+        try:
+            with trio.fail_after(BOUND_S):
+                for _ in range(200):  # more than the edge has descriptors for
+                    held.append(await trio.open_tcp_stream(host, int(port)))
+            await edge.wait_line(_ACCEPT_FD_LINE.pattern)
+            at_limit = trio.current_time()
+            # Hold them a while: the edge keeps retrying accept() meanwhile.
+            await trio.sleep(2.0)
+        finally:
+            for stream in held:
+                await stream.aclose()
+        with trio.fail_after(BOUND_S):
+            while True:
+                try:
+                    async with httpx.AsyncClient(base_url=edge.url, timeout=2) as client:
+                        if (await client.get("/healthz")).status_code == 200:
+                            break
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.1)  # another process frees its descriptors: poll
+        seconds = trio.current_time() - at_limit
+        failures = await _metric(
+            edge.url, 'iop_edge_connection_errors_total{kind="accept_fd_exhausted"}'
+        )
+        lines = [line for line in edge.lines if _ACCEPT_FD_LINE.search(line)]
+        assert failures >= 1
+        # A line a second at most (it used to be a traceback every 100 ms).
+        assert 1 <= len(lines) <= seconds + 2, (lines, seconds)
+        assert "Traceback" not in edge.stderr
+        assert edge.process.poll() is None

@@ -179,3 +179,15 @@ def test_max_connections_defaults_to_derived_and_takes_a_whole_number(tmp_path: 
     for bad in ("-1", "1.5", '"many"', "true"):
         with pytest.raises(ConfigError, match=r"server\.max_connections"):
             _load(tmp_path, f"[server]\nmax_connections = {bad}\n")
+
+
+def test_idle_and_body_timeouts_default_and_take_positive_seconds(tmp_path: Path) -> None:
+    """5 s idle and 60 s body by default; zero, negative or non-numbers name the key."""
+    assert Config().server.idle_timeout_s == 5.0
+    assert Config().server.body_timeout_s == 60.0
+    config = _load(tmp_path, "[server]\nidle_timeout_s = 0.5\nbody_timeout_s = 2\n")
+    assert (config.server.idle_timeout_s, config.server.body_timeout_s) == (0.5, 2.0)
+    for key in ("idle_timeout_s", "body_timeout_s"):
+        for bad in ("0", "-1", '"soon"', "inf", "1e9"):
+            with pytest.raises(ConfigError, match=rf"server\.{key}"):
+                _load(tmp_path, f"[server]\n{key} = {bad}\n")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.http.headcheck import HeadScanner, Rejection
+from edge.http.headcheck import H2Limits, HeadScanner, Rejection
 
 MAX = 4096
 
@@ -102,3 +102,118 @@ def test_many_pipelined_requests_in_one_receive_are_linear() -> None:
     body = b"1\r\nx\r\n" * 10_000 + b"0\r\n\r\n"
     data = CHUNKED.split(b"\r\n\r\n")[0] + b"\r\n\r\n" + body
     assert _scan(data) == (data, None)
+
+
+# --- HTTP/2 frames ------------------------------------------------------------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+H2 = H2Limits(max_header_block=1000, reset_burst=3, resets_per_s=2.0)
+
+
+def _frame(kind: int, stream_id: int, payload: bytes = b"", flags: int = 0) -> bytes:
+    return (
+        len(payload).to_bytes(3, "big")
+        + bytes((kind, flags))
+        + stream_id.to_bytes(4, "big")
+        + (payload)
+    )
+
+
+def _headers(stream_id: int, size: int = 10, end: bool = True) -> bytes:
+    return _frame(0x1, stream_id, b"h" * size, 0x4 if end else 0)
+
+
+def _rst(stream_id: int) -> bytes:
+    return _frame(0x3, stream_id, b"\0\0\0\x08")
+
+
+def _scan_h2(
+    data: bytes, cuts: list[int], times: list[float] | None = None
+) -> tuple[bytes, Rejection | None, HeadScanner]:
+    scanner = HeadScanner(MAX, H2)
+    points = sorted({c for c in cuts if 0 < c < len(data)})
+    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    out = bytearray()
+    for n, piece in enumerate(pieces):
+        forward, rejection = scanner.feed(piece, (times or [0.0] * len(pieces))[n])
+        out += forward
+        if rejection is not None:
+            return bytes(out), rejection, scanner
+    return bytes(out), None, scanner
+
+
+_TRAFFIC = (
+    PREFACE
+    + _frame(0x4, 0, b"\0" * 6)  # SETTINGS
+    + _headers(1, end=False)
+    + _frame(0x9, 1, b"c" * 500, 0x4)  # CONTINUATION ending the block
+    + _frame(0x0, 1, b"DATA \x03\x01\x09 is no frame header", 0x1)
+    + _headers(3)
+    + _rst(3)
+    + _rst(1)
+)
+
+
+@given(st.lists(st.integers(0, len(_TRAFFIC)), max_size=20))
+def test_h2_frames_within_limits_pass_unchanged_in_any_pieces(cuts: list[int]) -> None:
+    out, rejection, scanner = _scan_h2(_TRAFFIC, cuts)
+    assert (out, rejection) == (_TRAFFIC, None)
+    assert scanner.http2 is not None
+    assert scanner.http2.last_stream_id == 3
+
+
+@given(st.lists(st.integers(0, 2000), max_size=20))
+def test_h2_header_block_past_the_limit_is_refused_before_its_frame(cuts: list[int]) -> None:
+    """The CONTINUATION that takes the block past the limit is not handed on."""
+    good = PREFACE + _headers(1, size=600, end=False)
+    data = good + _frame(0x9, 1, b"c" * 600) + _frame(0x9, 1, b"c" * 600, 0x4)
+    out, rejection, _ = _scan_h2(data, cuts)
+    assert out == good
+    assert rejection is not None
+    assert rejection.status == 431
+    assert rejection.kind == "bad_request"
+
+
+def test_h2_resets_past_the_burst_then_the_rate_are_refused() -> None:
+    """A burst of 3, then 2 a second: the 4th reset at once is refused; after a
+    second, two more are allowed."""
+    burst = PREFACE + b"".join(_headers(n) + _rst(n) for n in (1, 3, 5))
+    out, rejection, _ = _scan_h2(burst + _headers(7) + _rst(7), [len(burst)], [0.0, 0.0])
+    assert rejection is not None
+    assert rejection.kind == "h2_reset_flood"
+    assert out == burst + _headers(7)
+    later = b"".join(_headers(n) + _rst(n) for n in (7, 9))
+    out, rejection, _ = _scan_h2(burst + later, [len(burst)], [0.0, 1.0])
+    assert (out, rejection) == (burst + later, None)
+
+
+def test_h2_goes_unwatched_without_limits() -> None:
+    scanner = HeadScanner(MAX)
+    data = PREFACE + b"".join(_headers(n) + _rst(n) for n in range(1, 99, 2))
+    assert scanner.feed(data) == (data, None)
+    assert scanner.http2 is None
+
+
+def test_the_scanner_says_when_a_head_or_a_body_is_owed() -> None:
+    """What the serving loop's time limits go by."""
+    scanner = HeadScanner(MAX)
+    assert (scanner.mid_head, scanner.in_body) == (False, False)
+    scanner.feed(POST_CL[:10])
+    assert (scanner.mid_head, scanner.in_body) == (True, False)
+    scanner.feed(POST_CL[10:] + b"hello")
+    assert (scanner.mid_head, scanner.in_body) == (False, True)
+    scanner.feed(b" world")
+    assert (scanner.mid_head, scanner.in_body) == (False, False)
+
+
+def test_h2_frames_on_a_stream_the_client_ended_count_as_resets() -> None:
+    """DATA after END_STREAM makes h2 reset the stream: a burst of 3 such frames,
+    then the 4th at once is refused; a stream that is not ended takes DATA freely."""
+    ended = b"".join(_headers(n) + _frame(0x0, n, b"x", 0x1) for n in (1, 3, 5, 7))
+    provoke = b"".join(_frame(0x0, n, b"late") for n in (1, 3, 5))
+    out, rejection, _ = _scan_h2(PREFACE + ended + provoke + _frame(0x0, 7, b"late"), [])
+    assert out == PREFACE + ended + provoke
+    assert rejection is not None
+    assert rejection.kind == "h2_reset_flood"
+    open_stream = _headers(9) + b"".join(_frame(0x0, 9, b"more") for _ in range(10))
+    assert _scan_h2(PREFACE + open_stream, [])[:2] == (PREFACE + open_stream, None)

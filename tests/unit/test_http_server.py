@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import trio
 import trio.testing
+from hyperframe.frame import Frame, GoAwayFrame
 from loguru import logger
 
-from edge.http.server import ConnectionErrors, default_max_connections, error_response
+from edge.http.refusals import ConnectionErrors, error_response, goaway_frame
+from edge.http.server import default_max_connections
 from edge.metrics import EdgeMetrics
 
 
@@ -50,3 +52,13 @@ def test_error_response_is_complete_http_with_an_openai_error() -> None:
     assert f"content-length: {len(body)}".encode() in head
     assert b"connection: close" in head
     assert body.startswith(b'{"error": {"message": "bad \\"head\\""')
+
+
+def test_goaway_frame_parses_as_http2() -> None:
+    raw = goaway_frame(7, 0xB, b"too many resets")
+    frame, length = Frame.parse_frame_header(memoryview(raw[:9]))
+    frame.parse_body(memoryview(raw[9 : 9 + length]))
+    assert isinstance(frame, GoAwayFrame)
+    assert (frame.last_stream_id, frame.error_code) == (7, 0xB)
+    assert frame.additional_data == b"too many resets"
+    assert len(raw) == 9 + length

@@ -1,0 +1,76 @@
+# How the HTTP server says no: the answers it writes itself, without hypercorn
+# (OpenAI-shaped HTTP/1.1 errors, an HTTP/2 GOAWAY), and the count and
+# rate-limited log line of each connection it closes. No I/O but logging; knows
+# nothing of connections or of the app.
+"""Error answers written on the socket directly; connection errors counted without a storm."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+from loguru import logger
+
+from edge.metrics import EdgeMetrics
+
+_LOG_INTERVAL_S = 1.0
+_GOAWAY = 0x7
+
+
+def error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
+    """A complete HTTP/1.1 answer with an OpenAI-shaped body, closing the connection."""
+    body = json.dumps(
+        {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+def goaway_frame(last_stream_id: int, error_code: int, debug: bytes) -> bytes:
+    """An HTTP/2 GOAWAY frame (RFC 9113 6.8): the last stream served, why, and a note."""
+    payload = last_stream_id.to_bytes(4, "big") + error_code.to_bytes(4, "big") + debug
+    return len(payload).to_bytes(3, "big") + bytes((_GOAWAY, 0)) + (0).to_bytes(4, "big") + payload
+
+
+REASONS = {
+    400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
+}  # fmt: skip
+
+
+def over_limit_response() -> bytes:
+    """The 503 a connection past `max_connections` gets before it is closed."""
+    return error_response(
+        503, "Service Unavailable", "the server has too many open connections; retry later",
+        "too_many_connections", "service_unavailable",
+    )  # fmt: skip
+
+
+class ConnectionErrors:
+    """Counts connection errors by kind and logs at most one line per kind per second."""
+
+    def __init__(self, metrics: EdgeMetrics) -> None:
+        self._counter = metrics.connection_errors
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def record(self, kind: str, detail: str) -> None:
+        self._counter.labels(kind).inc()
+        now = trio.current_time()
+        last = self._last.get(kind)
+        if last is not None and now - last < _LOG_INTERVAL_S:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        more = self._suppressed.pop(kind, 0)
+        suffix = f" ({more} more since the last line)" if more else ""
+        logger.warning("connection closed ({}): {}{}", kind, detail, suffix)
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming an exception; `repr` escapes control characters a client may have sent."""
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return describe(exc.exceptions[0])
+    return f"{type(exc).__name__}: {str(exc)[:200]!r}"
