@@ -58,9 +58,6 @@ def _hypercorn_config(config: Config) -> HypercornConfig:
     hc = HypercornConfig()
     hc.backlog = 2048
     hc.graceful_timeout = config.server.drain_timeout_s + _CLOSE_GRACE_S
-    # An idle connection (before its first request, or between two) is closed
-    # after this long; a client that sends a head slowly counts as idle too.
-    hc.keep_alive_timeout = 5.0
     hc.accesslog = None
     # Hand hypercorn a stdlib logger (routed into loguru), or it writes to stderr itself.
     hc.errorlog = logging.getLogger("hypercorn.error")

@@ -145,6 +145,8 @@ class HttpServer:
         self.context = WorkerContext(None)
         self._connections: set[_Connection] = set()
         self._refusing = 0
+        # Past the drain deadline no write waits on its client any more.
+        self.write_deadline = math.inf
         self.lifespan_state: LifespanState = {}
 
     @property
@@ -183,11 +185,11 @@ class HttpServer:
                     for listener in listeners:
                         listener.socket.close()
                 await self.context.terminated.set()
+                self.write_deadline = trio.current_time() + self.config.graceful_timeout
                 for connection in list(self._connections):
                     connection.close_if_idle()
-                connections.cancel_scope.deadline = (
-                    trio.current_time() + self.config.graceful_timeout
-                )
+                    connection.bound_write(self.write_deadline)
+                connections.cancel_scope.deadline = self.write_deadline
             await lifespan.wait_for_shutdown()
             lifespan_nursery.cancel_scope.cancel()
 
@@ -268,6 +270,7 @@ class _Connection:
         self._answer_bytes = 0  # written since the request in progress began
         self._read_scope = trio.CancelScope()
         self._closed = False
+        self._write_scope: trio.CancelScope | None = None
 
     async def run(self) -> None:
         sock = self.stream.socket
@@ -300,6 +303,12 @@ class _Connection:
         await self._protocol.initiate()
         self._set_idle(True)
         await self._read_loop(self._protocol)
+
+    def bound_write(self, deadline: float) -> None:
+        """Drain: a write in progress gives up at `deadline` at the latest."""
+        scope = self._write_scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, deadline)
 
     def close_if_idle(self) -> None:
         """Shutdown: a connection between requests closes now; a busy one after its answer."""
@@ -432,9 +441,16 @@ class _Connection:
         limit = self.server.limits.slow_client_s
         view = memoryview(data)
         for start in range(0, len(view), _WRITE_PIECE):
-            # One scope: shielded from outside, yet cancelled by its own deadline.
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + limit) as scope:
+            # One scope: shielded from outside, yet cancelled by its own deadline
+            # (never later than the end of a drain).
+            deadline = min(trio.current_time() + limit, self.server.write_deadline)
+            with trio.CancelScope(shield=True, deadline=deadline) as scope:
+                self._write_scope = scope
                 await self.stream.send_all(view[start : start + _WRITE_PIECE])
+            self._write_scope = None
+            if scope.cancelled_caught and deadline == self.server.write_deadline:
+                await self._close()  # the drain is over: not the client's doing
+                raise trio.ClosedResourceError
             if scope.cancelled_caught:
                 self.server.errors.record(
                     "slow_client", f"client read nothing for {limit:g}s: connection closed"

@@ -39,7 +39,11 @@ class SimProcess:
     def runs(self) -> list[dict[str, Any]]:
         if not self.runs_log.exists():
             return []
-        return [json.loads(line) for line in self.runs_log.read_text().splitlines() if line]
+        # The node (another process) may be writing a line right now: only whole
+        # lines, those ending in a newline, are records yet.
+        text = self.runs_log.read_text()
+        whole = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in whole.splitlines() if line]
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         for record in self.runs():

@@ -426,6 +426,34 @@ async def test_a_stream_that_outlives_the_drain_is_cancelled_on_the_node(
     assert (run["outcome"], run["cancel_rpc"]) == ("cancelled", True)
 
 
+async def test_a_client_that_stopped_reading_does_not_hold_the_drain(
+    sim: SimProcess, tmp_path: Path
+) -> None:
+    """A streaming client that reads nothing while big deltas wait, slow_client_s far away:
+    after SIGTERM the drain deadline ends its stream, the write that waits on the client
+    gives up with the drain, and the process exits 0 (not at the hard stop, code 1)."""
+    big = script({"type": "delta", "delta": "x" * 65536, "repeat": 200}, HANG)
+    body = json.dumps(chat_body("sim-script", big, stream=True)).encode()
+    toml = node_toml(sim, server="drain_timeout_s = 0.5")
+    toml += "[timeouts]\nslow_client_s = 600\n"
+    async with edge_process(tmp_path, toml) as edge:
+        host, port = edge.url.removeprefix("http://").rsplit(":", 1)
+        sock = trio.socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        await sock.connect((host, int(port)))
+        async with trio.SocketStream(sock) as stream:
+            await stream.send_all(
+                f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            got = b""
+            while b"data: " not in got:  # the stream has begun; from here on, read nothing
+                got += await stream.receive_some(4096)
+            edge.signal(signal.SIGTERM)
+            assert await edge.wait_exit() == 0
+
+
 async def test_a_second_signal_exits_at_once(sim: SimProcess, tmp_path: Path) -> None:
     """A second SIGTERM during a long drain ends the process promptly (well before the
     30 s drain deadline), and the node's run does not outlive it."""
