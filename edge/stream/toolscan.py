@@ -2,24 +2,28 @@
 
 This module owns the start rules of each text format (which characters may
 begin a tag, a bare JSON block or a fence, given the line and code-block
-context) and the incremental scanners that find where a bare JSON block or a
-JSON fence ends, and where lines start. Each scanner looks at a character a
-bounded number of times however many candidates the text holds, so the
-filter and the parse stay linear on hostile text (floods of `{`, tags,
-backticks, whitespace). `edge.stream.toolparse` (the whole-text parse) and
-`edge.stream.tooltext` (the streaming hold-back filter) both run on these, so
-the filter never releases text the parse would call markup. It does not
-decode JSON, know what a call looks like, the declared tools, or any I/O; the
-format rules themselves are described in `edge.stream.toolparse`.
+context), the incremental scanners that find where a bare JSON value or a
+JSON fence ends, and where lines start, and the budget of candidates that are
+not calls. Floods of start characters are skipped by the regex engine, JSON is
+read by the C decoder, and past the budget the rest of an answer is content,
+so the Python work per answer is bounded whatever the text (floods of `{`,
+tags, backticks, whitespace). `edge.stream.toolparse` (the whole-text parse)
+and `edge.stream.tooltext` (the streaming hold-back filter) both run on these,
+so the filter never releases text the parse would call markup. It does not
+know what a call looks like, the declared tools, or any I/O; the format rules
+themselves are described in `edge.stream.toolparse`.
 """
 
 from __future__ import annotations
 
-import bisect
 import enum
 import re
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
+
+from edge.stream.jsontext import JSONDecodeError, raw_decode
+from edge.stream.limits import MAX_TOOL_CANDIDATE_WORK, TOOL_CANDIDATE_COST
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -30,8 +34,10 @@ __all__ = [
     "LLAMA_END",
     "LLAMA_TAG",
     "MISTRAL_TAG",
+    "OVER",
     "PENDING",
-    "BareTrack",
+    "BareScan",
+    "CandidateBudget",
     "FenceScan",
     "LineStarts",
     "NextFind",
@@ -51,7 +57,7 @@ LLAMA_END = "<|eom_id|>"
 FENCE = "```"
 
 _TAGS: dict[str, str] = {"hermes": HERMES_OPEN, "mistral": MISTRAL_TAG, "llama": LLAMA_TAG}
-_STRUCTURE = re.compile(r'["{}\[\]]')
+_NON_SPACE = re.compile(r"\S")
 
 
 class Start(enum.Enum):
@@ -70,26 +76,25 @@ _INDENT = 8
 
 
 def _start_re(tags: Sequence[str], line_chars: str) -> re.Pattern[str] | None:
-    """A pattern for every position `classify` may call a start, and few others.
+    """A pattern for every position `classify` may call a whole start, and few others.
 
-    Whole tags, a proper prefix of a tag that ends the text, and a line-start
-    character preceded (on its line) by at most `_INDENT` whitespace characters,
-    or by `_INDENT` of them: a flood of `{`, `<` or backticks in the middle of a
-    line is skipped by the regex engine instead of one character at a time.
-    Lookbehinds see before the search position, so a search may start anywhere.
+    Whole tags, and a line-start character preceded (on its line) by at most
+    `_INDENT` whitespace characters, or by `_INDENT` of them. A proper prefix
+    of a tag at the end of the text is found by `Syntax.find`, not here: as an
+    alternative it cost every `<` or `[` of a flood some thirty failed tries.
+    A flood of `{`, `<` or backticks in the middle of a line is skipped by the
+    regex engine: the first lookbehind (no non-space character just before)
+    rejects such a character in one step. Lookbehinds see before the search
+    position, so a search may start anywhere.
     """
     alternatives = [re.escape(tag) for tag in tags]
-    prefixes = {tag[:n] for tag in tags for n in range(1, len(tag))}
-    if prefixes:
-        ends = "|".join(re.escape(p) for p in sorted(prefixes, key=lambda p: (-len(p), p)))
-        alternatives.append(f"(?:{ends})\\Z")
     if line_chars:
         # The character comes first (the engine then scans for it at C speed),
         # the lookbehinds, which include it, check what precedes it on its line.
         behind = [f"(?<=^[^\\S\\n]{{{k}}}.)" for k in range(_INDENT)]
         behind.append(f"(?<=[^\\S\\n]{{{_INDENT}}}.)")
         chars = "".join(re.escape(c) for c in line_chars)
-        alternatives.append(f"[{chars}](?:{'|'.join(behind)})")
+        alternatives.append(f"(?<!\\S)[{chars}](?:{'|'.join(behind)})")
     if not alternatives:
         return None
     # A leading class of every first character lets the engine skip to candidates
@@ -106,7 +111,7 @@ class Syntax:
     line-start `{` inside a code block is not a bare candidate.
     """
 
-    __slots__ = ("bare", "fenced", "fences", "start_re", "tags")
+    __slots__ = ("bare", "code_re", "fenced", "fences", "longest", "start_re", "tag_firsts", "tags")
 
     def __init__(self, formats: Sequence[str]) -> None:
         unknown = set(formats) - set(DEFAULT_FORMATS)
@@ -122,6 +127,30 @@ class Syntax:
         if self.fences:
             chars.add("`")
         self.start_re: re.Pattern[str] | None = _start_re(self.tags, "".join(sorted(chars)))
+        # Inside a code block only tags and the closing fence count: a JSON dump
+        # in a code block is skipped by the engine, not one line start at a time.
+        self.code_re = _start_re(self.tags, FENCE[0] if self.fences else "")
+        self.tag_firsts = "".join(sorted({tag[0] for tag in self.tags}))
+        self.longest = max((len(tag) for tag in self.tags), default=0)
+
+    def find(self, text: str, pos: int, *, final: bool, in_code: bool) -> int:
+        """The next position from `pos` that `classify` may call a start, or -1.
+
+        Every position `classify` would call a start is found (others may be
+        too). Without `final`, a proper prefix of a tag that ends the text is a
+        (partial) start: it is looked for in the last characters only.
+        """
+        pattern = self.code_re if in_code else self.start_re
+        m = pattern.search(text, pos) if pattern is not None else None
+        found = m.start() if m is not None else -1
+        if not final and self.tags:
+            n = len(text)
+            for j in range(max(pos, n - self.longest + 1), n if found < 0 else found):
+                if text[j] in self.tag_firsts and any(
+                    tag.startswith(text[j:]) for tag in self.tags
+                ):
+                    return j
+        return found
 
     def classify(
         self, text: str, i: int, line_start: bool, final: bool, in_code: bool
@@ -206,134 +235,92 @@ class LineStarts:
         self.upto -= n
 
 
-PENDING = -2  # BareTrack.ends: the block has not ended yet
-FAILED = -1  # BareTrack.ends: the block can never end (see BareTrack)
+PENDING = -2  # BareScan.advance: the value has not ended yet
+FAILED = -1  # BareScan.advance: not JSON (or too deep to decode)
+OVER = -3  # BareScan.advance: still open past its cap
 
-_IN_STRING_NL = re.compile(r'["\\\n]')
+# A decode error this close to the end of the text may be a cut token (`tru`,
+# `-Infinit`, a `\\u` escape): more text may still make it valid.
+_CUT_TOKEN = 9
 
 
-class BareTrack:
-    """Where the bare JSON block of every line-start `{`/`[` ends, in one pass.
+class BareScan:
+    """Resolves the bare JSON candidate at `start`: where its value ends, or that it is none.
 
-    A block ends where its brackets balance; strings are respected, bracket
-    kinds are not matched (invalid JSON fails to decode later). A raw newline
-    inside a string ends no block: JSON strings cannot hold one, so every
-    block open at that point can never be valid JSON (FAILED). That rule keeps
-    every line start outside a string, so one pass answers for all line-start
-    brackets at once: a bracket pushed at depth `d` closes where the depth
-    first falls back to `d`. Scanning the same text again for each candidate
-    (a thousand lines of `{`) would be quadratic.
-
-    Positions are absolute: `origin` is the absolute position of `text[0]` in
-    the texts passed to `advance`, so a filter that drops released text only
-    moves `origin`. The track must start at a line start, outside any string.
+    The C JSON decoder reads the candidate (so a block costs C time, never a
+    Python step per bracket), within `cap` characters: a value that has not
+    ended there is OVER. On text that is still growing, a cut value is PENDING
+    and is decoded again only once the text has doubled, so a candidate costs
+    linear time whatever the split. The answer depends only on the text: the
+    same for the streaming filter and for the parse of the whole text.
+    A value nested deeper than the interpreter's recursion limit lets the
+    decoder fail (FAILED): no call nests that deep.
     """
 
-    __slots__ = ("depth", "ends", "in_string", "kept", "lines", "origin", "pending", "pos")
+    __slots__ = ("cap", "cost", "end", "start", "tried", "value")
 
-    def __init__(self, start: int, origin: int = 0) -> None:
-        self.origin = origin
-        self._reset(start)
+    def __init__(self, start: int, cap: int) -> None:
+        self.start = start
+        self.cap = cap
+        self.tried = 0  # characters decoded by the last try
+        self.value: Any = None
+        self.end = -1  # past the value, once it ended
+        self.cost = 0  # characters read when it FAILED (what the budget is charged)
 
-    def _reset(self, start: int) -> None:
-        self.pos = start  # absolute: everything before it has been scanned
-        self.depth = 0
-        self.in_string = False
-        self.pending: list[tuple[int, int]] = []  # (block start, depth before it)
-        self.ends: dict[int, int] = {}  # block start -> end (past the block), PENDING or FAILED
-        self.kept = 0
-        self.lines = LineStarts(start - self.origin)
+    def advance(self, text: str, stop: int, *, final: bool) -> int:
+        """Decode with `text[:stop]`: the end of the value, PENDING, FAILED or OVER.
 
-    def end(self, text: str, start: int, stop: int, *, final: bool) -> int:
-        """The end of the block at absolute `start` (PENDING while `text[:stop]` cannot tell).
-
-        With `final`, `text[:stop]` is all there is: a block still open fails.
+        With `final`, `text[:stop]` is all there is: a cut value FAILED.
         """
-        if start not in self.ends and start < self.pos:
-            self._reset(start)  # not a line start by this track's count: start afresh
-        if start >= self.pos:
-            self._advance(text, start - self.origin)
-            if self.in_string:  # cannot happen from a line start; start afresh to be sure
-                self._reset(start)
-            self.ends[start] = PENDING
-            self.pending.append((start, self.depth))
-            self.depth += 1
-            self.lines.at(text, start - self.origin)
-            self.pos = start + 1
-        if self.ends.get(start, PENDING) == PENDING:
-            self._advance(text, stop)
+        avail = stop - self.start
+        full = avail > self.cap  # the whole window is there: the answer is due
+        size = min(avail, self.cap)
+        if not (final or full) and size < 2 * self.tried:
+            return PENDING
+        self.tried = size
+        snap = text[self.start : self.start + size]
+        try:
+            value, end = raw_decode(snap, 0)
+        except JSONDecodeError as exc:
+            cut = exc.msg.startswith("Unterminated string") or exc.pos > size - _CUT_TOKEN
+            if not cut:
+                self.cost = exc.pos
+                return FAILED
+            if full:
+                return OVER
             if final:
-                self._fail_pending()
-        return self.ends.get(start, FAILED)
+                self.cost = size
+                return FAILED
+            return PENDING
+        except ValueError:  # a NaN/Infinity constant, or too deep
+            self.cost = self.cap
+            return FAILED
+        self.value = value
+        self.end = self.start + end
+        return self.end
 
-    def shift(self, text: str, n: int) -> bool:
-        """`text` loses its first `n` characters; False when the track has not
-        reached that point (it cannot go on: start a new one)."""
-        if self.pos < self.origin + n:
-            return False
-        self.lines.shift(text, n)
-        self.origin += n
-        # Blocks that began in released text are never asked about again: drop
-        # them (in bulk, so a long stack is not copied on every release).
-        pending = self.pending
-        gone = bisect.bisect_left(pending, (self.origin, -1 << 62))
-        if gone and 2 * gone >= len(pending):
-            for start, _ in pending[:gone]:
-                self.ends.pop(start, None)
-            del pending[:gone]
-        if len(self.ends) > 2 * self.kept + 64:
-            self.ends = {k: v for k, v in self.ends.items() if k >= self.origin}
-            self.kept = len(self.ends)
-        return True
+    def shift(self, n: int) -> None:
+        """The text lost its first `n` characters."""
+        self.start -= n
+        if self.end >= 0:
+            self.end -= n
 
-    def _fail_pending(self) -> None:
-        for start, _ in self.pending:
-            self.ends[start] = FAILED
-        self.pending.clear()
 
-    def _advance(self, text: str, stop: int) -> None:
-        origin = self.origin
-        pos = self.pos - origin
-        ends, pending = self.ends, self.pending
-        while pos < stop:
-            if self.in_string:
-                m = _IN_STRING_NL.search(text, pos, stop)
-                if m is None:
-                    pos = stop
-                    break
-                ch, j = m.group(), m.start()
-                if ch == "\\":
-                    if j + 1 >= stop:  # the escaped character has not arrived
-                        pos = j
-                        break
-                    if text[j + 1] != "\n":
-                        pos = j + 2
-                        continue
-                    j += 1
-                    ch = "\n"
-                pos = j + 1
-                self.in_string = False
-                if ch == "\n":
-                    self._fail_pending()
-                continue
-            m = _STRUCTURE.search(text, pos, stop)
-            if m is None:
-                pos = stop
-                break
-            ch, j = m.group(), m.start()
-            pos = j + 1
-            if ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                if self.lines.at(text, j):
-                    ends[j + origin] = PENDING
-                    pending.append((j + origin, self.depth))
-                self.depth += 1
-            else:
-                self.depth -= 1
-                while pending and pending[-1][1] >= self.depth:
-                    ends[pending.pop()[0]] = j + 1 + origin
-        self.pos = pos + origin
+class CandidateBudget:
+    """What the candidates of one answer that are not calls may cost (see `limits`).
+
+    `charge` says whether the budget still holds after one more such candidate
+    that read `chars` characters: once it does not, the rest is content.
+    """
+
+    __slots__ = ("left",)
+
+    def __init__(self, work: int = MAX_TOOL_CANDIDATE_WORK) -> None:
+        self.left = work
+
+    def charge(self, chars: int = 0) -> bool:
+        self.left -= TOOL_CANDIDATE_COST + chars
+        return self.left >= 0
 
 
 class NextFind:
@@ -394,12 +381,11 @@ class FenceScan:
                 return None
             self.stage, self.pos = 1, nl + 1
         if self.stage == 1:
-            pos = self.pos
-            while pos < stop and text[pos].isspace():
-                pos += 1
-            self.pos = pos
-            if pos >= stop:
+            m = _NON_SPACE.search(text, self.pos, stop)
+            if m is None:
+                self.pos = stop
                 return None
+            pos = self.pos = m.start()
             if text[pos] not in "{[":
                 return self.start + len(FENCE)
             self.stage, self.content_start = 2, pos
