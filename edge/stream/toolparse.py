@@ -87,6 +87,7 @@ from edge.stream.toolscan import (
     LineStarts,
     NextFind,
     Start,
+    StartFinder,
     Syntax,
     at_line_start,
     syntax_for,
@@ -344,7 +345,7 @@ def parse_tool_text(
     both must count the same for the filter never to show markup.
     """
     syntax = syntax_for(formats)
-    if syntax.start_re is None or not text:
+    if not syntax.active or not text:
         return ParseResult(cleaned=text)
     budget = budget or CandidateBudget()
     calls: list[ParsedCall] = []
@@ -355,8 +356,9 @@ def parse_tool_text(
     in_code = False
     finds = _Finds(text)
     lines = LineStarts()
+    starts = StartFinder(syntax)
     while pos < n:
-        i = syntax.find(text, pos, final=True, in_code=in_code)
+        i = starts.find(text, pos, final=True, in_code=in_code)
         if i < 0:
             break
         line_start = lines.at(text, i)

@@ -42,6 +42,7 @@ __all__ = [
     "LineStarts",
     "NextFind",
     "Start",
+    "StartFinder",
     "Syntax",
     "at_line_start",
     "syntax_for",
@@ -57,6 +58,10 @@ LLAMA_END = "<|eom_id|>"
 FENCE = "```"
 
 _TAGS: dict[str, str] = {"hermes": HERMES_OPEN, "mistral": MISTRAL_TAG, "llama": LLAMA_TAG}
+_LONGEST = max(len(tag) for tag in _TAGS.values())
+# Pieces up to this long are checked by `Syntax.plain_piece` with one search:
+# longer ones by the searches of `StartFinder`, which skip floods faster.
+_PIECE = 4096
 _NON_SPACE = re.compile(r"\S")
 
 
@@ -70,38 +75,37 @@ class Start(enum.Enum):
     FENCE = "fence"
 
 
-# How much indentation the start pattern itself checks before a line-start
-# character; deeper indentation is checked by `classify` (8 characters per try).
-_INDENT = 8
+def _line_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
+    """A pattern for the first non-whitespace token of a line (`{`, `[`, a fence).
 
-
-def _start_re(tags: Sequence[str], line_chars: str) -> re.Pattern[str] | None:
-    """A pattern for every position `classify` may call a whole start, and few others.
-
-    Whole tags, and a line-start character preceded (on its line) by at most
-    `_INDENT` whitespace characters, or by `_INDENT` of them. A proper prefix
-    of a tag at the end of the text is found by `Syntax.find`, not here: as an
-    alternative it cost every `<` or `[` of a flood some thirty failed tries.
-    A flood of `{`, `<` or backticks in the middle of a line is skipped by the
-    regex engine: the first lookbehind (no non-space character just before)
-    rejects such a character in one step. Lookbehinds see before the search
-    position, so a search may start anywhere.
+    Anchored at line starts, the engine rejects every other position in one
+    step: a flood of `{`, `<` or backticks in the middle of a line costs C time
+    only. Group 1 is the token.
     """
-    alternatives = [re.escape(tag) for tag in tags]
-    if line_chars:
-        # The character comes first (the engine then scans for it at C speed),
-        # the lookbehinds, which include it, check what precedes it on its line.
-        behind = [f"(?<=^[^\\S\\n]{{{k}}}.)" for k in range(_INDENT)]
-        behind.append(f"(?<=[^\\S\\n]{{{_INDENT}}}.)")
-        chars = "".join(re.escape(c) for c in line_chars)
-        alternatives.append(f"(?<!\\S)[{chars}](?:{'|'.join(behind)})")
-    if not alternatives:
+    if not tokens:
         return None
-    # A leading class of every first character lets the engine skip to candidates
-    # at C speed (it does not work that out from the alternation itself).
-    firsts = {tag[0] for tag in tags} | set(line_chars)
-    first = "".join(re.escape(c) for c in sorted(firsts))
-    return re.compile(f"(?m)(?=[{first}])(?:{'|'.join(alternatives)})")
+    alternatives = "|".join(re.escape(t) for t in tokens)
+    return re.compile(f"(?m)^[^\\S\\n]*({alternatives})")
+
+
+def _partial_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
+    """A pattern for a proper prefix of a token that ends the text: `<(?:t(?:o...)?)?\\Z`."""
+    if not tokens:
+        return None
+
+    def nested(rest: str) -> str:
+        return re.escape(rest[0]) + (f"(?:{nested(rest[1:])})?" if len(rest) > 1 else "")
+
+    return re.compile(f"(?:{'|'.join(nested(t[:-1]) for t in tokens)})\\Z")
+
+
+def _at_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
+    """The same token after whitespace from a given position (a search that starts
+    inside the indentation of a line)."""
+    if not tokens:
+        return None
+    alternatives = "|".join(re.escape(t) for t in tokens)
+    return re.compile(f"[^\\S\\n]*({alternatives})")
 
 
 class Syntax:
@@ -111,7 +115,19 @@ class Syntax:
     line-start `{` inside a code block is not a bare candidate.
     """
 
-    __slots__ = ("bare", "code_re", "fenced", "fences", "longest", "start_re", "tag_firsts", "tags")
+    __slots__ = (
+        "active",
+        "at_re",
+        "bare",
+        "code_at_re",
+        "code_line_re",
+        "fenced",
+        "fences",
+        "line_re",
+        "partial_re",
+        "piece_re",
+        "tags",
+    )
 
     def __init__(self, formats: Sequence[str]) -> None:
         unknown = set(formats) - set(DEFAULT_FORMATS)
@@ -121,36 +137,47 @@ class Syntax:
         self.bare = "json" in formats
         self.fenced = "fenced" in formats
         self.fences = self.bare or self.fenced
-        chars = set()
-        if self.bare:
-            chars |= {"{", "["}
-        if self.fences:
-            chars.add("`")
-        self.start_re: re.Pattern[str] | None = _start_re(self.tags, "".join(sorted(chars)))
+        tokens = (["{", "["] if self.bare else []) + ([FENCE] if self.fences else [])
+        code_tokens = [FENCE] if self.fences else []
+        self.line_re = _line_re(tokens)
+        self.at_re = _at_re(tokens)
         # Inside a code block only tags and the closing fence count: a JSON dump
         # in a code block is skipped by the engine, not one line start at a time.
-        self.code_re = _start_re(self.tags, FENCE[0] if self.fences else "")
-        self.tag_firsts = "".join(sorted({tag[0] for tag in self.tags}))
-        self.longest = max((len(tag) for tag in self.tags), default=0)
+        self.code_line_re = _line_re(code_tokens)
+        self.code_at_re = _at_re(code_tokens)
+        # A proper prefix of a tag or a fence at the end of the text.
+        prefixes = [*self.tags, *([FENCE] if self.fences else [])]
+        self.partial_re = _partial_re(prefixes)
+        # Any start in a piece of text that follows released text (which never
+        # ends in whitespace, so the piece does not begin a line): one search.
+        alternatives = [re.escape(tag) for tag in self.tags]
+        if tokens:
+            alternatives.append(f"\\n[^\\S\\n]*(?:{'|'.join(re.escape(t) for t in tokens)})")
+        if self.partial_re is not None:
+            alternatives.append(self.partial_re.pattern)
+        self.piece_re = re.compile("|".join(alternatives)) if alternatives else None
+        # Whether anything is looked for at all.
+        self.active = bool(self.tags or tokens)
+
+    def plain_piece(self, text: str) -> bool:
+        """Whether `text`, following text that does not end in whitespace, holds no
+        start at all (nor the beginning of one at its end): a short piece is checked
+        with one search."""
+        if len(text) > _PIECE or self.piece_re is None:
+            return self.find(text, 0, final=False, in_code=False) < 0 and (
+                self.line_re is None or self.line_re.match(text) is None
+            )
+        return self.piece_re.search(text) is None
 
     def find(self, text: str, pos: int, *, final: bool, in_code: bool) -> int:
         """The next position from `pos` that `classify` may call a start, or -1.
 
         Every position `classify` would call a start is found (others may be
-        too). Without `final`, a proper prefix of a tag that ends the text is a
-        (partial) start: it is looked for in the last characters only.
+        too). Without `final`, a proper prefix of a tag or fence that ends the
+        text is a (partial) start. A one-off search; a scan that asks at many
+        positions uses a `StartFinder`.
         """
-        pattern = self.code_re if in_code else self.start_re
-        m = pattern.search(text, pos) if pattern is not None else None
-        found = m.start() if m is not None else -1
-        if not final and self.tags:
-            n = len(text)
-            for j in range(max(pos, n - self.longest + 1), n if found < 0 else found):
-                if text[j] in self.tag_firsts and any(
-                    tag.startswith(text[j:]) for tag in self.tags
-                ):
-                    return j
-        return found
+        return StartFinder(self).find(text, pos, final=final, in_code=in_code)
 
     def classify(
         self, text: str, i: int, line_start: bool, final: bool, in_code: bool
@@ -321,6 +348,76 @@ class CandidateBudget:
     def charge(self, chars: int = 0) -> bool:
         self.left -= TOOL_CANDIDATE_COST + chars
         return self.left >= 0
+
+
+class StartFinder:
+    """`Syntax.find` for one text that only grows at its end (and may lose its head).
+
+    Tags are searched for with `str.find` and line tokens with an anchored
+    pattern, each at C speed; what a search found (or that it found nothing
+    up to the end) is remembered, so a character is searched about once per
+    tag however many candidates are asked for.
+    """
+
+    __slots__ = ("_memo", "syntax")
+
+    def __init__(self, syntax: Syntax) -> None:
+        self.syntax = syntax
+        # Per search (each tag, then the line pattern outside and inside code):
+        # [from, found, end]: no match in text[from:found], or, when found < 0,
+        # none that begins before `end` (the text's length then, less the
+        # token's length for a tag).
+        self._memo: list[list[int]] = [[0, -1, 0] for _ in range(len(syntax.tags) + 2)]
+
+    def shift(self, n: int) -> None:
+        """The text lost its first `n` characters."""
+        for memo in self._memo:
+            memo[0] = max(0, memo[0] - n)
+            if memo[1] >= 0:
+                memo[1] -= n
+            memo[2] = max(0, memo[2] - n)
+
+    def _search(self, k: int, text: str, pos: int) -> int:
+        memo = self._memo[k]
+        frm, found, end = memo
+        if frm <= pos and (pos <= found or (found < 0 and end >= len(text))):
+            return found
+        tags = self.syntax.tags
+        if k < len(tags):
+            tag = tags[k]
+            start = max(pos, end - len(tag) + 1) if found < 0 and frm <= pos else pos
+            found = text.find(tag, start)
+            memo[:] = [pos, found, len(text)]
+            return found
+        pattern = self.syntax.code_line_re if k > len(tags) else self.syntax.line_re
+        m = pattern.search(text, pos) if pattern is not None else None
+        found = m.start(1) if m is not None else -1
+        memo[:] = [pos, found, len(text)]
+        return found
+
+    def find(self, text: str, pos: int, *, final: bool, in_code: bool) -> int:
+        """See `Syntax.find`."""
+        syntax = self.syntax
+        tags = syntax.tags
+        best = -1
+        for k in range(len(tags)):
+            found = self._search(k, text, pos)
+            if found >= 0 and (best < 0 or found < best):
+                best = found
+        found = self._search(len(tags) + in_code, text, pos)
+        if found >= 0 and (best < 0 or found < best):
+            best = found
+        # A search from inside the indentation of a line: `^` cannot see its start.
+        at_re = syntax.code_at_re if in_code else syntax.at_re
+        if at_re is not None and 0 < pos < len(text) and text[pos - 1] in " \t\r\f\v":
+            m = at_re.match(text, pos)
+            if m is not None and (best < 0 or m.start(1) < best):
+                best = m.start(1)
+        if not final and syntax.partial_re is not None:
+            m = syntax.partial_re.search(text, max(pos, len(text) - _LONGEST + 1))
+            if m is not None and (best < 0 or m.start() < best):
+                return m.start()
+        return best
 
 
 class NextFind:

@@ -65,6 +65,7 @@ from edge.stream.toolscan import (
     FenceScan,
     LineStarts,
     Start,
+    StartFinder,
     syntax_for,
 )
 
@@ -92,6 +93,7 @@ class ToolTextFilter:
         "_pending",
         "_pos",
         "_released_any",
+        "_starts",
         "_syntax",
         "_tail",
         "_tail_len",
@@ -107,7 +109,7 @@ class ToolTextFilter:
     ) -> None:
         self._syntax = syntax_for(formats)
         self._max_hold = max_hold
-        self._disabled = self._syntax.start_re is None
+        self._disabled = not self._syntax.active
         self._released_any = False
         # What candidates that are not calls may cost; spent, the rest is content.
         self._budget = budget or CandidateBudget()
@@ -119,6 +121,7 @@ class ToolTextFilter:
         self._tail: list[str] = []
         self._tail_len = 0
         self._pos = 0  # the scan goes on from here in `_buf`
+        self._starts = StartFinder(self._syntax)
         self._cand: int | None = None  # where in `_buf` the current candidate starts
         self._pending: FenceScan | None = None
         self._bare: BareScan | None = None  # the candidate at `_cand` is a bare JSON value
@@ -149,8 +152,9 @@ class ToolTextFilter:
             return self._check_hold_all()
         if (
             not self._buf
+            and self._released_any
             and not text[-1].isspace()
-            and self._syntax.find(text, 0, final=False, in_code=False) < 0
+            and self._syntax.plain_piece(text)
         ):
             self._released_any = True
             self._lines.clean = False
@@ -249,7 +253,7 @@ class ToolTextFilter:
                 if not self._charge():
                     return self._give_up()
                 continue
-            i = syntax.find(buf, self._pos, final=False, in_code=self._in_code)
+            i = self._starts.find(buf, self._pos, final=False, in_code=self._in_code)
             if i < 0:
                 self._pos = len(buf)
                 break
@@ -300,6 +304,7 @@ class ToolTextFilter:
         if not cut:
             return self._check_hold_all() if self._hold_all else ""
         self._lines.shift(buf, cut)
+        self._starts.shift(cut)
         if self._bare is not None:
             self._bare.shift(cut)
         self._buf = buf[cut:]
