@@ -361,6 +361,7 @@ def parse_tool_text(
         i = starts.find(text, pos, final=True, in_code=in_code)
         if i < 0:
             break
+        budget.steps += 1
         line_start = lines.at(text, i)
         kind, tag = syntax.classify(text, i, line_start, final=True, in_code=in_code)
         block: _Block | None = None

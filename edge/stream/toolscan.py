@@ -338,12 +338,15 @@ class CandidateBudget:
 
     `charge` says whether the budget still holds after one more such candidate
     that read `chars` characters: once it does not, the rest is content.
+    `steps` counts the positions the scan examined (its Python-level steps),
+    so tests can count the work instead of timing it.
     """
 
-    __slots__ = ("left",)
+    __slots__ = ("left", "steps")
 
     def __init__(self, work: int = MAX_TOOL_CANDIDATE_WORK) -> None:
         self.left = work
+        self.steps = 0
 
     def charge(self, chars: int = 0) -> bool:
         self.left -= TOOL_CANDIDATE_COST + chars

@@ -257,6 +257,7 @@ class ToolTextFilter:
             if i < 0:
                 self._pos = len(buf)
                 break
+            self._budget.steps += 1
             line_start = self._lines.at(buf, i)
             kind, _ = syntax.classify(buf, i, line_start, final=False, in_code=self._in_code)
             if kind is Start.NONE:
