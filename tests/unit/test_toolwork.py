@@ -12,6 +12,7 @@ filter stays split-invariant and never shows markup the parse hides.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import pytest
 from hypothesis import given
@@ -136,7 +137,7 @@ texts = st.lists(
 
 def cut(text: str, cuts: Sequence[int]) -> list[str]:
     points = sorted({0, len(text), *(c for c in cuts if 0 < c < len(text))})
-    return [text[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [text[a:b] for a, b in pairwise(points)]
 
 
 def run(text: str, cuts: Sequence[int], work: int, max_hold: int) -> tuple[str, str]:
