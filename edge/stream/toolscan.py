@@ -78,14 +78,17 @@ class Start(enum.Enum):
 def _line_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
     """A pattern for the first non-whitespace token of a line (`{`, `[`, a fence).
 
-    Anchored at line starts, the engine rejects every other position in one
-    step: a flood of `{`, `<` or backticks in the middle of a line costs C time
-    only. Group 1 is the token.
+    Found from the newline before it, a flood of `{`, `<` or backticks in the
+    middle of a line costs C time only. Group 1 is the token.
     """
     if not tokens:
         return None
     alternatives = "|".join(re.escape(t) for t in tokens)
-    return re.compile(f"(?m)^[^\\S\\n]*({alternatives})")
+    # The newline first: the engine skips to newlines at C speed (an anchor `^`
+    # costs a try at every position). A line start at the search position itself
+    # is `_at_re`'s. Possessive: an indentation that leads to no token is not
+    # backtracked.
+    return re.compile(f"\\n[^\\S\\n]*+({alternatives})")
 
 
 def _partial_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
@@ -105,7 +108,7 @@ def _at_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
     if not tokens:
         return None
     alternatives = "|".join(re.escape(t) for t in tokens)
-    return re.compile(f"[^\\S\\n]*({alternatives})")
+    return re.compile(f"[^\\S\\n]*+({alternatives})")
 
 
 class Syntax:
@@ -410,9 +413,10 @@ class StartFinder:
         found = self._search(len(tags) + in_code, text, pos)
         if found >= 0 and (best < 0 or found < best):
             best = found
-        # A search from inside the indentation of a line: `^` cannot see its start.
+        # A search from a line start or from inside the indentation of a line: the
+        # line pattern cannot see the newline before the search position.
         at_re = syntax.code_at_re if in_code else syntax.at_re
-        if at_re is not None and 0 < pos < len(text) and text[pos - 1] in " \t\r\f\v":
+        if at_re is not None and pos < len(text) and (pos == 0 or text[pos - 1].isspace()):
             m = at_re.match(text, pos)
             if m is not None and (best < 0 or m.start(1) < best):
                 best = m.start(1)

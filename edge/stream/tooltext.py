@@ -168,10 +168,16 @@ class ToolTextFilter:
         Held text from a (possibly partial) candidate start on is dropped, with
         the whitespace just before it.
         """
+        settled = ""
+        if self._bare is not None:
+            # A bare value still pending may only be waiting for its next try:
+            # decide it with all the text there is, as feeding it whole would.
+            self._bare.tried = 0
+            settled = self._scan()
         held = self._buf
         out = held if self._cand is None else held[: _ws_start(held, self._cand)]
         self._reset()
-        return self._released(out)
+        return settled + self._released(out)
 
     def flush(self) -> str:
         """End of stream with no tool calls: release everything held."""

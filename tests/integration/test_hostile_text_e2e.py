@@ -4,8 +4,8 @@ A model can be prompted to write megabytes of text that looks like the start of
 tool-call markup (lines of `{`, open strings, fences, tags). Here a real
 `iop-sim-node` writes a 4 MiB answer of such text in 1 MiB deltas, with one tool
 declared, through a real edge: the answer is the text itself (no call), streamed
-or not, and `/healthz` keeps answering while it is processed. The worst
-`/healthz` latency seen is printed (run with `-s`); the test bounds it only
+or not, and `/healthz` keeps answering while it is processed. The longest
+time between two `/healthz` answers is printed (run with `-s`); the test bounds it only
 generously, never asserts wall-clock times.
 """
 
@@ -36,20 +36,21 @@ def hostile(line: str) -> tuple[str, str]:
     return script(item, done), line * times * DELTAS
 
 
-async def healthz_while(http: httpx.AsyncClient, done: trio.Event, worst: list[float]) -> None:
-    """Ask /healthz until `done`, keeping the slowest answer time; each within the bound."""
+async def healthz_while(http: httpx.AsyncClient, done: trio.Event, gaps: list[float]) -> None:
+    """Ask /healthz every 5 ms until `done`, keeping the time between answers (a held
+    loop shows whether it held the request or the pause); each within the bound."""
     while not done.is_set():
         start = trio.current_time()
         with trio.fail_after(HEALTHZ_BOUND_S):
+            await trio.sleep(0.005)
             assert (await http.get("/healthz")).status_code == 200
-        worst.append(trio.current_time() - start)
-        await trio.sleep(0.005)
+        gaps.append(trio.current_time() - start)
 
 
 async def answer_with_healthz(http: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
     """Post `body` while /healthz is polled; print the slowest /healthz answer."""
     done = trio.Event()
-    worst: list[float] = []
+    gaps: list[float] = []
     responses: list[httpx.Response] = []
 
     async def post() -> None:
@@ -60,11 +61,11 @@ async def answer_with_healthz(http: httpx.AsyncClient, body: dict[str, Any]) -> 
 
     with trio.fail_after(BOUND_S):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(healthz_while, http, done, worst)
+            nursery.start_soon(healthz_while, http, done, gaps)
             nursery.start_soon(post)
     print(
-        f"\n/healthz during a {DELTAS} MiB hostile answer: {len(worst)} answers,"
-        f" slowest {max(worst, default=0.0) * 1000:.1f} ms"
+        f"\n/healthz during a {DELTAS} MiB hostile answer: {len(gaps)} answers, longest"
+        f" time between two (5 ms pause included) {max(gaps, default=0.0) * 1000:.1f} ms"
     )
     return responses[0]
 
