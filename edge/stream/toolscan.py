@@ -102,6 +102,24 @@ def _partial_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
     return re.compile(f"(?:{'|'.join(nested(t[:-1]) for t in tokens)})\\Z")
 
 
+_BLANKS = " \t\r\f\v"
+_BLANK_CHUNK = 4096
+
+
+def _skip_blanks(text: str, pos: int) -> int:
+    """The first position from `pos` that is not an ASCII blank (a flood of spaces
+    is skipped by `str.lstrip`, some twenty times faster than the regex engine;
+    any other whitespace is left to the pattern)."""
+    n = len(text)
+    while pos < n:
+        chunk = text[pos : pos + _BLANK_CHUNK]
+        skipped = len(chunk) - len(chunk.lstrip(_BLANKS))
+        pos += skipped
+        if skipped < len(chunk):
+            break
+    return pos
+
+
 def _at_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
     """The same token after whitespace from a given position (a search that starts
     inside the indentation of a line)."""
@@ -417,7 +435,7 @@ class StartFinder:
         # line pattern cannot see the newline before the search position.
         at_re = syntax.code_at_re if in_code else syntax.at_re
         if at_re is not None and pos < len(text) and (pos == 0 or text[pos - 1].isspace()):
-            m = at_re.match(text, pos)
+            m = at_re.match(text, _skip_blanks(text, pos))
             if m is not None and (best < 0 or m.start(1) < best):
                 best = m.start(1)
         if not final and syntax.partial_re is not None:
