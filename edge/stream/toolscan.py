@@ -290,6 +290,8 @@ OVER = -3  # BareScan.advance: still open past its cap
 # A decode error this close to the end of the text may be a cut token (`tru`,
 # `-Infinit`, a `\\u` escape): more text may still make it valid.
 _CUT_TOKEN = 9
+# Characters of the first decoding try of a candidate (then 4 times more each try).
+_PROBE = 1024
 
 
 class BareScan:
@@ -305,11 +307,12 @@ class BareScan:
     decoder fail (FAILED): no call nests that deep.
     """
 
-    __slots__ = ("cap", "cost", "end", "start", "tried", "value")
+    __slots__ = ("cap", "cost", "end", "probe", "start", "tried", "value")
 
-    def __init__(self, start: int, cap: int) -> None:
+    def __init__(self, start: int, cap: int, probe: int = _PROBE) -> None:
         self.start = start
         self.cap = cap
+        self.probe = probe
         self.tried = 0  # characters decoded by the last try
         self.value: Any = None
         self.end = -1  # past the value, once it ended
@@ -326,20 +329,35 @@ class BareScan:
         if not (final or full) and size < 2 * self.tried:
             return PENDING
         self.tried = size
+        # A short probe first: most candidates that are not JSON fail within a
+        # few characters, and a window copied whole per candidate would cost
+        # more than its decoding. A probe that decides (a value, or an error
+        # before its end) decides for any longer text too.
+        probe = min(size, self.probe)
+        while True:
+            answer = self._decode(text, probe)
+            if answer != PENDING:
+                return answer
+            if probe == size:
+                break
+            probe = min(size, 4 * probe)
+        if full:
+            return OVER
+        if final:
+            self.cost = size
+            return FAILED
+        return PENDING
+
+    def _decode(self, text: str, size: int) -> int:
+        """Decode `size` characters: the end of the value, FAILED, or PENDING when cut."""
         snap = text[self.start : self.start + size]
         try:
             value, end = raw_decode(snap, 0)
         except JSONDecodeError as exc:
-            cut = exc.msg.startswith("Unterminated string") or exc.pos > size - _CUT_TOKEN
-            if not cut:
-                self.cost = exc.pos
-                return FAILED
-            if full:
-                return OVER
-            if final:
-                self.cost = size
-                return FAILED
-            return PENDING
+            if exc.msg.startswith("Unterminated string") or exc.pos > size - _CUT_TOKEN:
+                return PENDING
+            self.cost = exc.pos
+            return FAILED
         except ValueError:  # a NaN/Infinity constant, or too deep
             self.cost = self.cap
             return FAILED

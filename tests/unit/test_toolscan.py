@@ -37,9 +37,11 @@ def reference(text: str, start: int, cap: int) -> int:
     return start + end
 
 
-def feed_scan(text: str, start: int, cap: int, cuts: list[int]) -> tuple[int, int]:
+def feed_scan(
+    text: str, start: int, cap: int, cuts: list[int], probe: int = 1024
+) -> tuple[int, int]:
     """Resolve the candidate at `start` as the text grows at `cuts`; (answer, tries)."""
-    scan = BareScan(start, cap)
+    scan = BareScan(start, cap, probe)
     tries = 0
     for stop in [*sorted(c for c in cuts if c > start), len(text)]:
         before = scan.tried
@@ -54,15 +56,17 @@ def feed_scan(text: str, start: int, cap: int, cuts: list[int]) -> tuple[int, in
     text=HOSTILE,
     cuts=st.lists(st.integers(0, 130), max_size=20),
     cap=st.sampled_from([8, 1000]),
+    probe=st.sampled_from([1, 3, 1024]),
 )
 def test_bare_scan_answers_as_the_decoder_whatever_the_split(
-    text: str, cuts: list[int], cap: int
+    text: str, cuts: list[int], cap: int, probe: int
 ) -> None:
     """For every line-start bracket the scan gives the decoder's answer, however the
-    text arrived; a value cut by the cap is OVER (never a call)."""
+    text arrived and however short its first probe; a value cut by the cap is OVER
+    (never a call)."""
     for i in (i for i, ch in enumerate(text) if ch in "{[" and at_line_start(text, i, True)):
         whole, _ = feed_scan(text, i, cap, [])
-        assert feed_scan(text, i, cap, cuts)[0] == whole
+        assert feed_scan(text, i, cap, cuts, probe)[0] == whole
         if whole == OVER:
             assert len(text) - i > cap
         else:
