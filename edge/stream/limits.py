@@ -74,9 +74,10 @@ MAX_VALIDATION_STEPS: Final = 2_000
 MAX_TOOL_CANDIDATE_CHARS: Final = 65_536
 # The budget, in characters, of the candidates of one answer that are not calls:
 # each costs TOOL_CANDIDATE_COST plus the characters the JSON decoder read before
-# it failed (at most MAX_TOOL_CANDIDATE_CHARS). So at most 1,024 such candidates,
-# some 5 ms of Python, or 4 candidates decoded whole at C speed.
-MAX_TOOL_CANDIDATE_WORK: Final = 262_144
+# it failed (at most MAX_TOOL_CANDIDATE_CHARS). So at most 512 such candidates
+# (a line-start `{`/`[` that is no call, a tag in prose, a code fence), a few
+# ms of Python (5-10 us each), or 2 candidates decoded whole at C speed.
+MAX_TOOL_CANDIDATE_WORK: Final = 131_072
 TOOL_CANDIDATE_COST: Final = 256
 # Tool calls (and failed call blocks) found as text in one answer: past it the
 # answer fails with a tool_validation_error naming the limit.

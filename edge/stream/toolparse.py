@@ -54,7 +54,8 @@ Bounds (`edge.stream.limits`), the same as the streaming filter's:
 - candidates that are not calls (a failed or non-call bare value, a tag in
   prose, a fence) spend the answer's `MAX_TOOL_CANDIDATE_WORK`: once it is
   spent, the rest of the text is content;
-- more than `MAX_TEXT_TOOL_CALLS` calls (or failed call blocks) is an error.
+- more than `MAX_TEXT_TOOL_CALLS` calls is an error;
+- the parse stops at the first block with an error (the answer fails on it).
 
 The parse is linear in the length of the text, and its Python work is bounded
 by the budget: floods of start characters are skipped by the regex engine,
@@ -419,8 +420,8 @@ def parse_tool_text(
             calls.append(item)
             if item.arguments_error is not None:
                 errors.append(f'tool call {number} ("{item.name}"): {item.arguments_error}')
-        if number > MAX_TEXT_TOOL_CALLS:
-            break
+        if errors:
+            break  # the answer fails on its first error: nothing after it matters
     return ParseResult(
         calls=tuple(calls),
         cleaned=_cleaned(text, spans),

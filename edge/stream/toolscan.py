@@ -290,6 +290,8 @@ OVER = -3  # BareScan.advance: still open past its cap
 # A decode error this close to the end of the text may be a cut token (`tru`,
 # `-Infinit`, a `\\u` escape): more text may still make it valid.
 _CUT_TOKEN = 9
+# `{`, whitespace, then a character no JSON object can go on with.
+_NOT_AN_OBJECT = re.compile(r'\{\s*+[^\s"}]')
 # Characters of the first decoding try of a candidate (then 4 times more each try).
 _PROBE = 1024
 
@@ -350,6 +352,12 @@ class BareScan:
 
     def _decode(self, text: str, size: int) -> int:
         """Decode `size` characters: the end of the value, FAILED, or PENDING when cut."""
+        # The common failure, answered without the decoder's exception: an object
+        # whose first member does not begin with a string (`{` then `{`, a word...).
+        m = _NOT_AN_OBJECT.match(text, self.start, self.start + size)
+        if m is not None:
+            self.cost = m.end() - 1 - self.start
+            return FAILED
         snap = text[self.start : self.start + size]
         try:
             value, end = raw_decode(snap, 0)
@@ -401,10 +409,13 @@ class StartFinder:
     tag however many candidates are asked for.
     """
 
-    __slots__ = ("_memo", "syntax")
+    __slots__ = ("_memo", "_searches", "syntax")
 
     def __init__(self, syntax: Syntax) -> None:
         self.syntax = syntax
+        # The searches outside and inside code blocks: every tag, then a line pattern.
+        tags = len(syntax.tags)
+        self._searches = ((*range(tags), tags), (*range(tags), tags + 1))
         # Per search (each tag, then the line pattern outside and inside code):
         # [from, found, end]: no match in text[from:found], or, when found < 0,
         # none that begins before `end` (the text's length then, less the
@@ -440,15 +451,16 @@ class StartFinder:
     def find(self, text: str, pos: int, *, final: bool, in_code: bool) -> int:
         """See `Syntax.find`."""
         syntax = self.syntax
-        tags = syntax.tags
+        n = len(text)
         best = -1
-        for k in range(len(tags)):
-            found = self._search(k, text, pos)
+        memos = self._memo
+        for k in self._searches[in_code]:
+            frm, found, end = memos[k]
+            # The remembered answer, when it still holds (the hot path: inlined).
+            if not (frm <= pos and (pos <= found or (found < 0 and end >= n))):
+                found = self._search(k, text, pos)
             if found >= 0 and (best < 0 or found < best):
                 best = found
-        found = self._search(len(tags) + in_code, text, pos)
-        if found >= 0 and (best < 0 or found < best):
-            best = found
         # A search from a line start or from inside the indentation of a line: the
         # line pattern cannot see the newline before the search position.
         at_re = syntax.code_at_re if in_code else syntax.at_re

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.stream.limits import MAX_TOOL_CANDIDATE_WORK, TOOL_CANDIDATE_COST
+from edge.stream.limits import MAX_TEXT_TOOL_CALLS, MAX_TOOL_CANDIDATE_WORK, TOOL_CANDIDATE_COST
 from edge.stream.toolparse import parse_tool_text
 from edge.stream.toolscan import CandidateBudget
 from edge.stream.tooltext import ToolTextFilter
@@ -54,6 +54,8 @@ ALPHABETS = {
 }
 # Candidates that are not calls, at most, then a few steps that end the scan.
 MAX_CHARGED = MAX_TOOL_CANDIDATE_WORK // TOOL_CANDIDATE_COST
+# Steps of the parse: candidates that are not calls, or call blocks.
+MAX_STEPS = max(MAX_CHARGED, MAX_TEXT_TOOL_CALLS)
 SIZE = 64 * 1024
 
 
@@ -81,7 +83,7 @@ def test_parse_steps_do_not_grow_with_the_text(alphabet: str) -> None:
     """The parse examines as many positions at 4n characters as at n: past the
     budget (or with no candidates) the rest is left to C."""
     small, large = parse_steps(flood(alphabet, SIZE)), parse_steps(flood(alphabet, 4 * SIZE))
-    assert small <= MAX_CHARGED + 8
+    assert small <= MAX_STEPS + 8
     assert large <= small + 8
 
 
@@ -120,8 +122,8 @@ def test_too_many_calls_in_text_is_an_error_naming_the_limit() -> None:
     decoding at most that many."""
     call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>\n'
     result = parse_tool_text(call * 5000)
-    assert any("more than 1024 tool calls" in e for e in result.errors)
-    assert len(result.calls) <= 1024
+    assert result.errors == (f"more than {MAX_TEXT_TOOL_CALLS} tool calls in one answer",)
+    assert len(result.calls) == MAX_TEXT_TOOL_CALLS
 
 
 # --- split invariance and no markup shown, with a budget small enough to run out ---
