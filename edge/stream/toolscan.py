@@ -185,9 +185,7 @@ class Syntax:
         start at all (nor the beginning of one at its end): a short piece is checked
         with one search."""
         if len(text) > _PIECE or self.piece_re is None:
-            return self.find(text, 0, final=False, in_code=False) < 0 and (
-                self.line_re is None or self.line_re.match(text) is None
-            )
+            return self.find(text, 0, final=False, in_code=False) < 0
         return self.piece_re.search(text) is None
 
     def find(self, text: str, pos: int, *, final: bool, in_code: bool) -> int:
