@@ -91,15 +91,20 @@ def _line_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
     return re.compile(f"\\n[^\\S\\n]*+({alternatives})")
 
 
-def _partial_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
-    """A pattern for a proper prefix of a token that ends the text: `<(?:t(?:o...)?)?\\Z`."""
-    if not tokens:
-        return None
+def _partial_re(tags: Sequence[str], fence: bool) -> re.Pattern[str] | None:
+    """A pattern for a proper prefix of a tag (`<(?:t(?:o...)?)?\\Z`), or of a fence
+    after whitespace or at the start (only a line-start fence counts), that ends
+    the text."""
 
     def nested(rest: str) -> str:
         return re.escape(rest[0]) + (f"(?:{nested(rest[1:])})?" if len(rest) > 1 else "")
 
-    return re.compile(f"(?:{'|'.join(nested(t[:-1]) for t in tokens)})\\Z")
+    alternatives = [nested(tag[:-1]) for tag in tags]
+    if fence:
+        alternatives.append(f"(?<!\\S){nested(FENCE[:-1])}")
+    if not alternatives:
+        return None
+    return re.compile(f"(?:{'|'.join(alternatives)})\\Z")
 
 
 _BLANKS = " \t\r\f\v"
@@ -167,8 +172,7 @@ class Syntax:
         self.code_line_re = _line_re(code_tokens)
         self.code_at_re = _at_re(code_tokens)
         # A proper prefix of a tag or a fence at the end of the text.
-        prefixes = [*self.tags, *([FENCE] if self.fences else [])]
-        self.partial_re = _partial_re(prefixes)
+        self.partial_re = _partial_re(self.tags, self.fences)
         # Any start in a piece of text that follows released text (which never
         # ends in whitespace, so the piece does not begin a line): one search.
         alternatives = [re.escape(tag) for tag in self.tags]
