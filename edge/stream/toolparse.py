@@ -72,18 +72,15 @@ from typing import Any
 
 from edge.stream.jsontext import loads, raw_decode
 from edge.stream.limits import MAX_TEXT_TOOL_CALLS, MAX_TOOL_CANDIDATE_CHARS
+from edge.stream.toolbare import FAILED, OVER, BareScan, CandidateBudget
 from edge.stream.toolscan import (
     DEFAULT_FORMATS,
-    FAILED,
     FENCE,
     HERMES_CLOSE,
     HERMES_OPEN,
     LLAMA_END,
     LLAMA_TAG,
     MISTRAL_TAG,
-    OVER,
-    BareScan,
-    CandidateBudget,
     FenceScan,
     LineStarts,
     NextFind,

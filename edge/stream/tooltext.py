@@ -53,15 +53,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edge.stream.limits import MAX_TOOL_CANDIDATE_CHARS
+from edge.stream.toolbare import FAILED, OVER, PENDING, BareScan, CandidateBudget
 from edge.stream.toolparse import block_values, call_values
 from edge.stream.toolscan import (
     DEFAULT_FORMATS,
-    FAILED,
     FENCE,
-    OVER,
-    PENDING,
-    BareScan,
-    CandidateBudget,
     FenceScan,
     LineStarts,
     Start,

@@ -8,13 +8,9 @@ from hypothesis import strategies as st
 
 from edge.stream.jsontext import raw_decode
 from edge.stream.limits import TOOL_CANDIDATE_COST
+from edge.stream.toolbare import FAILED, OVER, PENDING, BareScan, CandidateBudget
 from edge.stream.toolscan import (
     DEFAULT_FORMATS,
-    FAILED,
-    OVER,
-    PENDING,
-    BareScan,
-    CandidateBudget,
     LineStarts,
     NextFind,
     Start,
