@@ -55,3 +55,30 @@ MAX_PATTERN_PROGRAM: Final = 1_000
 # so this bounds the validation at the end of a run to ~10 ms typically, ~90 ms
 # at worst; 2,000 steps validate e.g. 300 objects of 3 fields.
 MAX_VALIDATION_STEPS: Final = 2_000
+
+# --- tool calls written as text in an answer ----------------------------------------
+#
+# A model can be prompted to write text that looks like the start of tool-call
+# markup over and over (lines of `{`, fences, tags in prose). Each such candidate
+# costs the scanners a few microseconds of Python, so an answer may spend only a
+# budget on candidates that turn out not to be calls; past it, the rest of the
+# answer is plain content (shown as it comes, never searched for calls). Real
+# answers write their calls as one or a few blocks, after little else that looks
+# like markup. The budget counts the same in the streaming filter and in the
+# parse at the end, so what the stream shows never contains markup the parse
+# hides.
+
+# Characters a bare JSON or fenced candidate may span before it is resolved: a
+# candidate still open past it is content, and so is the rest of the answer (the
+# stream has shown it). Also what the streaming filter holds at most.
+MAX_TOOL_CANDIDATE_CHARS: Final = 65_536
+# The budget, in characters, of the candidates of one answer that are not calls:
+# each costs TOOL_CANDIDATE_COST plus the characters the JSON decoder read before
+# it failed (at most MAX_TOOL_CANDIDATE_CHARS). So at most 512 such candidates
+# (a line-start `{`/`[` that is no call, a tag in prose, a code fence), a few
+# ms of Python (5-10 us each), or 2 candidates decoded whole at C speed.
+MAX_TOOL_CANDIDATE_WORK: Final = 131_072
+TOOL_CANDIDATE_COST: Final = 256
+# Tool calls (and failed call blocks) found as text in one answer: past it the
+# answer fails with a tool_validation_error naming the limit.
+MAX_TEXT_TOOL_CALLS: Final = 1_024

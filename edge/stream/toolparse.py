@@ -15,8 +15,10 @@ Formats (`DEFAULT_FORMATS` enables all):
 - "llama": `<|python_tag|>` then JSON objects separated by `;`, up to and
   including `<|eom_id|>` if present (else to end of text).
 - "json": a bare JSON object or array of objects whose `{`/`[` is the first
-  non-whitespace character of a line; it ends where its brackets balance. A
-  raw newline inside one of its strings means it is not JSON (not a block).
+  non-whitespace character of a line; it is the JSON value the decoder reads
+  from there, within `MAX_TOOL_CANDIDATE_CHARS`. Text that is not JSON from
+  there (a raw newline inside a string, say) is no block: the scan goes on
+  from the next character.
 - "fenced": a fence ```` ``` ```` / ```` ```json ```` opening a line, whose first
   non-whitespace character after the info line is `{` or `[`; the block ends at
   the next ```` ``` ```` (or at end of text when the content is a call).
@@ -46,33 +48,44 @@ piece of content next to removed markup loses its whitespace on that side, and
 the remaining pieces are joined with a newline; text with no markup is
 returned unchanged.
 
-The parse is linear in the length of the text: one bracket pass answers for
-every bare candidate, closing tags are searched for once, and nothing after a
-tag is copied unless it is that tag's block.
+Bounds (`edge.stream.limits`), the same as the streaming filter's:
+- a bare candidate still open after `MAX_TOOL_CANDIDATE_CHARS` characters ends
+  the scan: it and the rest of the text are content (the filter showed them);
+- candidates that are not calls (a failed or non-call bare value, a tag in
+  prose, a fence) spend the answer's `MAX_TOOL_CANDIDATE_WORK`: once it is
+  spent, the rest of the text is content;
+- more than `MAX_TEXT_TOOL_CALLS` calls is an error;
+- the parse stops at the first block with an error (the answer fails on it).
+
+The parse is linear in the length of the text, and its Python work is bounded
+by the budget: floods of start characters are skipped by the regex engine,
+JSON is read by the C decoder, closing tags are searched for once, and nothing
+after a tag is copied unless it is that tag's block.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edge.stream.jsontext import loads, raw_decode
+from edge.stream.limits import MAX_TEXT_TOOL_CALLS, MAX_TOOL_CANDIDATE_CHARS
+from edge.stream.toolbare import FAILED, OVER, BareScan, CandidateBudget
 from edge.stream.toolscan import (
     DEFAULT_FORMATS,
-    FAILED,
     FENCE,
     HERMES_CLOSE,
     HERMES_OPEN,
     LLAMA_END,
     LLAMA_TAG,
     MISTRAL_TAG,
-    BareTrack,
     FenceScan,
     LineStarts,
     NextFind,
     Start,
+    StartFinder,
     Syntax,
     at_line_start,
     syntax_for,
@@ -93,6 +106,7 @@ __all__ = [
     "Syntax",
     "at_line_start",
     "block_values",
+    "call_values",
     "loads",
     "parse_tool_text",
     "syntax_for",
@@ -101,32 +115,10 @@ __all__ = [
 _MISTRAL_NAME = re.compile(
     r"\s*([A-Za-z0-9_.:\-]+)\s*(?:\[CALL_ID\]\s*[A-Za-z0-9_\-]*\s*)?\[ARGS\]\s*"
 )
-_SEPARATORS = " \t\r\n;,"
+_NOT_SEPARATOR = re.compile(r"[^ \t\r\n;,]")
 
 
-def _no_constants(token: str) -> Any:
-    # NaN and Infinity are not JSON; json would accept them and dumps would emit them.
-    raise ValueError(f"{token} is not valid JSON")
-
-
-_DECODER = json.JSONDecoder(parse_constant=_no_constants)
-
-
-def loads(text: str) -> Any:
-    """Strict `json.loads`: NaN/Infinity rejected. Raises ValueError, also for JSON
-    nested past the parser's depth (model output must never raise anything else)."""
-    try:
-        return _DECODER.decode(text)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-
-
-def _raw_decode(text: str, pos: int) -> tuple[Any, int]:
-    """`raw_decode` with the errors of `loads`."""
-    try:
-        return _DECODER.raw_decode(text, pos)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+_raw_decode = raw_decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +165,14 @@ def block_values(fragment: str) -> list[Any] | None:
         value = loads(fragment)
     except ValueError:
         return None
+    return call_values(value)
+
+
+def call_values(value: object) -> list[Any] | None:
+    """The call objects of a decoded block, or None when it is not shaped like calls."""
     if isinstance(value, list):
+        # Past the limit on calls only whether there are too many matters.
+        value = value[: MAX_TEXT_TOOL_CALLS + 1]
         return value if value and all(_strict_call(v) for v in value) else None
     return [value] if _strict_call(value) else None
 
@@ -203,26 +202,30 @@ def _items(values: Sequence[object]) -> list[ParsedCall | str]:
         if not isinstance(value, list):
             out.append(_item(value))
         elif value:
-            out.extend(_item(v) for v in value)
+            out.extend(_item(v) for v in value[: MAX_TEXT_TOOL_CALLS + 1])
         else:
             out.append("empty call list")
+        if len(out) > MAX_TEXT_TOOL_CALLS:
+            break  # the parse reports the limit
     return out
 
 
 def _decode_sequence(payload: str) -> list[ParsedCall | str]:
     """Calls from JSON values separated by whitespace, `;` or `,`."""
     values: list[object] = []
-    pos, n = 0, len(payload)
+    pos = 0
     while True:
-        while pos < n and payload[pos] in _SEPARATORS:
-            pos += 1
-        if pos >= n:
+        m = _NOT_SEPARATOR.search(payload, pos)
+        if m is None:
             return _items(values)
+        pos = m.start()
         try:
             value, pos = _raw_decode(payload, pos)
         except ValueError as exc:
             return [*_items(values), f"not valid JSON: {exc}"]
         values.append(value)
+        if len(values) > MAX_TEXT_TOOL_CALLS:
+            return _items(values)  # too many calls: the parse reports the limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,11 +279,10 @@ def _mistral(finds: _Finds, i: int) -> _Block | None:
     text = finds.text
     t = i + len(MISTRAL_TAG)
     n = len(text)
-    j = t
-    while j < n and text[j].isspace():
-        j += 1
-    if j == n:
+    head = _NON_SPACE.search(text, t)
+    if head is None:
         return _Block(n, [f"empty {MISTRAL_TAG} block"])
+    j = head.start()
     if text[j] in "{[":
         try:
             value, end = _raw_decode(text, j)
@@ -328,11 +330,22 @@ def _cleaned(text: str, spans: Sequence[tuple[int, int]]) -> str:
     return "\n".join(pieces)
 
 
-def parse_tool_text(text: str, formats: Sequence[str] = DEFAULT_FORMATS) -> ParseResult:
-    """Split `text` into content and tool calls (see the module docstring for the rules)."""
+def parse_tool_text(
+    text: str,
+    formats: Sequence[str] = DEFAULT_FORMATS,
+    *,
+    max_candidate: int = MAX_TOOL_CANDIDATE_CHARS,
+    budget: CandidateBudget | None = None,
+) -> ParseResult:
+    """Split `text` into content and tool calls (see the module docstring for the rules).
+
+    `max_candidate` and `budget` are the streaming filter's (`ToolTextFilter`):
+    both must count the same for the filter never to show markup.
+    """
     syntax = syntax_for(formats)
-    if syntax.start_re is None or not text:
+    if not syntax.active or not text:
         return ParseResult(cleaned=text)
+    budget = budget or CandidateBudget()
     calls: list[ParsedCall] = []
     errors: list[str] = []
     spans: list[tuple[int, int]] = []
@@ -341,58 +354,71 @@ def parse_tool_text(text: str, formats: Sequence[str] = DEFAULT_FORMATS) -> Pars
     in_code = False
     finds = _Finds(text)
     lines = LineStarts()
-    track: BareTrack | None = None
+    starts = StartFinder(syntax)
     while pos < n:
-        m = syntax.start_re.search(text, pos)
-        if m is None:
+        i = starts.find(text, pos, final=True, in_code=in_code)
+        if i < 0:
             break
-        i = m.start()
+        budget.steps += 1
         line_start = lines.at(text, i)
         kind, tag = syntax.classify(text, i, line_start, final=True, in_code=in_code)
         block: _Block | None = None
         pos = i + 1
+        cost = 0
+        if kind is Start.NONE:
+            continue
         if kind is Start.TAG:
             block = _TAG_PARSERS[tag](finds, i)
             pos = i + len(tag)
         elif kind is Start.BARE:
-            if track is None:
-                track = BareTrack(i)
-            ends = track.end(text, i, n, final=True)
-            if ends != FAILED:
-                values = block_values(text[i:ends])
-                pos = ends
+            bare = BareScan(i, max_candidate)
+            end = bare.advance(text, n, final=True)
+            if end == OVER:
+                break  # the filter showed it and all that follows: content
+            if end == FAILED:
+                cost = bare.cost
+            else:
+                pos = end
+                values = call_values(bare.value)
                 if values is not None:
-                    block = _Block(ends, _items(values))
+                    block = _Block(end, _items(values))
         elif kind is Start.FENCE:
             pos = i + len(FENCE)
             if in_code or not syntax.fenced:
                 in_code = not in_code
-                continue
-            fence = FenceScan(i)
-            end = fence.advance(text, n)
-            if end is None and fence.stage == 2:
-                end = n  # unclosed: a call only if the rest is one
-            values = None
-            if end is not None and fence.stage == 2:
-                values = block_values(fence.content(text, end))
-            if end is not None and values is not None:
-                block = _Block(end, _items(values))
-            elif end is not None and fence.is_block:
-                pos = end  # a closed JSON block that is not a call
             else:
-                in_code = True  # any other fence opens a code block
+                fence = FenceScan(i)
+                fence_end = fence.advance(text, n)
+                if fence_end is None and fence.stage == 2:
+                    fence_end = n  # unclosed: a call only if the rest is one
+                values = None
+                if fence_end is not None and fence.stage == 2:
+                    values = block_values(fence.content(text, fence_end))
+                if fence_end is not None and values is not None:
+                    block = _Block(fence_end, _items(values))
+                elif fence_end is not None and fence.is_block:
+                    pos = fence_end  # a closed JSON block that is not a call
+                else:
+                    in_code = True  # any other fence opens a code block
         if block is None:
+            if not budget.charge(cost):
+                break  # past the budget the rest is content
             continue
         spans.append((i, block.end))
         pos = block.end
         for item in block.items:
             number += 1
+            if number > MAX_TEXT_TOOL_CALLS:
+                errors.append(f"more than {MAX_TEXT_TOOL_CALLS} tool calls in one answer")
+                break
             if isinstance(item, str):
                 errors.append(f"tool call {number}: {item}")
                 continue
             calls.append(item)
             if item.arguments_error is not None:
                 errors.append(f'tool call {number} ("{item.name}"): {item.arguments_error}')
+        if errors:
+            break  # the answer fails on its first error: nothing after it matters
     return ParseResult(
         calls=tuple(calls),
         cleaned=_cleaned(text, spans),

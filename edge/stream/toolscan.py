@@ -2,20 +2,20 @@
 
 This module owns the start rules of each text format (which characters may
 begin a tag, a bare JSON block or a fence, given the line and code-block
-context) and the incremental scanners that find where a bare JSON block or a
-JSON fence ends, and where lines start. Each scanner looks at a character a
-bounded number of times however many candidates the text holds, so the
-filter and the parse stay linear on hostile text (floods of `{`, tags,
-backticks, whitespace). `edge.stream.toolparse` (the whole-text parse) and
-`edge.stream.tooltext` (the streaming hold-back filter) both run on these, so
-the filter never releases text the parse would call markup. It does not
-decode JSON, know what a call looks like, the declared tools, or any I/O; the
-format rules themselves are described in `edge.stream.toolparse`.
+context), where starts are (`StartFinder`), and the incremental scanners that
+find where a JSON fence ends and where lines start; bare JSON values and the
+budget of candidates that are not calls are `edge.stream.toolbare`'s. Floods
+of start characters are skipped by the regex engine or `str.find`, so the
+Python work per answer is bounded whatever the text (floods of `{`, tags,
+backticks, whitespace). `edge.stream.toolparse` (the whole-text parse)
+and `edge.stream.tooltext` (the streaming hold-back filter) both run on these,
+so the filter never releases text the parse would call markup. It does not
+know what a call looks like, the declared tools, or any I/O; the format rules
+themselves are described in `edge.stream.toolparse`.
 """
 
 from __future__ import annotations
 
-import bisect
 import enum
 import re
 from collections.abc import Sequence
@@ -23,19 +23,17 @@ from functools import lru_cache
 
 __all__ = [
     "DEFAULT_FORMATS",
-    "FAILED",
     "FENCE",
     "HERMES_CLOSE",
     "HERMES_OPEN",
     "LLAMA_END",
     "LLAMA_TAG",
     "MISTRAL_TAG",
-    "PENDING",
-    "BareTrack",
     "FenceScan",
     "LineStarts",
     "NextFind",
     "Start",
+    "StartFinder",
     "Syntax",
     "at_line_start",
     "syntax_for",
@@ -51,7 +49,11 @@ LLAMA_END = "<|eom_id|>"
 FENCE = "```"
 
 _TAGS: dict[str, str] = {"hermes": HERMES_OPEN, "mistral": MISTRAL_TAG, "llama": LLAMA_TAG}
-_STRUCTURE = re.compile(r'["{}\[\]]')
+_LONGEST = max(len(tag) for tag in _TAGS.values())
+# Pieces up to this long are checked by `Syntax.plain_piece` with one search:
+# longer ones by the searches of `StartFinder`, which skip floods faster.
+_PIECE = 4096
+_NON_SPACE = re.compile(r"\S")
 
 
 class Start(enum.Enum):
@@ -64,39 +66,63 @@ class Start(enum.Enum):
     FENCE = "fence"
 
 
-# How much indentation the start pattern itself checks before a line-start
-# character; deeper indentation is checked by `classify` (8 characters per try).
-_INDENT = 8
+def _line_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
+    """A pattern for the first non-whitespace token of a line (`{`, `[`, a fence).
 
-
-def _start_re(tags: Sequence[str], line_chars: str) -> re.Pattern[str] | None:
-    """A pattern for every position `classify` may call a start, and few others.
-
-    Whole tags, a proper prefix of a tag that ends the text, and a line-start
-    character preceded (on its line) by at most `_INDENT` whitespace characters,
-    or by `_INDENT` of them: a flood of `{`, `<` or backticks in the middle of a
-    line is skipped by the regex engine instead of one character at a time.
-    Lookbehinds see before the search position, so a search may start anywhere.
+    Found from the newline before it, a flood of `{`, `<` or backticks in the
+    middle of a line costs C time only. Group 1 is the token.
     """
-    alternatives = [re.escape(tag) for tag in tags]
-    prefixes = {tag[:n] for tag in tags for n in range(1, len(tag))}
-    if prefixes:
-        ends = "|".join(re.escape(p) for p in sorted(prefixes, key=lambda p: (-len(p), p)))
-        alternatives.append(f"(?:{ends})\\Z")
-    if line_chars:
-        # The character comes first (the engine then scans for it at C speed),
-        # the lookbehinds, which include it, check what precedes it on its line.
-        behind = [f"(?<=^[^\\S\\n]{{{k}}}.)" for k in range(_INDENT)]
-        behind.append(f"(?<=[^\\S\\n]{{{_INDENT}}}.)")
-        chars = "".join(re.escape(c) for c in line_chars)
-        alternatives.append(f"[{chars}](?:{'|'.join(behind)})")
+    if not tokens:
+        return None
+    alternatives = "|".join(re.escape(t) for t in tokens)
+    # The newline first: the engine skips to newlines at C speed (an anchor `^`
+    # costs a try at every position). A line start at the search position itself
+    # is `_at_re`'s. Possessive: an indentation that leads to no token is not
+    # backtracked.
+    return re.compile(f"\\n[^\\S\\n]*+({alternatives})")
+
+
+def _partial_re(tags: Sequence[str], fence: bool) -> re.Pattern[str] | None:
+    """A pattern for a proper prefix of a tag (`<(?:t(?:o...)?)?\\Z`), or of a fence
+    after whitespace or at the start (only a line-start fence counts), that ends
+    the text."""
+
+    def nested(rest: str) -> str:
+        return re.escape(rest[0]) + (f"(?:{nested(rest[1:])})?" if len(rest) > 1 else "")
+
+    alternatives = [nested(tag[:-1]) for tag in tags]
+    if fence:
+        alternatives.append(f"(?<!\\S){nested(FENCE[:-1])}")
     if not alternatives:
         return None
-    # A leading class of every first character lets the engine skip to candidates
-    # at C speed (it does not work that out from the alternation itself).
-    firsts = {tag[0] for tag in tags} | set(line_chars)
-    first = "".join(re.escape(c) for c in sorted(firsts))
-    return re.compile(f"(?m)(?=[{first}])(?:{'|'.join(alternatives)})")
+    return re.compile(f"(?:{'|'.join(alternatives)})\\Z")
+
+
+_BLANKS = " \t\r\f\v"
+_BLANK_CHUNK = 4096
+
+
+def _skip_blanks(text: str, pos: int) -> int:
+    """The first position from `pos` that is not an ASCII blank (a flood of spaces
+    is skipped by `str.lstrip`, some twenty times faster than the regex engine;
+    any other whitespace is left to the pattern)."""
+    n = len(text)
+    while pos < n:
+        chunk = text[pos : pos + _BLANK_CHUNK]
+        skipped = len(chunk) - len(chunk.lstrip(_BLANKS))
+        pos += skipped
+        if skipped < len(chunk):
+            break
+    return pos
+
+
+def _at_re(tokens: Sequence[str]) -> re.Pattern[str] | None:
+    """The same token after whitespace from a given position (a search that starts
+    inside the indentation of a line)."""
+    if not tokens:
+        return None
+    alternatives = "|".join(re.escape(t) for t in tokens)
+    return re.compile(f"[^\\S\\n]*+({alternatives})")
 
 
 class Syntax:
@@ -106,7 +132,19 @@ class Syntax:
     line-start `{` inside a code block is not a bare candidate.
     """
 
-    __slots__ = ("bare", "fenced", "fences", "start_re", "tags")
+    __slots__ = (
+        "active",
+        "at_re",
+        "bare",
+        "code_at_re",
+        "code_line_re",
+        "fenced",
+        "fences",
+        "line_re",
+        "partial_re",
+        "piece_re",
+        "tags",
+    )
 
     def __init__(self, formats: Sequence[str]) -> None:
         unknown = set(formats) - set(DEFAULT_FORMATS)
@@ -116,12 +154,44 @@ class Syntax:
         self.bare = "json" in formats
         self.fenced = "fenced" in formats
         self.fences = self.bare or self.fenced
-        chars = set()
-        if self.bare:
-            chars |= {"{", "["}
-        if self.fences:
-            chars.add("`")
-        self.start_re: re.Pattern[str] | None = _start_re(self.tags, "".join(sorted(chars)))
+        tokens = (["{", "["] if self.bare else []) + ([FENCE] if self.fences else [])
+        code_tokens = [FENCE] if self.fences else []
+        self.line_re = _line_re(tokens)
+        self.at_re = _at_re(tokens)
+        # Inside a code block only tags and the closing fence count: a JSON dump
+        # in a code block is skipped by the engine, not one line start at a time.
+        self.code_line_re = _line_re(code_tokens)
+        self.code_at_re = _at_re(code_tokens)
+        # A proper prefix of a tag or a fence at the end of the text.
+        self.partial_re = _partial_re(self.tags, self.fences)
+        # Any start in a piece of text that follows released text (which never
+        # ends in whitespace, so the piece does not begin a line): one search.
+        alternatives = [re.escape(tag) for tag in self.tags]
+        if tokens:
+            alternatives.append(f"\\n[^\\S\\n]*(?:{'|'.join(re.escape(t) for t in tokens)})")
+        if self.partial_re is not None:
+            alternatives.append(self.partial_re.pattern)
+        self.piece_re = re.compile("|".join(alternatives)) if alternatives else None
+        # Whether anything is looked for at all.
+        self.active = bool(self.tags or tokens)
+
+    def plain_piece(self, text: str) -> bool:
+        """Whether `text`, following text that does not end in whitespace, holds no
+        start at all (nor the beginning of one at its end): a short piece is checked
+        with one search."""
+        if len(text) > _PIECE or self.piece_re is None:
+            return self.find(text, 0, final=False, in_code=False) < 0
+        return self.piece_re.search(text) is None
+
+    def find(self, text: str, pos: int, *, final: bool, in_code: bool) -> int:
+        """The next position from `pos` that `classify` may call a start, or -1.
+
+        Every position `classify` would call a start is found (others may be
+        too). Without `final`, a proper prefix of a tag or fence that ends the
+        text is a (partial) start. A one-off search; a scan that asks at many
+        positions uses a `StartFinder`.
+        """
+        return StartFinder(self).find(text, pos, final=final, in_code=in_code)
 
     def classify(
         self, text: str, i: int, line_start: bool, final: bool, in_code: bool
@@ -206,134 +276,79 @@ class LineStarts:
         self.upto -= n
 
 
-PENDING = -2  # BareTrack.ends: the block has not ended yet
-FAILED = -1  # BareTrack.ends: the block can never end (see BareTrack)
+class StartFinder:
+    """`Syntax.find` for one text that only grows at its end (and may lose its head).
 
-_IN_STRING_NL = re.compile(r'["\\\n]')
-
-
-class BareTrack:
-    """Where the bare JSON block of every line-start `{`/`[` ends, in one pass.
-
-    A block ends where its brackets balance; strings are respected, bracket
-    kinds are not matched (invalid JSON fails to decode later). A raw newline
-    inside a string ends no block: JSON strings cannot hold one, so every
-    block open at that point can never be valid JSON (FAILED). That rule keeps
-    every line start outside a string, so one pass answers for all line-start
-    brackets at once: a bracket pushed at depth `d` closes where the depth
-    first falls back to `d`. Scanning the same text again for each candidate
-    (a thousand lines of `{`) would be quadratic.
-
-    Positions are absolute: `origin` is the absolute position of `text[0]` in
-    the texts passed to `advance`, so a filter that drops released text only
-    moves `origin`. The track must start at a line start, outside any string.
+    Tags are searched for with `str.find` and line tokens with an anchored
+    pattern, each at C speed; what a search found (or that it found nothing
+    up to the end) is remembered, so a character is searched about once per
+    tag however many candidates are asked for.
     """
 
-    __slots__ = ("depth", "ends", "in_string", "kept", "lines", "origin", "pending", "pos")
+    __slots__ = ("_memo", "_searches", "syntax")
 
-    def __init__(self, start: int, origin: int = 0) -> None:
-        self.origin = origin
-        self._reset(start)
+    def __init__(self, syntax: Syntax) -> None:
+        self.syntax = syntax
+        # The searches outside and inside code blocks: every tag, then a line pattern.
+        tags = len(syntax.tags)
+        self._searches = ((*range(tags), tags), (*range(tags), tags + 1))
+        # Per search (each tag, then the line pattern outside and inside code):
+        # [from, found, end]: no match in text[from:found], or, when found < 0,
+        # none that begins before `end` (the text's length then, less the
+        # token's length for a tag).
+        self._memo: list[list[int]] = [[0, -1, 0] for _ in range(len(syntax.tags) + 2)]
 
-    def _reset(self, start: int) -> None:
-        self.pos = start  # absolute: everything before it has been scanned
-        self.depth = 0
-        self.in_string = False
-        self.pending: list[tuple[int, int]] = []  # (block start, depth before it)
-        self.ends: dict[int, int] = {}  # block start -> end (past the block), PENDING or FAILED
-        self.kept = 0
-        self.lines = LineStarts(start - self.origin)
+    def shift(self, n: int) -> None:
+        """The text lost its first `n` characters."""
+        for memo in self._memo:
+            memo[0] = max(0, memo[0] - n)
+            if memo[1] >= 0:
+                memo[1] -= n
+            memo[2] = max(0, memo[2] - n)
 
-    def end(self, text: str, start: int, stop: int, *, final: bool) -> int:
-        """The end of the block at absolute `start` (PENDING while `text[:stop]` cannot tell).
+    def _search(self, k: int, text: str, pos: int) -> int:
+        memo = self._memo[k]
+        frm, found, end = memo
+        if frm <= pos and (pos <= found or (found < 0 and end >= len(text))):
+            return found
+        tags = self.syntax.tags
+        if k < len(tags):
+            tag = tags[k]
+            start = max(pos, end - len(tag) + 1) if found < 0 and frm <= pos else pos
+            found = text.find(tag, start)
+            memo[:] = [pos, found, len(text)]
+            return found
+        pattern = self.syntax.code_line_re if k > len(tags) else self.syntax.line_re
+        m = pattern.search(text, pos) if pattern is not None else None
+        found = m.start(1) if m is not None else -1
+        memo[:] = [pos, found, len(text)]
+        return found
 
-        With `final`, `text[:stop]` is all there is: a block still open fails.
-        """
-        if start not in self.ends and start < self.pos:
-            self._reset(start)  # not a line start by this track's count: start afresh
-        if start >= self.pos:
-            self._advance(text, start - self.origin)
-            if self.in_string:  # cannot happen from a line start; start afresh to be sure
-                self._reset(start)
-            self.ends[start] = PENDING
-            self.pending.append((start, self.depth))
-            self.depth += 1
-            self.lines.at(text, start - self.origin)
-            self.pos = start + 1
-        if self.ends.get(start, PENDING) == PENDING:
-            self._advance(text, stop)
-            if final:
-                self._fail_pending()
-        return self.ends.get(start, FAILED)
-
-    def shift(self, text: str, n: int) -> bool:
-        """`text` loses its first `n` characters; False when the track has not
-        reached that point (it cannot go on: start a new one)."""
-        if self.pos < self.origin + n:
-            return False
-        self.lines.shift(text, n)
-        self.origin += n
-        # Blocks that began in released text are never asked about again: drop
-        # them (in bulk, so a long stack is not copied on every release).
-        pending = self.pending
-        gone = bisect.bisect_left(pending, (self.origin, -1 << 62))
-        if gone and 2 * gone >= len(pending):
-            for start, _ in pending[:gone]:
-                self.ends.pop(start, None)
-            del pending[:gone]
-        if len(self.ends) > 2 * self.kept + 64:
-            self.ends = {k: v for k, v in self.ends.items() if k >= self.origin}
-            self.kept = len(self.ends)
-        return True
-
-    def _fail_pending(self) -> None:
-        for start, _ in self.pending:
-            self.ends[start] = FAILED
-        self.pending.clear()
-
-    def _advance(self, text: str, stop: int) -> None:
-        origin = self.origin
-        pos = self.pos - origin
-        ends, pending = self.ends, self.pending
-        while pos < stop:
-            if self.in_string:
-                m = _IN_STRING_NL.search(text, pos, stop)
-                if m is None:
-                    pos = stop
-                    break
-                ch, j = m.group(), m.start()
-                if ch == "\\":
-                    if j + 1 >= stop:  # the escaped character has not arrived
-                        pos = j
-                        break
-                    if text[j + 1] != "\n":
-                        pos = j + 2
-                        continue
-                    j += 1
-                    ch = "\n"
-                pos = j + 1
-                self.in_string = False
-                if ch == "\n":
-                    self._fail_pending()
-                continue
-            m = _STRUCTURE.search(text, pos, stop)
-            if m is None:
-                pos = stop
-                break
-            ch, j = m.group(), m.start()
-            pos = j + 1
-            if ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                if self.lines.at(text, j):
-                    ends[j + origin] = PENDING
-                    pending.append((j + origin, self.depth))
-                self.depth += 1
-            else:
-                self.depth -= 1
-                while pending and pending[-1][1] >= self.depth:
-                    ends[pending.pop()[0]] = j + 1 + origin
-        self.pos = pos + origin
+    def find(self, text: str, pos: int, *, final: bool, in_code: bool) -> int:
+        """See `Syntax.find`."""
+        syntax = self.syntax
+        n = len(text)
+        best = -1
+        memos = self._memo
+        for k in self._searches[in_code]:
+            frm, found, end = memos[k]
+            # The remembered answer, when it still holds (the hot path: inlined).
+            if not (frm <= pos and (pos <= found or (found < 0 and end >= n))):
+                found = self._search(k, text, pos)
+            if found >= 0 and (best < 0 or found < best):
+                best = found
+        # A search from a line start or from inside the indentation of a line: the
+        # line pattern cannot see the newline before the search position.
+        at_re = syntax.code_at_re if in_code else syntax.at_re
+        if at_re is not None and pos < len(text) and (pos == 0 or text[pos - 1].isspace()):
+            m = at_re.match(text, _skip_blanks(text, pos))
+            if m is not None and (best < 0 or m.start(1) < best):
+                best = m.start(1)
+        if not final and syntax.partial_re is not None:
+            m = syntax.partial_re.search(text, max(pos, len(text) - _LONGEST + 1))
+            if m is not None and (best < 0 or m.start() < best):
+                return m.start()
+        return best
 
 
 class NextFind:
@@ -394,12 +409,11 @@ class FenceScan:
                 return None
             self.stage, self.pos = 1, nl + 1
         if self.stage == 1:
-            pos = self.pos
-            while pos < stop and text[pos].isspace():
-                pos += 1
-            self.pos = pos
-            if pos >= stop:
+            m = _NON_SPACE.search(text, self.pos, stop)
+            if m is None:
+                self.pos = stop
                 return None
+            pos = self.pos = m.start()
             if text[pos] not in "{[":
                 return self.start + len(FENCE)
             self.stage, self.content_start = 2, pos

@@ -14,9 +14,10 @@ What is held, from where (a candidate start):
   whole tag puts the filter in hold-all mode: everything from the tag to the
   end of the stream is held (the session synthesizes calls at the end).
 - a `{` or `[` that is the first non-whitespace character of a line: held until
-  its brackets balance; a call-shaped block means hold-all, anything else is
-  released and the scan goes on after it. A raw newline inside a string fails
-  the block (it cannot be JSON): the scan goes on from the next character.
+  the JSON decoder reads a whole value from it or fails; a call-shaped value
+  means hold-all, any other value is released and the scan goes on after it;
+  text that is not JSON from there is released and the scan goes on from the
+  next character.
 - a ```` ``` ```` opening a line: held until the info line and the first content
   character show whether it is a JSON fence, then until the closing fence;
   handled like a bare block. Any other fence is released and opens a code
@@ -35,6 +36,13 @@ default: at most 512 KiB of UTF-8).
 The decision is made per character position, so it does not depend on how the
 text was split. After the cap, shown text may contain markup.
 
+The budget: each candidate that turns out not to be a call (see
+`edge.stream.limits`) spends the answer's candidate budget; once it is spent,
+everything held is released and the rest passes through, exactly where the
+whole-text parse stops looking for calls. So hostile text costs a bounded
+amount of Python per answer, and what the filter shows stays a prefix of the
+parse's cleaned text.
+
 Split invariance: the decisions depend only on the text, never on how it was
 cut, so for any split the concatenated `feed` outputs plus `flush()` (or plus
 `flush_non_candidate()`) equal those of feeding the text whole.
@@ -44,16 +52,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edge.stream.toolparse import block_values
+from edge.stream.limits import MAX_TOOL_CANDIDATE_CHARS
+from edge.stream.toolbare import FAILED, OVER, PENDING, BareScan, CandidateBudget
+from edge.stream.toolparse import block_values, call_values
 from edge.stream.toolscan import (
     DEFAULT_FORMATS,
-    FAILED,
     FENCE,
-    PENDING,
-    BareTrack,
     FenceScan,
     LineStarts,
     Start,
+    StartFinder,
     syntax_for,
 )
 
@@ -62,9 +70,7 @@ __all__ = ["ToolTextFilter"]
 
 def _ws_start(text: str, end: int) -> int:
     """The start of the whitespace run that ends at `end`."""
-    while end > 0 and text[end - 1].isspace():
-        end -= 1
-    return end
+    return len(text[:end].rstrip())
 
 
 class ToolTextFilter:
@@ -72,6 +78,7 @@ class ToolTextFilter:
 
     __slots__ = (
         "_bare",
+        "_budget",
         "_buf",
         "_cand",
         "_disabled",
@@ -79,24 +86,29 @@ class ToolTextFilter:
         "_in_code",
         "_lines",
         "_max_hold",
-        "_origin",
         "_pending",
         "_pos",
         "_released_any",
+        "_starts",
         "_syntax",
         "_tail",
         "_tail_len",
-        "_track",
         "_ws_run",
     )
 
     def __init__(
-        self, formats: Sequence[str] = DEFAULT_FORMATS, *, max_hold: int = 64 * 1024
+        self,
+        formats: Sequence[str] = DEFAULT_FORMATS,
+        *,
+        max_hold: int = MAX_TOOL_CANDIDATE_CHARS,
+        budget: CandidateBudget | None = None,
     ) -> None:
         self._syntax = syntax_for(formats)
         self._max_hold = max_hold
-        self._disabled = self._syntax.start_re is None
+        self._disabled = not self._syntax.active
         self._released_any = False
+        # What candidates that are not calls may cost; spent, the rest is content.
+        self._budget = budget or CandidateBudget()
         self._reset()
 
     def _reset(self) -> None:
@@ -105,11 +117,10 @@ class ToolTextFilter:
         self._tail: list[str] = []
         self._tail_len = 0
         self._pos = 0  # the scan goes on from here in `_buf`
+        self._starts = StartFinder(self._syntax)
         self._cand: int | None = None  # where in `_buf` the current candidate starts
         self._pending: FenceScan | None = None
-        self._bare = False  # the candidate at `_cand` is a bare block: `_track` says where it ends
-        self._track: BareTrack | None = None
-        self._origin = 0  # absolute position of `_buf[0]` in the stream (for `_track`)
+        self._bare: BareScan | None = None  # the candidate at `_cand` is a bare JSON value
         # Line starts, asked at increasing positions: whether `_buf[0]` begins a
         # line is whether nothing was released yet (released text never ends
         # in whitespace, so a line begun before `_buf` is not blank).
@@ -135,16 +146,14 @@ class ToolTextFilter:
             self._tail.append(text)
             self._tail_len += len(text)
             return self._check_hold_all()
-        start_re = self._syntax.start_re
         if (
             not self._buf
-            and start_re is not None
-            and start_re.search(text) is None
+            and self._released_any
             and not text[-1].isspace()
+            and self._syntax.plain_piece(text)
         ):
             self._released_any = True
             self._lines.clean = False
-            self._origin += len(text)
             return text
         self._buf += text
         return self._scan()
@@ -155,10 +164,16 @@ class ToolTextFilter:
         Held text from a (possibly partial) candidate start on is dropped, with
         the whitespace just before it.
         """
+        settled = ""
+        if self._bare is not None:
+            # A bare value still pending may only be waiting for its next try:
+            # decide it with all the text there is, as feeding it whole would.
+            self._bare.tried = 0
+            settled = self._scan()
         held = self._buf
         out = held if self._cand is None else held[: _ws_start(held, self._cand)]
         self._reset()
-        return self._released(out)
+        return settled + self._released(out)
 
     def flush(self) -> str:
         """End of stream with no tool calls: release everything held."""
@@ -183,61 +198,68 @@ class ToolTextFilter:
         self._disabled = True
         return out
 
+    def _charge(self, chars: int = 0) -> bool:
+        """Count one candidate that is not a call; False once the budget is spent."""
+        return self._budget.charge(chars)
+
     def _scan(self) -> str:
         buf = self._buf
         syntax = self._syntax
-        assert syntax.start_re is not None
-        if self._pending is None and not self._bare:
+        if self._pending is None and self._bare is None:
             self._cand = None  # a PARTIAL start is found again from `_pos`
         while True:
-            if self._bare:
+            bare = self._bare
+            if bare is not None:
                 cand = self._cand
                 assert cand is not None
-                assert self._track is not None
-                limit = cand + self._max_hold
-                origin = self._origin
-                ends = self._track.end(buf, cand + origin, min(len(buf), limit), final=False)
-                if ends == PENDING:
-                    if len(buf) > limit:
-                        return self._give_up()
+                end = bare.advance(buf, len(buf), final=False)
+                if end == PENDING:
                     break
-                self._bare = False
+                if end == OVER:
+                    return self._give_up()
+                self._bare = None
                 self._cand = None
-                if ends == FAILED:
+                if end == FAILED:
                     self._pos = cand + 1
-                elif block_values(buf[cand : ends - origin]) is not None:
+                    if not self._charge(bare.cost):
+                        return self._give_up()
+                elif call_values(bare.value) is not None:
                     self._cand = cand
                     self._hold_all = True
                     break
                 else:
-                    self._pos = ends - origin
+                    self._pos = end
+                    if not self._charge():
+                        return self._give_up()
                 continue
             pending = self._pending
             if pending is not None:
                 assert self._cand is not None
                 limit = self._cand + self._max_hold
-                end = pending.advance(buf, min(len(buf), limit))
-                if end is None:
+                end_at = pending.advance(buf, min(len(buf), limit))
+                if end_at is None:
                     if len(buf) > limit:
                         return self._give_up()
                     break
                 if pending.is_block:
-                    if block_values(pending.content(buf, end)) is not None:
+                    if block_values(pending.content(buf, end_at)) is not None:
                         self._hold_all = True
                         self._pending = None
                         break
-                    self._pos = end
+                    self._pos = end_at
                 else:
                     self._pos = pending.start + len(FENCE)
                     self._in_code = True
                 self._pending = None
                 self._cand = None
+                if not self._charge():
+                    return self._give_up()
                 continue
-            m = syntax.start_re.search(buf, self._pos)
-            if m is None:
+            i = self._starts.find(buf, self._pos, final=False, in_code=self._in_code)
+            if i < 0:
                 self._pos = len(buf)
                 break
-            i = m.start()
+            self._budget.steps += 1
             line_start = self._lines.at(buf, i)
             kind, _ = syntax.classify(buf, i, line_start, final=False, in_code=self._in_code)
             if kind is Start.NONE:
@@ -246,6 +268,8 @@ class ToolTextFilter:
             if kind is Start.FENCE and (self._in_code or not syntax.fenced):
                 self._in_code = not self._in_code
                 self._pos = i + len(FENCE)
+                if not self._charge():
+                    return self._give_up()
                 continue
             self._cand = self._pos = i
             if kind is Start.TAG:
@@ -254,9 +278,7 @@ class ToolTextFilter:
             if kind is Start.PARTIAL:
                 break
             if kind is Start.BARE:
-                self._bare = True
-                if self._track is None:
-                    self._track = BareTrack(i + self._origin, self._origin)
+                self._bare = BareScan(i, self._max_hold)
             else:
                 self._pending = FenceScan(i)
         return self._release()
@@ -269,10 +291,8 @@ class ToolTextFilter:
         """
         buf = self._buf
         run = self._ws_run
-        start = end
         floor = run[1] if run is not None and run[1] <= end else 0
-        while start > floor and buf[start - 1].isspace():
-            start -= 1
+        start = floor + len(buf[floor:end].rstrip())  # the run, found at C speed
         if run is not None and start == floor == run[1]:
             start = run[0]
         self._ws_run = (start, end)
@@ -287,9 +307,9 @@ class ToolTextFilter:
         if not cut:
             return self._check_hold_all() if self._hold_all else ""
         self._lines.shift(buf, cut)
-        self._origin += cut
-        if self._track is not None and not self._track.shift(buf, cut):
-            self._track = None
+        self._starts.shift(cut)
+        if self._bare is not None:
+            self._bare.shift(cut)
         self._buf = buf[cut:]
         run = self._ws_run
         self._ws_run = None if run is None else (max(run[0], cut) - cut, run[1] - cut)

@@ -248,8 +248,12 @@ CALL = '{"name": "f", "arguments": {}}'
         # over ten minutes (1k/2k/4k lines: 0.25/1.1/4.7 s).
         ("{\n" * 64_000, []),
         ("[\n" * 64_000, []),
-        ("{\n" * 32_000 + CALL, [("f", {})]),
-        ('{"\n' * 32_000 + CALL, [("f", {})]),
+        # Past the candidate budget the rest of the answer is content, a call too.
+        ("{\n" * 32_000 + CALL, []),
+        ('{"\n' * 32_000 + CALL, []),
+        # Within it, a call after failed candidates is found.
+        ("{\n" * 100 + CALL, [("f", {})]),
+        ('{"\n' * 100 + CALL, [("f", {})]),
         # Tags without an end, and tags followed by prose: no search or copy of the
         # rest of the text per tag.
         ("<tool_call>" * 20_000, None),
@@ -259,8 +263,9 @@ CALL = '{"name": "f", "arguments": {}}'
         ("<" * 100_000, []),
         (" \n" * 100_000 + CALL, [("f", {})]),
     ],
-    ids=["braces", "brackets", "braces-call", "open-strings-call", "tags", "llama-prose",
-         "fences", "brace-line", "angle-line", "whitespace-call"],
+    ids=["braces", "brackets", "braces-then-call", "open-strings-then-call", "braces-call",
+         "open-strings-call", "tags", "llama-prose", "fences", "brace-line", "angle-line",
+         "whitespace-call"],
 )  # fmt: skip
 def test_floods_parse_in_linear_time(text: str, calls: list[tuple[str, Any]] | None) -> None:
     """Floods of candidate starts parse in one pass (the timeout is far above the
