@@ -42,6 +42,7 @@ from tests.integration.conftest import (
     stop_process,
 )
 from tests.integration.edgeproc import edge_process
+from tests.integration.rawhttp import read_request, send_events
 
 MiB = 1024 * 1024
 WAIT_S = 60.0
@@ -271,7 +272,9 @@ class HostileUpstream:
         conn = h11.Connection(h11.SERVER)
         async with stream:
             try:
-                request, body = await self._read(stream, conn)
+                received = await read_request(stream, conn)
+                assert received is not None
+                request, body = received
                 if request.target.endswith(b"/models"):
                     data = json.dumps({"data": [{"id": "huge-body"}]}).encode()
                     headers = [
@@ -285,29 +288,8 @@ class HostileUpstream:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.hung_up.set()
 
-    async def _read(
-        self, stream: trio.SocketStream, conn: h11.Connection
-    ) -> tuple[h11.Request, bytes]:
-        request: h11.Request | None = None
-        body = b""
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(65536))
-            elif isinstance(event, h11.Request):
-                request = event
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                assert request is not None
-                return request, body
-
     async def _send(self, stream: trio.SocketStream, conn: h11.Connection, *events: Any) -> None:
-        for event in events:
-            data = conn.send(event)
-            if data:
-                await stream.send_all(data)
-                self.sent += len(data)
+        self.sent += await send_events(stream, conn, *events)
 
     async def _answer(self, stream: trio.SocketStream, conn: h11.Connection, how: str) -> None:
         kind = "application/json" if how == "huge-body" else "text/event-stream"

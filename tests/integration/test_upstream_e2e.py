@@ -47,6 +47,7 @@ from tests.integration.conftest import (
     stop_edge,
     stop_process,
 )
+from tests.integration.rawhttp import read_request, send_events
 from tests.integration.test_nodes_e2e import cancel_while_reading
 
 FIXTURES = Path(__file__).parent / "upstream_fixtures"
@@ -87,33 +88,6 @@ def _chunk(content: str) -> bytes:
     return f"data: {json.dumps(chunk)}\n\n".encode()
 
 
-async def _read_request(
-    stream: trio.SocketStream, conn: h11.Connection
-) -> tuple[h11.Request, bytes] | None:
-    request: h11.Request | None = None
-    body = b""
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
-        elif isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.Data):
-            body += event.data
-        elif isinstance(event, h11.EndOfMessage):
-            assert request is not None
-            return request, body
-        elif isinstance(event, h11.ConnectionClosed):
-            return None
-
-
-async def _send(stream: trio.SocketStream, conn: h11.Connection, *events: Any) -> None:
-    for event in events:
-        data = conn.send(event)
-        if data:
-            await stream.send_all(data)
-
-
 def _whole_response(status: int, body: bytes, kind: str = "application/json") -> list[Any]:
     headers = [("content-type", kind), ("content-length", str(len(body)))]
     return [h11.Response(status_code=status, headers=headers), h11.Data(body), h11.EndOfMessage()]
@@ -125,7 +99,7 @@ async def _respond(
     """Answer one request; False when the connection must close."""
     if target == b"/v1/models":
         data = [{"id": m, "object": "model", "owned_by": "replay"} for m in upstream.models()]
-        await _send(
+        await send_events(
             stream,
             conn,
             *_whole_response(200, json.dumps({"object": "list", "data": data}).encode()),
@@ -136,7 +110,7 @@ async def _respond(
     model = doc["model"]
     sse_head = h11.Response(status_code=200, headers=[("content-type", "text/event-stream")])
     if model in ("hang", "abort"):
-        await _send(stream, conn, sse_head, h11.Data(_chunk("x")))
+        await send_events(stream, conn, sse_head, h11.Data(_chunk("x")))
         if model == "abort":
             return False  # closed with the chunked body unfinished
         with trio.fail_after(WAIT_S):
@@ -146,18 +120,18 @@ async def _respond(
         return False
     sse = FIXTURES / f"{model}.sse"
     if sse.exists():
-        await _send(stream, conn, sse_head)
+        await send_events(stream, conn, sse_head)
         for event in sse.read_text().split("\n\n")[:-1]:
-            await _send(stream, conn, h11.Data((event + "\n\n").encode()))
-        await _send(stream, conn, h11.EndOfMessage())
+            await send_events(stream, conn, h11.Data((event + "\n\n").encode()))
+        await send_events(stream, conn, h11.EndOfMessage())
         return True
     for path in FIXTURES.glob(f"{model}.*.*"):
         status = int(path.name.split(".")[1])
         kind = "application/json" if path.suffix == ".json" else "text/html"
-        await _send(stream, conn, *_whole_response(status, path.read_bytes(), kind))
+        await send_events(stream, conn, *_whole_response(status, path.read_bytes(), kind))
         return True
     missing = json.dumps({"error": {"message": f"no model {model}"}}).encode()
-    await _send(stream, conn, *_whole_response(404, missing))
+    await send_events(stream, conn, *_whole_response(404, missing))
     return True
 
 
@@ -165,7 +139,7 @@ async def _connection(upstream: Upstream, stream: trio.SocketStream) -> None:
     conn = h11.Connection(h11.SERVER)
     async with stream:
         try:
-            while (received := await _read_request(stream, conn)) is not None:
+            while (received := await read_request(stream, conn)) is not None:
                 request, body = received
                 if not await _respond(upstream, stream, conn, request.target, body):
                     return
