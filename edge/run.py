@@ -36,7 +36,13 @@ from loguru import logger
 
 from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
-from edge.errors import EdgeError, NodeFailedError, NodeUnavailableError, ShuttingDownError
+from edge.errors import (
+    EdgeError,
+    NodeFailedError,
+    NodeTimeoutError,
+    NodeUnavailableError,
+    ShuttingDownError,
+)
 from edge.metrics import EdgeMetrics
 from edge.node.client import EndCause, RunHandle
 from edge.node.pool import NodePool, NodeState
@@ -173,14 +179,15 @@ class Run:
                 error_type=exc.type,
             ).warning("run {} did not start on node {}: {}", self.info.run_id, self.info.node,
                       exc.message)  # fmt: skip
-            self._end(Outcome("error", error_type=exc.type, usage_sample=False))
+            status: Literal["error", "timeout", "cancelled"] = (
+                "timeout" if isinstance(exc, NodeTimeoutError) else "error"
+            )
+            self._end(Outcome(status, error_type=exc.type, usage_sample=False))
             raise
         except BaseException as exc:
             # The caller left (or the edge is stopping) before the node accepted;
             # start_run has cancelled the run and sent its CancelRun.
-            status: Literal["error", "cancelled"] = (
-                "error" if isinstance(exc, Exception) else "cancelled"
-            )
+            status = "error" if isinstance(exc, Exception) else "cancelled"
             self._end(Outcome(status, usage_sample=False))
             raise
         self.accepted = True

@@ -189,6 +189,10 @@ class GrpcNodeClient:
             except trio.EndOfChannel:
                 if handle.error is not None:
                     raise handle.error from None
+                if handle.cause is EndCause.TIMEOUT:  # the run's total deadline came first
+                    raise NodeTimeoutError(
+                        f"node {self.name} did not accept the run before its deadline"
+                    ) from None
                 raise NodeFailedError(
                     f"node {self.name} ended the run before accepting it"
                 ) from None
