@@ -41,7 +41,8 @@ def test_one_renderer_for_bodies_and_frames() -> None:
     error = NodeTimeoutError("timed out waiting for the first token")
     assert error.to_dict() == error_object("timeout", "timed out waiting for the first token")
     frame = error_frame(error.type, error.message)
-    assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+    assert frame.startswith(b"data: ")
+    assert frame.endswith(b"\n\n")
     assert msgspec.json.decode(frame[6:-2]) == error.to_dict()
     assert set(EdgeError("x", param="p", code="c").to_dict()["error"]) == {
         "message", "type", "param", "code",
