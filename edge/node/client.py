@@ -99,11 +99,6 @@ class RunHandle:
             self.cause = EndCause(cause)
         self._scope.cancel()
 
-    @property
-    def cancel_reason(self) -> str | None:
-        """The cause as CancelRun's reason string (None: not ended by the edge)."""
-        return None if self.cause is None else str(self.cause)
-
 
 class NodeClient(Protocol):
     """A node the edge can run models on."""
