@@ -19,7 +19,8 @@ keep-alive; the slow reader's limit is the event buffer's. Leaving the run
 ends it: if the node did not, its read task is cancelled with an `EndCause`
 and sends the one CancelRun (shielded, bounded); the slot is given back and
 the outcome is fixed, once (`outcome`), and handed to the request's scope to
-count and log (`on_end`), which then retires the run. A run never outlives its request's scope.
+count and log (`on_end`). The scope's nursery waits for the read task; then
+the run is retired. A run never outlives its request's scope.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from edge.errors import (
     NodeFailedError,
     NodeTimeoutError,
     NodeUnavailableError,
+    RequestError,
     ShuttingDownError,
 )
 from edge.metrics import EdgeMetrics
@@ -106,6 +108,12 @@ class Run:
         "session",
         "start_error",
     )
+
+    @property
+    def reached_node(self) -> bool:
+        """Whether the node may have seen the run: it was accepted, or its start failed
+        other than unreachable or refused before sending (the node may have logged it)."""
+        return not isinstance(self.start_error, (NodeUnavailableError, RequestError))
 
     def __init__(
         self,
@@ -200,21 +208,21 @@ class Run:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.finish()
+        self.end()
 
-    async def finish(self) -> None:
-        """End the run unless the node did; wait for its CancelRun; fix the outcome.
+    def end(self) -> None:
+        """End the run unless the node did, give the slot back, fix the outcome.
 
-        Idempotent: the streaming body calls it when its iteration ends (so the
-        outcome is known before the response's last byte), the request's scope
-        again when the request's cycle ends (a body quart never began).
+        Idempotent and never blocks: the streaming body calls it when its
+        iteration ends (so the outcome is counted before the answer's last
+        byte), the request's scope again when the request's cycle ends (a
+        body quart never began). The read task finishes on its own, its
+        CancelRun included, in the request's nursery, which waits for it.
         """
         if self._exited or self.handle is None:
             return
         self._exited = True
         self.close()
-        with trio.CancelScope(shield=True):  # bounded: the read task's CancelRun is
-            await self.handle.done.wait()
         session = self.session
         assert session.outcome is not None
         start = self._start
@@ -255,7 +263,7 @@ class Run:
                 self._start.on_end()
 
     def retire(self) -> None:
-        """The request that ran this run has been counted: the run is no longer in flight."""
+        """The run's request is over, its read task too: the run is no longer in flight."""
         if self._start is not None:
             self._start.runs.ended(self)
 
@@ -361,8 +369,8 @@ class Runs:
         self.pool = pool
         self.timeouts = timeouts
         self.metrics = metrics
-        # Runs entered whose request is not over yet (not counted; maybe a
-        # CancelRun still to send).
+        # Runs entered whose request is not over yet (maybe a CancelRun still
+        # to send).
         self.live: set[Run] = set()
         self._idle = trio.Event()
 

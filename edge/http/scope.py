@@ -6,12 +6,13 @@ and the body's iteration all run inside it. Its nursery holds the run's
 node read task; the run entered with `hold` is left when the cycle ends,
 however it ends (body done, client gone, connection cut), including the
 window in which the handler has returned and quart has not begun the body.
-So a run never outlives its request, except for its shielded, bounded
-CancelRun, which the scope waits for.
+The nursery's exit waits for the read task, its shielded, bounded CancelRun
+included: nothing of a run outlives its request.
 
 `finish` is the one place a chat request is counted
-(`iop_edge_requests_total`) and logged, exactly once, whatever way it
-ended: when its run's outcome is fixed (before the answer's last byte, so
+(`iop_edge_requests_total`) and logged, exactly once (a run the node may
+have seen as `chat completion <status>`, with its run id and node), whatever
+way it ended: when its run's outcome is fixed (before the answer's last byte, so
 a client that read the whole answer finds it counted), else when the
 cycle ends, from the HTTP status sent (an error status: "error"; none:
 "cancelled").
@@ -71,10 +72,14 @@ class ChatScope:
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[None]:
         """Around the request's cycle, in its task: the nursery, then the runs held."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            async with self._stack:
-                yield
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                async with self._stack:
+                    yield
+        finally:
+            if self.run is not None:  # its read task (and CancelRun) is over
+                self.run.retire()
 
     async def hold(self, run: Run) -> None:
         """Enter `run` (start it) for the rest of the request's cycle."""
@@ -96,7 +101,7 @@ class ChatScope:
             return
         info = run.info
         self._metrics.request(info.model, info.node, info.stream, outcome)
-        if run.start_error is not None:
+        if run.start_error is not None and not run.reached_node:
             # Its status is the error's (answered next); the run's warning says why.
             self._log_request(run.start_error.status)
         else:
@@ -109,7 +114,6 @@ class ChatScope:
             ).info("chat completion {}", outcome.status)  # fmt: skip
         if self._on_outcome is not None:
             self._on_outcome(info, outcome)
-        run.retire()
 
     def _log_request(self, status: int) -> None:
         """The line of a request that ran nothing: its status (0: the client left first)."""
