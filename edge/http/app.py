@@ -105,8 +105,9 @@ class _HTTPConnection(TrioASGIHTTPConnection):
     A chat request gets a `ChatScope`: quart-trio runs the handler and the
     body's iteration in one task (`handle_request`), so the scope opened
     there holds the run from the handler to the body's last byte, or to the
-    moment the client leaves, whichever comes first; it is counted once when
-    the whole cycle is over (`__call__`), whatever way it ended.
+    moment the client leaves, whichever comes first. The request is counted
+    once: when its run's outcome is fixed, else when the whole cycle is over
+    (`__call__`), whatever way it ended.
     """
 
     async def handle_request(  # type: ignore[override]  # quart-trio's own signature

@@ -155,11 +155,12 @@ class GrpcNodeClient:
         (PayloadTooLargeError, a 413): the node would refuse it anyway.
 
         A node that has not accepted the run within `accept_s` fails it with
-        NodeTimeoutError (the run is cancelled, reason "timeout").
+        NodeTimeoutError (the run is cancelled, EndCause.TIMEOUT). When this
+        raises, the read task is over (its CancelRun included).
 
         `deadline` (trio clock) bounds the whole run: past it the run is
-        cancelled with reason "timeout". A consumer that takes no event for
-        `slow_consumer_s` while events wait is gone: reason "slow_client".
+        cancelled (EndCause.TIMEOUT). A consumer that takes no event for
+        `slow_consumer_s` while events wait is gone (EndCause.SLOW_CLIENT).
         """
         if isinstance(request, EncodedRunRequest) and len(request) > MAX_MESSAGE_BYTES:
             # The node would refuse it (gRPC's 4 MiB limit): say so before starting.
