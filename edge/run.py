@@ -208,21 +208,33 @@ class Run:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.end()
+        await self.end()
 
-    def end(self) -> None:
+    async def end(self) -> None:
         """End the run unless the node did, give the slot back, fix the outcome.
 
-        Idempotent and never blocks: the streaming body calls it when its
-        iteration ends (so the outcome is counted before the answer's last
-        byte), the request's scope again when the request's cycle ends (a
-        body quart never began). The read task finishes on its own, its
-        CancelRun included, in the request's nursery, which waits for it.
+        Idempotent: the streaming body calls it when its iteration ends (so the
+        outcome is counted before the answer's last byte), the request's scope
+        again when the request's cycle ends (a body quart never began). A run
+        the node ended waits for its read task to close the node's stream (a
+        few loop passes): cut by the end of the request's cycle instead, the
+        close would cost a stream reset. A run the edge ends does not wait:
+        its read task sends the CancelRun, shielded, in the request's nursery,
+        which waits for it.
         """
         if self._exited or self.handle is None:
             return
         self._exited = True
         self.close()
+        handle = self.handle
+        try:
+            if handle.cause is None and handle.error is None:  # the node ended it
+                await handle.done.wait()
+        finally:  # counted even if the wait is cut (the client left meanwhile)
+            self._settle()
+
+    def _settle(self) -> None:
+        """The run's metrics, and its outcome fixed (the slot given back)."""
         session = self.session
         assert session.outcome is not None
         start = self._start

@@ -202,4 +202,4 @@ class SSEBody(ResponseBody):
         tb: TracebackType | None,
     ) -> None:
         # Ended here, the outcome is counted before quart sends the last byte.
-        self._run.end()
+        await self._run.end()
