@@ -282,12 +282,14 @@ async def test_every_way_a_request_ends_is_counted_once(
         await stop_edge(timeouts)
 
         doomed = start_sim(tmp_path, "doomed")
-        config = Config(
-            server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0, node_refresh_s=600),
-            nodes=(NodeConfig("doomed", doomed.address),),
-        )
-        dying = await start_edge(nursery, config)
-        stop_process(doomed.process)  # the edge still thinks it is up
+        try:
+            config = Config(
+                server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0, node_refresh_s=600),
+                nodes=(NodeConfig("doomed", doomed.address),),
+            )
+            dying = await start_edge(nursery, config)
+        finally:
+            stop_process(doomed.process)  # the edge still thinks it is up
         await _run_cases(dying, DYING_NODE_CASES, lines)
         await stop_edge(dying)
 
