@@ -1,14 +1,15 @@
-"""The daemon: the root nursery that holds the server, the nodes and the runs.
+"""The daemon: the root nursery that holds the server and the nodes.
 
 `serve(config)` opens the asyncio loop the node bridge needs, starts any
 embedded simulated node, learns the nodes' models, and serves HTTP (the
 edge's own loop around hypercorn's protocol classes, `edge.http.server`)
-until `shutdown` is set. Runs live in their own
-nursery, so a stream can outlive the handler that started it.
+until `shutdown` is set. There is no edge-wide nursery of runs: each run
+lives in its request's scope (`edge.http.scope`) and ends with it.
 
 Shutdown drains: stop accepting, answer new requests 503, let streams in
 flight finish within `drain_timeout_s`, then end what is left through the
-one cancel path (each stream gets a notice frame, each run a CancelRun).
+one cancel path (each stream gets a notice frame, each run a CancelRun),
+and let the server close the connections.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from loguru import logger
 from edge import systemd
 from edge.config import Config, split_address, upstream_url
 from edge.http.app import create_app
-from edge.http.chat import ChatService, OutcomeHook
+from edge.http.chat import ChatService
 from edge.http.server import HttpServer, ServerLimits, default_max_connections, raise_fd_limit
 from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
 from edge.node.embedded import embedded_node
 from edge.node.pool import NodePool
+from edge.run import OutcomeHook
 from edge.upstream.embedded import embedded_upstream_node
 
 # After the drain deadline: time for the notice frames to go out before
@@ -121,22 +123,20 @@ async def serve(
             interval = systemd.watchdog_interval()
             if interval is not None:
                 root.start_soon(systemd.watchdog_loop, interval)
-            async with trio.open_nursery() as runs:
-                chat = ChatService(config, pool, runs, metrics, on_outcome)
-                app = create_app(
-                    chat, max_body_bytes=config.server.max_body_bytes,
-                    api_keys=config.server.api_keys,
-                )  # fmt: skip
-                http_done = trio.Event()
-                server = HttpServer(app, _hypercorn_config(config), _server_limits(config), metrics)
-                binds = await root.start(_serve_http, server, config, shutdown, http_done)
-                url = binds[0]
-                logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
-                systemd.notify("READY=1\nSTATUS=serving")
-                task_status.started(Edge(url, pool, chat, metrics, shutdown, embedded))
-                await shutdown.wait()
-                await _drain(config, app.extensions["start_draining"], chat, http_done)
-                runs.cancel_scope.cancel()
+            chat = ChatService(config, pool, metrics, on_outcome)
+            app = create_app(
+                chat, max_body_bytes=config.server.max_body_bytes,
+                api_keys=config.server.api_keys,
+            )  # fmt: skip
+            http_done = trio.Event()
+            server = HttpServer(app, _hypercorn_config(config), _server_limits(config), metrics)
+            binds = await root.start(_serve_http, server, config, shutdown, http_done)
+            url = binds[0]
+            logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
+            systemd.notify("READY=1\nSTATUS=serving")
+            task_status.started(Edge(url, pool, chat, metrics, shutdown, embedded))
+            await shutdown.wait()
+            await _drain(config, app.extensions["start_draining"], chat, http_done)
             root.cancel_scope.cancel()
     logger.info("iop-edge stopped")
 
@@ -148,11 +148,10 @@ async def _drain(
     start_draining()
     logger.info(
         "draining: {} stream(s) in flight, up to {}s",
-        len(chat.active), config.server.drain_timeout_s,
+        len(chat.runs.live), config.server.drain_timeout_s,
     )  # fmt: skip
     with trio.move_on_after(config.server.drain_timeout_s):
-        while chat.active:  # noqa: ASYNC110 - streams end on their own; no event for "all"
-            await trio.sleep(0.05)
+        await chat.runs.wait_idle()
     left = chat.shutdown_streams()
     if left:
         logger.warning("drain deadline passed: cancelled {} stream(s)", left)

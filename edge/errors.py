@@ -5,11 +5,24 @@ HTTP status, the OpenAI error `type`, and optionally `param` and `code`.
 Library errors (grpclib, OS, JSON) are translated into this tree exactly once,
 where they enter: `edge.node` for the node side, `edge.api` for requests.
 `edge.http` renders these, and only these, into HTTP bodies and SSE frames.
+
+The tree is also the one map from an error `type` to its HTTP status: an
+error found after the first byte (an SSE error frame) and the same error
+found before it (a JSON answer) name the same type, and `status_of(type)`
+gives the status the non-streaming answer carries. `error_object` is the one
+renderer of OpenAI's error object, for bodies and frames alike.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
+
+
+def error_object(
+    error_type: str, message: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error object: `{"error": {message, type, param, code}}`."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
 class EdgeError(Exception):
@@ -24,16 +37,9 @@ class EdgeError(Exception):
         self.param = param
         self.code = code
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         """The OpenAI error object: `{"error": {message, type, param, code}}`."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return error_object(self.type, self.message, param=self.param, code=self.code)
 
 
 # --- the caller's mistakes (4xx): the caller should fix the request -----------
@@ -110,3 +116,30 @@ class ToolValidationError(EdgeError):
 
     status = 422
     type = "tool_validation_error"
+
+
+class OutputValidationError(EdgeError):
+    """The model's output breaks the requested response_format (strict output)."""
+
+    status = 422
+    type = "output_validation_error"
+
+
+def _statuses() -> dict[str, int]:
+    """Each error type's HTTP status, read from the tree (the first class of a type wins)."""
+    found: dict[str, int] = {}
+    pending: list[type[EdgeError]] = [EdgeError]
+    while pending:
+        cls = pending.pop(0)
+        found.setdefault(cls.type, cls.status)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def status_of(error_type: str) -> int:
+    """The HTTP status of an error `type` found mid-run (502 for a type the tree lacks).
+
+    Read from the tree on each call (classes defined in other modules count
+    too); it runs once per failed non-streaming answer, never per event.
+    """
+    return _statuses().get(error_type, NodeError.status)

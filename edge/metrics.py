@@ -4,13 +4,10 @@ Each `EdgeMetrics` owns its registry (two edges in one test process do not
 collide). Label values are bounded: models are the ones nodes serve (anything
 else is "unknown"), nodes are configured names, statuses and kinds are fixed
 sets. Work here happens per request or per write batch, never per chunk.
+Chat requests are counted in one place, `edge.http.scope.ChatScope.finish`.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -34,26 +31,6 @@ CONNECTION_ERROR_KINDS = (
     "accept_error",  # accept() failed otherwise
 )
 _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
-
-
-# Whether the current chat request has been counted; tasks the request's
-# handler starts inherit the box (contextvars are copied at spawn).
-_COUNTED: ContextVar[list[bool] | None] = ContextVar("iop_request_counted", default=None)
-
-
-def _mark_counted() -> None:
-    box = _COUNTED.get()
-    if box is not None:
-        box[0] = True
-
-
-class RequestCount:
-    """The HTTP status a counted request was answered with (0 = none was sent)."""
-
-    __slots__ = ("status",)
-
-    def __init__(self) -> None:
-        self.status = 0
 
 
 class EdgeMetrics:
@@ -113,7 +90,7 @@ class EdgeMetrics:
         )
 
     def request(self, model: str, node: str, stream: bool, outcome: Outcome) -> None:
-        _mark_counted()
+        """One chat request that ran (or began to), by its outcome; called once per request."""
         self.requests.labels(model, node, "true" if stream else "false", outcome.status).inc()
         if outcome.status == "error" and outcome.error_type == "run_error" and outcome.usage_sample:
             # The node reported the failure itself (an `error` event); a broken
@@ -131,36 +108,6 @@ class EdgeMetrics:
                     self.tokens.labels(model, node, kind).inc(value)
         if outcome.reasoning_chars and outcome.usage_sample:
             self.reasoning_chars.labels(model, node).inc(outcome.reasoning_chars)
-
-    def rejected(self, model: str, stream: bool) -> None:
-        """A request that ended before any run started (bad input, no node)."""
-        _mark_counted()
-        self.requests.labels(model, "none", "true" if stream else "false", "error").inc()
-
-    def counted_at_its_end(self) -> None:
-        """The current request started a run: its outcome will count it, whenever it ends."""
-        _mark_counted()
-
-    @contextmanager
-    def counting(self) -> Iterator[RequestCount]:
-        """Count the chat request handled inside the block exactly once.
-
-        The handler counts each request that reaches it where it ends. One
-        that does not (a 401, 405, 413 or a draining 503 answered before the
-        handler; a client that left while quart read the body) is counted
-        here: `error` when it was answered with an error status, else
-        `cancelled`. The caller sets `status` from the response it sent.
-        """
-        box = [False]
-        count = RequestCount()
-        token = _COUNTED.set(box)
-        try:
-            yield count
-        finally:
-            _COUNTED.reset(token)
-            if not box[0]:
-                status = "error" if count.status >= 400 else "cancelled"
-                self.requests.labels("unknown", "none", "false", status).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

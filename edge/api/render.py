@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from edge.errors import error_object
 from edge.stream.events import Usage
 from edge.stream.output import (
     ContentOut,
@@ -55,12 +56,9 @@ def tool_calls_list(calls: Iterable[ToolCall], *, indexed: bool) -> list[dict[st
     return out
 
 
-def error_body(error_type: str, message: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
-
-
 def error_frame(error_type: str, message: str) -> bytes:
-    return b"data: " + _encode(error_body(error_type, message)) + b"\n\n"
+    """A mid-stream error: the same OpenAI error object a JSON answer carries."""
+    return b"data: " + _encode(error_object(error_type, message)) + b"\n\n"
 
 
 class SSEEncoder:

@@ -39,11 +39,12 @@ from edge.errors import (
     ShuttingDownError,
 )
 from edge.http.chat import ChatService
+from edge.http.scope import CHAT_PATH, ChatScope
+from edge.http.scope import CURRENT as CURRENT_SCOPE
 from edge.log import REQUEST_ID
 from edge.metrics import CONTENT_TYPE
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-CHAT_PATH = "/v1/chat/completions"
 # Bound on finishing an HTTP cycle once the last body message is sent.
 _END_OF_RESPONSE_S = 5.0
 
@@ -92,13 +93,21 @@ def _http_error(exc: HTTPException) -> EdgeError:
 
 
 class _HTTPConnection(TrioASGIHTTPConnection):
-    """quart-trio's HTTP connection, with the end of each response shielded.
+    """quart-trio's HTTP connection, with the end of each response shielded, and the
+    chat request's scope around its whole cycle.
 
     The last body message makes hypercorn finish the HTTP cycle in this task:
     it queues `http.disconnect` (on which quart-trio cancels this task) and
     then arms the keep-alive timer, or closes the socket when the server is
     shutting down. Cancelled in between, neither happens: idle keep-alive
     connections never time out, and each one holds a draining server open.
+
+    A chat request gets a `ChatScope`: quart-trio runs the handler and the
+    body's iteration in one task (`handle_request`), so the scope opened
+    there holds the run from the handler to the body's last byte, or to the
+    moment the client leaves, whichever comes first. The request is counted
+    once: when its run's outcome is fixed, else when the whole cycle is over
+    (`__call__`), whatever way it ended.
     """
 
     async def handle_request(  # type: ignore[override]  # quart-trio's own signature
@@ -111,21 +120,31 @@ class _HTTPConnection(TrioASGIHTTPConnection):
             else:
                 await send(message)
 
-        await super().handle_request(nursery, request, send_end_shielded)
+        scope = CURRENT_SCOPE.get()
+        if scope is None:
+            await super().handle_request(nursery, request, send_end_shielded)
+            return
+        async with scope.serve():
+            await super().handle_request(nursery, request, send_end_shielded)
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if self.scope["path"] != CHAT_PATH:
             await super().__call__(receive, send)
             return
         chat: ChatService = self.app.extensions["chat"]
-        with chat.metrics.counting() as count:
+        scope = ChatScope(chat.metrics, chat.on_outcome)
 
-            async def send_noting_status(message: ASGISendEvent) -> None:
-                if message["type"] == "http.response.start":
-                    count.status = message["status"]
-                await send(message)
+        async def send_noting_status(message: ASGISendEvent) -> None:
+            if message["type"] == "http.response.start":
+                scope.http_status = message["status"]
+            await send(message)
 
+        token = CURRENT_SCOPE.set(scope)
+        try:
             await super().__call__(receive, send_noting_status)
+        finally:
+            CURRENT_SCOPE.reset(token)
+            scope.finish()
 
 
 class ApiKeys:
@@ -177,6 +196,8 @@ def create_app(
         g.request_id = offered if _REQUEST_ID.match(offered) else secrets.token_hex(8)
         # Every line logged while this request is served (and by its run) carries its id.
         REQUEST_ID.set(g.request_id)
+        if (chat_scope := CURRENT_SCOPE.get()) is not None:
+            chat_scope.request_id = g.request_id
         g.started = time.perf_counter()
         if not _is_route_path() or isinstance(request.routing_exception, RequestRedirect):
             raise _not_found()
@@ -190,8 +211,8 @@ def create_app(
     @app.after_request
     async def after(response: Response) -> Response:
         response.headers.setdefault("X-Request-Id", g.get("request_id", ""))
-        # Chat completions that ran are logged when their stream ends.
-        if not (request.path == CHAT_PATH and response.status_code == 200):
+        # Chat requests are logged by their scope, once their cycle is over.
+        if CURRENT_SCOPE.get() is None:
             logger.bind(
                 request_id=g.get("request_id", ""),
                 method=request.method,
@@ -220,7 +241,9 @@ def create_app(
             raise ShuttingDownError("The server is shutting down; retry on another instance.")
         body = await request.get_data(cache=False)
         assert isinstance(body, bytes)
-        response = await chat.handle(body, g.request_id)
+        scope = CURRENT_SCOPE.get()
+        assert scope is not None  # the chat route always runs in its scope
+        response = await chat.handle(body, scope)
         response.timeout = None
         return response
 

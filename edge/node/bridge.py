@@ -19,7 +19,7 @@ import trio
 import trio_asyncio
 
 from edge.node.grpc import Accepted
-from edge.stream.events import Delta, NodeEvent, ReasoningDelta
+from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -27,6 +27,7 @@ T = TypeVar("T")
 Item = NodeEvent | Accepted
 
 _TEXT_EVENTS = frozenset({Delta, ReasoningDelta})
+_TERMINAL_EVENTS = frozenset({Complete, Failed})
 
 
 @asynccontextmanager
@@ -70,6 +71,7 @@ class EventBuffer:
         "_send",
         "_send_nowait",
         "_waiting",
+        "terminal",
     )
 
     def __init__(self, *, max_events: int, max_chars: int, limit_s: float = math.inf) -> None:
@@ -84,6 +86,9 @@ class EventBuffer:
         # The producer parks here while the text bound is reached.
         self._room = trio.lowlevel.ParkingLot()
         self._waiting = False
+        # The read loop handed over the node's terminal event: the node ended the
+        # run, whether or not the writer has taken the event yet.
+        self.terminal = False
         self._put: Callable[[Item], Awaitable[None]] = trio_asyncio.trio_as_aio(self._wait_put)
 
     @property
@@ -104,6 +109,8 @@ class EventBuffer:
         except trio.WouldBlock:
             return False
         self._chars = held + size
+        if not size and type(item) in _TERMINAL_EVENTS:
+            self.terminal = True
         return True
 
     def put(self, item: Item) -> Awaitable[None]:
@@ -112,6 +119,8 @@ class EventBuffer:
         Waiting longer than `limit_s` raises trio.TooSlowError: the consumer
         is stuck (a client that stopped reading).
         """
+        if type(item) in _TERMINAL_EVENTS:
+            self.terminal = True
         return self._put(item)
 
     async def _wait_put(self, item: Item) -> None:

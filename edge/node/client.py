@@ -2,14 +2,18 @@
 
 A run is started with `start_run`, which returns once the node has accepted
 it (or raises NodeUnavailableError / NodeFailedError, so the HTTP layer can
-still choose a status). The run's events then arrive on `RunHandle.events`.
-`RunHandle.cancel(reason)` is the only way to end a run early: synchronous,
-idempotent, first reason wins. CancelRun is sent from exactly one place, the
-run task's cleanup, only when the node did not finish the run itself.
+still choose a status). The run's events then arrive on `RunHandle.events`,
+read by one task in the caller's nursery (the run's own request scope).
+`RunHandle.cancel(cause)` is the only way to end a run early: synchronous,
+idempotent, first cause wins. CancelRun is sent from exactly one place, the
+read task's cleanup, and only when the node did not end the run itself: a
+run whose terminal event reached the edge is finished, even if nobody read
+that event yet.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +37,7 @@ from edge.node.wire import EncodedRunRequest
 # Events buffered between the node's read loop and the stream's writer, in
 # count and in characters of delta text; past either the read loop waits and
 # HTTP/2 flow control slows the node down. A client that stops reading holds
-# this much here, one batch (runstream.MAX_BATCH_CHARS) and the node
+# this much here, one batch (edge.run.MAX_BATCH_CHARS) and the node
 # connection's 256 KiB stream window: ~0.7 MiB measured per stalled stream.
 EVENT_BUFFER = 512
 EVENT_BUFFER_CHARS = 256 * 1024
@@ -42,6 +46,16 @@ CANCEL_RPC_TIMEOUT_S = 2.0
 CANCEL_CONCURRENCY = 64
 CANCEL_QUEUE_S = 10.0
 DESCRIBE_TIMEOUT_S = 2.0
+
+
+class EndCause(enum.StrEnum):
+    """Why the edge ended a run before the node did; the value is CancelRun's reason."""
+
+    CLIENT_GONE = "client_disconnected"  # the caller left (or its request was cut)
+    TIMEOUT = "timeout"  # a deadline passed: accept, first event, idle, total
+    SLOW_CLIENT = "slow_client"  # output waited slow_client_s for a reader
+    SHUTDOWN = "shutdown"  # the drain deadline passed
+    STREAM_BROKEN = "stream_broken"  # the node's stream broke (CancelRun just in case)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,36 +70,33 @@ class RunHandle:
     """One run on a node, from acceptance to its end.
 
     Attributes:
-        events: our node events, in order; closed when the run task ends.
+        events: our node events, in order; closed when the read task ends.
         error: set when the node's stream broke (the fail-stream path).
-        cancel_reason: set by the first `cancel()`, or "timeout" when the
-            run's total deadline expired.
-        finished: the node sent a terminal event itself.
+        cause: why the edge ended the run early (None: the node ended it),
+            final once `events` is closed.
+        finished: the node ended the run itself (its terminal reached the edge).
+        done: set once the read task is over, CancelRun included.
     """
 
-    __slots__ = (
-        "_scope",
-        "cancel_reason",
-        "error",
-        "events",
-        "finished",
-        "node_name",
-        "run_id",
-    )
+    __slots__ = ("_scope", "cause", "done", "error", "events", "finished", "node_name", "run_id")
 
-    def __init__(self, run_id: str, node_name: str, events: EventBuffer) -> None:
+    def __init__(
+        self, run_id: str, node_name: str, events: EventBuffer, *, deadline: float = math.inf
+    ) -> None:
         self.run_id = run_id
         self.node_name = node_name
         self.events = events
         self.error: EdgeError | None = None
-        self.cancel_reason: str | None = None
+        self.cause: EndCause | None = None
         self.finished = False
-        self._scope = trio.CancelScope()
+        self.done = trio.Event()
+        # The read task's scope; its deadline is the run's total deadline.
+        self._scope = trio.CancelScope(deadline=deadline)
 
-    def cancel(self, reason: str) -> None:
-        """End the run early. Idempotent; the first reason wins; never blocks."""
-        if self.cancel_reason is None and not self.finished:
-            self.cancel_reason = reason
+    def cancel(self, cause: EndCause | str) -> None:
+        """End the run early. Idempotent; the first cause wins; never blocks."""
+        if self.cause is None and not self.finished:
+            self.cause = EndCause(cause)
         self._scope.cancel()
 
 
@@ -144,11 +155,12 @@ class GrpcNodeClient:
         (PayloadTooLargeError, a 413): the node would refuse it anyway.
 
         A node that has not accepted the run within `accept_s` fails it with
-        NodeTimeoutError (the run is cancelled, reason "timeout").
+        NodeTimeoutError (the run is cancelled, EndCause.TIMEOUT). When this
+        raises, the read task is over (its CancelRun included).
 
         `deadline` (trio clock) bounds the whole run: past it the run is
-        cancelled with reason "timeout". A consumer that takes no event for
-        `slow_consumer_s` while events wait is gone: reason "slow_client".
+        cancelled (EndCause.TIMEOUT). A consumer that takes no event for
+        `slow_consumer_s` while events wait is gone (EndCause.SLOW_CLIENT).
         """
         if isinstance(request, EncodedRunRequest) and len(request) > MAX_MESSAGE_BYTES:
             # The node would refuse it (gRPC's 4 MiB limit): say so before starting.
@@ -159,21 +171,34 @@ class GrpcNodeClient:
         events = EventBuffer(
             max_events=EVENT_BUFFER, max_chars=EVENT_BUFFER_CHARS, limit_s=slow_consumer_s
         )
-        handle = RunHandle(request.run_id, self.name, events)
-        handle._scope.deadline = deadline
+        handle = RunHandle(request.run_id, self.name, events, deadline=deadline)
         nursery.start_soon(self._run, handle, request, events)
         try:
-            with trio.move_on_after(accept_s) as waiting:
-                first = await events.receive()
-            if waiting.cancelled_caught:
-                handle.cancel("timeout")
-                raise NodeTimeoutError(f"node {self.name} did not accept the run in {accept_s}s")
-        except trio.EndOfChannel:
-            if handle.error is not None:
-                raise handle.error from None
-            raise NodeFailedError(f"node {self.name} ended the run before accepting it") from None
-        except BaseException:
-            handle.cancel("client_disconnected")
+            try:
+                with trio.move_on_after(accept_s) as waiting:
+                    first = await events.receive()
+                if waiting.cancelled_caught:
+                    handle.cancel(EndCause.TIMEOUT)
+                    raise NodeTimeoutError(
+                        f"node {self.name} did not accept the run in {accept_s}s"
+                    )
+            except trio.EndOfChannel:
+                if handle.error is not None:
+                    raise handle.error from None
+                if handle.cause is EndCause.TIMEOUT:  # the run's total deadline came first
+                    raise NodeTimeoutError(
+                        f"node {self.name} did not accept the run before its deadline"
+                    ) from None
+                raise NodeFailedError(
+                    f"node {self.name} ended the run before accepting it"
+                ) from None
+        except BaseException as exc:
+            if not isinstance(exc, EdgeError):
+                handle.cancel(EndCause.CLIENT_GONE)
+            # A run that did not start leaves nothing behind: its read task (and
+            # CancelRun, shielded and bounded) is over when this raises.
+            with trio.CancelScope(shield=True):
+                await handle.done.wait()
             raise
         assert isinstance(first, Accepted)
         return handle
@@ -184,29 +209,39 @@ class GrpcNodeClient:
         request: pb.RunRequest | EncodedRunRequest,
         events: EventBuffer,
     ) -> None:
+        """The run's read task: node events into `events`, then CancelRun if needed.
+
+        Cancelled through the handle (a cause is set first), by the run's total
+        deadline (TIMEOUT), or from outside by the end of the nursery it runs
+        in: the request it serves was cut (CLIENT_GONE).
+        """
         try:
             with handle._scope:
                 try:
                     await call_asyncio(self._grpc.read_run, request, events)
-                    handle.finished = True
                 except EdgeError as exc:
                     handle.error = exc
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    handle.cancel("consumer_gone")
+                    handle.cancel(EndCause.CLIENT_GONE)
                 except trio.TooSlowError:
                     logger.warning("run {}: the client stopped reading; cancelling", handle.run_id)
-                    handle.cancel("slow_client")
+                    handle.cancel(EndCause.SLOW_CLIENT)
                 except Exception as exc:  # a bug, not a node failure: keep the edge serving
                     logger.opt(exception=exc).error("run {} failed in the edge", handle.run_id)
                     handle.error = NodeFailedError("the edge failed while reading the run")
-            if handle._scope.cancelled_caught and handle.cancel_reason is None:
-                handle.cancel_reason = "timeout"
-            # The reason is final: now the writer may see the end of the events.
-            events.close()
-            if not handle.finished and not isinstance(handle.error, NodeUnavailableError):
-                await self._cancel_on_node(handle)
         finally:
+            # The node's terminal reached the edge: the node ended the run.
+            handle.finished = events.terminal
+            if not handle.finished and handle.cause is None and handle.error is None:
+                expired = handle._scope.cancelled_caught
+                handle.cause = EndCause.TIMEOUT if expired else EndCause.CLIENT_GONE
+            # The cause is final: now the writer may see the end of the events.
             events.close()
+            try:
+                if not handle.finished and not isinstance(handle.error, NodeUnavailableError):
+                    await self._cancel_on_node(handle)
+            finally:
+                handle.done.set()
 
     async def _cancel_on_node(self, handle: RunHandle) -> None:
         """Send CancelRun, shielded and bounded.
@@ -215,7 +250,7 @@ class GrpcNodeClient:
         instead of opening thousands of RPCs; a run waits at most
         CANCEL_QUEUE_S for its turn and CANCEL_RPC_TIMEOUT_S for the RPC.
         """
-        reason = handle.cancel_reason or "stream_broken"
+        reason = str(handle.cause or EndCause.STREAM_BROKEN)
         failure: str | None = None
         with trio.CancelScope(shield=True):
             with trio.move_on_after(CANCEL_QUEUE_S) as queued:

@@ -24,7 +24,7 @@ import trio
 
 from edge.config import Config, NodeConfig, ServerConfig, TimeoutsConfig
 from edge.daemon import Edge, serve
-from edge.http.chat import StreamInfo
+from edge.run import RunInfo
 from edge.stream.output import Outcome
 
 STARTUP_TIMEOUT_S = 30
@@ -111,10 +111,10 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
 class RunningEdge:
     edge: Edge
     url: str
-    outcomes: list[tuple[StreamInfo, Outcome]] = field(default_factory=list)
+    outcomes: list[tuple[RunInfo, Outcome]] = field(default_factory=list)
     _recorded: trio.Event = field(default_factory=trio.Event)
 
-    def record(self, info: StreamInfo, outcome: Outcome) -> None:
+    def record(self, info: RunInfo, outcome: Outcome) -> None:
         """The edge's outcome hook: one call per request that started a run."""
         self.outcomes.append((info, outcome))
         self._recorded.set()
@@ -134,10 +134,9 @@ class RunningEdge:
         raise AssertionError(f"no outcome recorded for run {run_id}")
 
     async def wait_idle(self, within_s: float = 10.0) -> None:
-        """Every run task has ended (its events closed, any CancelRun sent)."""
+        """Every run has ended (its read task over, any CancelRun sent)."""
         with trio.fail_after(within_s):
-            while self.edge.chat.runs.child_tasks:  # noqa: ASYNC110 - no event for "none left"
-                await trio.sleep(0.01)
+            await self.edge.chat.runs.wait_idle()
 
 
 def edge_config(sim: SimProcess, **timeouts: float) -> Config:

@@ -1,9 +1,9 @@
-"""RunStream's deadlines under trio's MockClock: no test here takes real time.
+"""A Run's deadlines under trio's MockClock: no test here takes real time.
 
-RunStream drives one session from a run's event channel. These tests feed a
-real RunHandle's channel themselves and let the autojump clock run the
-deadlines: first event, idle, total, keep-alives, and an event that waited in
-the buffer while the writer was busy.
+A Run drives one session from its run's event channel. These tests attach a
+real RunHandle whose channel they feed themselves, and let the autojump
+clock run the deadlines: first event, idle, total, keep-alives, and an event
+that waited in the buffer while the writer was busy.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import trio
 
 from edge.config import TimeoutsConfig
-from edge.http.runstream import MAX_BATCH_CHARS, RunStream
 from edge.node.bridge import EventBuffer
-from edge.node.client import RunHandle
+from edge.node.client import EndCause, RunHandle
+from edge.run import MAX_BATCH_CHARS, Run, RunInfo
 from edge.stream.events import Complete, Delta, NodeEvent
 from edge.stream.output import ContentOut, ErrorOut, FinishOut, RoleOut
 from edge.stream.session import SessionSettings, StreamSession
@@ -31,12 +31,13 @@ class _Sender:
         assert self._events.put_nowait(event)
 
 
-def _stream(keepalive_s: float = 0.0) -> tuple[RunStream, _Sender]:
+def _stream(keepalive_s: float = 0.0) -> tuple[Run, _Sender]:
     events = EventBuffer(max_events=16, max_chars=1 << 30)
     handle = RunHandle("r1", "node", events)
     session = StreamSession(SessionSettings(run_id="r1"))
-    run = RunStream(handle, session, TIMEOUTS, started_at=trio.current_time(),
-                    keepalive_s=keepalive_s)  # fmt: skip
+    info = RunInfo("r1", "m", "node", stream=True, started_at=trio.current_time())
+    run = Run(info, session, TIMEOUTS, keepalive_s=keepalive_s)
+    run.attach(handle)
     return run, _Sender(events)
 
 
@@ -49,7 +50,9 @@ async def test_first_event_timeout(autojump_clock: trio.testing.MockClock) -> No
     batch = await run.next_batch()
     assert trio.current_time() - start == TIMEOUTS.first_event_s
     assert batch == [ErrorOut("timeout", "timed out waiting for the first token")]
-    assert run.handle.cancel_reason == "timeout"
+    assert run.handle is not None
+    assert run.handle.cause is EndCause.TIMEOUT
+    assert str(run.handle.cause) == "timeout"  # CancelRun's reason
     assert run.session.outcome is not None
     assert run.session.outcome.status == "timeout"
 

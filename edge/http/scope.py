@@ -1,0 +1,127 @@
+"""One chat request's scope: its nursery, its run, its one count and log line.
+
+The app opens a `ChatScope` around each chat request's whole HTTP cycle, in
+the request's own task (`edge.http.app`): the handler, the response head
+and the body's iteration all run inside it. Its nursery holds the run's
+node read task; the run entered with `hold` is left when the cycle ends,
+however it ends (body done, client gone, connection cut), including the
+window in which the handler has returned and quart has not begun the body.
+The nursery's exit waits for the read task, its shielded, bounded CancelRun
+included: nothing of a run outlives its request.
+
+`finish` is the one place a chat request is counted
+(`iop_edge_requests_total`) and logged, exactly once (a run the node may
+have seen as `chat completion <status>`, with its run id and node), whatever
+way it ended: when its run's outcome is fixed (before the answer's last byte, so
+a client that read the whole answer finds it counted), else when the
+cycle ends, from the HTTP status sent (an error status: "error"; none:
+"cancelled").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from contextvars import ContextVar
+
+import trio
+from loguru import logger
+
+from edge.metrics import EdgeMetrics
+from edge.run import OutcomeHook, Run
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+class ChatScope:
+    """The scope of one chat request's HTTP cycle (see the module doc)."""
+
+    __slots__ = (
+        "_finished",
+        "_metrics",
+        "_nursery",
+        "_on_outcome",
+        "_stack",
+        "_started",
+        "http_status",
+        "model",
+        "request_id",
+        "run",
+        "stream",
+    )
+
+    def __init__(self, metrics: EdgeMetrics, on_outcome: OutcomeHook | None = None) -> None:
+        self._metrics = metrics
+        self._on_outcome = on_outcome
+        self._nursery: trio.Nursery | None = None
+        self._stack = AsyncExitStack()
+        self._started = time.perf_counter()
+        self._finished = False
+        self.request_id = ""
+        self.model = "unknown"  # a label: set only to a model the nodes serve
+        self.stream = False
+        self.run: Run | None = None
+        self.http_status = 0  # the status sent; 0 while none was
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        assert self._nursery is not None, "inside ChatScope.serve"
+        return self._nursery
+
+    @asynccontextmanager
+    async def serve(self) -> AsyncIterator[None]:
+        """Around the request's cycle, in its task: the nursery, then the runs held."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                async with self._stack:
+                    yield
+        finally:
+            if self.run is not None:  # its read task (and CancelRun) is over
+                self.run.retire()
+
+    async def hold(self, run: Run) -> None:
+        """Enter `run` (start it) for the rest of the request's cycle."""
+        await self._stack.enter_async_context(run)
+
+    def finish(self) -> None:
+        """Count and log the request, once; the outcome hook sees each run's outcome."""
+        if self._finished:
+            return
+        self._finished = True
+        run = self.run
+        outcome = run.outcome if run is not None else None
+        if run is None or outcome is None:
+            status = "error" if self.http_status >= 400 else "cancelled"
+            self._metrics.requests.labels(
+                self.model, "none", "true" if self.stream else "false", status
+            ).inc()
+            self._log_request(self.http_status)
+            return
+        info = run.info
+        self._metrics.request(info.model, info.node, info.stream, outcome)
+        if run.start_error is not None and not run.reached_node:
+            # Its status is the error's (answered next); the run's warning says why.
+            self._log_request(run.start_error.status)
+        else:
+            duration = trio.current_time() - info.started_at
+            logger.bind(
+                request_id=info.request_id, run_id=info.run_id, model=info.model,
+                node=info.node, stream=info.stream, status=outcome.status,
+                finish_reason=outcome.finish_reason, error_type=outcome.error_type,
+                duration_ms=round(duration * 1000, 2),
+            ).info("chat completion {}", outcome.status)  # fmt: skip
+        if self._on_outcome is not None:
+            self._on_outcome(info, outcome)
+
+    def _log_request(self, status: int) -> None:
+        """The line of a request that ran nothing: its status (0: the client left first)."""
+        logger.bind(
+            request_id=self.request_id, method="POST", path=CHAT_PATH, status=status,
+            duration_ms=round((time.perf_counter() - self._started) * 1000, 2),
+        ).info("POST {} {}", CHAT_PATH, status or "(client left)")  # fmt: skip
+
+
+# The scope of the chat request the current task serves (None: not a chat request).
+CURRENT: ContextVar[ChatScope | None] = ContextVar("iop_chat_scope", default=None)

@@ -1,0 +1,429 @@
+"""One run, from its node slot to its one outcome: `Run`, and `Runs` that makes them.
+
+A chat request becomes a run here, the same way for streaming and
+non-streaming answers:
+
+    run = runs.open(nursery, request, session, ...)   # picks the node
+    async with run:                                    # slot taken, accept awaited
+        while not run.session.terminated:
+            batch = await run.next_batch()             # output under the deadlines
+
+`Runs.open` picks the node (NotFoundError, NodeUnavailableError). Entering
+the run takes a slot on the node (`in_flight`) and starts the run: the node
+client's read task goes into `nursery`, the request's own scope, and entering
+returns once the node accepted (or raises the EdgeError that chooses the
+HTTP status). `next_batch` feeds node events to the session and owns every
+deadline on one clock, trio's: first event, idle, total (also the read
+task's deadline and, converted once, the node's `deadline_unix_ms`),
+keep-alive; the slow reader's limit is the event buffer's. Leaving the run
+ends it: if the node did not, its read task is cancelled with an `EndCause`
+and sends the one CancelRun (shielded, bounded); the slot is given back and
+the outcome is fixed, once (`outcome`), and handed to the request's scope to
+count and log (`on_end`). The scope's nursery waits for the read task; then
+the run is retired. A run never outlives its request's scope.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+import trio
+from loguru import logger
+
+from edge.api.request import ChatRequest
+from edge.config import TimeoutsConfig
+from edge.errors import (
+    EdgeError,
+    NodeFailedError,
+    NodeTimeoutError,
+    NodeUnavailableError,
+    RequestError,
+    ShuttingDownError,
+)
+from edge.metrics import EdgeMetrics
+from edge.node.client import EndCause, RunHandle
+from edge.node.pool import NodePool, NodeState
+from edge.node.wire import encode_run_request
+from edge.stream.output import Outcome, OutEvent
+from edge.stream.session import StreamSession
+
+# Node events taken per batch: output for a batch goes out in one write. A
+# batch also stops past MAX_BATCH_CHARS characters of delta text, so a write
+# blocked on a client that stopped reading holds no more than about that much.
+MAX_BATCH = 256
+MAX_BATCH_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What metrics and logs need to know of a run."""
+
+    run_id: str
+    model: str
+    node: str
+    stream: bool
+    started_at: float
+    request_id: str = ""
+
+
+OutcomeHook = Callable[[RunInfo, Outcome], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """How a run opened by `Runs.open` starts on its node."""
+
+    runs: Runs
+    node: NodeState
+    request: ChatRequest
+    nursery: trio.Nursery
+    on_end: Callable[[], None] | None
+
+
+class Run:
+    """One run on one node: slot, accept, events, deadlines, end cause, outcome."""
+
+    __slots__ = (
+        "_exited",
+        "_first_event_s",
+        "_got_first",
+        "_idle_s",
+        "_keepalive_s",
+        "_last_event_at",
+        "_next_keepalive",
+        "_node_done",
+        "_start",
+        "accepted",
+        "batch_event_at",
+        "deadline",
+        "first_event_at",
+        "handle",
+        "info",
+        "outcome",
+        "session",
+        "start_error",
+    )
+
+    @property
+    def reached_node(self) -> bool:
+        """Whether the node may have seen the run: it was accepted, or its start failed
+        other than unreachable or refused before sending (the node may have logged it)."""
+        return not isinstance(self.start_error, (NodeUnavailableError, RequestError))
+
+    def __init__(
+        self,
+        info: RunInfo,
+        session: StreamSession,
+        timeouts: TimeoutsConfig,
+        *,
+        keepalive_s: float = 0.0,
+        start: _Start | None = None,
+    ) -> None:
+        self.info = info
+        self.session = session
+        self._start = start
+        started_at = info.started_at
+        # The run's one total deadline (trio clock).
+        self.deadline = started_at + timeouts.total_s
+        self._first_event_s = timeouts.first_event_s
+        self._idle_s = timeouts.idle_s
+        self._got_first = False
+        self._last_event_at = started_at
+        # The node itself ended the run (a terminal event was fed to the session).
+        self._node_done = False
+        self._keepalive_s = keepalive_s
+        self._next_keepalive = started_at + keepalive_s if keepalive_s > 0 else math.inf
+        self.handle: RunHandle | None = None
+        self._exited = False
+        self.accepted = False
+        self.start_error: EdgeError | None = None
+        self.outcome: Outcome | None = None
+        self.first_event_at: float | None = None
+        # When the node events of the batch just returned arrived (None: no event in it).
+        self.batch_event_at: float | None = None
+
+    def attach(self, handle: RunHandle) -> None:
+        """Read `handle`, a run whose node side was started by the caller (tests)."""
+        self.handle = handle
+        self.accepted = True
+
+    # --- the run's life -------------------------------------------------------------
+
+    async def __aenter__(self) -> Run:
+        """Take the node slot, start the run, wait for the node's accept."""
+        start = self._start
+        assert start is not None, "a run from Runs.open"
+        node = start.node
+        request = start.request
+        # The node's deadline, converted once from the run's deadline.
+        deadline_unix_ms = int((time.time() + self.deadline - trio.current_time()) * 1000)
+        encoded = encode_run_request(
+            request, run_id=self.info.run_id, model=request.model,
+            deadline_unix_ms=deadline_unix_ms,
+        )  # fmt: skip
+        start.runs.live.add(self)
+        node.in_flight += 1
+        try:
+            self.handle = await node.client.start_run(
+                start.nursery,
+                encoded,
+                deadline=self.deadline,
+                slow_consumer_s=start.runs.timeouts.slow_client_s,
+                accept_s=self._first_event_s,
+            )
+        except EdgeError as exc:
+            self.start_error = exc
+            if isinstance(exc, NodeUnavailableError):
+                start.runs.pool.mark_down(node, exc.message)
+            start.runs.metrics.node_errors.labels(self.info.node, exc.type).inc()
+            # The run id ties this to the node's own record of the run.
+            logger.bind(
+                request_id=self.info.request_id, run_id=self.info.run_id, node=self.info.node,
+                error_type=exc.type,
+            ).warning("run {} did not start on node {}: {}", self.info.run_id, self.info.node,
+                      exc.message)  # fmt: skip
+            status: Literal["error", "timeout", "cancelled"] = (
+                "timeout" if isinstance(exc, NodeTimeoutError) else "error"
+            )
+            self._end(Outcome(status, error_type=exc.type, usage_sample=False))
+            raise
+        except BaseException as exc:
+            # The caller left (or the edge is stopping) before the node accepted;
+            # start_run has cancelled the run and sent its CancelRun.
+            status = "error" if isinstance(exc, Exception) else "cancelled"
+            self._end(Outcome(status, usage_sample=False))
+            raise
+        self.accepted = True
+        start.runs.metrics.active_streams.inc()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.end()
+
+    async def end(self) -> None:
+        """End the run unless the node did, give the slot back, fix the outcome.
+
+        Idempotent: the streaming body calls it when its iteration ends (so the
+        outcome is counted before the answer's last byte), the request's scope
+        again when the request's cycle ends (a body quart never began). A run
+        the node ended waits for its read task to close the node's stream (a
+        few loop passes): cut by the end of the request's cycle instead, the
+        close would cost a stream reset. A run the edge ends does not wait:
+        its read task sends the CancelRun, shielded, in the request's nursery,
+        which waits for it.
+        """
+        if self._exited or self.handle is None:
+            return
+        self._exited = True
+        self.close()
+        handle = self.handle
+        try:
+            if handle.cause is None and handle.error is None:  # the node ended it
+                await handle.done.wait()
+        finally:  # counted even if the wait is cut (the client left meanwhile)
+            self._settle()
+
+    def _settle(self) -> None:
+        """The run's metrics, and its outcome fixed (the slot given back)."""
+        session = self.session
+        assert session.outcome is not None
+        start = self._start
+        if start is not None:
+            metrics = start.runs.metrics
+            metrics.active_streams.dec()
+            if self.first_event_at is not None:
+                metrics.ttft.labels(self.info.model, self.info.node).observe(
+                    self.first_event_at - self.info.started_at
+                )
+            if session.outcome.status == "error" and not session.outcome.usage_sample:
+                metrics.node_errors.labels(self.info.node, "stream_broken").inc()
+        if session.settings.trace:
+            logger.bind(**session.log_fields()).info("stream closed")
+        self._end(session.outcome)
+
+    def close(self) -> None:
+        """The caller is gone, or its answer is done: end the run unless the node did."""
+        if not self.session.terminated:
+            self.session.cancel("cancelled")
+        if not self._node_done and self.handle is not None:
+            self.handle.cancel(EndCause.CLIENT_GONE)
+
+    def shut_down(self, notice: str) -> None:
+        """The drain deadline passed: a notice frame for the caller, then the run ends."""
+        self.session.cancel("cancelled", notice, notice_type=ShuttingDownError.type)
+        if self.handle is not None:
+            self.handle.cancel(EndCause.SHUTDOWN)
+
+    def _end(self, outcome: Outcome) -> None:
+        """Fix the outcome (once) and give the node slot back."""
+        if self.outcome is not None:
+            return
+        self.outcome = outcome
+        if self._start is not None:
+            self._start.node.in_flight -= 1
+            if self._start.on_end is not None:
+                self._start.on_end()
+
+    def retire(self) -> None:
+        """The run's request is over, its read task too: the run is no longer in flight."""
+        if self._start is not None:
+            self._start.runs.ended(self)
+
+    # --- events under the deadlines ---------------------------------------------------
+
+    async def next_batch(self) -> list[OutEvent] | Literal["keepalive"]:
+        """Wait for the next events and return the output they produce.
+
+        Returns [] once the session has terminated and everything was taken.
+        Returns "keepalive" when the caller should send a keep-alive comment
+        (only while waiting for the first event).
+        """
+        session = self.session
+        self.batch_event_at = None
+        out = session.drain()
+        if out or session.terminated:
+            return out
+        assert self.handle is not None
+        receive = self.handle.events
+        event = None
+        if trio.current_time() < self.deadline:
+            # An event already buffered came while the edge was busy elsewhere (its
+            # writer blocked on a slow reader, or a loaded loop): the node was not
+            # silent, so it is taken whatever the first-event/idle clock says.
+            try:
+                event = receive.receive_nowait()
+            except trio.WouldBlock:
+                pass
+            except trio.EndOfChannel:
+                self._run_ended()
+                return session.drain()
+        if event is None:
+            limit = self._first_event_s if not self._got_first else self._idle_s
+            deadline = min(self.deadline, self._last_event_at + limit)
+            wake = min(deadline, self._next_keepalive) if not self._got_first else deadline
+            with trio.move_on_at(wake):
+                try:
+                    event = await receive.receive()
+                except trio.EndOfChannel:
+                    self._run_ended()
+                    return session.drain()
+            if event is None:
+                if trio.current_time() < deadline:
+                    self._next_keepalive = trio.current_time() + self._keepalive_s
+                    return "keepalive"
+                self.timeout()
+                return session.drain()
+        now = self._last_event_at = self.batch_event_at = trio.current_time()
+        if not self._got_first:
+            self._got_first = True
+            self.first_event_at = now
+        feed = session.feed
+        done = feed(event)
+        if not done:
+            # Everything else already here goes out in the same batch. The
+            # buffer's character count only falls while this loop runs (the node's
+            # read loop cannot run in between), so the drop is what was taken.
+            receive_nowait = receive.receive_nowait
+            floor = receive.held_chars - MAX_BATCH_CHARS
+            for _ in range(MAX_BATCH):
+                if receive.held_chars <= floor:
+                    break
+                try:
+                    event = receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                if feed(event):
+                    done = True
+                    break
+        if done:
+            self._node_done = True
+        return session.drain()
+
+    def _run_ended(self) -> None:
+        """The run's events closed before the session's terminal: say why, from the cause."""
+        handle = self.handle
+        assert handle is not None
+        if handle.error is not None:
+            self.session.fail_stream(handle.error.type, handle.error.message)
+        elif handle.cause is EndCause.TIMEOUT:
+            self.timeout()
+        elif handle.cause is not None:
+            self.session.cancel("cancelled")
+        else:
+            self.session.fail_stream(
+                NodeFailedError.type, "the node's run ended without a terminal event"
+            )
+
+    def timeout(self) -> None:
+        """A deadline passed: the caller (if still reading) gets a timeout error frame."""
+        what = "the first token" if not self._got_first else "the next token"
+        if trio.current_time() >= self.deadline:
+            what = "the run to finish"
+        self.session.cancel("timeout", f"timed out waiting for {what}")
+        if self.handle is not None:
+            self.handle.cancel(EndCause.TIMEOUT)
+
+
+class Runs:
+    """Opens runs on the pool's nodes and knows the ones in flight (for drain)."""
+
+    def __init__(self, pool: NodePool, timeouts: TimeoutsConfig, metrics: EdgeMetrics) -> None:
+        self.pool = pool
+        self.timeouts = timeouts
+        self.metrics = metrics
+        # Runs entered whose request is not over yet (maybe a CancelRun still
+        # to send).
+        self.live: set[Run] = set()
+        self._idle = trio.Event()
+
+    def open(
+        self,
+        nursery: trio.Nursery,
+        request: ChatRequest,
+        session: StreamSession,
+        *,
+        request_id: str = "",
+        keepalive_s: float = 0.0,
+        on_end: Callable[[], None] | None = None,
+    ) -> Run:
+        """A run of `request` on the node the pool picks for its model; enter it to start.
+
+        `nursery` is the request's own: the run's read task lives and ends there.
+        `on_end` is called once the run's outcome is fixed (its request's count).
+        """
+        node = self.pool.pick(request.model)
+        run_id = session.settings.run_id
+        started_at = trio.current_time()
+        info = RunInfo(
+            run_id, request.model, node.client.name, request.stream, started_at, request_id
+        )
+        start = _Start(self, node, request, nursery, on_end)
+        return Run(info, session, self.timeouts, keepalive_s=keepalive_s, start=start)
+
+    def ended(self, run: Run) -> None:
+        self.live.discard(run)
+        if not self.live:
+            self._idle.set()
+            self._idle = trio.Event()
+
+    async def wait_idle(self) -> None:
+        """Return once no run is in flight."""
+        while self.live:
+            await self._idle.wait()
+
+    def shut_down(self, notice: str) -> int:
+        """Drain deadline: end every run in flight, with a notice. Returns how many."""
+        runs = [run for run in self.live if run.accepted]
+        for run in runs:
+            run.shut_down(notice)
+        return len(runs)
