@@ -88,6 +88,12 @@ class EdgeMetrics:
         self.open_connections = Gauge(
             "iop_edge_open_connections", "HTTP connections being served.", registry=r
         )
+        self.connections_without_request = Counter(
+            "iop_edge_connections_without_request",
+            "Client connections that ended before any request on them reached the app "
+            "(a TCP probe, a client that left or reset before its request was read).",
+            registry=r,
+        )
 
     def request(self, model: str, node: str, stream: bool, outcome: Outcome) -> None:
         """One chat request that ran (or began to), by its outcome; called once per request."""

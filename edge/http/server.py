@@ -141,6 +141,7 @@ class HttpServer:
         self.limits = limits
         self.errors = ConnectionErrors(metrics)
         self._gauge = metrics.open_connections
+        self._without_request = metrics.connections_without_request
         self.app = wrap_app(app, config.wsgi_max_body_size, "asgi")
         self.context = WorkerContext(None)
         self._connections: set[_Connection] = set()
@@ -229,6 +230,8 @@ class HttpServer:
         finally:
             self._connections.discard(connection)
             self._gauge.dec()
+            if not connection.served_any:
+                self._without_request.inc()
             await connection.stream.aclose()
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
@@ -262,6 +265,8 @@ class _Connection:
         self._scanner = HeadScanner(server.config.h11_max_incomplete_size, _H2_LIMITS)
         self._protocol: ProtocolWrapper | None = None
         self._idle = True
+        # A request on this connection reached the app (hypercorn said "busy" once).
+        self.served_any = False
         self._idle_again = trio.Event()  # set when the answer in flight is done
         # When an idle connection closes (inf while a request is in progress).
         self._idle_deadline = math.inf
@@ -319,6 +324,7 @@ class _Connection:
     def _set_idle(self, idle: bool) -> None:
         self._idle = idle
         if not idle:
+            self.served_any = True
             self._answer_bytes = 0
             if self._idle_again.is_set():
                 self._idle_again = trio.Event()

@@ -294,6 +294,29 @@ BAD_HEADS = {
 }
 
 
+def _without_request(edge: RunningEdge) -> float:
+    name = "iop_edge_connections_without_request_total"
+    return edge.edge.metrics.registry.get_sample_value(name) or 0.0
+
+
+async def test_connections_that_carry_no_request_are_counted(edge: RunningEdge) -> None:
+    """A connection closed (FIN) or reset (RST) before sending a request is counted as one
+    without a request; a connection that carried a request is not."""
+    before = _without_request(edge)
+    async with await _open(edge) as stream:
+        await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200")
+    quiet = await _open(edge)
+    await quiet.aclose()
+    reset = await _open(edge)
+    reset.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await reset.aclose()
+    with trio.fail_after(BOUND_S):
+        while _open_connections(edge) > 0:  # noqa: ASYNC110 - a gauge, no event
+            await trio.sleep(0.01)
+    assert _without_request(edge) - before == 2
+
+
 @pytest.mark.parametrize("case", list(BAD_HEADS))
 async def test_bad_request_head_is_refused_and_the_connection_closed(
     edge: RunningEdge, case: str
