@@ -60,8 +60,9 @@ def raise_nofile(want: int = 65536) -> int:
 def _worker(conn: multiprocessing.connection.Connection) -> None:
     raise_nofile()
     from benchmarks.direct import DIRECT_JOBS
+    from benchmarks.paced import PACED_JOBS
 
-    jobs: dict[str, JobFn] = {**AIO_JOBS, **DIRECT_JOBS}
+    jobs: dict[str, JobFn] = {**AIO_JOBS, **DIRECT_JOBS, **PACED_JOBS}
     ctl = Ctl(conn)
     while True:
         try:
