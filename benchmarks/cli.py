@@ -90,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--paced-seconds", type=float, help="seconds per paced run (10)")
     p.add_argument("--disconnects", type=int, help="disconnect -> CancelRun samples (40)")
     p.add_argument("--budget-s", type=float, help="time budget of the whole run (360 s)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON result file")
+    p.add_argument(
+        "--out", type=Path, default=None, help="the JSON result file (results/latest.json)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     p.add_argument(
         "--peers",
@@ -110,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         "installed on first use)",
     )
     p.add_argument("--no-smg", action="store_true", help="--peers without SMG")
+    p.add_argument(
+        "--ab",
+        metavar="REV",
+        default=None,
+        help="A/B: the headline workloads against this tree and git revision REV "
+        "(a temporary git worktree), alternating, in calibration units",
+    )
+    p.add_argument("--ab-pairs", type=int, default=3, help="A/B pairs of runs (default 3)")
     return p
 
 
@@ -567,6 +577,29 @@ def peers(args: argparse.Namespace, settings: Settings, tmp: Path) -> dict[str, 
     return run_peer(args.peer_tool or DEFAULT_TOOL, settings, args.quick, tmp, smg)
 
 
+def main_ab(args: argparse.Namespace, settings: Settings) -> int:
+    """`--ab REV`: this tree against REV, alternating; prints the table, writes ab.json."""
+    from benchmarks.ab import render_ab, run_ab
+
+    out = args.out or DEFAULT_OUT.parent / "ab.json"
+    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-ab-"))
+    started = time.monotonic()
+    try:
+        result = run_ab(args.ab, settings, max(1, args.ab_pairs), tmp)
+    finally:
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result["elapsed_s"] = sig(time.monotonic() - started)
+    result["machine"] = machine()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(render_ab(result))
+    print(f"\nwritten: {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from(args)
@@ -579,6 +612,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.ab:
+        return main_ab(args, settings)
+    args.out = args.out or DEFAULT_OUT
     info = machine()
     tmp = Path(tempfile.mkdtemp(prefix="iop-bench-"))
     started = time.monotonic()
