@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-smg", action="store_true", help="--peers without SMG")
     p.add_argument(
+        "--peers-only",
+        action="store_true",
+        help="only the peer tool's run (the edge, LiteLLM and SMG on one upstream); "
+        "writes results/peers.json",
+    )
+    p.add_argument(
         "--ab",
         metavar="REV",
         default=None,
@@ -577,6 +583,37 @@ def peers(args: argparse.Namespace, settings: Settings, tmp: Path) -> dict[str, 
     return run_peer(args.peer_tool or DEFAULT_TOOL, settings, args.quick, tmp, smg)
 
 
+def main_peers(args: argparse.Namespace, settings: Settings) -> int:
+    """`--peers-only`: the peer tool's run alone; prints the same-upstream table."""
+    from benchmarks.peer import same_mock_headers, same_mock_rows
+
+    out = args.out or DEFAULT_OUT.parent / "peers.json"
+    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-peers-"))
+    started = time.monotonic()
+    try:
+        result: dict[str, Any] = {"peers": peers(args, settings, tmp), "machine": machine()}
+    finally:
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result["elapsed_s"] = sig(time.monotonic() - started)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    peer = result["peers"]
+    if "error" in peer:
+        print(f"peer comparison failed: {peer['error']}")
+        return 1
+    print(
+        f"Same upstream, same client (peer tool, {result['elapsed_s']:.0f} s): "
+        f"LiteLLM {peer.get('litellm_spec')}, SMG {(peer.get('versions') or {}).get('smg')}; "
+        f"iop-node CPU {peer.get('iop_node_cpu_s')} s is not in the edge's figures"
+    )
+    print(table(same_mock_headers(peer), same_mock_rows(peer)))
+    print(f"\nwritten: {out}")
+    return 0
+
+
 def main_ab(args: argparse.Namespace, settings: Settings) -> int:
     """`--ab REV`: this tree against REV, alternating; prints the table, writes ab.json."""
     from benchmarks.ab import render_ab, run_ab
@@ -614,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.ab:
         return main_ab(args, settings)
+    if args.peers_only:
+        return main_peers(args, settings)
     args.out = args.out or DEFAULT_OUT
     info = machine()
     tmp = Path(tempfile.mkdtemp(prefix="iop-bench-"))
