@@ -84,10 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--paced",
         type=_paced,
-        help="paced streams, COUNTxTOKENS_PER_S,... (1000x2; the issue's 1000x50 needs "
-        "several cores)",
+        help="paced streams, COUNTxTOKENS_PER_S,... (1000x1,50x50; 1000x50 needs many cores)",
     )
-    p.add_argument("--paced-seconds", type=float, help="seconds per paced run (10)")
+    p.add_argument("--paced-seconds", type=float, help="seconds per paced run (8)")
     p.add_argument("--disconnects", type=int, help="disconnect -> CancelRun samples (40)")
     p.add_argument("--budget-s", type=float, help="time budget of the whole run (360 s)")
     p.add_argument(
