@@ -119,7 +119,12 @@ def main(argv: list[str] | None = None) -> int:
                             result = paced.measure(bench, "edge", int(count), float(tps), 8.0)
                         else:
                             result = bench.rate("edge", 100.0, 3.0)
-                        keys = ("chunks_per_s", "window_chunks_per_s", "edge_cpu_us_per_chunk")
+                        keys = (
+                            "chunks_per_s",
+                            "window_chunks_per_s",
+                            "edge_cpu_us_per_chunk",
+                            "edge_cpu_us_per_req",
+                        )
                         print({k: result[k] for k in keys if k in result}, file=sys.stderr)
                         bench.settle()
                 finally:
