@@ -171,6 +171,18 @@ def _run_tool(
     return result
 
 
+def _size(key: str) -> tuple[float, ...]:
+    """Numeric sort key of "stream_100x200" or "nonstream_50rps"."""
+    return tuple(float(x) for x in re.findall(r"\d+(?:\.\d+)?", key))
+
+
+def _saturated(value: Any) -> bool:
+    """The tool's flag: a bool, or per-round values that differed (as strings)."""
+    if isinstance(value, list):
+        return any(v is True or v == "True" for v in value)
+    return value is True
+
+
 def gateways(peer: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, result key) of every peer gateway the tool measured, LiteLLM first."""
     out = []
@@ -205,11 +217,17 @@ def same_mock_rows(peer: dict[str, Any]) -> list[list[str]]:
     add("added TTFT p50", (), " ms", "ttft_p50_added_ms")
     add("added TTFT p99", (), " ms", "ttft_p99_added_ms")
     direct = targets[-1]
-    for key in sorted(k for k in direct if k.startswith("stream_")):
+    for key in sorted((k for k in direct if k.startswith("stream_")), key=_size):
         add(f"{key[7:]} chunks/s", (key, "chunks_per_s"), "")
         add(f"  {key[7:]} server CPU per chunk", (key, "server_cpu_us_per_chunk"), " us")
-    for key in sorted(k for k in direct if k.startswith("nonstream_")):
+    for key in sorted((k for k in direct if k.startswith("nonstream_")), key=_size):
         add(f"non-stream {key[10:]}: p99", (key, "p99_ms"), " ms")
+        for i, t in enumerate(targets):
+            fig = t.get(key) or {}
+            if "skipped" in fig:
+                rows[-1][1 + i] = str(fig["skipped"])
+            elif _saturated(fig.get("saturated")):
+                rows[-1][1 + i] += " (saturated)"
         add(f"  {key[10:]}: server CPU per request", (key, "server_cpu_ms_per_req"), " ms")
     add("RSS per open stream", ("idle_streams", "rss_kib_per_stream"), " KiB")
     add("disconnect -> upstream end", ("disconnect", "steady", "upstream_end_after_ms"), " ms")
