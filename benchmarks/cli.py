@@ -433,7 +433,8 @@ def paced_rows(rows: list[list[str]], label: str, fig: dict[str, Any], cal: Any)
     offered = med(edge.get("offered_chunks_per_s"))
     rows.append(
         [
-            f"{label}: chunks/s in the window (offered {fmt(offered)})",
+            f"{label}: chunks/s in the window (offered {fmt(offered)}; window "
+            f"{fmt_range(edge.get('window_s'), ' s')})",
             fmt_range(edge.get("window_chunks_per_s")),
             fmt_range(dig(fig, "direct", "window_chunks_per_s")),
             "x"

@@ -108,6 +108,10 @@ class Pool:
     def send(self, i: int, value: object) -> None:
         self.conns[i].send(value)
 
+    def ready(self, i: int, timeout_s: float) -> bool:
+        """Whether client i has an answer, waiting at most timeout_s."""
+        return self.conns[i].poll(timeout_s)
+
     def result(self, i: int, timeout_s: float) -> Any:
         """The job's result (or its next progress report); raises on error or timeout."""
         conn = self.conns[i]

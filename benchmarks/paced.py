@@ -4,11 +4,14 @@
 of single-token deltas with `{"sleep_ms": 1000/rate}` between them, so every token is
 one RunEvent (no batching at the source). Stream starts are spread evenly over a ramp
 (a real edge never sees a thousand requests in the same millisecond), and the figures
-are taken in the steady window, after the ramp and before the first stream ends,
-when every stream is live:
+are taken in the steady window, measured from the streams themselves: from the moment
+the last stream got its first token to the moment the first stream got its last one.
+Every stream is live in it, and no stream is opened or closed in it (opening one costs
+the edge milliseconds of CPU, which would swamp the per-token figure):
 
-- edge CPU per chunk: the edge's CPU over the window (psutil, read by the orchestrator)
-  over the content frames the clients received in it;
+- edge CPU per chunk: the edge's CPU over the window (psutil, sampled by the
+  orchestrator every 0.1 s and interpolated at the window's edges) over the content
+  frames the clients received in it;
 - inter-chunk gap p50/p99: time between consecutive content frames of a stream, at the
   client, for gaps that end in the window; "added" is the edge's percentile minus the
   same percentile through the node client directly (`GrpcNodeClient`, in load-generator
@@ -39,14 +42,15 @@ mono = time.monotonic
 cpu = time.process_time
 START_DELAY_S = 0.5
 # Stream starts are spread over this much time per stream (opening a stream costs the
-# edge a few ms of CPU: 1,000 at once would swamp the window), within bounds.
+# edge a few ms of CPU: 1,000 at once would delay the first tokens by seconds), within
+# bounds.
 RAMP_PER_STREAM_S = 0.003
 RAMP_BOUNDS_S = (0.5, 3.0)
 # Below this share of the offered rate the run is saturated (the node's sleeps drift a
 # little even when idle: ~21.5 ms for 20 ms, so 95% would flag an idle machine).
 SATURATED_BELOW = 0.85
-# The window closes this long before the first stream is due to end.
-WINDOW_TAIL_S = 0.3
+# CPU samples of the edge and the node while a paced run goes on.
+SAMPLE_EVERY_S = 0.1
 
 
 def paced_script(tokens: int, rate: float) -> str:
@@ -81,6 +85,19 @@ def window_gaps(stamps: Sequence[float], w0: float, w1: float) -> tuple[array[fl
     return gaps, frames
 
 
+def steady_window(streams: Sequence[Sequence[float]]) -> tuple[float, float] | None:
+    """From the last stream's first frame to the first stream's last frame (or None).
+
+    Streams that got no frame at all (failed) are left out; they are counted as errors.
+    """
+    live = [s for s in streams if s]
+    if not live:
+        return None
+    w0 = max(s[0] for s in live)
+    w1 = min(s[-1] for s in live)
+    return (w0, w1) if w1 > w0 else None
+
+
 def _report(
     t0: float,
     t1: float,
@@ -91,14 +108,10 @@ def _report(
     ok: int,
     errors: list[str],
     unfinished: int,
-    window: tuple[float, float],
 ) -> dict[str, Any]:
-    gaps: array[float] = array("d")
-    in_window = 0
+    flat: array[float] = array("d")
     for stamps in per_stream:
-        g, n = window_gaps(stamps, *window)
-        gaps.extend(g)
-        in_window += n
+        flat.extend(stamps)
     return {
         "t_start": t0,
         "t_end": t1,
@@ -107,11 +120,35 @@ def _report(
         "ok": ok,
         "errors": len(errors),
         "unfinished": unfinished,
-        "chunks": sum(len(s) for s in per_stream),
-        "window_chunks": in_window,
-        "gaps": gaps.tobytes(),
+        "chunks": len(flat),
+        "stamps": flat.tobytes(),
+        "lengths": [len(s) for s in per_stream],
         "first_error": errors[0] if errors else None,
     }
+
+
+def _streams_of(part: dict[str, Any]) -> list[array[float]]:
+    flat: array[float] = array("d")
+    flat.frombytes(part["stamps"])
+    out = []
+    at = 0
+    for n in part["lengths"]:
+        out.append(flat[at : at + n])
+        at += n
+    return out
+
+
+def _interpolate(samples: list[tuple[float, float, float]], t: float) -> tuple[float, float]:
+    """(edge CPU, node CPU) at time t, linear between the two samples around it."""
+    before = max((x for x in samples if x[0] <= t), default=samples[0])
+    after = min((x for x in samples if x[0] >= t), default=samples[-1])
+    if after[0] == before[0]:
+        return before[1], before[2]
+    k = (t - before[0]) / (after[0] - before[0])
+    return (
+        before[1] + k * (after[1] - before[1]),
+        before[2] + k * (after[2] - before[2]),
+    )
 
 
 # --- load-generator jobs ------------------------------------------------------------
@@ -126,7 +163,6 @@ async def _paced_edge(
     total: int,
     start_at: float,
     ramp_s: float,
-    window: tuple[float, float],
     timeout_s: float,
 ) -> dict[str, Any]:
     """This worker's share of the paced streams through the edge (raw HTTP/1.1)."""
@@ -165,7 +201,7 @@ async def _paced_edge(
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    return _report(t0, t1, c0, c1, count, per_stream, ok, errors, len(pending), window)
+    return _report(t0, t1, c0, c1, count, per_stream, ok, errors, len(pending))
 
 
 def job_paced_edge(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
@@ -180,7 +216,6 @@ async def _paced_direct(
     total: int,
     start_at: float,
     ramp_s: float,
-    window: tuple[float, float],
     timeout_s: float,
 ) -> dict[str, Any]:
     """This worker's share of the paced streams through the node client (trio)."""
@@ -225,7 +260,7 @@ async def _paced_direct(
     finally:
         await client.aclose()
     t1, c1 = mono(), cpu()
-    return _report(t0, t1, c0, c1, count, per_stream, ok, errors, unfinished, window)
+    return _report(t0, t1, c0, c1, count, per_stream, ok, errors, unfinished)
 
 
 def job_paced_direct(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
@@ -249,65 +284,79 @@ def measure(bench: Bench, via: str, count: int, rate: float, seconds: float) -> 
     lo, hi = RAMP_BOUNDS_S
     ramp = min(max(lo, count * RAMP_PER_STREAM_S), hi, seconds / 3)
     start_at = mono() + START_DELAY_S
-    window = (start_at + ramp + 0.2, start_at + seconds - WINDOW_TAIL_S)
     timeout_s = seconds * 3 + 30.0
     workers = min(bench.pool.size, max(1, count // 100))
     shares = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
-    common = {"total": count, "start_at": start_at, "ramp_s": ramp, "window": window}
+    common = {"total": count, "start_at": start_at, "ramp_s": ramp, "timeout_s": timeout_s}
     offset = 0
     for i, share in enumerate(shares):
         if via == "edge":
             request = bench.post(script, stream=True)
             bench.pool.submit(
                 i, "paced_edge", host=bench.host, port=bench.port, request=request,
-                count=share, offset=offset, timeout_s=timeout_s, **common,
+                count=share, offset=offset, **common,
             )  # fmt: skip
         else:
             bench.pool.submit(
                 i, "paced_direct", node_port=bench.stack.node_port, script=script,
-                count=share, offset=offset, timeout_s=timeout_s, **common,
+                count=share, offset=offset, **common,
             )  # fmt: skip
         offset += share
-    # CPU of the edge and the node over the steady window, read at its edges.
-    time.sleep(max(0.0, window[0] - mono()))
-    e0, n0 = bench.edge.cpu(), bench.node.cpu()
-    w0 = mono()
-    time.sleep(max(0.0, window[1] - mono()))
-    e1, n1 = bench.edge.cpu(), bench.node.cpu()
-    w1 = mono()
-    parts = [bench.pool.result(i, timeout_s + 30) for i in range(workers)]
-    gaps: array[float] = array("d")
-    for p in parts:
-        part: array[float] = array("d")
-        part.frombytes(p["gaps"])
-        gaps.extend(part)
-    ms = [g * 1e3 for g in gaps]
-    frames = sum(p["window_chunks"] for p in parts)
+    # The edge's and the node's CPU, sampled until every worker has answered (bounded).
+    samples: list[tuple[float, float, float]] = []
+    limit = mono() + START_DELAY_S + timeout_s + 30
+    waiting = list(range(workers))
+    while waiting and mono() < limit:
+        samples.append((mono(), bench.edge.cpu(), bench.node.cpu()))
+        waiting = [i for i in waiting if not bench.pool.ready(i, SAMPLE_EVERY_S)]
+    samples.append((mono(), bench.edge.cpu(), bench.node.cpu()))
+    parts = [bench.pool.result(i, 1.0) for i in range(workers)]
+    streams = [s for p in parts for s in _streams_of(p)]
+    window = steady_window(streams)
     chunks = sum(p["chunks"] for p in parts)
-    span = w1 - w0
-    offered = count * rate
     out: dict[str, Any] = {
         "streams": count,
         "rate": rate,
         "tokens_per_stream": tokens,
-        "window_s": span,
-        "offered_chunks_per_s": offered,
-        "window_chunks_per_s": frames / span if span > 0 else None,
-        "gap_p50_ms": pct(ms, 50),
-        "gap_p90_ms": pct(ms, 90),
-        "gap_p99_ms": pct(ms, 99),
-        "gap_max_ms": max(ms) if ms else None,
-        "node_cpu_us_per_chunk": (n1 - n0) * 1e6 / max(frames, 1),
+        "ramp_s": ramp,
+        "offered_chunks_per_s": count * rate,
         "client_cpu_us_per_chunk": sum(p["cpu_s"] for p in parts) * 1e6 / max(chunks, 1),
         "chunks": chunks,
         "streams_ok": sum(p["ok"] for p in parts),
         "errors": sum(p["errors"] for p in parts),
         "unfinished": sum(p["unfinished"] for p in parts),
-        "saturated": span <= 0 or frames / span < SATURATED_BELOW * offered,
     }
+    if window is None:
+        out["saturated"] = True
+        out["no_steady_window"] = "no moment had every stream live"
+        bench.log(f"  paced {via} {count}x{rate:g}: no moment had every stream live")
+        return out
+    w0, w1 = window
+    gaps: array[float] = array("d")
+    frames = 0
+    for stamps in streams:
+        g, n = window_gaps(stamps, w0, w1)
+        gaps.extend(g)
+        frames += n
+    ms = [g * 1e3 for g in gaps]
+    span = w1 - w0
+    (e0, n0), (e1, n1) = _interpolate(samples, w0), _interpolate(samples, w1)
+    out.update(
+        {
+            "window_s": span,
+            "window_start_after_s": w0 - start_at,
+            "window_chunks_per_s": frames / span,
+            "gap_p50_ms": pct(ms, 50),
+            "gap_p90_ms": pct(ms, 90),
+            "gap_p99_ms": pct(ms, 99),
+            "gap_max_ms": max(ms) if ms else None,
+            "node_cpu_us_per_chunk": (n1 - n0) * 1e6 / max(frames, 1),
+            "saturated": frames / span < SATURATED_BELOW * count * rate,
+        }
+    )
     if via == "edge":
         out["edge_cpu_us_per_chunk"] = (e1 - e0) * 1e6 / max(frames, 1)
-        out["edge_cores_busy"] = (e1 - e0) / span if span > 0 else None
+        out["edge_cores_busy"] = (e1 - e0) / span
     first = next((p["first_error"] for p in parts if p["first_error"]), None)
     if first:
         out["first_error"] = first
