@@ -180,7 +180,7 @@ def headlines(s: Settings) -> list[tuple[str, str, Getter]]:
                 ),
             )
         )
-    for c, t in s.paced:
+    for c, t, _ in s.paced:
         k = f"{c}x{t:g}"
         out.append(
             (

@@ -53,12 +53,14 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def _paced(text: str) -> list[tuple[int, float]]:
+def _paced(text: str) -> list[tuple[int, float, float]]:
+    """COUNTxRATE[xSECONDS],...; a missing SECONDS is 0 (then --paced-seconds)."""
     out = []
     for item in text.split(","):
         if item.strip():
-            count, _, rate = item.strip().partition("x")
-            out.append((int(count), float(rate)))
+            parts = item.strip().split("x")
+            seconds = float(parts[2]) if len(parts) > 2 else 0.0
+            out.append((int(parts[0]), float(parts[1]), seconds))
     return out
 
 
@@ -84,9 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--paced",
         type=_paced,
-        help="paced streams, COUNTxTOKENS_PER_S,... (1000x1,50x50; 1000x50 needs many cores)",
+        help="paced streams, COUNTxTOKENS_PER_S[xSECONDS],... (1000x1x14,50x50x8; 1000x50 "
+        "needs many cores)",
     )
-    p.add_argument("--paced-seconds", type=float, help="seconds per paced run (8)")
+    p.add_argument("--paced-seconds", type=float, help="seconds of a paced shape given without (8)")
     p.add_argument("--disconnects", type=int, help="disconnect -> CancelRun samples (40)")
     p.add_argument("--budget-s", type=float, help="time budget of the whole run (360 s)")
     p.add_argument(
@@ -140,8 +143,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             rates=[100.0, 500.0],
             rate_seconds=2.0,
             disconnect_samples=10,
-            paced=[(200, 5.0)],
-            paced_seconds=6.0,
+            paced=[(200, 5.0, 6.0)],
             budget_s=90.0,
         )
     for name in (
@@ -162,6 +164,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             setattr(s, name, value)
     if args.disconnects is not None:
         s.disconnect_samples = args.disconnects
+    s.paced = [(c, r, sec or s.paced_seconds) for c, r, sec in s.paced]
     s.clients = max(1, s.clients)
     s.rounds = max(1, s.rounds)
     return s
@@ -260,7 +263,7 @@ def summarize(raw: dict[str, Any], s: Settings) -> dict[str, Any]:
         out["nonstream"][key] = {"edge": fold(edge), "direct": fold(direct), **fold(added)}
     out["rate_keys"] = [[f"{r:g}rps", r] for r in s.rates]
     out["paced"] = {}
-    for count, tps in s.paced:
+    for count, tps, _ in s.paced:
         key = f"{count}x{tps:g}"
         edge = [r["paced"][key]["edge"] for r in rounds if key in r.get("paced", {})]
         direct = [r["paced"][key]["direct"] for r in rounds if key in r.get("paced", {})]
@@ -343,7 +346,7 @@ def main_rows(sm: dict[str, Any], s: Settings) -> list[list[str]]:
     stream_rows(f"1 x {s.long_chunks}", sm["one_stream"])
     for c, n in s.concurrency:
         stream_rows(f"{c} x {n}", sm["concurrency"][f"{c}x{n}"])
-    for count, tps in s.paced:
+    for count, tps, _ in s.paced:
         fig = (sm.get("paced") or {}).get(f"{count}x{tps:g}")
         if fig:
             paced_rows(rows, f"paced {count} x {tps:g} tok/s", fig, cal)
@@ -471,7 +474,7 @@ def cpu_rows(sm: dict[str, Any], s: Settings) -> list[list[str]]:
         + [(f"{c} x {n}", sm["concurrency"][f"{c}x{n}"]) for c, n in s.concurrency]
         + [
             (f"paced {c} x {t:g} tok/s", sm["paced"][f"{c}x{t:g}"])
-            for c, t in s.paced
+            for c, t, _ in s.paced
             if f"{c}x{t:g}" in (sm.get("paced") or {})
         ]
     )

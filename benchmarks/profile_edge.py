@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_edge", description=__doc__)
     parser.add_argument("--workload", choices=["one", "conc", "nonstream", "paced"], default="one")
     parser.add_argument(
-        "--paced", default="1000x1", help="paced streams COUNTxTOKENS_PER_S (8 s per run)"
+        "--paced", default="1000x1x14", help="paced streams COUNTxTOKENS_PER_SxSECONDS"
     )
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--chunks", type=int, default=20_000, help="deltas per one-stream run")
@@ -115,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                         elif args.workload == "conc":
                             result = bench.streams("edge", 100, 200, 120.0)
                         elif args.workload == "paced":
-                            count, _, tps = args.paced.partition("x")
-                            result = paced.measure(bench, "edge", int(count), float(tps), 8.0)
+                            count, tps, seconds = args.paced.split("x")
+                            result = paced.measure(
+                                bench, "edge", int(count), float(tps), float(seconds)
+                            )
                         else:
                             result = bench.rate("edge", 100.0, 3.0)
                         keys = (
