@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--paced-seconds", type=float, help="seconds of a paced shape given without (8)")
     p.add_argument("--disconnects", type=int, help="disconnect -> CancelRun samples (40)")
-    p.add_argument("--budget-s", type=float, help="time budget of the whole run (360 s)")
+    p.add_argument("--budget-s", type=float, help="time budget of the whole run (420 s)")
     p.add_argument(
         "--out", type=Path, default=None, help="the JSON result file (results/latest.json)"
     )
