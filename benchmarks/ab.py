@@ -292,8 +292,9 @@ def permutation_p(a: list[float], b: list[float]) -> float:
     """Exact two-sided permutation p-value of the difference of medians.
 
     Every split of the pooled runs into two groups of the same sizes counts; with 3 runs
-    a side the smallest p is 0.10 (2 of 20 splits), with 5 it is 0.008. It says how
-    often a gap this wide comes from shuffling the same runs: a hint, beside the spread.
+    a side the smallest p is 0.20 (medians tie across splits), with 5 it is 0.048. It
+    says how often a gap this wide comes from shuffling the same runs: a hint, beside
+    the spread.
     """
     pooled = a + b
     observed = abs(_median(a) - _median(b))
