@@ -3,8 +3,9 @@
 Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--clients N`
 (load-generator processes), sizes (`--ttft-samples`, `--long-chunks`, `--concurrency`,
 `--open-streams`, `--rates`, `--rate-seconds`, `--disconnects`), `--budget-s`, `--out`,
-`--keep` (keep the temporary directory with the edge's and the node's logs), and
-`--litellm` (also run the LiteLLM peer tool; it installs litellm into ~/.cache).
+`--keep` (keep the temporary directory with the edge's and the node's logs), `--paced`
+(the paced workload's sizes), `--peers` (also run the peer tool with LiteLLM and SMG;
+it installs both into ~/.cache) and `--ab REV` (A/B against a git revision).
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _paced(text: str) -> list[tuple[int, float, float]]:
+    """COUNTxRATE[xSECONDS],...; a missing SECONDS is 0 (then --paced-seconds)."""
+    out = []
+    for item in text.split(","):
+        if item.strip():
+            parts = item.strip().split("x")
+            seconds = float(parts[2]) if len(parts) > 2 else 0.0
+            out.append((int(parts[0]), float(parts[1]), seconds))
+    return out
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -71,17 +83,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--open-streams", type=_ints, help="idle open streams, N,... (1000,10000)")
     p.add_argument("--rates", type=_floats, help="non-stream req/s, R,... (100,1000)")
     p.add_argument("--rate-seconds", type=float, help="seconds per fixed-rate run (4)")
+    p.add_argument(
+        "--paced",
+        type=_paced,
+        help="paced streams, COUNTxTOKENS_PER_S[xSECONDS],... (1000x1x14,50x50x8; 1000x50 "
+        "needs many cores)",
+    )
+    p.add_argument("--paced-seconds", type=float, help="seconds of a paced shape given without (8)")
     p.add_argument("--disconnects", type=int, help="disconnect -> CancelRun samples (40)")
-    p.add_argument("--budget-s", type=float, help="time budget of the whole run (285 s)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON result file")
+    p.add_argument("--budget-s", type=float, help="time budget of the whole run (420 s)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="the JSON result file (results/latest.json)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     p.add_argument(
-        "--litellm",
+        "--peers",
         action="store_true",
-        help="also measure the LiteLLM proxy with the peer tool (installs litellm into "
-        "~/.cache on first use: large, slow; not part of the 5-minute budget)",
+        help="also measure LiteLLM and SMG on one upstream with the edge, with the peer tool "
+        "../shared/tools/peer-bench (installs litellm and smg into ~/.cache on first use: "
+        "large, slow; adds 10+ minutes, not part of the time budget)",
     )
-    p.add_argument("--litellm-tool", type=Path, default=None, help="path of the peer tool")
+    p.add_argument("--litellm", action="store_true", help="the same as --peers (old name)")
+    p.add_argument("--peer-tool", type=Path, default=None, help="path of the peer tool")
+    p.add_argument(
+        "--smg",
+        type=Path,
+        default=None,
+        metavar="BIN",
+        help="SMG executable for --peers (default: smg pinned in ~/.cache/iop-edge/smg-venv, "
+        "installed on first use)",
+    )
+    p.add_argument("--no-smg", action="store_true", help="--peers without SMG")
+    p.add_argument(
+        "--peers-only",
+        action="store_true",
+        help="only the peer tool's run (the edge, LiteLLM and SMG on one upstream); "
+        "writes results/peers.json",
+    )
+    p.add_argument(
+        "--ab",
+        metavar="REV",
+        default=None,
+        help="A/B: the headline workloads against this tree and git revision REV "
+        "(a temporary git worktree), alternating, in calibration units",
+    )
+    p.add_argument("--ab-pairs", type=int, default=3, help="A/B pairs of runs (default 3)")
     return p
 
 
@@ -97,6 +143,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             rates=[100.0, 500.0],
             rate_seconds=2.0,
             disconnect_samples=10,
+            paced=[(200, 5.0, 6.0)],
             budget_s=90.0,
         )
     for name in (
@@ -108,6 +155,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         "open_streams",
         "rates",
         "rate_seconds",
+        "paced",
+        "paced_seconds",
         "budget_s",
     ):
         value = getattr(args, name)
@@ -115,6 +164,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             setattr(s, name, value)
     if args.disconnects is not None:
         s.disconnect_samples = args.disconnects
+    s.paced = [(c, r, sec or s.paced_seconds) for c, r, sec in s.paced]
     s.clients = max(1, s.clients)
     s.rounds = max(1, s.rounds)
     return s
@@ -212,6 +262,27 @@ def summarize(raw: dict[str, Any], s: Settings) -> dict[str, Any]:
         ]
         out["nonstream"][key] = {"edge": fold(edge), "direct": fold(direct), **fold(added)}
     out["rate_keys"] = [[f"{r:g}rps", r] for r in s.rates]
+    out["paced"] = {}
+    for count, tps, _ in s.paced:
+        key = f"{count}x{tps:g}"
+        edge = [r["paced"][key]["edge"] for r in rounds if key in r.get("paced", {})]
+        direct = [r["paced"][key]["direct"] for r in rounds if key in r.get("paced", {})]
+        derived = [
+            {
+                "edge_cpu_in_calibration_units": ratio(
+                    e.get("edge_cpu_us_per_chunk"), r["calibration_us"]
+                ),
+                "added_gap_p50_ms": None
+                if e["gap_p50_ms"] is None or d["gap_p50_ms"] is None
+                else e["gap_p50_ms"] - d["gap_p50_ms"],
+                "added_gap_p99_ms": None
+                if e["gap_p99_ms"] is None or d["gap_p99_ms"] is None
+                else e["gap_p99_ms"] - d["gap_p99_ms"],
+                "rate_vs_direct": ratio(e["window_chunks_per_s"], d["window_chunks_per_s"]),
+            }
+            for e, d, r in zip(edge, direct, rounds, strict=True)
+        ]
+        out["paced"][key] = {"edge": fold(edge), "direct": fold(direct), "vs": fold(derived)}
     once = raw["once"]
     out["disconnect"] = once.get("disconnect")
     out["client_alone"] = once.get("client_alone")
@@ -275,6 +346,10 @@ def main_rows(sm: dict[str, Any], s: Settings) -> list[list[str]]:
     stream_rows(f"1 x {s.long_chunks}", sm["one_stream"])
     for c, n in s.concurrency:
         stream_rows(f"{c} x {n}", sm["concurrency"][f"{c}x{n}"])
+    for count, tps, _ in s.paced:
+        fig = (sm.get("paced") or {}).get(f"{count}x{tps:g}")
+        if fig:
+            paced_rows(rows, f"paced {count} x {tps:g} tok/s", fig, cal)
     for rps in s.rates:
         fig = sm["nonstream"][f"{rps:g}rps"]
         edge = fig["edge"]
@@ -355,12 +430,54 @@ def main_rows(sm: dict[str, Any], s: Settings) -> list[list[str]]:
     return rows
 
 
+def paced_rows(rows: list[list[str]], label: str, fig: dict[str, Any], cal: Any) -> None:
+    """The paced workload: rate, edge CPU per chunk, inter-chunk gaps vs the node client."""
+    edge = fig["edge"]
+    offered = med(edge.get("offered_chunks_per_s"))
+    rows.append(
+        [
+            f"{label}: chunks/s in the window (offered {fmt(offered)}; window "
+            f"{fmt_range(edge.get('window_s'), ' s')})",
+            fmt_range(edge.get("window_chunks_per_s")),
+            fmt_range(dig(fig, "direct", "window_chunks_per_s")),
+            "x"
+            + fmt_range(dig(fig, "vs", "rate_vs_direct"))
+            + ("; SATURATED" if saturated(edge) else ""),
+        ]
+    )
+    cpu = med(edge.get("edge_cpu_us_per_chunk"))
+    rows.append(
+        [
+            f"{label}: edge CPU per chunk",
+            fmt_range(edge.get("edge_cpu_us_per_chunk"), " us"),
+            f"calibration {fmt(med(cal), ' us')}",
+            fmt_range(dig(fig, "vs", "edge_cpu_in_calibration_units"), " units")
+            + (f"; one core ~{fmt(1e6 / cpu)} ch/s" if cpu else ""),
+        ]
+    )
+    for q in ("p50", "p99"):
+        rows.append(
+            [
+                f"{label}: inter-chunk gap {q}",
+                fmt_range(edge.get(f"gap_{q}_ms"), " ms"),
+                fmt_range(dig(fig, "direct", f"gap_{q}_ms"), " ms"),
+                "+" + fmt_range(dig(fig, "vs", f"added_gap_{q}_ms"), " ms"),
+            ]
+        )
+
+
 def cpu_rows(sm: dict[str, Any], s: Settings) -> list[list[str]]:
     """CPU per chunk by process: the client and the node must not be the bottleneck."""
     rows: list[list[str]] = []
-    figs = [(f"1 x {s.long_chunks}", sm["one_stream"])] + [
-        (f"{c} x {n}", sm["concurrency"][f"{c}x{n}"]) for c, n in s.concurrency
-    ]
+    figs = (
+        [(f"1 x {s.long_chunks}", sm["one_stream"])]
+        + [(f"{c} x {n}", sm["concurrency"][f"{c}x{n}"]) for c, n in s.concurrency]
+        + [
+            (f"paced {c} x {t:g} tok/s", sm["paced"][f"{c}x{t:g}"])
+            for c, t, _ in s.paced
+            if f"{c}x{t:g}" in (sm.get("paced") or {})
+        ]
+    )
     for label, fig in figs:
         rows.append(
             [
@@ -388,6 +505,7 @@ def client_alone_line(sm: dict[str, Any]) -> str:
 def render(result: dict[str, Any]) -> str:
     s = Settings(**result["settings"])
     s.concurrency = [tuple(x) for x in s.concurrency]  # type: ignore[misc]
+    s.paced = [tuple(x) for x in s.paced]  # type: ignore[misc]
     sm = result["summary"]
     m = result["machine"]
     lines = [
@@ -420,32 +538,106 @@ def render(result: dict[str, Any]) -> str:
         "Goals (issue 7)",
         table(["goal", "measured", "met"], goal_rows(sm)),
     ]
-    if result.get("litellm"):
-        from benchmarks.peer import peer_rows, same_mock_rows
-
-        peer = result["litellm"]
-        if "error" in peer:
-            lines += ["", f"LiteLLM comparison failed: {peer['error']}"]
-        else:
-            lines += [
-                "",
-                f"Side by side with LiteLLM ({peer.get('litellm_spec')}; its upstream: an "
-                "OpenAI-compatible mock over HTTP; ours: the simulated node over gRPC)",
-                table(
-                    ["figure", "iop-edge", "LiteLLM", "LiteLLM's mock alone"],
-                    peer_rows(peer, sm, s),
-                ),
-            ]
-            same = same_mock_rows(peer)
-            if same:
-                lines += [
-                    "",
-                    "Same upstream, same client (the peer tool): iop-edge -> iop-node -> mock "
-                    f"vs LiteLLM -> mock (iop-node CPU {peer.get('iop_node_cpu_s')} s, not in "
-                    "the edge's CPU figures)",
-                    table(["figure", "iop-edge + iop-node", "LiteLLM", "mock alone"], same),
-                ]
+    peer = result.get("peers")
+    if peer:
+        lines += peer_lines(peer, sm, s)
     return "\n".join(lines)
+
+
+def peer_lines(peer: dict[str, Any], sm: dict[str, Any], s: Settings) -> list[str]:
+    from benchmarks.peer import peer_headers, peer_rows, same_mock_headers, same_mock_rows
+
+    if "error" in peer:
+        return ["", f"peer comparison failed: {peer['error']}"]
+    versions = peer.get("versions") or {}
+    lines = []
+    same = same_mock_rows(peer)
+    if same:
+        lines += [
+            "",
+            "Same upstream, same client (the peer tool): iop-edge -> iop-node -> mock vs "
+            f"LiteLLM ({peer.get('litellm_spec')}) and SMG ({versions.get('smg', 'not run')}) "
+            f"-> mock (iop-node CPU {peer.get('iop_node_cpu_s')} s, not in the edge's CPU "
+            "figures)",
+            table(same_mock_headers(peer), same),
+        ]
+    rows = peer_rows(peer, sm, s)
+    if rows:
+        lines += [
+            "",
+            "The edge's own harness (the simulated node over gRPC) beside the peers on their "
+            "mock (HTTP/SSE): different upstreams and clients, trends only",
+            table(peer_headers(peer), rows),
+        ]
+    return lines
+
+
+def peers(args: argparse.Namespace, settings: Settings, tmp: Path) -> dict[str, Any]:
+    """The peer tool's run (LiteLLM, SMG and the edge on its mock), or {"error": ...}."""
+    from benchmarks.peer import DEFAULT_TOOL, run_peer, smg_binary
+
+    smg = None
+    if not args.no_smg:
+        try:
+            smg = args.smg or smg_binary()
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            return {"error": f"SMG could not be installed: {exc!r}"}
+    print("running the peer tool (installs litellm on first use)...", file=sys.stderr)
+    return run_peer(args.peer_tool or DEFAULT_TOOL, settings, args.quick, tmp, smg)
+
+
+def main_peers(args: argparse.Namespace, settings: Settings) -> int:
+    """`--peers-only`: the peer tool's run alone; prints the same-upstream table."""
+    from benchmarks.peer import same_mock_headers, same_mock_rows
+
+    out = args.out or DEFAULT_OUT.parent / "peers.json"
+    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-peers-"))
+    started = time.monotonic()
+    try:
+        result: dict[str, Any] = {"peers": peers(args, settings, tmp), "machine": machine()}
+    finally:
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result["elapsed_s"] = sig(time.monotonic() - started)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    peer = result["peers"]
+    if "error" in peer:
+        print(f"peer comparison failed: {peer['error']}")
+        return 1
+    print(
+        f"Same upstream, same client (peer tool, {result['elapsed_s']:.0f} s): "
+        f"LiteLLM {peer.get('litellm_spec')}, SMG {(peer.get('versions') or {}).get('smg')}; "
+        f"iop-node CPU {peer.get('iop_node_cpu_s')} s is not in the edge's figures"
+    )
+    print(table(same_mock_headers(peer), same_mock_rows(peer)))
+    print(f"\nwritten: {out}")
+    return 0
+
+
+def main_ab(args: argparse.Namespace, settings: Settings) -> int:
+    """`--ab REV`: this tree against REV, alternating; prints the table, writes ab.json."""
+    from benchmarks.ab import render_ab, run_ab
+
+    out = args.out or DEFAULT_OUT.parent / "ab.json"
+    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-ab-"))
+    started = time.monotonic()
+    try:
+        result = run_ab(args.ab, settings, max(1, args.ab_pairs), tmp)
+    finally:
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result["elapsed_s"] = sig(time.monotonic() - started)
+    result["machine"] = machine()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(render_ab(result))
+    print(f"\nwritten: {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,6 +652,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.ab:
+        return main_ab(args, settings)
+    if args.peers_only:
+        return main_peers(args, settings)
+    args.out = args.out or DEFAULT_OUT
     info = machine()
     tmp = Path(tempfile.mkdtemp(prefix="iop-bench-"))
     started = time.monotonic()
@@ -475,15 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         result["raw"] = raw
         result["summary"] = summarize(raw, settings)
         result["goals"] = goal_rows(result["summary"])
-        if args.litellm:
-            from benchmarks.peer import DEFAULT_TOOL, run_peer
-
-            print(
-                "running the LiteLLM peer tool (installs litellm on first use)...", file=sys.stderr
-            )
-            result["litellm"] = run_peer(
-                args.litellm_tool or DEFAULT_TOOL, settings, args.quick, tmp
-            )
+        if args.peers or args.litellm:
+            result["peers"] = peers(args, settings, tmp)
     finally:
         result["elapsed_s"] = sig(time.monotonic() - started)
         if args.keep:

@@ -5,8 +5,8 @@ Only what the benchmarks need, cheap per byte so the client is never the bottlen
 - `ResponseReader` is sans-IO: bytes in, counts out. It parses the status line and
   headers, de-chunks a chunked body (or takes a Content-Length body) and, for an SSE
   body, counts content frames by a byte pattern (no JSON parsing), notes the time of the
-  first content frame, the run id (from `"id":"chatcmpl-<run_id>"`), error frames and
-  `data: [DONE]`.
+  first content frame (for paced streams: of every one), the run id (from
+  `"id":"chatcmpl-<run_id>"`), error frames and `data: [DONE]`.
 - `AioConnection` drives it on asyncio (an `asyncio.Protocol`, no StreamReader).
 - `TrioConnection` drives it on trio, for the in-process comparison with the node client.
 """
@@ -64,12 +64,15 @@ class ResponseReader:
         "first_content_at",
         "http_chunks",
         "run_id",
+        "stamps",
         "status",
         "stop_after",
         "stopped",
     )
 
-    def __init__(self, *, keep_body: bool = False, stop_after: int = 0) -> None:
+    def __init__(
+        self, *, keep_body: bool = False, stop_after: int = 0, stamps: bool = False
+    ) -> None:
         self._buf = b""
         self._carry = b""
         self._chunk_left = 0
@@ -84,6 +87,9 @@ class ResponseReader:
         self.first_content_at: float | None = None
         self.http_chunks = 0
         self.run_id: str | None = None
+        # The monotonic arrival time of every content frame (paced streams only): frames
+        # that arrive in one read share a time, as a batched write delivers them.
+        self.stamps: list[float] | None = [] if stamps else None
         self.status = 0
         self.stop_after = stop_after
         self.stopped = False
@@ -197,6 +203,8 @@ class ResponseReader:
             if self.first_content_at is None:
                 self.first_content_at = perf()
             self.content += n
+            if self.stamps is not None:
+                self.stamps.extend([time.monotonic()] * n)
             if self.stop_after and self.content >= self.stop_after:
                 self.stopped = True
         if self.run_id is None:

@@ -60,8 +60,9 @@ def raise_nofile(want: int = 65536) -> int:
 def _worker(conn: multiprocessing.connection.Connection) -> None:
     raise_nofile()
     from benchmarks.direct import DIRECT_JOBS
+    from benchmarks.paced import PACED_JOBS
 
-    jobs: dict[str, JobFn] = {**AIO_JOBS, **DIRECT_JOBS}
+    jobs: dict[str, JobFn] = {**AIO_JOBS, **DIRECT_JOBS, **PACED_JOBS}
     ctl = Ctl(conn)
     while True:
         try:
@@ -106,6 +107,10 @@ class Pool:
 
     def send(self, i: int, value: object) -> None:
         self.conns[i].send(value)
+
+    def ready(self, i: int, timeout_s: float) -> bool:
+        """Whether client i has an answer, waiting at most timeout_s."""
+        return self.conns[i].poll(timeout_s)
 
     def result(self, i: int, timeout_s: float) -> Any:
         """The job's result (or its next progress report); raises on error or timeout."""

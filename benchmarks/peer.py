@@ -1,11 +1,14 @@
-"""Optional (`--litellm`): the same workloads through the LiteLLM proxy, side by side.
+"""Optional (`--peers`): the same workloads through LiteLLM and SMG, side by side.
 
-Runs the shared peer tool (`/work/shared/tools/peer-litellm-bench`, or
-`--litellm-tool PATH`) after the edge's own measurements, with matching sizes. The tool
-installs `litellm[proxy]` into a venv under `~/.cache` on first use (large: minutes,
-hundreds of MB) and measures LiteLLM in front of a raw asyncio OpenAI-compatible mock,
-with the mock called directly as its baseline. Its last stdout line is one JSON object;
-`peer_rows` lines its figures up with the edge's.
+Runs the shared peer tool `peer-bench`, found relative to the repository
+(`../shared/tools/peer-bench`, or `--peer-tool PATH`), after the edge's own
+measurements, with matching sizes. The tool installs `litellm[proxy]` into a venv under
+`~/.cache` on first use (large: minutes, hundreds of MB) and measures LiteLLM in front
+of a raw asyncio OpenAI-compatible mock, with the mock called directly as its baseline.
+With `--smg BIN` it also starts SGLang's model gateway (SMG, a Rust gateway that relays
+bytes) in front of the same mock; `smg_binary` installs a pinned `smg` into a venv of
+its own (`~/.cache/iop-edge/smg-venv`) when no BIN is given. The tool's last stdout line
+is one JSON object; `same_mock_rows` and `peer_rows` line its figures up.
 
 The edge is also put in front of the same mock, as a `--target` of the tool:
 `iop-edge -> iop-node -> mock` (iop-node is the edge's node for OpenAI-compatible
@@ -30,8 +33,15 @@ from benchmarks.report import dig, fmt, med
 from benchmarks.stack import EDGE_CONFIG, Probe, _get, _spawn, free_port, stop_process, venv_script
 from benchmarks.workloads import Settings
 
-DEFAULT_TOOL = Path("/work/shared/tools/peer-litellm-bench")
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TOOL = ROOT.parent / "shared" / "tools" / "peer-bench"
 PEER_TIMEOUT_S = 45 * 60
+# SGLang's model gateway, pinned: its CLI and its startup (/v1/models) are what the peer
+# tool drives. A venv of its own: it must not touch the project's dependencies.
+SMG_SPEC = "smg==1.13.0"
+SMG_VENV = Path.home() / ".cache" / "iop-edge" / "smg-venv"
+SMG_INSTALL_TIMEOUT_S = 15 * 60
+GATEWAYS = (("LiteLLM", r"litellm_w\d+"), ("SMG", r"smg"))
 
 
 EDGE_TARGET = "iop-edge"
@@ -64,17 +74,44 @@ def _start_edge_for_mock(
     return [edge, node], url, edge.pid
 
 
-def run_peer(tool: Path, settings: Settings, quick: bool, log_dir: Path) -> dict[str, Any]:
+def smg_binary(venv: Path = SMG_VENV) -> Path:
+    """The `smg` executable of the pinned venv, created and filled on first use (bounded)."""
+    smg = venv / "bin" / "smg"
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import importlib.metadata as m; print(m.version('smg'))"]
+    if smg.exists() and python.exists():
+        found = subprocess.run(check, capture_output=True, text=True, timeout=60, check=False)
+        if found.stdout.strip() == SMG_SPEC.split("==")[1]:
+            return smg
+    print(f"installing {SMG_SPEC} into {venv} (first use)...", file=sys.stderr)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", SMG_SPEC],
+        check=True,
+        timeout=SMG_INSTALL_TIMEOUT_S,
+    )
+    if not smg.exists():
+        raise RuntimeError(f"{SMG_SPEC} installed no `smg` executable in {venv}")
+    return smg
+
+
+def run_peer(
+    tool: Path, settings: Settings, quick: bool, log_dir: Path, smg: Path | None = None
+) -> dict[str, Any]:
     """Run the peer tool (bounded) with the edge as a target; its JSON, or {"error": ...}."""
     if not tool.exists():
-        return {"error": f"{tool} not found"}
+        return {"error": f"{tool} not found (the peer tool lives in ../shared/tools)"}
     rates = sorted({20.0, 50.0, *settings.rates})
     mock_port = free_port()
     procs, edge_url, edge_pid = _start_edge_for_mock(mock_port, log_dir)
     node_probe = Probe(procs[1].pid)
     node_cpu_start = node_probe.cpu()
     try:
-        result = _run_tool(tool, settings, quick, log_dir, rates, mock_port, edge_url, edge_pid)
+        result = _run_tool(
+            tool, settings, quick, log_dir, rates, mock_port, edge_url, edge_pid, smg
+        )
         result["iop_node_cpu_s"] = round(node_probe.cpu() - node_cpu_start, 2)
         return result
     finally:
@@ -91,11 +128,14 @@ def _run_tool(
     mock_port: int,
     edge_url: str,
     edge_pid: int,
+    smg: Path | None,
 ) -> dict[str, Any]:
     cmd = [
         sys.executable, str(tool), "--mock-port", str(mock_port),
         "--target", f"{EDGE_TARGET}={edge_url},{edge_pid}",
     ]  # fmt: skip
+    if smg is not None:
+        cmd += ["--smg", str(smg)]
     if quick:
         cmd.append("--quick")
     else:
@@ -113,7 +153,7 @@ def _run_tool(
             "--rate-seconds",
             f"{settings.rate_seconds:g}",
         ]
-    log = log_dir / "peer-litellm.log"
+    log = log_dir / "peer-bench.log"
     try:
         with log.open("wb") as err:
             proc = subprocess.run(
@@ -131,117 +171,147 @@ def _run_tool(
     return result
 
 
+def _size(key: str) -> tuple[float, ...]:
+    """Numeric sort key of "stream_100x200" or "nonstream_50rps"."""
+    return tuple(float(x) for x in re.findall(r"\d+(?:\.\d+)?", key))
+
+
+def _saturated(value: Any) -> bool:
+    """The tool's flag: a bool, or per-round values that differed (as strings)."""
+    if isinstance(value, list):
+        return any(v is True or v == "True" for v in value)
+    return value is True
+
+
+def gateways(peer: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, result key) of every peer gateway the tool measured, LiteLLM first."""
+    out = []
+    for label, pattern in GATEWAYS:
+        key = next((k for k in peer if re.fullmatch(pattern, k)), None)
+        if key is not None and isinstance(peer.get(key), dict):
+            out.append((label, key))
+    return out
+
+
+def same_mock_headers(peer: dict[str, Any]) -> list[str]:
+    return ["figure", "iop-edge + iop-node", *(label for label, _ in gateways(peer)), "mock alone"]
+
+
 def same_mock_rows(peer: dict[str, Any]) -> list[list[str]]:
-    """Rows: figure | iop-edge (via iop-node) | LiteLLM | the mock alone, all from the tool."""
-    name = next((k for k in peer if re.fullmatch(r"litellm_w\d+", k)), None)
+    """Rows: figure | iop-edge (via iop-node) | each peer | the mock alone, all from the tool."""
+    names = [key for _, key in gateways(peer)]
     edge = peer.get(EDGE_TARGET) or {}
-    if name is None or not edge:
+    if not names or not edge:
         return []
-    lite = peer.get(name) or {}
-    direct = peer.get("direct") or {}
-    vs_edge = peer.get(EDGE_TARGET + "_vs_direct") or {}
-    vs_lite = peer.get(name + "_vs_direct") or {}
+    targets = [edge, *(peer.get(n) or {} for n in names), peer.get("direct") or {}]
+    vs = [peer.get(k + "_vs_direct") or {} for k in (EDGE_TARGET, *names)]
     rows: list[list[str]] = []
 
     def add(label: str, key: tuple[str, ...], unit: str, vs_key: str | None = None) -> None:
         if vs_key is not None:
-            values = [med(vs_edge.get(vs_key)), med(vs_lite.get(vs_key)), None]
+            values = [*(med(v.get(vs_key)) for v in vs), None]
         else:
-            values = [med(dig(t, *key)) for t in (edge, lite, direct)]
+            values = [med(dig(t, *key)) for t in targets]
         rows.append([label, *(fmt(v, unit) for v in values)])
 
     add("added TTFT p50", (), " ms", "ttft_p50_added_ms")
     add("added TTFT p99", (), " ms", "ttft_p99_added_ms")
-    for key in sorted(k for k in direct if k.startswith("stream_")):
+    direct = targets[-1]
+    for key in sorted((k for k in direct if k.startswith("stream_")), key=_size):
         add(f"{key[7:]} chunks/s", (key, "chunks_per_s"), "")
         add(f"  {key[7:]} server CPU per chunk", (key, "server_cpu_us_per_chunk"), " us")
-    for key in sorted(k for k in direct if k.startswith("nonstream_")):
+    for key in sorted((k for k in direct if k.startswith("nonstream_")), key=_size):
         add(f"non-stream {key[10:]}: p99", (key, "p99_ms"), " ms")
+        for i, t in enumerate(targets):
+            fig = t.get(key) or {}
+            if "skipped" in fig:
+                rows[-1][1 + i] = str(fig["skipped"])
+            elif _saturated(fig.get("saturated")):
+                rows[-1][1 + i] += " (saturated)"
+        add(f"  {key[10:]}: server CPU per request", (key, "server_cpu_ms_per_req"), " ms")
     add("RSS per open stream", ("idle_streams", "rss_kib_per_stream"), " KiB")
     add("disconnect -> upstream end", ("disconnect", "steady", "upstream_end_after_ms"), " ms")
     return rows
 
 
+def peer_headers(peer: dict[str, Any]) -> list[str]:
+    labels = [label for label, _ in gateways(peer)]
+    return ["figure", "iop-edge (sim node, gRPC)", *labels, "their mock alone"]
+
+
 def peer_rows(peer: dict[str, Any], summary: dict[str, Any], settings: Settings) -> list[list[str]]:
-    """Rows: figure | iop-edge | LiteLLM | LiteLLM's upstream alone."""
-    name = next((k for k in peer if re.fullmatch(r"litellm_w\d+", k)), None)
-    if name is None:
+    """Rows: figure | iop-edge (its own harness) | each peer | the peers' upstream alone."""
+    names = [key for _, key in gateways(peer)]
+    if not names:
         return []
-    lite = peer.get(name) or {}
-    vs = peer.get(name + "_vs_direct") or {}
+    peers = [peer.get(n) or {} for n in names]
+    vs = [peer.get(n + "_vs_direct") or {} for n in names]
     direct = peer.get("direct") or {}
     rows: list[list[str]] = []
 
-    def add(
-        label: str, ours: float | None, theirs: float | None, base: float | None, unit: str
-    ) -> None:
-        rows.append([label, fmt(ours, unit), fmt(theirs, unit), fmt(base, unit)])
+    def add(label: str, ours: Any, theirs: list[Any], base: Any, unit: str) -> None:
+        rows.append([label, fmt(ours, unit), *(fmt(t, unit) for t in theirs), fmt(base, unit)])
 
-    add(
-        "added TTFT p50",
-        med(dig(summary, "ttft", "added_p50_ms")),
-        med(vs.get("ttft_p50_added_ms")),
-        None,
-        " ms",
-    )
-    add(
-        "added TTFT p99",
-        med(dig(summary, "ttft", "added_p99_ms")),
-        med(vs.get("ttft_p99_added_ms")),
-        None,
-        " ms",
-    )
-    long_key = next((k for k in lite if k.startswith("stream_1x")), None)
+    for q in ("p50", "p99"):
+        add(
+            f"added TTFT {q}",
+            med(dig(summary, "ttft", f"added_{q}_ms")),
+            [med(v.get(f"ttft_{q}_added_ms")) for v in vs],
+            None,
+            " ms",
+        )
+    long_key = next((k for k in peers[0] if k.startswith("stream_1x")), None)
     if long_key:
         add(
             f"one stream ({long_key[7:]}) chunks/s",
             med(dig(summary, "one_stream", "edge", "chunks_per_s")),
-            med(dig(lite, long_key, "chunks_per_s")),
+            [med(dig(p, long_key, "chunks_per_s")) for p in peers],
             med(dig(direct, long_key, "chunks_per_s")),
             "",
         )
         add(
             "  server CPU per chunk",
             med(dig(summary, "one_stream", "edge", "edge_cpu_us_per_chunk")),
-            med(dig(lite, long_key, "server_cpu_us_per_chunk")),
+            [med(dig(p, long_key, "server_cpu_us_per_chunk")) for p in peers],
             med(dig(direct, long_key, "server_cpu_us_per_chunk")),
             " us",
         )
     for key in ("100x200", "1000x20"):
-        if f"stream_{key}" in lite:
+        if f"stream_{key}" in peers[0]:
             add(
                 f"{key} streams chunks/s",
                 med(dig(summary, "concurrency", key, "edge", "chunks_per_s")),
-                med(dig(lite, f"stream_{key}", "chunks_per_s")),
+                [med(dig(p, f"stream_{key}", "chunks_per_s")) for p in peers],
                 med(dig(direct, f"stream_{key}", "chunks_per_s")),
                 "",
             )
     for rps in sorted({20.0, 50.0, *settings.rates}):
         key = f"nonstream_{rps:g}rps"
-        if key not in lite:
+        if key not in peers[0]:
             continue
         ours = dig(summary, "nonstream", f"{rps:g}rps")
         add(
             f"non-stream {rps:g} req/s: p99",
             med(dig(ours, "edge", "p99_ms")),
-            med(dig(lite, key, "p99_ms")),
+            [med(dig(p, key, "p99_ms")) for p in peers],
             med(dig(direct, key, "p99_ms")),
             " ms",
         )
-        if "skipped" in (lite.get(key) or {}):
-            rows[-1][2] = str(lite[key]["skipped"])
+        for i, p in enumerate(peers):
+            if "skipped" in (p.get(key) or {}):
+                rows[-1][2 + i] = str(p[key]["skipped"])
     last = summary.get("open_streams_last") or {}
     add(
         f"RSS per open stream (ours at {last.get('opened', 0):,})",
         med(last.get("rss_kib_per_stream")),
-        med(dig(lite, "idle_streams", "rss_kib_per_stream")),
+        [med(dig(p, "idle_streams", "rss_kib_per_stream")) for p in peers],
         None,
         " KiB",
     )
     add(
         "disconnect -> upstream end p50",
         med(dig(summary, "disconnect", "edge_p50_ms")),
-        med(dig(lite, "disconnect", "steady", "upstream_end_after_ms")),
+        [med(dig(p, "disconnect", "steady", "upstream_end_after_ms")) for p in peers],
         None,
         " ms",
     )

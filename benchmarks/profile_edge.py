@@ -1,6 +1,6 @@
 """Profile the edge (or the node) with py-spy while a benchmark workload runs.
 
-    python -m benchmarks.profile_edge [--workload one|conc|nonstream] [--runs N]
+    python -m benchmarks.profile_edge [--workload one|conc|nonstream|paced] [--runs N]
                                       [--target edge|node] [--top N] [--raw FILE]
 
 Starts the same stack as `make bench`, warms it up, attaches `py-spy record` (raw
@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import paced
 from benchmarks.loadgen import Pool
 from benchmarks.stack import Stack
 from benchmarks.workloads import Bench, Settings
@@ -75,7 +76,10 @@ def summarize(raw: Path, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_edge", description=__doc__)
-    parser.add_argument("--workload", choices=["one", "conc", "nonstream"], default="one")
+    parser.add_argument("--workload", choices=["one", "conc", "nonstream", "paced"], default="one")
+    parser.add_argument(
+        "--paced", default="1000x1x14", help="paced streams COUNTxTOKENS_PER_SxSECONDS"
+    )
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--chunks", type=int, default=20_000, help="deltas per one-stream run")
     parser.add_argument("--target", choices=["edge", "node"], default="edge")
@@ -110,9 +114,19 @@ def main(argv: list[str] | None = None) -> int:
                             result = bench.streams("edge", 1, args.chunks, 120.0)
                         elif args.workload == "conc":
                             result = bench.streams("edge", 100, 200, 120.0)
+                        elif args.workload == "paced":
+                            count, tps, seconds = args.paced.split("x")
+                            result = paced.measure(
+                                bench, "edge", int(count), float(tps), float(seconds)
+                            )
                         else:
                             result = bench.rate("edge", 100.0, 3.0)
-                        keys = ("chunks_per_s", "edge_cpu_us_per_chunk", "edge_cpu_us_per_req")
+                        keys = (
+                            "chunks_per_s",
+                            "window_chunks_per_s",
+                            "edge_cpu_us_per_chunk",
+                            "edge_cpu_us_per_req",
+                        )
                         print({k: result[k] for k in keys if k in result}, file=sys.stderr)
                         bench.settle()
                 finally:

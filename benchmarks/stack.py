@@ -170,14 +170,16 @@ def node_active_runs(port: int, timeout_s: float = 2.0) -> int | None:
         return None
 
 
-def _spawn(cmd: list[str], log: Path, **kwargs: Any) -> subprocess.Popen[bytes]:
+def _spawn(
+    cmd: list[str], log: Path, env: dict[str, str] | None = None, **kwargs: Any
+) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
             cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             **kwargs,
         )
 
@@ -229,11 +231,26 @@ address = "{node}"
 """
 
 
+@dataclass(frozen=True)
+class EdgeSource:
+    """Which code the edge process runs: this tree's (the default) or another revision's.
+
+    `command` replaces the `iop-edge` console script (a revision with its own venv);
+    `env` is added to the edge's environment (PYTHONPATH for a revision that shares this
+    venv). The node and the load generator always run this tree's code.
+    """
+
+    label: str = "tree"
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
 class Stack:
     """The simulated node and the edge, as subprocesses; a context manager."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, edge_source: EdgeSource | None = None) -> None:
         self.tmp = tmp
+        self.edge_source = edge_source or EdgeSource()
         self.sim: subprocess.Popen[bytes] | None = None
         self.edge: subprocess.Popen[bytes] | None = None
         self.runs_log = RunsLog(tmp / "runs.fifo")
@@ -284,9 +301,12 @@ class Stack:
         config.write_text(
             EDGE_CONFIG.format(port=self.edge_port, name="sim", node=f"127.0.0.1:{self.node_port}")
         )
+        source = self.edge_source
+        command = list(source.command) or [venv_script("iop-edge")]
         self.edge = _spawn(
-            [venv_script("iop-edge"), "--config", str(config), "--log-level", "WARNING"],
+            [*command, "--config", str(config), "--log-level", "WARNING"],
             self.tmp / "edge.log",
+            env=dict(source.env),
         )
         base = f"http://127.0.0.1:{self.edge_port}"
         while mono() < deadline:

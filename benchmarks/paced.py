@@ -1,0 +1,365 @@
+"""The paced workload: tokens as real nodes send them, one per event, at a fixed rate.
+
+`count` streams of `rate` tokens/s for `seconds`: the simulated node plays a sim-script
+of single-token deltas with `{"sleep_ms": 1000/rate}` between them, so every token is
+one RunEvent (no batching at the source). Stream starts are spread evenly over a ramp
+(a real edge never sees a thousand requests in the same millisecond), and the figures
+are taken in the steady window, measured from the streams themselves: from the moment
+the last stream got its first token to the moment the first stream got its last one.
+Every stream is live in it, and no stream is opened or closed in it (opening one costs
+the edge milliseconds of CPU, which would swamp the per-token figure):
+
+- edge CPU per chunk: the edge's CPU over the window (psutil, sampled by the
+  orchestrator every 0.1 s and interpolated at the window's edges) over the content
+  frames the clients received in it;
+- inter-chunk gap p50/p99: time between consecutive content frames of a stream, at the
+  client, for gaps that end in the window; "added" is the edge's percentile minus the
+  same percentile through the node client directly (`GrpcNodeClient`, in load-generator
+  processes against the same node), measured in the same run.
+
+Frames that arrive in one read share a time: a batched write shows as one long gap and
+short ones, which the p99 sees. The jobs below run in the load-generator processes
+(`benchmarks.loadgen`); `measure` is the orchestrator's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from array import array
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from benchmarks.httpclient import AioConnection, ResponseReader
+from benchmarks.loadgen import Ctl, JobFn
+from benchmarks.report import pct
+
+if TYPE_CHECKING:
+    from benchmarks.workloads import Bench
+
+mono = time.monotonic
+cpu = time.process_time
+START_DELAY_S = 0.5
+# Stream starts are spread over this much time per stream (opening a stream costs the
+# edge a few ms of CPU: 1,000 at once would delay the first tokens by seconds), within
+# bounds.
+RAMP_PER_STREAM_S = 0.003
+RAMP_BOUNDS_S = (0.5, 3.0)
+# Below this share of the offered rate the run is saturated (the node's sleeps drift a
+# little even when idle: ~21.5 ms for 20 ms, so 95% would flag an idle machine).
+SATURATED_BELOW = 0.85
+# CPU samples of the edge and the node while a paced run goes on.
+SAMPLE_EVERY_S = 0.1
+
+
+def paced_script(tokens: int, rate: float) -> str:
+    """`tokens` single-token deltas, `1000/rate` ms apart, then complete."""
+    events: list[dict[str, Any]] = []
+    gap = {"sleep_ms": round(1000.0 / rate, 3)}
+    for i in range(tokens):
+        if i:
+            events.append(gap)
+        events.append({"type": "delta", "delta": " tik" if i % 2 else " tok"})
+    events.append(
+        {
+            "type": "complete",
+            "usage": {"output_tokens": tokens},
+            "metadata": {"finish_reason": "stop"},
+        }
+    )
+    return json.dumps({"events": events}, separators=(",", ":"))
+
+
+def window_gaps(stamps: Sequence[float], w0: float, w1: float) -> tuple[array[float], int]:
+    """Gaps between consecutive frames that end in [w0, w1], and the frames in it."""
+    gaps: array[float] = array("d")
+    frames = 0
+    prev = None
+    for t in stamps:
+        if w0 <= t <= w1:
+            frames += 1
+            if prev is not None:
+                gaps.append(t - prev)
+        prev = t
+    return gaps, frames
+
+
+def steady_window(streams: Sequence[Sequence[float]]) -> tuple[float, float] | None:
+    """From the last stream's first frame to the first stream's last frame (or None).
+
+    Streams that got no frame at all (failed) are left out; they are counted as errors.
+    """
+    live = [s for s in streams if s]
+    if not live:
+        return None
+    w0 = max(s[0] for s in live)
+    w1 = min(s[-1] for s in live)
+    return (w0, w1) if w1 > w0 else None
+
+
+def _report(
+    t0: float,
+    t1: float,
+    c0: float,
+    c1: float,
+    count: int,
+    per_stream: list[list[float]],
+    ok: int,
+    errors: list[str],
+    unfinished: int,
+) -> dict[str, Any]:
+    flat: array[float] = array("d")
+    for stamps in per_stream:
+        flat.extend(stamps)
+    return {
+        "t_start": t0,
+        "t_end": t1,
+        "cpu_s": c1 - c0,
+        "streams": count,
+        "ok": ok,
+        "errors": len(errors),
+        "unfinished": unfinished,
+        "chunks": len(flat),
+        "stamps": flat.tobytes(),
+        "lengths": [len(s) for s in per_stream],
+        "first_error": errors[0] if errors else None,
+    }
+
+
+def _streams_of(part: dict[str, Any]) -> list[array[float]]:
+    flat: array[float] = array("d")
+    flat.frombytes(part["stamps"])
+    out = []
+    at = 0
+    for n in part["lengths"]:
+        out.append(flat[at : at + n])
+        at += n
+    return out
+
+
+def _interpolate(samples: list[tuple[float, float, float]], t: float) -> tuple[float, float]:
+    """(edge CPU, node CPU) at time t, linear between the two samples around it."""
+    before = max((x for x in samples if x[0] <= t), default=samples[0])
+    after = min((x for x in samples if x[0] >= t), default=samples[-1])
+    if after[0] == before[0]:
+        return before[1], before[2]
+    k = (t - before[0]) / (after[0] - before[0])
+    return (
+        before[1] + k * (after[1] - before[1]),
+        before[2] + k * (after[2] - before[2]),
+    )
+
+
+# --- load-generator jobs ------------------------------------------------------------
+
+
+async def _paced_edge(
+    host: str,
+    port: int,
+    request: bytes,
+    count: int,
+    offset: int,
+    total: int,
+    start_at: float,
+    ramp_s: float,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """This worker's share of the paced streams through the edge (raw HTTP/1.1)."""
+    per_stream: list[list[float]] = []
+    errors: list[str] = []
+    ok = 0
+
+    async def one(i: int) -> None:
+        nonlocal ok
+        delay = start_at + ramp_s * (offset + i) / max(total, 1) - mono()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        try:
+            conn = await AioConnection.open(host, port)
+        except OSError as exc:
+            errors.append(repr(exc)[:200])
+            return
+        reader = ResponseReader(stamps=True)
+        try:
+            await conn.request(request, reader)
+        except ConnectionError as exc:
+            errors.append(repr(exc)[:200])
+        finally:
+            conn.close()
+            assert reader.stamps is not None
+            per_stream.append(reader.stamps)
+        if reader.status == 200 and reader.done and not reader.errors:
+            ok += 1
+        elif len(errors) < 3:
+            errors.append(f"HTTP {reader.status}: {b''.join(reader.body)[:200]!r}")
+
+    c0, t0 = cpu(), mono()
+    tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    t1, c1 = mono(), cpu()
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return _report(t0, t1, c0, c1, count, per_stream, ok, errors, len(pending))
+
+
+def job_paced_edge(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
+    return asyncio.run(_paced_edge(**kwargs))
+
+
+async def _paced_direct(
+    node_port: int,
+    script: str,
+    count: int,
+    offset: int,
+    total: int,
+    start_at: float,
+    ramp_s: float,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """This worker's share of the paced streams through the node client (trio)."""
+    import trio
+
+    from benchmarks.direct import _start, run_request
+    from edge.node.client import GrpcNodeClient
+    from edge.stream.events import Complete, Delta
+
+    client = GrpcNodeClient("sim", "127.0.0.1", node_port)
+    per_stream: list[list[float]] = []
+    errors: list[str] = []
+    ok = 0
+    unfinished = 0
+    c0, t0 = cpu(), mono()
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def one(i: int) -> None:
+                nonlocal ok
+                await trio.sleep(max(0.0, start_at + ramp_s * (offset + i) / total - mono()))
+                stamps: list[float] = []
+                per_stream.append(stamps)
+                try:
+                    handle = await _start(client, nursery, run_request(script))
+                    async for event in handle.events:
+                        kind = type(event)
+                        if kind is Delta:
+                            stamps.append(mono())
+                        elif kind is Complete:
+                            ok += 1
+                except Exception as exc:
+                    errors.append(repr(exc)[:200])
+
+            with trio.move_on_after(max(1.0, start_at - mono()) + timeout_s) as scope:
+                async with trio.open_nursery() as streams:
+                    for i in range(count):
+                        streams.start_soon(one, i)
+            if scope.cancelled_caught:
+                unfinished = count - ok - len(errors)
+            nursery.cancel_scope.cancel()
+    finally:
+        await client.aclose()
+    t1, c1 = mono(), cpu()
+    return _report(t0, t1, c0, c1, count, per_stream, ok, errors, unfinished)
+
+
+def job_paced_direct(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
+    from benchmarks.direct import _in_loop
+
+    result: dict[str, Any] = _in_loop(_paced_direct, **kwargs)
+    return result
+
+
+PACED_JOBS: dict[str, JobFn] = {"paced_edge": job_paced_edge, "paced_direct": job_paced_direct}
+
+
+# --- the orchestrator's side ----------------------------------------------------------
+
+
+def measure(bench: Bench, via: str, count: int, rate: float, seconds: float) -> dict[str, Any]:
+    """`count` streams of `rate` tokens/s for `seconds`, via "edge" or "direct"."""
+
+    tokens = max(2, round(rate * seconds))
+    script = paced_script(tokens, rate)
+    lo, hi = RAMP_BOUNDS_S
+    ramp = min(max(lo, count * RAMP_PER_STREAM_S), hi, seconds / 3)
+    start_at = mono() + START_DELAY_S
+    timeout_s = seconds * 3 + 30.0
+    workers = min(bench.pool.size, max(1, count // 100))
+    shares = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
+    common = {"total": count, "start_at": start_at, "ramp_s": ramp, "timeout_s": timeout_s}
+    offset = 0
+    for i, share in enumerate(shares):
+        if via == "edge":
+            request = bench.post(script, stream=True)
+            bench.pool.submit(
+                i, "paced_edge", host=bench.host, port=bench.port, request=request,
+                count=share, offset=offset, **common,
+            )  # fmt: skip
+        else:
+            bench.pool.submit(
+                i, "paced_direct", node_port=bench.stack.node_port, script=script,
+                count=share, offset=offset, **common,
+            )  # fmt: skip
+        offset += share
+    # The edge's and the node's CPU, sampled until every worker has answered (bounded).
+    samples: list[tuple[float, float, float]] = []
+    limit = mono() + START_DELAY_S + timeout_s + 30
+    waiting = list(range(workers))
+    while waiting and mono() < limit:
+        samples.append((mono(), bench.edge.cpu(), bench.node.cpu()))
+        waiting = [i for i in waiting if not bench.pool.ready(i, SAMPLE_EVERY_S)]
+    samples.append((mono(), bench.edge.cpu(), bench.node.cpu()))
+    parts = [bench.pool.result(i, 1.0) for i in range(workers)]
+    streams = [s for p in parts for s in _streams_of(p)]
+    window = steady_window(streams)
+    chunks = sum(p["chunks"] for p in parts)
+    out: dict[str, Any] = {
+        "streams": count,
+        "rate": rate,
+        "tokens_per_stream": tokens,
+        "ramp_s": ramp,
+        "offered_chunks_per_s": count * rate,
+        "client_cpu_us_per_chunk": sum(p["cpu_s"] for p in parts) * 1e6 / max(chunks, 1),
+        "chunks": chunks,
+        "streams_ok": sum(p["ok"] for p in parts),
+        "errors": sum(p["errors"] for p in parts),
+        "unfinished": sum(p["unfinished"] for p in parts),
+    }
+    if window is None:
+        out["saturated"] = True
+        out["no_steady_window"] = "no moment had every stream live"
+        bench.log(f"  paced {via} {count}x{rate:g}: no moment had every stream live")
+        return out
+    w0, w1 = window
+    gaps: array[float] = array("d")
+    frames = 0
+    for stamps in streams:
+        g, n = window_gaps(stamps, w0, w1)
+        gaps.extend(g)
+        frames += n
+    ms = [g * 1e3 for g in gaps]
+    span = w1 - w0
+    (e0, n0), (e1, n1) = _interpolate(samples, w0), _interpolate(samples, w1)
+    out.update(
+        {
+            "window_s": span,
+            "window_start_after_s": w0 - start_at,
+            "window_chunks_per_s": frames / span,
+            "gap_p50_ms": pct(ms, 50),
+            "gap_p90_ms": pct(ms, 90),
+            "gap_p99_ms": pct(ms, 99),
+            "gap_max_ms": max(ms) if ms else None,
+            "node_cpu_us_per_chunk": (n1 - n0) * 1e6 / max(frames, 1),
+            "saturated": frames / span < SATURATED_BELOW * count * rate,
+        }
+    )
+    if via == "edge":
+        out["edge_cpu_us_per_chunk"] = (e1 - e0) * 1e6 / max(frames, 1)
+        out["edge_cores_busy"] = (e1 - e0) / span
+    first = next((p["first_error"] for p in parts if p["first_error"]), None)
+    if first:
+        out["first_error"] = first
+    if out["streams_ok"] < count:
+        bench.log(f"  paced {via}: {out['streams_ok']} of {count} streams complete; {first}")
+    return out
