@@ -454,7 +454,7 @@ class _Connection:
                 self._write_scope = scope
                 await self.stream.send_all(view[start : start + _WRITE_PIECE])
             self._write_scope = None
-            if scope.cancelled_caught and deadline == self.server.write_deadline:
+            if scope.cancelled_caught and trio.current_time() >= self.server.write_deadline:
                 await self._close()  # the drain is over: not the client's doing
                 raise trio.ClosedResourceError
             if scope.cancelled_caught:

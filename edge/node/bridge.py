@@ -61,10 +61,12 @@ class EventBuffer:
     """
 
     __slots__ = (
+        "_aborted",
         "_chars",
         "_limit_s",
         "_max_chars",
         "_put",
+        "_put_scope",
         "_receive",
         "_receive_nowait",
         "_room",
@@ -86,6 +88,9 @@ class EventBuffer:
         # The producer parks here while the text bound is reached.
         self._room = trio.lowlevel.ParkingLot()
         self._waiting = False
+        # The consumer is gone: a producer waiting for room gives up (see abort).
+        self._aborted = False
+        self._put_scope: trio.CancelScope | None = None
         # The read loop handed over the node's terminal event: the node ended the
         # run, whether or not the writer has taken the event yet.
         self.terminal = False
@@ -125,12 +130,29 @@ class EventBuffer:
 
     async def _wait_put(self, item: Item) -> None:
         size = len(item.text) if type(item) in _TEXT_EVENTS else 0  # type: ignore[union-attr]
-        with trio.fail_after(self._limit_s):
+        with trio.fail_after(self._limit_s), trio.CancelScope() as scope:
+            self._put_scope = scope
+            if self._aborted:
+                scope.cancel()
             while self._chars and self._chars + size > self._max_chars:
                 self._waiting = True
                 await self._room.park()
             await self._send.send(item)
-        self._chars += size
+            self._chars += size
+        self._put_scope = None
+        if scope.cancelled_caught:
+            raise trio.BrokenResourceError("the run's consumer is gone")
+
+    def abort(self) -> None:
+        """The run was ended from the edge's side: a producer waiting for room gives up.
+
+        The wait runs as a trio task of the asyncio bridge, outside the read
+        task's cancel scope, so cancelling the read task alone may leave it
+        parked (until `limit_s`) while the read task waits for it.
+        """
+        self._aborted = True
+        if self._put_scope is not None:
+            self._put_scope.cancel()
 
     def close(self) -> None:
         """No more events: the consumer sees trio.EndOfChannel once it took the rest."""

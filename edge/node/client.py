@@ -98,6 +98,7 @@ class RunHandle:
         if self.cause is None and not self.finished:
             self.cause = EndCause(cause)
         self._scope.cancel()
+        self.events.abort()
 
 
 class NodeClient(Protocol):
