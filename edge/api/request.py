@@ -347,7 +347,7 @@ def _tool_call(wire: _WireToolCall, at: str) -> ToolCall:
         raise _invalid(f"{at}.type", f"{wire.type!r}; only 'function' is supported")
     arguments = wire.function.arguments
     _check_chars(arguments, f"{at}.function.arguments", limits.MAX_TOOL_ARGUMENTS_CHARS)
-    return ToolCall(id=wire.id, name=wire.function.name, arguments=wire.function.arguments)
+    return ToolCall(id=wire.id, name=wire.function.name, arguments=arguments)
 
 
 def _tool_policy(wire: _WireRequest) -> ToolPolicy:

@@ -69,6 +69,7 @@ _NAME_MAPS = frozenset(
     {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 )
 _DATA = frozenset({"const", "enum", "default", "examples"})
+_NESTED_TOO_DEEPLY = "the schema is nested too deeply"
 _TOO_DEEP = f"is nested more than {MAX_SCHEMA_DEPTH} levels deep (limit {MAX_SCHEMA_DEPTH})"
 
 
@@ -154,14 +155,20 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
     Callers check `schema_limit_problem` first: this one assumes a bounded schema.
     """
     try:
-        key = hashlib.blake2b(schema_key(schema).encode(), digest_size=16).digest()
+        key = schema_key(schema)
     except RecursionError:
-        return "the schema is nested too deeply"
-    if key in _CHECKED:
-        _CHECKED.move_to_end(key)
-        return _CHECKED[key]
+        return _NESTED_TOO_DEEPLY
+    return _checked_problem(schema, key)
+
+
+def _checked_problem(schema: Mapping[str, Any], key: str) -> str | None:
+    """`schema_problem` for a schema whose `schema_key` is `key`."""
+    digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+    if digest in _CHECKED:
+        _CHECKED.move_to_end(digest)
+        return _CHECKED[digest]
     problem = _problem(schema)
-    _CHECKED[key] = problem
+    _CHECKED[digest] = problem
     if len(_CHECKED) > _CHECKED_MAX:
         _CHECKED.popitem(last=False)
     return problem
@@ -174,7 +181,7 @@ def _problem(schema: Mapping[str, Any]) -> str | None:
     try:
         error = next(iter(_metaschema(schema).iter_errors(dict(schema))), None)
     except RecursionError:
-        return "the schema is nested too deeply"
+        return _NESTED_TOO_DEEPLY
     if error is not None:
         if error.validator == "format" and isinstance(error.cause, PatternError):
             where = error.json_path
@@ -224,8 +231,7 @@ def _unresolvable_local_ref(schema: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _validator(schema: Mapping[str, Any]) -> Validator:
-    key = schema_key(schema)
+def _validator(schema: Mapping[str, Any], key: str) -> Validator:
     validator = _VALIDATORS.get(key)
     if validator is None:
         dialect = validator_for(schema, default=Draft202012Validator)
@@ -246,12 +252,16 @@ def schema_error(schema: Mapping[str, Any], instance: Any) -> str | None:
     The schema is a caller's: it is checked first (cached), and a remote
     `$ref` is never retrieved (this core does no I/O).
     """
-    problem = schema_problem(schema)
+    try:
+        key = schema_key(schema)
+    except RecursionError:
+        return f"the schema is not valid: {_NESTED_TOO_DEEPLY}"
+    problem = _checked_problem(schema, key)
     if problem is not None:
         return f"the schema is not valid: {problem}"
     try:
         with validation_budget():
-            error = best_match(_validator(schema).iter_errors(instance))
+            error = best_match(_validator(schema, key).iter_errors(instance))
     except BudgetExceeded:
         return (
             f"validating the value took more than {MAX_VALIDATION_STEPS} schema checks "

@@ -37,7 +37,6 @@ __all__ = [
     "META_FORMATS",
     "BudgetExceeded",
     "PatternError",
-    "pattern_problem",
     "validation_budget",
 ]
 
@@ -70,15 +69,6 @@ def _compiled(pattern: str) -> Any:
             f"{MAX_PATTERN_PROGRAM} (use smaller repetition counts)"
         )
     return regex
-
-
-def pattern_problem(pattern: str) -> str | None:
-    """Why `pattern` cannot be used (None when RE2 runs it within the limits)."""
-    try:
-        _compiled(pattern)
-    except PatternError as exc:
-        return str(exc)
-    return None
 
 
 # --- the validation budget ---------------------------------------------------------

@@ -41,8 +41,8 @@ class BareScan:
     and is decoded again only once the text has doubled, so a candidate costs
     linear time whatever the split. The answer depends only on the text: the
     same for the streaming filter and for the parse of the whole text.
-    A value nested deeper than the interpreter's recursion limit lets the
-    decoder fail (FAILED): no call nests that deep.
+    A value nested deeper than `edge.stream.jsontext.MAX_DEPTH` is FAILED:
+    no call nests that deep.
     """
 
     __slots__ = ("cap", "cost", "end", "probe", "start", "tried", "value")

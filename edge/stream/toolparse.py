@@ -2,7 +2,7 @@
 
 This module owns what counts as tool-call markup in generated text and how a
 whole text splits into content and candidate calls. The start rules and block
-scanners live in `edge.stream.toolscan` (re-exported here), shared with
+scanners live in `edge.stream.toolscan`, shared with
 `edge.stream.tooltext`, whose streaming filter must never release text this
 parse would call markup. It does not know the declared tools, `tool_choice`,
 call ids, the stream, or any I/O.
@@ -86,39 +86,23 @@ from edge.stream.toolscan import (
     NextFind,
     Start,
     StartFinder,
-    Syntax,
-    at_line_start,
     syntax_for,
 )
 
 __all__ = [
     "DEFAULT_FORMATS",
-    "FENCE",
-    "HERMES_CLOSE",
-    "HERMES_OPEN",
-    "LLAMA_END",
-    "LLAMA_TAG",
-    "MISTRAL_TAG",
-    "FenceScan",
     "ParseResult",
     "ParsedCall",
-    "Start",
-    "Syntax",
-    "at_line_start",
     "block_values",
     "call_values",
     "loads",
     "parse_tool_text",
-    "syntax_for",
 ]
 
 _MISTRAL_NAME = re.compile(
     r"\s*([A-Za-z0-9_.:\-]+)\s*(?:\[CALL_ID\]\s*[A-Za-z0-9_\-]*\s*)?\[ARGS\]\s*"
 )
 _NOT_SEPARATOR = re.compile(r"[^ \t\r\n;,]")
-
-
-_raw_decode = raw_decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +204,7 @@ def _decode_sequence(payload: str) -> list[ParsedCall | str]:
             return _items(values)
         pos = m.start()
         try:
-            value, pos = _raw_decode(payload, pos)
+            value, pos = raw_decode(payload, pos)
         except ValueError as exc:
             return [*_items(values), f"not valid JSON: {exc}"]
         values.append(value)
@@ -285,7 +269,7 @@ def _mistral(finds: _Finds, i: int) -> _Block | None:
     j = head.start()
     if text[j] in "{[":
         try:
-            value, end = _raw_decode(text, j)
+            value, end = raw_decode(text, j)
         except ValueError as exc:
             return _Block(n, [f"not valid JSON: {exc}"])
         return _Block(end, _items([value]))
@@ -293,7 +277,7 @@ def _mistral(finds: _Finds, i: int) -> _Block | None:
     if m is None:
         return None
     try:
-        args, end = _raw_decode(text, m.end())
+        args, end = raw_decode(text, m.end())
     except ValueError as exc:
         return _Block(n, [f'arguments of "{m.group(1)}" are not valid JSON: {exc}'])
     return _Block(end, [_item({"name": m.group(1), "arguments": args})])

@@ -67,8 +67,12 @@ def compact_json(value: object) -> str:
 # --- request side: what the caller declared ------------------------------------
 
 
-def validate_tool_definition(obj: object, index: int) -> ToolSpec:
-    """One entry of `tools`; raises `RequestError` naming the bad field."""
+def validate_tool_definition(obj: object, index: int, *, limits_checked: bool = False) -> ToolSpec:
+    """One entry of `tools`; raises `RequestError` naming the bad field.
+
+    `limits_checked`: `validate_tools` has already held its `parameters` to the
+    schema limits, so they are not measured again.
+    """
     where = f"tools[{index}]"
     if not isinstance(obj, dict):
         raise RequestError(f"{where} must be an object", param=where)
@@ -96,7 +100,10 @@ def validate_tool_definition(obj: object, index: int) -> ToolSpec:
                 f"{where}.function.parameters must be a JSON Schema object",
                 param=f"{where}.function.parameters",
             )
-        check_declared_schema(parameters, f"{where}.function.parameters")
+        param = f"{where}.function.parameters"
+        if not limits_checked:
+            _check_schema_limits(parameters, param)
+        _check_schema_validity(parameters, param)
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise RequestError(
@@ -105,19 +112,22 @@ def validate_tool_definition(obj: object, index: int) -> ToolSpec:
     return ToolSpec(name=name, description=description or "", parameters=parameters, strict=strict)
 
 
-def check_declared_schema(schema: Mapping[str, Any], param: str) -> int:
-    """A caller's schema, within the limits and valid, else a `RequestError` for `param`.
+def check_declared_schema(schema: Mapping[str, Any], param: str) -> None:
+    """A caller's schema, within the limits and valid, else a `RequestError` for `param`."""
+    _check_schema_limits(schema, param)
+    _check_schema_validity(schema, param)
 
-    Returns its size in bytes (compact JSON), which counts towards
-    `MAX_REQUEST_SCHEMA_BYTES`.
-    """
+
+def _check_schema_limits(schema: Mapping[str, Any], param: str) -> None:
     limit = schema_limit_problem(schema)
     if limit is not None:
         raise RequestError(f"{param} {limit}.", param=param)
+
+
+def _check_schema_validity(schema: Mapping[str, Any], param: str) -> None:
     problem = schema_problem(schema)
     if problem is not None:
         raise RequestError(f"{param} is not a valid JSON Schema: {problem}", param=param)
-    return schema_size(schema)
 
 
 def validate_tools(obj: object) -> tuple[ToolSpec, ...]:
@@ -137,10 +147,7 @@ def validate_tools(obj: object) -> tuple[ToolSpec, ...]:
         fn = item.get("function") if isinstance(item, dict) else None
         parameters = fn.get("parameters") if isinstance(fn, dict) else None
         if isinstance(parameters, dict):
-            limit = schema_limit_problem(parameters)
-            if limit is not None:
-                where = f"tools[{index}].function.parameters"
-                raise RequestError(f"{where} {limit}.", param=where)
+            _check_schema_limits(parameters, f"tools[{index}].function.parameters")
             total += schema_size(parameters)
     if total > MAX_REQUEST_SCHEMA_BYTES:
         raise RequestError(
@@ -151,7 +158,7 @@ def validate_tools(obj: object) -> tuple[ToolSpec, ...]:
     specs: list[ToolSpec] = []
     seen: set[str] = set()
     for index, item in enumerate(obj):
-        spec = validate_tool_definition(item, index)
+        spec = validate_tool_definition(item, index, limits_checked=True)
         if spec.name in seen:
             raise RequestError(
                 f'tools[{index}].function.name "{spec.name}" is declared more than once',

@@ -198,10 +198,6 @@ class ToolTextFilter:
         self._disabled = True
         return out
 
-    def _charge(self, chars: int = 0) -> bool:
-        """Count one candidate that is not a call; False once the budget is spent."""
-        return self._budget.charge(chars)
-
     def _scan(self) -> str:
         buf = self._buf
         syntax = self._syntax
@@ -221,7 +217,7 @@ class ToolTextFilter:
                 self._cand = None
                 if end == FAILED:
                     self._pos = cand + 1
-                    if not self._charge(bare.cost):
+                    if not self._budget.charge(bare.cost):
                         return self._give_up()
                 elif call_values(bare.value) is not None:
                     self._cand = cand
@@ -229,7 +225,7 @@ class ToolTextFilter:
                     break
                 else:
                     self._pos = end
-                    if not self._charge():
+                    if not self._budget.charge():
                         return self._give_up()
                 continue
             pending = self._pending
@@ -252,7 +248,7 @@ class ToolTextFilter:
                     self._in_code = True
                 self._pending = None
                 self._cand = None
-                if not self._charge():
+                if not self._budget.charge():
                     return self._give_up()
                 continue
             i = self._starts.find(buf, self._pos, final=False, in_code=self._in_code)
@@ -268,7 +264,7 @@ class ToolTextFilter:
             if kind is Start.FENCE and (self._in_code or not syntax.fenced):
                 self._in_code = not self._in_code
                 self._pos = i + len(FENCE)
-                if not self._charge():
+                if not self._budget.charge():
                     return self._give_up()
                 continue
             self._cand = self._pos = i
