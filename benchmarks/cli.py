@@ -261,16 +261,16 @@ def summarize(raw: dict[str, Any], s: Settings) -> dict[str, Any]:
     out["paced"] = {}
     for count, tps, _ in s.paced:
         key = f"{count}x{tps:g}"
-        edge = [r["paced"][key]["edge"] for r in rounds if key in r.get("paced", {})]
-        direct = [r["paced"][key]["direct"] for r in rounds if key in r.get("paced", {})]
+        edge = [r["paced"][key]["edge"] for r in rounds]
+        direct = [r["paced"][key]["direct"] for r in rounds]
         derived = [
             {
                 "edge_cpu_in_calibration_units": ratio(
                     e.get("edge_cpu_us_per_chunk"), r["calibration_us"]
                 ),
-                "added_gap_p50_ms": diff(e["gap_p50_ms"], d["gap_p50_ms"]),
-                "added_gap_p99_ms": diff(e["gap_p99_ms"], d["gap_p99_ms"]),
-                "rate_vs_direct": ratio(e["window_chunks_per_s"], d["window_chunks_per_s"]),
+                "added_gap_p50_ms": diff(e.get("gap_p50_ms"), d.get("gap_p50_ms")),
+                "added_gap_p99_ms": diff(e.get("gap_p99_ms"), d.get("gap_p99_ms")),
+                "rate_vs_direct": ratio(e.get("window_chunks_per_s"), d.get("window_chunks_per_s")),
             }
             for e, d, r in zip(edge, direct, rounds, strict=True)
         ]
