@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loadgen import Pool
-from benchmarks.report import dig, fmt, sig, table
+from benchmarks.report import diff, dig, fmt, ratio, sig, table
 from benchmarks.stack import EdgeSource, Stack
 from benchmarks.workloads import Bench, Settings, measure_round
 
@@ -125,18 +125,14 @@ def added_ms(edge: Getter, direct: Getter) -> Getter:
     """Edge minus direct, milliseconds -> microseconds (to divide by the calibration)."""
 
     def get(r: dict[str, Any]) -> float | None:
-        e, d = edge(r), direct(r)
-        return None if e is None or d is None else (e - d) * 1e3
+        added = diff(edge(r), direct(r))
+        return None if added is None else added * 1e3
 
     return get
 
 
 def ratio_of(a: Getter, b: Getter) -> Getter:
-    def get(r: dict[str, Any]) -> float | None:
-        x, y = a(r), b(r)
-        return None if x is None or not y else x / y
-
-    return get
+    return lambda r: ratio(a(r), b(r))
 
 
 def headlines(s: Settings) -> list[tuple[str, str, Getter]]:

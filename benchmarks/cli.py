@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loadgen import raise_nofile
-from benchmarks.report import dig, fmt, fmt_range, fold, goal_rows, med, ratio, sig, table
+from benchmarks.report import diff, dig, fmt, fmt_range, fold, goal_rows, med, ratio, sig, table
 from benchmarks.workloads import Settings, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,12 +251,8 @@ def summarize(raw: dict[str, Any], s: Settings) -> dict[str, Any]:
         direct = [r["nonstream"][key]["direct"] for r in rounds]
         added = [
             {
-                "added_p50_ms": None
-                if e["p50_ms"] is None or d["p50_ms"] is None
-                else e["p50_ms"] - d["p50_ms"],
-                "added_p99_ms": None
-                if e["p99_ms"] is None or d["p99_ms"] is None
-                else e["p99_ms"] - d["p99_ms"],
+                "added_p50_ms": diff(e["p50_ms"], d["p50_ms"]),
+                "added_p99_ms": diff(e["p99_ms"], d["p99_ms"]),
             }
             for e, d in zip(edge, direct, strict=True)
         ]
@@ -265,20 +261,16 @@ def summarize(raw: dict[str, Any], s: Settings) -> dict[str, Any]:
     out["paced"] = {}
     for count, tps, _ in s.paced:
         key = f"{count}x{tps:g}"
-        edge = [r["paced"][key]["edge"] for r in rounds if key in r.get("paced", {})]
-        direct = [r["paced"][key]["direct"] for r in rounds if key in r.get("paced", {})]
+        edge = [r["paced"][key]["edge"] for r in rounds]
+        direct = [r["paced"][key]["direct"] for r in rounds]
         derived = [
             {
                 "edge_cpu_in_calibration_units": ratio(
                     e.get("edge_cpu_us_per_chunk"), r["calibration_us"]
                 ),
-                "added_gap_p50_ms": None
-                if e["gap_p50_ms"] is None or d["gap_p50_ms"] is None
-                else e["gap_p50_ms"] - d["gap_p50_ms"],
-                "added_gap_p99_ms": None
-                if e["gap_p99_ms"] is None or d["gap_p99_ms"] is None
-                else e["gap_p99_ms"] - d["gap_p99_ms"],
-                "rate_vs_direct": ratio(e["window_chunks_per_s"], d["window_chunks_per_s"]),
+                "added_gap_p50_ms": diff(e.get("gap_p50_ms"), d.get("gap_p50_ms")),
+                "added_gap_p99_ms": diff(e.get("gap_p99_ms"), d.get("gap_p99_ms")),
+                "rate_vs_direct": ratio(e.get("window_chunks_per_s"), d.get("window_chunks_per_s")),
             }
             for e, d, r in zip(edge, direct, rounds, strict=True)
         ]

@@ -113,6 +113,11 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def diff(a: float | None, b: float | None) -> float | None:
+    """a - b, or None when either figure is missing."""
+    return None if a is None or b is None else a - b
+
+
 def goal_rows(summary: dict[str, Any]) -> list[list[str]]:
     """The issue's goals against the measured medians: goal, measured, met."""
     rows: list[list[str]] = []

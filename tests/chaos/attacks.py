@@ -32,6 +32,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 REQUEST_LIMIT_S = 20.0
 # A stalled reader's receive buffer: small, so the answer waits in the edge, not the kernel.
 STALLED_RCVBUF = 64 * 1024
+# one_packet's outcome for a trigger after which the edge had to be restarted.
+ENDED_THE_EDGE = "ended the edge"
 
 
 @dataclass
@@ -197,7 +199,7 @@ async def one_packet(t: Target, tally: Tally) -> None:
         if t.edge.alive():
             tally.outcomes["survived"] += 1
         else:
-            tally.outcomes["ended the edge"] += 1
+            tally.outcomes[ENDED_THE_EDGE] += 1
             code = t.edge.process.returncode if t.edge.process else None
             tally.notes.append(f"ended the edge (exit code {code}): {case.label}")
             await t.restart()

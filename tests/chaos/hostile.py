@@ -32,7 +32,16 @@ from typing import Any
 
 import trio
 
-from tests.chaos.attacks import ATTACKS, KEY, UNTIMED, Normal, Sizes, Tally, Target
+from tests.chaos.attacks import (
+    ATTACKS,
+    ENDED_THE_EDGE,
+    KEY,
+    UNTIMED,
+    Normal,
+    Sizes,
+    Tally,
+    Target,
+)
 from tests.chaos.procs import EdgeProcess, ProcessError, SimNode, probe_healthz, stop_process
 
 PHASES = (*ATTACKS, "all")
@@ -137,7 +146,10 @@ async def run_phase(
                 stop.set()  # the normal workers finish the request they are in...
                 normal.cancel_scope.deadline = trio.current_time() + END_GRACE_S  # ...or fail
             outer.cancel_scope.cancel()
-        phase.alive = phase.alive and edge.alive()
+        # A one-packet trigger that ended the edge was followed by a restart, which the
+        # RSS watch, sampling every RSS_EVERY_S, can miss: the tally has it.
+        ended = sum(t.outcomes[ENDED_THE_EDGE] for t in phase.tallies.values())
+        phase.alive = phase.alive and edge.alive() and not ended
     finally:
         phase.exit_code = await edge.stop()
     return phase

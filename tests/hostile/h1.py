@@ -40,6 +40,11 @@ def _base(rng: random.Random, key: str) -> Request:
     return b"POST /v1/chat/completions HTTP/1.1", headers, _BODY
 
 
+def settings_b64(setting: int, value: int) -> bytes:
+    """One HTTP2-Settings entry, base64url without padding (as the header carries it)."""
+    return base64.urlsafe_b64encode(struct.pack("!HI", setting, value)).rstrip(b"=")
+
+
 def _settings_payload(rng: random.Random) -> bytes:
     """An HTTP2-Settings value: sometimes valid, often not."""
     choice = rng.randrange(6)
@@ -48,12 +53,12 @@ def _settings_payload(rng: random.Random) -> bytes:
     if choice == 1:
         return base64.urlsafe_b64encode(rng.randbytes(5))  # not a multiple of 6 bytes
     if choice == 2:
-        return base64.urlsafe_b64encode(struct.pack("!HI", 0x2, 7)).rstrip(b"=")  # ENABLE_PUSH=7
+        return settings_b64(0x2, 7)  # ENABLE_PUSH=7
     if choice == 3:
-        return base64.urlsafe_b64encode(struct.pack("!HI", 0x4, 2**31)).rstrip(b"=")
+        return settings_b64(0x4, 2**31)
     if choice == 4:
         return b"!!!" + rng.randbytes(3).hex().encode()
-    return base64.urlsafe_b64encode(struct.pack("!HI", 0x3, rng.randrange(2**32))).rstrip(b"=")
+    return settings_b64(0x3, rng.randrange(2**32))
 
 
 def _line(rng: random.Random, req: Request) -> Request:

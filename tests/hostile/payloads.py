@@ -42,7 +42,7 @@ def _scripted(stream: bool, tools: list[dict[str, Any]], *events: dict[str, Any]
     return body
 
 
-def redos(a_count: int = 30, *, stream: bool = True) -> dict[str, Any]:
+def redos(a_count: int = 30) -> dict[str, Any]:
     """A tool with `pattern: ^(a+)+$`; the model calls it with `a` * a_count + `b`."""
     call = {"name": "match", "arguments": {"s": "a" * a_count + "b"}}
     text = f"<tool_call>{json.dumps(call)}</tool_call>"
@@ -52,7 +52,7 @@ def redos(a_count: int = 30, *, stream: bool = True) -> dict[str, Any]:
         "required": ["s"],
     }
     delta = {"type": "delta", "delta": text}
-    return _scripted(stream, [_tool("match", schema)], delta, _complete("tool_calls"))
+    return _scripted(True, [_tool("match", schema)], delta, _complete("tool_calls"))
 
 
 def tool_flood(count: int = 2000) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def tool_flood(count: int = 2000) -> dict[str, Any]:
     }
 
 
-def brace_lines(lines: int = 4000, *, stream: bool = True) -> dict[str, Any]:
+def brace_lines(lines: int = 4000) -> dict[str, Any]:
     """Model text of `lines` lines of `{`, one tool declared: the text tool-call scan."""
     weather = {
         "type": "object",
@@ -86,7 +86,7 @@ def brace_lines(lines: int = 4000, *, stream: bool = True) -> dict[str, Any]:
         "required": ["city"],
     }
     delta = {"type": "delta", "delta": "{\n" * lines}
-    return _scripted(stream, [_tool("get_weather", weather)], delta, _complete())
+    return _scripted(True, [_tool("get_weather", weather)], delta, _complete())
 
 
 def big_answer(deltas: int) -> dict[str, Any]:

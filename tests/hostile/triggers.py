@@ -10,11 +10,11 @@ one more byte in the same packet.
 from __future__ import annotations
 
 import base64
-import struct
 
 import hpack
 from hyperframe.frame import DataFrame, HeadersFrame, PriorityFrame, SettingsFrame
 
+from tests.hostile.h1 import settings_b64
 from tests.hostile.h2 import PREFACE
 from tests.hostile.wire import Case
 
@@ -24,10 +24,6 @@ def _h2c(settings: bytes) -> bytes:
         b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
         b"Upgrade: h2c\r\nHTTP2-Settings: " + settings + b"\r\n\r\n"
     )
-
-
-def _b64(setting: int, value: int) -> bytes:
-    return base64.urlsafe_b64encode(struct.pack("!HI", setting, value)).rstrip(b"=")
 
 
 def _h2_get(path: str) -> bytes:
@@ -53,8 +49,8 @@ def triggers() -> list[Case]:
     cases = [
         ("h2c upgrade, HTTP2-Settings not base64", (_h2c(b"A"),)),
         ("h2c upgrade, HTTP2-Settings of 5 bytes", (_h2c(base64.urlsafe_b64encode(b"12345")),)),
-        ("h2c upgrade, ENABLE_PUSH=7", (_h2c(_b64(0x2, 7)),)),
-        ("h2c upgrade, INITIAL_WINDOW_SIZE=2^31", (_h2c(_b64(0x4, 2**31)),)),
+        ("h2c upgrade, ENABLE_PUSH=7", (_h2c(settings_b64(0x2, 7)),)),
+        ("h2c upgrade, INITIAL_WINDOW_SIZE=2^31", (_h2c(settings_b64(0x4, 2**31)),)),
         (
             "h2 DATA after the response (401 on /v1/models)",
             (_h2_get("/v1/models"), DataFrame(1, b"x", flags=["END_STREAM"]).serialize()),
