@@ -96,7 +96,6 @@ class Run:
         "_keepalive_s",
         "_last_event_at",
         "_next_keepalive",
-        "_node_done",
         "_start",
         "accepted",
         "batch_event_at",
@@ -134,8 +133,6 @@ class Run:
         self._idle_s = timeouts.idle_s
         self._got_first = False
         self._last_event_at = started_at
-        # The node itself ended the run (a terminal event was fed to the session).
-        self._node_done = False
         self._keepalive_s = keepalive_s
         self._next_keepalive = started_at + keepalive_s if keepalive_s > 0 else math.inf
         self.handle: RunHandle | None = None
@@ -255,8 +252,11 @@ class Run:
         """The caller is gone, or its answer is done: end the run unless the node did."""
         if not self.session.terminated:
             self.session.cancel("cancelled")
-        if not self._node_done and self.handle is not None:
-            self.handle.cancel(EndCause.CLIENT_GONE)
+        # Unless the node's terminal reached the edge (read or not): a session the
+        # edge failed first (an answer past its cap) ends the node's run too.
+        handle = self.handle
+        if handle is not None and not handle.events.terminal:
+            handle.cancel(EndCause.CLIENT_GONE)
 
     def shut_down(self, notice: str) -> None:
         """The drain deadline passed: a notice frame for the caller, then the run ends."""
@@ -328,8 +328,7 @@ class Run:
             self._got_first = True
             self.first_event_at = now
         feed = session.feed
-        done = feed(event)
-        if not done:
+        if not feed(event):
             # Everything else already here goes out in the same batch. The
             # buffer's character count only falls while this loop runs (the node's
             # read loop cannot run in between), so the drop is what was taken.
@@ -343,10 +342,7 @@ class Run:
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
                 if feed(event):
-                    done = True
                     break
-        if done:
-            self._node_done = True
         return session.drain()
 
     def _run_ended(self) -> None:
