@@ -91,13 +91,11 @@ class Run:
     __slots__ = (
         "_exited",
         "_first_event_s",
-        "_got_first",
         "_idle_s",
         "_keepalive_s",
         "_last_event_at",
         "_next_keepalive",
         "_start",
-        "accepted",
         "batch_event_at",
         "deadline",
         "first_event_at",
@@ -107,6 +105,11 @@ class Run:
         "session",
         "start_error",
     )
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the node accepted the run (its events are read from `handle`)."""
+        return self.handle is not None
 
     @property
     def reached_node(self) -> bool:
@@ -131,13 +134,11 @@ class Run:
         self.deadline = started_at + timeouts.total_s
         self._first_event_s = timeouts.first_event_s
         self._idle_s = timeouts.idle_s
-        self._got_first = False
         self._last_event_at = started_at
         self._keepalive_s = keepalive_s
         self._next_keepalive = started_at + keepalive_s if keepalive_s > 0 else math.inf
-        self.handle: RunHandle | None = None
+        self.handle: RunHandle | None = None  # set once the node accepted the run
         self._exited = False
-        self.accepted = False
         self.start_error: EdgeError | None = None
         self.outcome: Outcome | None = None
         self.first_event_at: float | None = None
@@ -147,7 +148,6 @@ class Run:
     def attach(self, handle: RunHandle) -> None:
         """Read `handle`, a run whose node side was started by the caller (tests)."""
         self.handle = handle
-        self.accepted = True
 
     # --- the run's life -------------------------------------------------------------
 
@@ -195,7 +195,6 @@ class Run:
             status = "error" if isinstance(exc, Exception) else "cancelled"
             self._end(Outcome(status, usage_sample=False))
             raise
-        self.accepted = True
         start.runs.metrics.active_streams.inc()
         return self
 
@@ -308,9 +307,10 @@ class Run:
                 self._run_ended()
                 return session.drain()
         if event is None:
-            limit = self._first_event_s if not self._got_first else self._idle_s
+            waiting_first = self.first_event_at is None
+            limit = self._first_event_s if waiting_first else self._idle_s
             deadline = min(self.deadline, self._last_event_at + limit)
-            wake = min(deadline, self._next_keepalive) if not self._got_first else deadline
+            wake = min(deadline, self._next_keepalive) if waiting_first else deadline
             with trio.move_on_at(wake):
                 try:
                     event = await receive.receive()
@@ -324,8 +324,7 @@ class Run:
                 self.timeout()
                 return session.drain()
         now = self._last_event_at = self.batch_event_at = trio.current_time()
-        if not self._got_first:
-            self._got_first = True
+        if self.first_event_at is None:
             self.first_event_at = now
         feed = session.feed
         if not feed(event):
@@ -362,7 +361,7 @@ class Run:
 
     def timeout(self) -> None:
         """A deadline passed: the caller (if still reading) gets a timeout error frame."""
-        what = "the first token" if not self._got_first else "the next token"
+        what = "the first token" if self.first_event_at is None else "the next token"
         if trio.current_time() >= self.deadline:
             what = "the run to finish"
         self.session.cancel("timeout", f"timed out waiting for {what}")
