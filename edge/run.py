@@ -295,7 +295,8 @@ class Run:
         assert self.handle is not None
         receive = self.handle.events
         event = None
-        if trio.current_time() < self.deadline:
+        now = trio.current_time()
+        if now < self.deadline:
             # An event already buffered came while the edge was busy elsewhere (its
             # writer blocked on a slow reader, or a loaded loop): the node was not
             # silent, so it is taken whatever the first-event/idle clock says.
@@ -317,13 +318,14 @@ class Run:
                 except trio.EndOfChannel:
                     self._run_ended()
                     return session.drain()
+            now = trio.current_time()
             if event is None:
-                if trio.current_time() < deadline:
-                    self._next_keepalive = trio.current_time() + self._keepalive_s
+                if now < deadline:
+                    self._next_keepalive = now + self._keepalive_s
                     return "keepalive"
                 self.timeout()
                 return session.drain()
-        now = self._last_event_at = self.batch_event_at = trio.current_time()
+        self._last_event_at = self.batch_event_at = now
         if self.first_event_at is None:
             self.first_event_at = now
         feed = session.feed
