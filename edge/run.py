@@ -91,14 +91,11 @@ class Run:
     __slots__ = (
         "_exited",
         "_first_event_s",
-        "_got_first",
         "_idle_s",
         "_keepalive_s",
         "_last_event_at",
         "_next_keepalive",
-        "_node_done",
         "_start",
-        "accepted",
         "batch_event_at",
         "deadline",
         "first_event_at",
@@ -108,6 +105,11 @@ class Run:
         "session",
         "start_error",
     )
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the node accepted the run (its events are read from `handle`)."""
+        return self.handle is not None
 
     @property
     def reached_node(self) -> bool:
@@ -132,15 +134,11 @@ class Run:
         self.deadline = started_at + timeouts.total_s
         self._first_event_s = timeouts.first_event_s
         self._idle_s = timeouts.idle_s
-        self._got_first = False
         self._last_event_at = started_at
-        # The node itself ended the run (a terminal event was fed to the session).
-        self._node_done = False
         self._keepalive_s = keepalive_s
         self._next_keepalive = started_at + keepalive_s if keepalive_s > 0 else math.inf
-        self.handle: RunHandle | None = None
+        self.handle: RunHandle | None = None  # set once the node accepted the run
         self._exited = False
-        self.accepted = False
         self.start_error: EdgeError | None = None
         self.outcome: Outcome | None = None
         self.first_event_at: float | None = None
@@ -150,7 +148,6 @@ class Run:
     def attach(self, handle: RunHandle) -> None:
         """Read `handle`, a run whose node side was started by the caller (tests)."""
         self.handle = handle
-        self.accepted = True
 
     # --- the run's life -------------------------------------------------------------
 
@@ -198,7 +195,6 @@ class Run:
             status = "error" if isinstance(exc, Exception) else "cancelled"
             self._end(Outcome(status, usage_sample=False))
             raise
-        self.accepted = True
         start.runs.metrics.active_streams.inc()
         return self
 
@@ -255,8 +251,11 @@ class Run:
         """The caller is gone, or its answer is done: end the run unless the node did."""
         if not self.session.terminated:
             self.session.cancel("cancelled")
-        if not self._node_done and self.handle is not None:
-            self.handle.cancel(EndCause.CLIENT_GONE)
+        # Unless the node's terminal reached the edge (read or not): a session the
+        # edge failed first (an answer past its cap) ends the node's run too.
+        handle = self.handle
+        if handle is not None and not handle.events.terminal:
+            handle.cancel(EndCause.CLIENT_GONE)
 
     def shut_down(self, notice: str) -> None:
         """The drain deadline passed: a notice frame for the caller, then the run ends."""
@@ -296,7 +295,8 @@ class Run:
         assert self.handle is not None
         receive = self.handle.events
         event = None
-        if trio.current_time() < self.deadline:
+        now = trio.current_time()
+        if now < self.deadline:
             # An event already buffered came while the edge was busy elsewhere (its
             # writer blocked on a slow reader, or a loaded loop): the node was not
             # silent, so it is taken whatever the first-event/idle clock says.
@@ -308,28 +308,28 @@ class Run:
                 self._run_ended()
                 return session.drain()
         if event is None:
-            limit = self._first_event_s if not self._got_first else self._idle_s
+            waiting_first = self.first_event_at is None
+            limit = self._first_event_s if waiting_first else self._idle_s
             deadline = min(self.deadline, self._last_event_at + limit)
-            wake = min(deadline, self._next_keepalive) if not self._got_first else deadline
+            wake = min(deadline, self._next_keepalive) if waiting_first else deadline
             with trio.move_on_at(wake):
                 try:
                     event = await receive.receive()
                 except trio.EndOfChannel:
                     self._run_ended()
                     return session.drain()
+            now = trio.current_time()
             if event is None:
-                if trio.current_time() < deadline:
-                    self._next_keepalive = trio.current_time() + self._keepalive_s
+                if now < deadline:
+                    self._next_keepalive = now + self._keepalive_s
                     return "keepalive"
                 self.timeout()
                 return session.drain()
-        now = self._last_event_at = self.batch_event_at = trio.current_time()
-        if not self._got_first:
-            self._got_first = True
+        self._last_event_at = self.batch_event_at = now
+        if self.first_event_at is None:
             self.first_event_at = now
         feed = session.feed
-        done = feed(event)
-        if not done:
+        if not feed(event):
             # Everything else already here goes out in the same batch. The
             # buffer's character count only falls while this loop runs (the node's
             # read loop cannot run in between), so the drop is what was taken.
@@ -343,10 +343,7 @@ class Run:
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
                 if feed(event):
-                    done = True
                     break
-        if done:
-            self._node_done = True
         return session.drain()
 
     def _run_ended(self) -> None:
@@ -366,7 +363,7 @@ class Run:
 
     def timeout(self) -> None:
         """A deadline passed: the caller (if still reading) gets a timeout error frame."""
-        what = "the first token" if not self._got_first else "the next token"
+        what = "the first token" if self.first_event_at is None else "the next token"
         if trio.current_time() >= self.deadline:
             what = "the run to finish"
         self.session.cancel("timeout", f"timed out waiting for {what}")

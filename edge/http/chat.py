@@ -187,22 +187,24 @@ class SSEBody(ResponseBody):
 
     async def __anext__(self) -> bytes:
         run = self._run
-        session = run.session
         while True:
-            if session.terminated and not session.out:
-                raise StopAsyncIteration
             batch = await run.next_batch()
             if batch == "keepalive":
                 return KEEPALIVE
-            if batch:
-                data = self._encoder.encode(batch)
-                now = trio.current_time()
-                if run.batch_event_at is not None:  # the edge's share of a node event's trip
-                    self._observe_added(now - run.batch_event_at)
-                if self._last_write is not None:
-                    self._observe_gap(now - self._last_write)
-                self._last_write = now
-                return data
+            if not batch:
+                # Nothing to write: a filter held the text back, or (the session
+                # terminated) everything was taken.
+                if run.session.terminated:
+                    raise StopAsyncIteration
+                continue
+            data = self._encoder.encode(batch)
+            now = trio.current_time()
+            if run.batch_event_at is not None:  # the edge's share of a node event's trip
+                self._observe_added(now - run.batch_event_at)
+            if self._last_write is not None:
+                self._observe_gap(now - self._last_write)
+            self._last_write = now
+            return data
 
     async def __aexit__(
         self,

@@ -11,6 +11,7 @@ import json
 import trio
 from loguru import logger
 
+from edge.errors import error_object
 from edge.metrics import EdgeMetrics
 
 _LOG_INTERVAL_S = 1.0
@@ -19,9 +20,7 @@ _GOAWAY = 0x7
 
 def error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
     """A complete HTTP/1.1 answer with an OpenAI-shaped body, closing the connection."""
-    body = json.dumps(
-        {"error": {"message": message, "type": err_type, "param": None, "code": code}}
-    ).encode()
+    body = json.dumps(error_object(err_type, message, code=code)).encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

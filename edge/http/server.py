@@ -444,23 +444,23 @@ class _Connection:
         """
         if self._closed:
             raise trio.ClosedResourceError
-        limit = self.server.limits.slow_client_s
+        server = self.server
+        limit = server.limits.slow_client_s
         view = memoryview(data)
         for start in range(0, len(view), _WRITE_PIECE):
             # One scope: shielded from outside, yet cancelled by its own deadline
             # (never later than the end of a drain).
-            deadline = min(trio.current_time() + limit, self.server.write_deadline)
+            deadline = min(trio.current_time() + limit, server.write_deadline)
             with trio.CancelScope(shield=True, deadline=deadline) as scope:
                 self._write_scope = scope
                 await self.stream.send_all(view[start : start + _WRITE_PIECE])
             self._write_scope = None
-            if scope.cancelled_caught and trio.current_time() >= self.server.write_deadline:
-                await self._close()  # the drain is over: not the client's doing
-                raise trio.ClosedResourceError
             if scope.cancelled_caught:
-                self.server.errors.record(
-                    "slow_client", f"client read nothing for {limit:g}s: connection closed"
-                )
+                # Past the end of a drain it is not the client's doing.
+                if trio.current_time() < server.write_deadline:
+                    server.errors.record(
+                        "slow_client", f"client read nothing for {limit:g}s: connection closed"
+                    )
                 await self._close()
                 raise trio.ClosedResourceError
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import trio
 import trio.testing
 from hyperframe.frame import Frame, GoAwayFrame
 from loguru import logger
 
+from edge.errors import error_object
 from edge.http.refusals import ConnectionErrors, error_response, goaway_frame
 from edge.http.server import default_max_connections
 from edge.metrics import EdgeMetrics
@@ -46,12 +49,17 @@ def test_default_max_connections_keeps_a_reserve_of_descriptors() -> None:
 
 
 def test_error_response_is_complete_http_with_an_openai_error() -> None:
+    """A whole HTTP/1.1 answer that closes the connection; its body is the OpenAI error
+    object the app's own errors carry."""
     raw = error_response(400, "Bad Request", 'bad "head"', "bad_request", "invalid_request_error")
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n")
     assert f"content-length: {len(body)}".encode() in head
     assert b"connection: close" in head
     assert body.startswith(b'{"error": {"message": "bad \\"head\\""')
+    assert json.loads(body) == error_object(
+        "invalid_request_error", 'bad "head"', code="bad_request"
+    )
 
 
 def test_goaway_frame_parses_as_http2() -> None:

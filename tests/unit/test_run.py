@@ -175,3 +175,23 @@ async def test_a_producer_waiting_for_room_gives_up_when_the_run_is_cancelled() 
                 handle.cancel(EndCause.CLIENT_GONE)
     assert len(outcome) == 1
     assert events.held_chars == 100
+
+
+async def test_a_session_the_edge_ended_cancels_the_run_on_the_node() -> None:
+    """A session that fails on the edge's side (an answer past the held cap) before the
+    node's terminal: leaving the run cancels the node's run, it does not wait for the
+    node to finish an answer nobody will read."""
+    events = EventBuffer(max_events=16, max_chars=1 << 30)
+    handle = RunHandle("r1", "node", events)
+    settings = SessionSettings(run_id="r1", whole_output=True, max_held_chars=4)
+    info = RunInfo("r1", "m", "node", stream=False, started_at=trio.current_time())
+    run = Run(info, StreamSession(settings), TIMEOUTS)
+    run.attach(handle)
+    assert events.put_nowait(Delta("longer than the cap"))
+    assert await run.next_batch() == [RoleOut()]
+    batch = await run.next_batch()
+    assert isinstance(batch, list)
+    assert isinstance(batch[-1], ErrorOut)
+    assert run.session.terminated
+    run.close()
+    assert handle.cause is EndCause.CLIENT_GONE
