@@ -47,11 +47,6 @@ class ServerConfig:
     # Time the edge waits on the client for one HTTP/1.1 request body: past it, 408.
     body_timeout_s: float = 60.0
 
-    @property
-    def timeouts(self) -> tuple[float, float]:
-        """(idle_timeout_s, body_timeout_s), in the order the HTTP server takes them."""
-        return self.idle_timeout_s, self.body_timeout_s
-
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
