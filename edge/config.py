@@ -122,7 +122,7 @@ class Config:
         return SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
 
 
-class _Reader:
+class TableReader:
     """Reads one table, checking types and rejecting unknown keys."""
 
     def __init__(self, source: str, prefix: str, table: object) -> None:
@@ -201,10 +201,10 @@ def _names(kinds: tuple[type, ...]) -> str:
 
 
 def parse_config(doc: Mapping[str, Any], source: str) -> Config:
-    root = _Reader(source, "", doc)
+    root = TableReader(source, "", doc)
     srv, tmo = ServerConfig(), TimeoutsConfig()
 
-    r = _Reader(source, "server", root.get("server", dict, {}))
+    r = TableReader(source, "server", root.get("server", dict, {}))
     server = ServerConfig(
         listen=r.get("listen", str, srv.listen),
         api_keys=tuple(key.strip() for key in r.strings("api_keys", ())),
@@ -227,14 +227,14 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
             "api_keys": server.api_keys + _read_keys(source, server.api_keys_file),
         })  # fmt: skip
 
-    r = _Reader(source, "log", root.get("log", dict, {}))
+    r = TableReader(source, "log", root.get("log", dict, {}))
     log = LogConfig(
         level=r.choice("level", "INFO", ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR")),
         format=r.choice("format", "text", ("text", "json")),
     )
     r.done()
 
-    r = _Reader(source, "timeouts", root.get("timeouts", dict, {}))
+    r = TableReader(source, "timeouts", root.get("timeouts", dict, {}))
     timeouts = TimeoutsConfig(
         first_event_s=r.number("first_event_s", tmo.first_event_s, minimum=0.001),
         idle_s=r.number("idle_s", tmo.idle_s, minimum=0.001),
@@ -247,7 +247,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     raw_nodes = root.get("nodes", list, None)
     if raw_nodes is not None:
         for i, raw in enumerate(raw_nodes):
-            r = _Reader(source, f"nodes[{i}]", raw)
+            r = TableReader(source, f"nodes[{i}]", raw)
             address = r.get("address", str, None)
             if address is None:
                 raise r.fail("address", 'missing (HOST:PORT, "embedded" or openai+http://...)')
@@ -261,7 +261,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
 
     models: dict[str, ModelConfig] = {}
     for name, raw in root.get("models", dict, {}).items():
-        r = _Reader(source, f"models.{name}", raw)
+        r = TableReader(source, f"models.{name}", raw)
         base = SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
         formats = r.strings("tool_call_formats", base.tool_call_formats)
         for fmt in formats:
@@ -296,7 +296,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     )
 
 
-def _media_schemes(r: _Reader, default: tuple[str, ...]) -> tuple[str, ...]:
+def _media_schemes(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
     """`media_url_schemes`, lower case; only data, http and https can be allowed."""
     schemes = tuple(s.lower().removesuffix(":") for s in r.strings("media_url_schemes", default))
     for scheme in schemes:
@@ -308,18 +308,18 @@ def _media_schemes(r: _Reader, default: tuple[str, ...]) -> tuple[str, ...]:
     return schemes
 
 
-def _check_listen(r: _Reader, value: str) -> None:
+def _check_listen(r: TableReader, value: str) -> None:
     _check_address(r, "listen", value)
 
 
-def _check_address(r: _Reader, key: str, value: str) -> None:
+def _check_address(r: TableReader, key: str, value: str) -> None:
     try:
         split_address(value)
     except ValueError as exc:
         raise r.fail(key, str(exc)) from None
 
 
-def _check_node_address(r: _Reader, key: str, value: str) -> None:
+def _check_node_address(r: TableReader, key: str, value: str) -> None:
     try:
         if upstream_url(value) is None:
             split_address(value)
@@ -370,15 +370,18 @@ def _read_keys(source: str, path: str) -> tuple[str, ...]:
     return keys
 
 
-def load_config(path: Path) -> Config:
-    """Read `path`; a missing file is an error (the caller decides about defaults)."""
-    source = str(path)
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at `path`; ConfigError when it cannot be read or parsed."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    return parse_config(doc, source)
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def load_config(path: Path) -> Config:
+    """Read `path`; a missing file is an error (the caller decides about defaults)."""
+    return parse_config(read_toml(path), str(path))
