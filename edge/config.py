@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,7 +217,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         idle_timeout_s=r.number("idle_timeout_s", srv.idle_timeout_s, minimum=0.01, maximum=3600),
         body_timeout_s=r.number("body_timeout_s", srv.body_timeout_s, minimum=0.01, maximum=3600),
     )
-    _check_listen(r, server.listen)
+    _check(r, "listen", split_address, server.listen)
     if any(not key.strip() for key in server.api_keys):
         raise r.fail("api_keys", "an empty key would let anyone in")
     r.done()
@@ -253,7 +253,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
                 raise r.fail("address", 'missing (HOST:PORT, "embedded" or openai+http://...)')
             name = r.get("name", str, address)
             if address != "embedded":
-                _check_node_address(r, "address", address)
+                _check(r, "address", check_node_address, address)
             r.done()
             if any(n.name == name for n in nodes):
                 raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
@@ -308,23 +308,18 @@ def _media_schemes(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
     return schemes
 
 
-def _check_listen(r: TableReader, value: str) -> None:
-    _check_address(r, "listen", value)
-
-
-def _check_address(r: TableReader, key: str, value: str) -> None:
+def _check(r: TableReader, key: str, check: Callable[[str], object], value: str) -> None:
+    """`check(value)`'s ValueError, as the ConfigError naming `key`."""
     try:
-        split_address(value)
+        check(value)
     except ValueError as exc:
         raise r.fail(key, str(exc)) from None
 
 
-def _check_node_address(r: TableReader, key: str, value: str) -> None:
-    try:
-        if upstream_url(value) is None:
-            split_address(value)
-    except ValueError as exc:
-        raise r.fail(key, str(exc)) from None
+def check_node_address(address: str) -> None:
+    """Raise ValueError unless `address` is HOST:PORT or openai+http(s)://HOST:PORT/PATH."""
+    if upstream_url(address) is None:
+        split_address(address)
 
 
 def upstream_url(address: str) -> str | None:
