@@ -28,9 +28,9 @@ from edge.config import (
     LogConfig,
     NodeConfig,
     ServerConfig,
+    check_node_address,
     load_config,
     split_address,
-    upstream_url,
 )
 from edge.log import setup_logging
 
@@ -52,8 +52,7 @@ def _address(value: str) -> str:
 def _node_address(value: str) -> str:
     """HOST:PORT of a node, or openai+http(s)://HOST:PORT/v1 of a model server."""
     try:
-        if upstream_url(value) is None:
-            split_address(value)
+        check_node_address(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,11 +46,6 @@ class ServerConfig:
     idle_timeout_s: float = 5.0
     # Time the edge waits on the client for one HTTP/1.1 request body: past it, 408.
     body_timeout_s: float = 60.0
-
-    @property
-    def timeouts(self) -> tuple[float, float]:
-        """(idle_timeout_s, body_timeout_s), in the order the HTTP server takes them."""
-        return self.idle_timeout_s, self.body_timeout_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +122,7 @@ class Config:
         return SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
 
 
-class _Reader:
+class TableReader:
     """Reads one table, checking types and rejecting unknown keys."""
 
     def __init__(self, source: str, prefix: str, table: object) -> None:
@@ -206,10 +201,10 @@ def _names(kinds: tuple[type, ...]) -> str:
 
 
 def parse_config(doc: Mapping[str, Any], source: str) -> Config:
-    root = _Reader(source, "", doc)
+    root = TableReader(source, "", doc)
     srv, tmo = ServerConfig(), TimeoutsConfig()
 
-    r = _Reader(source, "server", root.get("server", dict, {}))
+    r = TableReader(source, "server", root.get("server", dict, {}))
     server = ServerConfig(
         listen=r.get("listen", str, srv.listen),
         api_keys=tuple(key.strip() for key in r.strings("api_keys", ())),
@@ -222,7 +217,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         idle_timeout_s=r.number("idle_timeout_s", srv.idle_timeout_s, minimum=0.01, maximum=3600),
         body_timeout_s=r.number("body_timeout_s", srv.body_timeout_s, minimum=0.01, maximum=3600),
     )
-    _check_listen(r, server.listen)
+    _check(r, "listen", split_address, server.listen)
     if any(not key.strip() for key in server.api_keys):
         raise r.fail("api_keys", "an empty key would let anyone in")
     r.done()
@@ -232,14 +227,14 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
             "api_keys": server.api_keys + _read_keys(source, server.api_keys_file),
         })  # fmt: skip
 
-    r = _Reader(source, "log", root.get("log", dict, {}))
+    r = TableReader(source, "log", root.get("log", dict, {}))
     log = LogConfig(
         level=r.choice("level", "INFO", ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR")),
         format=r.choice("format", "text", ("text", "json")),
     )
     r.done()
 
-    r = _Reader(source, "timeouts", root.get("timeouts", dict, {}))
+    r = TableReader(source, "timeouts", root.get("timeouts", dict, {}))
     timeouts = TimeoutsConfig(
         first_event_s=r.number("first_event_s", tmo.first_event_s, minimum=0.001),
         idle_s=r.number("idle_s", tmo.idle_s, minimum=0.001),
@@ -252,13 +247,13 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     raw_nodes = root.get("nodes", list, None)
     if raw_nodes is not None:
         for i, raw in enumerate(raw_nodes):
-            r = _Reader(source, f"nodes[{i}]", raw)
+            r = TableReader(source, f"nodes[{i}]", raw)
             address = r.get("address", str, None)
             if address is None:
                 raise r.fail("address", 'missing (HOST:PORT, "embedded" or openai+http://...)')
             name = r.get("name", str, address)
             if address != "embedded":
-                _check_node_address(r, "address", address)
+                _check(r, "address", check_node_address, address)
             r.done()
             if any(n.name == name for n in nodes):
                 raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
@@ -266,7 +261,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
 
     models: dict[str, ModelConfig] = {}
     for name, raw in root.get("models", dict, {}).items():
-        r = _Reader(source, f"models.{name}", raw)
+        r = TableReader(source, f"models.{name}", raw)
         base = SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
         formats = r.strings("tool_call_formats", base.tool_call_formats)
         for fmt in formats:
@@ -301,7 +296,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     )
 
 
-def _media_schemes(r: _Reader, default: tuple[str, ...]) -> tuple[str, ...]:
+def _media_schemes(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
     """`media_url_schemes`, lower case; only data, http and https can be allowed."""
     schemes = tuple(s.lower().removesuffix(":") for s in r.strings("media_url_schemes", default))
     for scheme in schemes:
@@ -313,23 +308,18 @@ def _media_schemes(r: _Reader, default: tuple[str, ...]) -> tuple[str, ...]:
     return schemes
 
 
-def _check_listen(r: _Reader, value: str) -> None:
-    _check_address(r, "listen", value)
-
-
-def _check_address(r: _Reader, key: str, value: str) -> None:
+def _check(r: TableReader, key: str, check: Callable[[str], object], value: str) -> None:
+    """`check(value)`'s ValueError, as the ConfigError naming `key`."""
     try:
-        split_address(value)
+        check(value)
     except ValueError as exc:
         raise r.fail(key, str(exc)) from None
 
 
-def _check_node_address(r: _Reader, key: str, value: str) -> None:
-    try:
-        if upstream_url(value) is None:
-            split_address(value)
-    except ValueError as exc:
-        raise r.fail(key, str(exc)) from None
+def check_node_address(address: str) -> None:
+    """Raise ValueError unless `address` is HOST:PORT or openai+http(s)://HOST:PORT/PATH."""
+    if upstream_url(address) is None:
+        split_address(address)
 
 
 def upstream_url(address: str) -> str | None:
@@ -375,15 +365,18 @@ def _read_keys(source: str, path: str) -> tuple[str, ...]:
     return keys
 
 
-def load_config(path: Path) -> Config:
-    """Read `path`; a missing file is an error (the caller decides about defaults)."""
-    source = str(path)
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at `path`; ConfigError when it cannot be read or parsed."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    return parse_config(doc, source)
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def load_config(path: Path) -> Config:
+    """Read `path`; a missing file is an error (the caller decides about defaults)."""
+    return parse_config(read_toml(path), str(path))

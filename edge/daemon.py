@@ -69,14 +69,20 @@ def _hypercorn_config(config: Config) -> HypercornConfig:
 def _server_limits(config: Config) -> ServerLimits:
     """The connection limits; the fd limit is raised to its hard limit first."""
     fd_limit = raise_fd_limit()
-    max_connections = config.server.max_connections or default_max_connections(fd_limit)
-    if max_connections > default_max_connections(fd_limit):
+    derived = default_max_connections(fd_limit)
+    max_connections = config.server.max_connections or derived
+    if max_connections > derived:
         logger.warning(
             "server.max_connections = {} leaves too few of the {} file descriptors for the"
             " rest: at the limit, accepts fail until a connection ends",
             max_connections, fd_limit,
         )  # fmt: skip
-    return ServerLimits(max_connections, config.timeouts.slow_client_s, *config.server.timeouts)
+    return ServerLimits(
+        max_connections,
+        config.timeouts.slow_client_s,
+        idle_timeout_s=config.server.idle_timeout_s,
+        body_timeout_s=config.server.body_timeout_s,
+    )
 
 
 async def serve(

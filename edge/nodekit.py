@@ -2,8 +2,8 @@
 
 - `NodeServer`: a grpclib server that listens on a socket it binds itself
   (so the port is known for port 0) and refuses a received message over
-  gRPC's default 4 MiB (`NodeCodec`, which also sends bytes serialized
-  ahead of time as they are).
+  gRPC's default 4 MiB, the edge's limit (`NodeCodec`, which also sends
+  bytes serialized ahead of time as they are).
 - `NodeService`: the generated `NodeServiceBase` with CancelRun and the runs
   log; a node implements Describe (the generated signature) and Run, which
   is served at the stream level (see `NodeService.__mapping__`).
@@ -39,10 +39,9 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from edge.node._proto.iop.node import v1 as pb
+from edge.node.grpc import MAX_MESSAGE_BYTES
 from edge.node.routes import RUN_ROUTE
 
-# gRPC's default limit on a received message (the edge enforces the same).
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 CANCEL_GRACE_S = 1.0
 # How long a node tries to tell a reading edge that CancelRun stopped its run.
 CANCELLED_SEND_S = 1.0

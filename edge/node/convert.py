@@ -25,7 +25,7 @@ from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelt
 from edge.stream.toolcall import ToolCall
 
 if TYPE_CHECKING:
-    from edge.api.request import ChatRequest
+    from edge.api.request import ChatMessage, ChatRequest
 
 __all__ = ["SKIP", "RunEventDecoder", "decode_run_event", "event_from_pb", "run_request_from_chat"]
 
@@ -126,15 +126,16 @@ class RunEventDecoder:
     FromString = staticmethod(_decode_for_grpclib)
 
 
-def _message_to_pb(msg: object) -> pb.Message:
-    from edge.api.request import ChatMessage
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
-    assert isinstance(msg, ChatMessage)
+
+def _message_to_pb(msg: ChatMessage) -> pb.Message:
     parts = [
         pb.ContentPart(
             type=p.type,
             text=p.text,
-            json="" if p.type == "text" else json.dumps(p.raw, separators=(",", ":")),
+            json="" if p.type == "text" else _compact(p.raw),
         )
         for p in msg.parts
     ]
@@ -166,14 +167,12 @@ def run_request_from_chat(
                 type="function",
                 name=t.name,
                 description=t.description,
-                parameters_json=""
-                if t.parameters is None
-                else json.dumps(t.parameters, separators=(",", ":")),
+                parameters_json="" if t.parameters is None else _compact(t.parameters),
                 strict=t.strict,
             )
             for t in policy.tools
         ],
-        tool_choice=tool_choice(request),
+        tool_choice=_tool_choice(request),
         parallel_tool_calls=policy.parallel_tool_calls if policy.tools else None,
         temperature=request.temperature,
         top_p=request.top_p,
@@ -184,15 +183,15 @@ def run_request_from_chat(
         frequency_penalty=request.frequency_penalty,
         response_format_json=""
         if request.response_format is None
-        else json.dumps(request.response_format, separators=(",", ":")),
+        else _compact(request.response_format),
         metadata=dict(request.metadata),
         deadline_unix_ms=deadline_unix_ms,
         include_reasoning=request.include_reasoning,
-        extra_json=extra_json(request),
+        extra_json=_extra_json(request),
     )
 
 
-def tool_choice(request: ChatRequest) -> str:
+def _tool_choice(request: ChatRequest) -> str:
     """The contract's tool_choice: "" without tools, a mode, or a function's name."""
     policy = request.tools
     if not policy.tools:
@@ -202,11 +201,11 @@ def tool_choice(request: ChatRequest) -> str:
     return policy.choice.mode
 
 
-def extra_json(request: ChatRequest) -> str:
+def _extra_json(request: ChatRequest) -> str:
     """Request fields the contract has no field of its own for, as one JSON object."""
     extra = dict(request.extra)
     if request.reasoning_effort is not None:
         extra["reasoning_effort"] = request.reasoning_effort
     if request.user is not None:
         extra["user"] = request.user
-    return json.dumps(extra, separators=(",", ":")) if extra else ""
+    return _compact(extra) if extra else ""

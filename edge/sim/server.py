@@ -147,12 +147,9 @@ class SimNode(NodeService):
             if run.cancel_rpcs and await send_cancelled(stream, run):
                 return  # CancelRun stopped it while the caller still reads: it was told
             raise
-        except GRPCError:
-            raise
         except ScriptError as exc:
             run.outcome = "error"
-            await stream.send_message(pb.RunEvent(type="error", error=str(exc)))
-            run.events_sent += 1
+            await self._send(stream, run, pb.RunEvent(type="error", error=str(exc)))
         finally:
             if run.outcome is None:
                 run.outcome = "error"
@@ -166,7 +163,7 @@ class SimNode(NodeService):
         if request.model == "sim-echo":
             return await self._echo(stream, request, run)
         if request.model == "sim-script":
-            return await self._script(stream, parse_script(_last_user_text(request)), run, request)
+            return await self._script(stream, request, parse_script(_last_user_text(request)), run)
         await self._send(
             stream,
             run,
@@ -205,11 +202,7 @@ class SimNode(NodeService):
                 await asyncio.sleep(0)
 
     async def _script(
-        self,
-        stream: Events,
-        items: list[dict[str, Any]],
-        run: RunRecord,
-        request: pb.RunRequest | None = None,
+        self, stream: Events, request: pb.RunRequest, items: list[dict[str, Any]], run: RunRecord
     ) -> str:
         for item in items:
             if "accept_after_ms" in item:
@@ -218,7 +211,7 @@ class SimNode(NodeService):
                 await asyncio.sleep(float(item["sleep_ms"]) / 1000)
                 continue
             kind = item.get("type")
-            if kind == "request" and request is not None:
+            if kind == "request":
                 item = {"type": "delta", "delta": request.to_json()}
             if kind == "hang":
                 await asyncio.Event().wait()

@@ -408,8 +408,9 @@ class ChunkMapper:
             content = _text(delta.get("content"))
             if content:
                 events.extend(_deltas("delta", content))
-            if delta.get("tool_calls"):
-                self.tools.feed(delta.get("tool_calls"))
+            calls = delta.get("tool_calls")
+            if calls:
+                self.tools.feed(calls)
             finish = choice.get("finish_reason")
             if isinstance(finish, str) and finish:
                 self._finish = finish

@@ -16,17 +16,16 @@ import argparse
 import asyncio
 import os
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.config import split_address
+from edge.config import ConfigError, TableReader, read_toml, split_address
 from edge.nodekit import start_server, stop_server, wait_for_stop_signal
 from edge.upstream.server import UpstreamNode, normalize_upstream
 
 DEFAULT_LISTEN = "127.0.0.1:50061"
-_KEYS = ("listen", "upstream", "api_key_env", "models", "name", "runs_log", "read_timeout_s")
+_STRING_KEYS = ("listen", "upstream", "api_key_env", "name", "runs_log")
 
 
 class SettingsError(Exception):
@@ -58,27 +57,20 @@ def _models(values: list[str] | None) -> tuple[str, ...]:
 
 
 def _file_table(path: Path) -> dict[str, Any]:
+    """The `[node]` table's settings that are set, checked as the edge's config is."""
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SettingsError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
-    table = doc.get("node", {})
-    if not isinstance(table, dict):
-        raise SettingsError(f"{path}: [node] must be a table")
-    for key, value in table.items():
-        if key not in _KEYS:
-            raise SettingsError(f"{path}: unknown key node.{key}")
-        if key == "models":
-            if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
-                raise SettingsError(f"{path}: node.models: expected a list of strings")
-        elif key == "read_timeout_s":
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise SettingsError(f"{path}: node.read_timeout_s: expected a positive number")
-        elif not isinstance(value, str):
-            raise SettingsError(f"{path}: node.{key}: expected a string")
-    return dict(table)
+        r = TableReader(str(path), "node", read_toml(path).get("node", {}))
+        table: dict[str, Any] = {
+            key: value for key in _STRING_KEYS if (value := r.get(key, str, None)) is not None
+        }
+        if "models" in r.table:
+            table["models"] = r.strings("models", ())
+        if "read_timeout_s" in r.table:
+            table["read_timeout_s"] = r.number("read_timeout_s", 0.0, minimum=0.001)
+        r.done()
+    except ConfigError as exc:
+        raise SettingsError(str(exc)) from None
+    return table
 
 
 def resolve(args: argparse.Namespace) -> NodeSettings:

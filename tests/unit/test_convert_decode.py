@@ -17,7 +17,13 @@ _TYPES = st.sampled_from(["delta", "reasoning_delta", "complete", "error", "canc
 
 
 _CALLS = st.lists(
-    st.builds(pb.ToolCall, id=st.text(max_size=3), name=st.text(max_size=3), arguments=st.text()),
+    st.builds(
+        pb.ToolCall,
+        id=st.text(max_size=3),
+        type=st.sampled_from(["", "function", "custom"]),
+        name=st.text(max_size=3),
+        arguments=st.text(),
+    ),
     max_size=2,
 )
 
@@ -42,12 +48,13 @@ def test_hand_and_general_paths_agree(
 
 @given(_CALLS)
 def test_typed_tool_calls_reach_the_core_as_sent(tool_calls: list[pb.ToolCall]) -> None:
-    """A complete event's typed calls arrive in order, each field as the node wrote it."""
+    """A complete event's typed calls arrive in order, each field as the node wrote it
+    (a call without a type is a function call)."""
     data = bytes(pb.RunEvent(type="complete", tool_calls=tool_calls))
     event = decode_run_event(data)
     assert isinstance(event, Complete)
     assert [(c.id, c.name, c.arguments, c.type) for c in event.tool_calls] == [
-        (c.id, c.name, c.arguments, "function") for c in tool_calls
+        (c.id, c.name, c.arguments, c.type or "function") for c in tool_calls
     ]
 
 

@@ -22,8 +22,13 @@ def test_escaped_text_has_no_control_character(text: str) -> None:
     paragraph separator and no bidi override; text without those is unchanged."""
     escaped = escape_controls(text)
     assert len(escaped.splitlines()) <= 1
-    for char in escaped:
-        assert unicodedata.category(char) != "Cc"
-        assert char not in "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-    if escaped == text:
-        assert all(unicodedata.category(c) != "Cc" for c in text)
+    assert all(_safe(char) for char in escaped)
+    if all(_safe(char) for char in text):
+        assert escaped == text
+
+
+def _safe(char: str) -> bool:
+    return unicodedata.category(char) != "Cc" and char not in _SEPARATORS_AND_BIDI
+
+
+_SEPARATORS_AND_BIDI = "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"

@@ -548,6 +548,9 @@ def test_node_settings_from_file_and_flags(tmp_path: Path, monkeypatch: pytest.M
     ("text", "message"),
     [
         ('[node]\nupstream = "http://h/v1"\nport = 1\n', "unknown key node.port"),
+        ('[node]\nupstream = "http://h/v1"\nmodels = [1]\n', "node.models: expected a list"),
+        ('[node]\nupstream = "http://h/v1"\nread_timeout_s = 0\n', "node.read_timeout_s"),
+        ("[node]\nupstream = 5\n", "node.upstream: expected a string"),
         ('[node]\nupstream = "ftp://h"\n', "expected an http:// or https:// URL"),
         (
             '[node]\nupstream = "http://h/v1"\napi_key_env = "IOP_UNSET_KEY_VAR"\n',

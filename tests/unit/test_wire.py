@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from edge.api.request import parse_chat_request
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.convert import run_request_from_chat
-from edge.node.wire import encode_run_request
+from edge.node.grpc import BoundedCodec
+from edge.node.wire import EncodedRunRequest, encode_run_request
+from edge.nodekit import NodeCodec
 
 _TEXT = st.text(max_size=12)
 _OPT_FLOAT = st.none() | st.floats(0, 1, allow_nan=False)
@@ -66,12 +68,18 @@ def _bodies(draw: st.DrawFn) -> dict[str, Any]:
 
 @given(_bodies(), st.integers(0, 2**62))
 def test_encoded_request_reads_back_whole(body: dict[str, Any], deadline: int) -> None:
-    """For any request, the bytes a node receives parse to the RunRequest the edge built."""
+    """For any request, the bytes a node receives parse to the RunRequest the edge built.
+
+    Sent and received through the codecs the edge and the nodes use: the edge's
+    sends the encoded bytes as they are, the node's parses them.
+    """
     request = parse_chat_request(json.dumps(body).encode())
     expected = run_request_from_chat(request, run_id="r1", model="m", deadline_unix_ms=deadline)
     encoded = encode_run_request(request, run_id="r1", model="m", deadline_unix_ms=deadline)
     assert encoded.run_id == "r1"
-    decoded = pb.RunRequest.FromString(bytes(encoded))
+    sent = BoundedCodec().encode(encoded, EncodedRunRequest)
+    assert sent == bytes(encoded)
+    decoded = NodeCodec().decode(sent, pb.RunRequest)
     assert decoded.to_dict() == expected.to_dict()
     # Field presence too (`optional` fields set to their default are kept).
     assert bytes(decoded) == bytes(expected)
