@@ -18,7 +18,8 @@ advertise: grpclib 0.4.9 has no public setting for it (its Configuration
 covers windows and keep-alive only), so instead of reaching into its
 protocol the edge opens one connection per `STREAMS_PER_CHANNEL` (90) runs.
 
-Node side only (asyncio, grpclib); the edge itself never imports this.
+Node side only (asyncio, grpclib); the edge imports it only to host the embedded
+simulated node (`edge/node/embedded.py`).
 """
 
 from __future__ import annotations
