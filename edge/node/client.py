@@ -38,9 +38,10 @@ from edge.node.wire import EncodedRunRequest
 # count and in characters of delta text; past either the read loop waits and
 # HTTP/2 flow control slows the node down. A client that stops reading holds
 # this much here, one batch (edge.run.MAX_BATCH_CHARS) and the node
-# connection's 256 KiB stream window: ~0.7 MiB measured per stalled stream.
+# connection's 64 KiB stream window. Smaller would not save much more: the
+# kernel's socket buffers toward the client hold about as much again.
 EVENT_BUFFER = 512
-EVENT_BUFFER_CHARS = 256 * 1024
+EVENT_BUFFER_CHARS = 64 * 1024
 CANCEL_RPC_TIMEOUT_S = 2.0
 # CancelRuns in flight per node at once, and how long one may wait its turn.
 CANCEL_CONCURRENCY = 64

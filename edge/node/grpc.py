@@ -29,10 +29,11 @@ from edge.stream.events import Complete, Failed, NodeEvent
 # queues stream 101 and up: open another connection before that.
 STREAMS_PER_CHANNEL = 90
 IDLE_CHANNELS = 4
-# A 256 KiB stream window stops one stalled run from freezing its connection.
+# The connection window is large, so a stalled run (its 64 KiB stream window
+# full) never freezes the runs beside it on the same connection.
 _H2_CONFIG = Configuration(
     http2_connection_window_size=64 * 1024 * 1024,
-    http2_stream_window_size=256 * 1024,
+    http2_stream_window_size=64 * 1024,
 )
 T = TypeVar("T")
 _CONNECT_ERRORS = (OSError, asyncio.TimeoutError, ConnectionError)
