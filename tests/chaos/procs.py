@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import psutil  # type: ignore[import-untyped]
 import trio
 
 from tests.chaos.plan import FIRST_EVENT_S, IDLE_S, KEEPALIVE_S, TOTAL_S
+from tests.chaos.probe import EVERY_S, HEALTHZ_REQUEST
 
 START_TIMEOUT_S = 30.0
 # Our own probes close their connections: an idle keep-alive connection the
@@ -277,31 +280,34 @@ class EdgeProcess:
         return code
 
 
-PROBE_EVERY_S = 0.1
-PROBE_LIMIT_S = 10.0
-_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: chaos\r\nConnection: close\r\n\r\n"
-
-
 async def probe_healthz(edge: EdgeProcess, out_ms: list[float], errors: list[str]) -> None:
-    """GET /healthz every 100 ms (until cancelled): the edge's responsiveness under load.
-
-    A round trip is timed to the end of the answer, bounded by PROBE_LIMIT_S
-    (a frozen edge shows as that bound); a probe that gets no 200 (refused,
-    reset, cut) is recorded in `errors` and not timed.
-    """
-    while True:
-        start = trio.current_time()
+    """GET /healthz every 100 ms from a process of its own (`tests.chaos.probe`), until
+    cancelled: the edge's responsiveness under load. Round trips go into `out_ms`; a probe
+    that got no 200 (refused, reset, cut) into `errors`. A probe still waiting when this
+    is cancelled counts as the time it has waited so far (a frozen edge shows)."""
+    argv = [sys.executable, "-m", "tests.chaos.probe", str(edge.port)]
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(
+            partial(trio.run_process, argv, stdout=subprocess.PIPE, check=False)
+        )
         try:
-            problem = await healthz(edge.port, PROBE_LIMIT_S)
-        except trio.Cancelled:  # a probe still waiting at the end took at least this long
-            out_ms.append((trio.current_time() - start) * 1000)
-            raise
-        elapsed_ms = (trio.current_time() - start) * 1000
-        if not problem or problem == "timeout":
-            out_ms.append(elapsed_ms)
-        else:
-            errors.append(problem)
-        await trio.sleep(PROBE_EVERY_S)
+            assert process.stdout is not None
+            pending = b""
+            last = trio.current_time()
+            async for data in process.stdout:
+                last = trio.current_time()
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    seen = json.loads(line)
+                    if "ms" in seen:
+                        out_ms.append(seen["ms"])
+                    else:
+                        errors.append(seen["error"])
+        finally:
+            waited_s = trio.current_time() - last - EVERY_S
+            if waited_s > EVERY_S:
+                out_ms.append(waited_s * 1000)
+            process.kill()
 
 
 async def healthz(port: int, limit_s: float) -> str:
@@ -312,7 +318,7 @@ async def healthz(port: int, limit_s: float) -> str:
         with trio.move_on_after(limit_s) as scope:
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             try:
-                await stream.send_all(_HEALTHZ)
+                await stream.send_all(HEALTHZ_REQUEST)
                 while data := await stream.receive_some(4096):
                     answer += data
             finally:
