@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from edge.api.policy import DEFAULT_MAX_OUTPUT_TOKENS, MEDIA_SCHEMES, ForwardPolicy
 from edge.stream.sentinel import DEFAULT_SENTINELS
-from edge.stream.toolparse import DEFAULT_FORMATS
+from edge.stream.toolparse import DEFAULT_FORMATS, FORMATS
 
 REASONING_PARSERS = ("none", "think", "think_start")
 # The node protocol carries max_tokens as a uint32.
@@ -265,10 +265,10 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         base = SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
         formats = r.strings("tool_call_formats", base.tool_call_formats)
         for fmt in formats:
-            if fmt not in DEFAULT_FORMATS:
+            if fmt not in FORMATS:
                 raise r.fail(
                     "tool_call_formats",
-                    f"unknown format {fmt!r} (known: {', '.join(DEFAULT_FORMATS)})",
+                    f"unknown format {fmt!r} (known: {', '.join(FORMATS)})",
                 )
         models[name] = ModelConfig(
             strict=r.get("strict", bool, base.strict),

@@ -70,6 +70,19 @@ def test_model_defaults() -> None:
     assert config.model("llama").reasoning_parser == "none"
 
 
+def test_tool_call_formats_default_to_the_tags(tmp_path: Path) -> None:
+    """Text tool calls are parsed in the tag formats unless a model opts in to bare and
+    fenced JSON; a model table without the key keeps the default."""
+    config = _load(
+        tmp_path,
+        "[models.a]\nstrict = false\n"
+        '[models.b]\ntool_call_formats = ["hermes", "json", "fenced"]\n',
+    )
+    for name in ("a", "unconfigured", "sim-script"):
+        assert config.model(name).tool_call_formats == ("hermes", "mistral", "llama")
+    assert config.model("b").tool_call_formats == ("hermes", "json", "fenced")
+
+
 def test_forwarding_policy_keys(tmp_path: Path) -> None:
     """A model table sets its forwarding policy; data: is always allowed; models without a
     table get the defaults (131072 tokens, nothing unsafe forwarded, data: only)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import tracemalloc
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -40,6 +40,7 @@ from edge.stream.session import (
     reasoning_only_fallback,
 )
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
+from edge.stream.toolparse import DEFAULT_FORMATS, FORMATS
 
 RUN = "run1"
 
@@ -415,6 +416,29 @@ def test_finish_no_candidate_flushes_held_text(text: str) -> None:
     result = run([Delta(text), complete()], conf(tools=TOOLS))
     assert result.content == text
     assert result.terminal == FinishOut("stop", None)
+
+
+CALL_EXAMPLES = (
+    "A call looks like this:\n```json\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n'
+    'or bare:\n{"name": "search", "arguments": {"q": "x"}}\nThat is all.'
+)
+
+
+@pytest.mark.parametrize("whole_output", [False, True])
+def test_default_formats_leave_call_examples_as_content(whole_output: bool) -> None:
+    """With the default formats (the tags) and tools declared, an answer showing calls as
+    fenced or bare JSON is content, unchanged in any split: no call, finish_reason stop.
+    With "json" and "fenced" configured the same text is a (failing) call."""
+    cfg = conf(tools=TOOLS, whole_output=whole_output)
+    for pieces in (cut(CALL_EXAMPLES, []), list(CALL_EXAMPLES)):
+        result = run([*map(Delta, pieces), complete()], cfg)
+        assert result.content == CALL_EXAMPLES
+        assert result.calls is None
+        assert result.terminal == FinishOut("stop", None)
+    every = replace(cfg, tool_formats=FORMATS)
+    result = run([Delta(CALL_EXAMPLES), complete()], every)
+    assert isinstance(result.terminal, ErrorOut)
 
 
 def test_finish_without_tools_markup_is_content() -> None:
@@ -971,6 +995,7 @@ def session_settings(draw: st.DrawFn) -> SessionSettings:
         reasoning_explicit=draw(st.booleans()),
         trace=draw(st.booleans()),
         tools=draw(tool_policies),
+        tool_formats=draw(st.sampled_from([DEFAULT_FORMATS, FORMATS])),
         reasoning_parser=draw(st.sampled_from(["none", "think", "think_start"])),
         response_format=draw(response_formats),
     )
