@@ -110,6 +110,7 @@ class ChatScope:
                 request_id=info.request_id, run_id=info.run_id, model=info.model,
                 node=info.node, stream=info.stream, status=outcome.status,
                 finish_reason=outcome.finish_reason, error_type=outcome.error_type,
+                node_finish_reason=outcome.node_finish_reason,
                 duration_ms=round(duration * 1000, 2),
             ).info("chat completion {}", outcome.status)  # fmt: skip
         if self._on_outcome is not None:

@@ -68,3 +68,6 @@ class Outcome:
     usage: Usage | None = None
     reasoning_chars: int = 0
     usage_sample: bool = True
+    # The node's own finish_reason, as it sent it (None: the run did not complete);
+    # `finish_reason` is what the caller got (edge.stream.finish).
+    node_finish_reason: str | None = None

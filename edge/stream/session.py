@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+from edge.stream.finish import finish_of
 from edge.stream.output import (
     ContentOut,
     ErrorOut,
@@ -192,10 +193,15 @@ class StreamSession:
             self.fail("run_error", event.reason)
         return self.outcome is not None
 
-    def fail(self, error_type: str, message: str) -> None:
+    def fail(self, error_type: str, message: str, *, node_finish_reason: str | None = None) -> None:
         """Terminal: an error frame, error metrics."""
         if self._terminate(
-            Outcome("error", error_type=error_type, reasoning_chars=self._reasoning_chars())
+            Outcome(
+                "error",
+                error_type=error_type,
+                reasoning_chars=self._reasoning_chars(),
+                node_finish_reason=node_finish_reason,
+            )
         ):
             self.out.append(ErrorOut(error_type, message))
             self._trace_event("error", {"error_type": error_type})
@@ -349,13 +355,23 @@ class StreamSession:
         if self.outcome is not None:  # what the flushes released passed the held-output cap
             return
 
-        metadata = event.metadata
-        finish_reason = metadata.get("finish_reason") or "stop"
+        finish = finish_of(event.metadata.get("finish_reason"))
+        if finish.reason is None:  # the node says the run did not finish: no answer
+            self.fail(
+                "run_error",
+                "the node ended the run without finishing it"
+                f' (finish_reason "{finish.node_reason}")',
+                node_finish_reason=finish.node_reason,
+            )
+            return
+        finish_reason = finish.reason
         calls, native = self._resolve_tool_calls(event)
         if self.outcome is not None:  # tool validation failed
             return
         if calls:
             finish_reason = "tool_calls"
+        elif finish_reason == "tool_calls":  # the node said so, but no call is returned
+            finish_reason = "stop"
         if not native:
             self._reasoning_fallback(finish_reason)
         if self.settings.strict and not calls:
@@ -375,12 +391,14 @@ class StreamSession:
                 finish_reason=finish_reason,
                 usage=event.usage,
                 reasoning_chars=self._reasoning_chars(),
+                node_finish_reason=finish.node_reason,
             )
         )
         self._trace_event(
             "done",
             {
                 "finish_reason": finish_reason,
+                "node_finish_reason": finish.node_reason,
                 "content_len": self._content_chars,
                 "reasoning_len": self._reasoning_chars(),
             },

@@ -501,7 +501,7 @@ def test_finish_terminal_finish_chunk_then_done_and_usage() -> None:
     result = run([ReasoningDelta("rr"), Delta("x"), Complete(usage, {"finish_reason": "stop"})])
     assert result.terminal == FinishOut("stop", usage)
     assert result.outcome == Outcome(
-        "success", finish_reason="stop", usage=usage, reasoning_chars=2
+        "success", finish_reason="stop", usage=usage, reasoning_chars=2, node_finish_reason="stop"
     )
     payloads = sse_payloads(SSEEncoder("id", 1, "m", include_usage=False).encode(result.out))
     assert payloads[-1] == "[DONE]"
@@ -1031,7 +1031,7 @@ raw_tool_calls = st.one_of(
 metadata = st.fixed_dictionaries(
     {},
     optional={
-        "finish_reason": st.sampled_from(["stop", "length", "content_filter", ""])
+        "finish_reason": st.sampled_from(["stop", "length", "content_filter", "", "abort"])
         | st.text(max_size=8),
         "tool_calls": raw_tool_calls,
         "other": st.text(max_size=8),
