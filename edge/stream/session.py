@@ -31,7 +31,8 @@ from edge.stream.output import (
 )
 from edge.stream.sentinel import DEFAULT_SENTINELS, SentinelFilter
 from edge.stream.think import ThinkSplitter, has_close_think, has_open_think
-from edge.stream.toolcall import ToolCall, ToolPolicy
+from edge.stream.toolcall import ToolCall, ToolPolicy, Violation
+from edge.stream.toolcheck import check_tool_calls
 from edge.stream.toolparse import DEFAULT_FORMATS
 from edge.stream.toolparse import loads as strict_json
 from edge.stream.tools import (
@@ -40,7 +41,6 @@ from edge.stream.tools import (
     synthesize_tool_calls,
     typed_native_tool_calls,
     unstreamed_remainder,
-    validate_tool_calls,
 )
 from edge.stream.tooltext import ToolTextFilter
 
@@ -118,6 +118,7 @@ class StreamSession:
         "_tool_filter",
         "_trace",
         "_trace_seq",
+        "_violations",
         "out",
         "outcome",
         "settings",
@@ -163,6 +164,8 @@ class StreamSession:
             self._think = ThinkSplitter(start_in_think=settings.reasoning_parser == "think_start")
         # Present whenever tools are declared: under tool_choice "none" a call written
         # as text is still held back and then rejected, never shown as content.
+        # What returned calls break (report mode), for the outcome.
+        self._violations: tuple[Violation, ...] = ()
         self._tool_filter: ToolTextFilter | None = None
         if settings.tools.tools:
             self._tool_filter = ToolTextFilter(settings.tool_formats)
@@ -392,6 +395,7 @@ class StreamSession:
                 usage=event.usage,
                 reasoning_chars=self._reasoning_chars(),
                 node_finish_reason=finish.node_reason,
+                tool_violations=self._violations,
             )
         )
         self._trace_event(
@@ -410,9 +414,10 @@ class StreamSession:
 
         Native calls (typed, or JSON in an older node's metadata) win over
         text; otherwise calls are synthesized from the whole content when
-        tools were declared. A
-        validation failure ends the session (`fail`), and so does native
+        tools were declared. A validation failure (as the policy's mode says,
+        `edge.stream.toolcheck`) ends the session (`fail`), and so does native
         metadata that cannot be read whole: a call is never silently dropped.
+        What the calls returned break (report mode) is kept for the outcome.
         """
         policy = self.settings.tools
         run_id = self.settings.run_id
@@ -430,9 +435,10 @@ class StreamSession:
         if native:
             if self._tool_filter is not None:
                 self._emit_pending(self._tool_filter.flush_non_candidate())
-            problem = validate_tool_calls(native, policy)
-            if problem is not None:
-                self.fail("tool_validation_error", problem)
+            check = check_tool_calls(native, policy)
+            if check.error is not None:
+                self.fail("tool_validation_error", check.error)
+            self._violations = check.violations
             return native, True
         if self._tool_filter is not None:
             assert self._content is not None  # kept whenever tools are declared
@@ -443,6 +449,7 @@ class StreamSession:
             if result.error is not None:
                 self.fail("tool_validation_error", result.error)
                 return (), False
+            self._violations = result.violations
             if result.calls:
                 self._emit_pending(unstreamed_remainder(result.cleaned, "".join(self._emitted)))
                 return result.calls, False

@@ -544,15 +544,17 @@ VIOLATIONS: list[tuple[str, str, dict[str, Any], list[str]]] = [
     ),
 ]
 VIOLATION_IDS = [v[0] for v in VIOLATIONS]
+# The strict validation policy, asked for by the request (the default is "report").
+STRICT: dict[str, Any] = {"extra_body": {"tool_validation": "strict"}}
 
 
 @pytest.mark.parametrize(("case", "text", "kwargs", "needles"), VIOLATIONS, ids=VIOLATION_IDS)
 async def test_violation_streaming_ends_with_error_frame(
     edge: RunningEdge, case: str, text: str, kwargs: dict[str, Any], needles: list[str]
 ) -> None:
-    """Streamed: a call that breaks the declared tools or tool_choice ends the stream with a
-    tool_validation_error frame naming the tool and the rule."""
-    error = await stream_error(edge, model_output(text), **kwargs)
+    """Streamed, strict: a call that breaks the declared tools or tool_choice ends the stream
+    with a tool_validation_error frame naming the tool and the rule."""
+    error = await stream_error(edge, model_output(text), **kwargs, **STRICT)
     assert error.type == "tool_validation_error"
     for needle in needles:
         assert needle in error.message
@@ -562,8 +564,8 @@ async def test_violation_streaming_ends_with_error_frame(
 async def test_violation_non_streaming_is_422(
     edge: RunningEdge, case: str, text: str, kwargs: dict[str, Any], needles: list[str]
 ) -> None:
-    """Not streamed: the same violation is a 422 tool_validation_error response."""
-    error = await create_error(edge, model_output(text), **kwargs)
+    """Not streamed, strict: the same violation is a 422 tool_validation_error response."""
+    error = await create_error(edge, model_output(text), **kwargs, **STRICT)
     assert error.status_code == 422
     assert error.type == "tool_validation_error"
     for needle in needles:
@@ -571,17 +573,21 @@ async def test_violation_non_streaming_is_422(
 
 
 async def test_native_call_under_tool_choice_none_is_rejected(edge: RunningEdge) -> None:
-    """tool_choice none holds for native calls too."""
-    error = await stream_error(edge, model_output("", tool_calls=NATIVE), tool_choice="none")
+    """tool_choice none holds for native calls too (strict)."""
+    error = await stream_error(
+        edge, model_output("", tool_calls=NATIVE), tool_choice="none", **STRICT
+    )
     assert error.type == "tool_validation_error"
     assert 'tool_choice is "none" but the model called "get_weather"' in error.message
 
 
 async def test_raw_sse_validation_error_frame(http: httpx.AsyncClient) -> None:
-    """The error frame is the last frame: no tool_calls delta, no finish chunk, no [DONE];
+    """Strict: the error frame is the last frame: no tool_calls delta, no finish chunk, no [DONE];
     no markup was streamed before it."""
     text = "Sure.\n" + hermes("get_weather", {"city": 42})
-    body = chat_body("sim-script", model_output(text), tools=TOOLS, stream=True)
+    body = chat_body(
+        "sim-script", model_output(text), tools=TOOLS, stream=True, tool_validation="strict"
+    )
     response = await http.post(CHAT, json=body)
     assert response.status_code == 200
     payloads = parse_sse(response.content)
