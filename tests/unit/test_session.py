@@ -39,7 +39,7 @@ from edge.stream.session import (
     hidden_reasoning_fallback,
     reasoning_only_fallback,
 )
-from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
+from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolCall, ToolChoice, ToolPolicy, ToolSpec
 from edge.stream.toolparse import DEFAULT_FORMATS, FORMATS
 
 RUN = "run1"
@@ -436,7 +436,7 @@ def test_default_formats_leave_call_examples_as_content(whole_output: bool) -> N
         assert result.content == CALL_EXAMPLES
         assert result.calls is None
         assert result.terminal == FinishOut("stop", None)
-    every = replace(cfg, tool_formats=FORMATS)
+    every = replace(cfg, tool_formats=FORMATS, tools=replace(TOOLS, validation="strict"))
     result = run([Delta(CALL_EXAMPLES), complete()], every)
     assert isinstance(result.terminal, ErrorOut)
 
@@ -994,7 +994,7 @@ def session_settings(draw: st.DrawFn) -> SessionSettings:
         include_reasoning=draw(st.booleans()),
         reasoning_explicit=draw(st.booleans()),
         trace=draw(st.booleans()),
-        tools=draw(tool_policies),
+        tools=replace(draw(tool_policies), validation=draw(st.sampled_from(TOOL_VALIDATION_MODES))),
         tool_formats=draw(st.sampled_from([DEFAULT_FORMATS, FORMATS])),
         reasoning_parser=draw(st.sampled_from(["none", "think", "think_start"])),
         response_format=draw(response_formats),
