@@ -162,10 +162,10 @@ class StreamSession:
         self._think: ThinkSplitter | None = None
         if settings.reasoning_parser != "none":
             self._think = ThinkSplitter(start_in_think=settings.reasoning_parser == "think_start")
-        # Present whenever tools are declared: under tool_choice "none" a call written
-        # as text is still held back and then rejected, never shown as content.
         # What returned calls break (report mode), for the outcome.
         self._violations: tuple[Violation, ...] = ()
+        # Present whenever tools are declared: under tool_choice "none" a call written
+        # as text is still held back, never shown as content.
         self._tool_filter: ToolTextFilter | None = None
         if settings.tools.tools:
             self._tool_filter = ToolTextFilter(settings.tool_formats)
