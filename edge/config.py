@@ -12,12 +12,13 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from edge.api.policy import DEFAULT_MAX_OUTPUT_TOKENS, MEDIA_SCHEMES, ForwardPolicy
 from edge.stream.sentinel import DEFAULT_SENTINELS
-from edge.stream.toolparse import DEFAULT_FORMATS
+from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolValidation
+from edge.stream.toolparse import DEFAULT_FORMATS, FORMATS
 
 REASONING_PARSERS = ("none", "think", "think_start")
 # The node protocol carries max_tokens as a uint32.
@@ -81,6 +82,8 @@ class ModelConfig:
     stream_buffer: bool = False
     reasoning_parser: str = "none"
     tool_call_formats: tuple[str, ...] = DEFAULT_FORMATS
+    # strict | report | off; None: derived per request (edge.stream.toolcheck).
+    tool_validation: ToolValidation | None = None
     sentinels: tuple[str, ...] = DEFAULT_SENTINELS
     trace_stream: bool = False
     # Forwarding policy (edge.api.policy): a request asking for more is a 400.
@@ -265,16 +268,17 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         base = SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
         formats = r.strings("tool_call_formats", base.tool_call_formats)
         for fmt in formats:
-            if fmt not in DEFAULT_FORMATS:
+            if fmt not in FORMATS:
                 raise r.fail(
                     "tool_call_formats",
-                    f"unknown format {fmt!r} (known: {', '.join(DEFAULT_FORMATS)})",
+                    f"unknown format {fmt!r} (known: {', '.join(FORMATS)})",
                 )
         models[name] = ModelConfig(
             strict=r.get("strict", bool, base.strict),
             stream_buffer=r.get("stream_buffer", bool, base.stream_buffer),
             reasoning_parser=r.choice("reasoning_parser", base.reasoning_parser, REASONING_PARSERS),
             tool_call_formats=formats,
+            tool_validation=_tool_validation(r, base.tool_validation),
             sentinels=r.strings("sentinels", base.sentinels),
             trace_stream=r.get("trace_stream", bool, base.trace_stream),
             max_output_tokens=r.integer(
@@ -294,6 +298,13 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         models=models,
         source=source,
     )
+
+
+def _tool_validation(r: TableReader, default: ToolValidation | None) -> ToolValidation | None:
+    """`tool_validation`: strict, report or off; absent, derived per request."""
+    if "tool_validation" not in r.table:
+        return default
+    return cast(ToolValidation, r.choice("tool_validation", "", TOOL_VALIDATION_MODES))
 
 
 def _media_schemes(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:

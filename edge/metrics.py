@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from edge.stream.output import Outcome
+from edge.stream.toolcall import VIOLATION_RULES
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -75,6 +76,14 @@ class EdgeMetrics:
             registry=r,
         )
 
+        self.tool_violations = Counter(
+            "iop_edge_tool_call_violations",
+            "Tool calls returned although they break the declared tools or tool_choice"
+            " (tool_validation report), by rule: " + ", ".join(VIOLATION_RULES) + ".",
+            ["model", "rule"],
+            registry=r,
+        )
+
         self.connection_errors = Counter(
             "iop_edge_connection_errors",
             "Connections closed by the server for cause, by kind: "
@@ -112,6 +121,8 @@ class EdgeMetrics:
             ):
                 if value:
                     self.tokens.labels(model, node, kind).inc(value)
+        for violation in outcome.tool_violations:
+            self.tool_violations.labels(model, violation.rule).inc()
         if outcome.reasoning_chars and outcome.usage_sample:
             self.reasoning_chars.labels(model, node).inc(outcome.reasoning_chars)
 

@@ -23,7 +23,7 @@ import msgspec
 from edge.errors import RequestError
 from edge.stream import limits
 from edge.stream.limits import MAX_METADATA_KEYS, MAX_STOP
-from edge.stream.toolcall import ToolCall, ToolPolicy
+from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolCall, ToolPolicy, ToolValidation
 from edge.stream.tools import check_declared_schema, validate_tool_choice, validate_tools
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
@@ -31,6 +31,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 ROLES: Final = frozenset(get_args(Role))
 REASONING_EFFORTS: Final = frozenset({"minimal", "low", "medium", "high"})
 RESPONSE_FORMATS: Final = frozenset({"text", "json_object", "json_schema"})
+_TOOL_VALIDATION: Final = frozenset(TOOL_VALIDATION_MODES)
 # Sampling extensions (vLLM / OpenRouter style) passed to the node as sent.
 EXTRA_FIELDS: Final = (
     "top_k", "min_p", "repetition_penalty", "logit_bias", "logprobs", "top_logprobs",
@@ -83,8 +84,8 @@ class ChatRequest:
     """A validated chat completions request.
 
     Sampling fields are None when the caller left them out, so the node's
-    defaults apply; `strict_output` and `stream_buffer` are None when absent,
-    so the edge's config defaults apply.
+    defaults apply; `strict_output`, `stream_buffer` and `tool_validation` are
+    None when absent, so the edge's config defaults apply.
     """
 
     model: str
@@ -108,6 +109,7 @@ class ChatRequest:
     reasoning_effort: str | None = None
     strict_output: bool | None = None
     stream_buffer: bool | None = None
+    tool_validation: ToolValidation | None = None
     trace_stream: bool = False
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -182,6 +184,7 @@ class _WireRequest(_Wire):
     reasoning_effort: str | None = None
     strict_output: bool | None = None
     stream_buffer: bool | None = None
+    tool_validation: str | None = None
     # EXTRA_FIELDS: type-checked, then passed on exactly as decoded (1 stays an int).
     top_k: int | None = None
     min_p: int | float | None = None
@@ -260,6 +263,7 @@ def _parse(body: bytes) -> ChatRequest:
         _check_chars(value, f"metadata.{key}", limits.MAX_METADATA_VALUE_CHARS)
     if wire.user is not None:
         _check_chars(wire.user, "user", limits.MAX_USER_CHARS)
+    _check_choice(wire.tool_validation, "tool_validation", _TOOL_VALIDATION)
     if wire.logit_bias is not None:
         _check_count(wire.logit_bias, "logit_bias", limits.MAX_LOGIT_BIAS, "entries")
 
@@ -289,6 +293,7 @@ def _parse(body: bytes) -> ChatRequest:
         or (wire.reasoning.effort if wire.reasoning is not None else None),
         strict_output=wire.strict_output,
         stream_buffer=wire.stream_buffer,
+        tool_validation=cast(ToolValidation | None, wire.tool_validation),
         trace_stream=metadata.get("trace_stream", "").strip().lower() in _TRUTHY,
         extra={name: value for name in EXTRA_FIELDS if (value := getattr(wire, name)) is not None},
     )

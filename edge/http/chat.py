@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -34,6 +35,7 @@ from edge.metrics import EdgeMetrics
 from edge.node.pool import NodePool
 from edge.run import OutcomeHook, Run, Runs
 from edge.stream.session import SessionSettings, StreamSession
+from edge.stream.toolcheck import tool_validation_mode
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -75,6 +77,12 @@ class ChatService:
         model = self.config.model(request.model)
         strict = model.strict if request.strict_output is None else request.strict_output
         buffered = model.stream_buffer if request.stream_buffer is None else request.stream_buffer
+        validation = tool_validation_mode(
+            request.tool_validation,
+            model.tool_validation,
+            request_strict_output=request.strict_output,
+            model_strict=model.strict,
+        )
         return SessionSettings(
             run_id=run_id,
             strict=strict,
@@ -82,7 +90,7 @@ class ChatService:
             include_reasoning=request.include_reasoning,
             reasoning_explicit=request.reasoning_explicit,
             trace=request.trace_stream or model.trace_stream,
-            tools=request.tools,
+            tools=replace(request.tools, validation=validation),
             tool_formats=model.tool_call_formats,
             sentinels=model.sentinels,
             reasoning_parser=model.reasoning_parser,  # type: ignore[arg-type]

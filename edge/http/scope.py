@@ -30,6 +30,7 @@ from loguru import logger
 
 from edge.metrics import EdgeMetrics
 from edge.run import OutcomeHook, Run
+from edge.stream.output import Outcome
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -110,8 +111,10 @@ class ChatScope:
                 request_id=info.request_id, run_id=info.run_id, model=info.model,
                 node=info.node, stream=info.stream, status=outcome.status,
                 finish_reason=outcome.finish_reason, error_type=outcome.error_type,
+                node_finish_reason=outcome.node_finish_reason,
                 duration_ms=round(duration * 1000, 2),
             ).info("chat completion {}", outcome.status)  # fmt: skip
+        _log_violations(info.request_id, info.run_id, info.model, outcome)
         if self._on_outcome is not None:
             self._on_outcome(info, outcome)
 
@@ -121,6 +124,20 @@ class ChatScope:
             request_id=self.request_id, method="POST", path=CHAT_PATH, status=status,
             duration_ms=round((time.perf_counter() - self._started) * 1000, 2),
         ).info("POST {} {}", CHAT_PATH, status or "(client left)")  # fmt: skip
+
+
+# A called tool's name is model output: logged up to this many characters.
+_LOGGED_TOOL_CHARS = 64
+
+
+def _log_violations(request_id: str, run_id: str, model: str, outcome: Outcome) -> None:
+    """One line per violation a returned call made (report mode): rule and tool, never
+    the arguments (the message may quote their values, so it is not logged)."""
+    for violation in outcome.tool_violations:
+        logger.bind(
+            request_id=request_id, run_id=run_id, model=model, rule=violation.rule,
+            tool=violation.tool[:_LOGGED_TOOL_CHARS],
+        ).warning("tool call violation reported: {}", violation.rule)  # fmt: skip
 
 
 # The scope of the chat request the current task serves (None: not a chat request).

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edge.stream.events import Usage
-from edge.stream.toolcall import ToolCall
+from edge.stream.toolcall import ToolCall, Violation
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +68,9 @@ class Outcome:
     usage: Usage | None = None
     reasoning_chars: int = 0
     usage_sample: bool = True
+    # The node's own finish_reason, as it sent it (None: the run did not complete);
+    # `finish_reason` is what the caller got (edge.stream.finish).
+    node_finish_reason: str | None = None
+    # What the returned tool calls break (the report mode); counted and logged by the
+    # HTTP layer, never here.
+    tool_violations: tuple[Violation, ...] = ()

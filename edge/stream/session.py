@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+from edge.stream.finish import finish_of
 from edge.stream.output import (
     ContentOut,
     ErrorOut,
@@ -30,7 +31,8 @@ from edge.stream.output import (
 )
 from edge.stream.sentinel import DEFAULT_SENTINELS, SentinelFilter
 from edge.stream.think import ThinkSplitter, has_close_think, has_open_think
-from edge.stream.toolcall import ToolCall, ToolPolicy
+from edge.stream.toolcall import ToolCall, ToolPolicy, Violation
+from edge.stream.toolcheck import check_tool_calls
 from edge.stream.toolparse import DEFAULT_FORMATS
 from edge.stream.toolparse import loads as strict_json
 from edge.stream.tools import (
@@ -39,7 +41,6 @@ from edge.stream.tools import (
     synthesize_tool_calls,
     typed_native_tool_calls,
     unstreamed_remainder,
-    validate_tool_calls,
 )
 from edge.stream.tooltext import ToolTextFilter
 
@@ -117,6 +118,7 @@ class StreamSession:
         "_tool_filter",
         "_trace",
         "_trace_seq",
+        "_violations",
         "out",
         "outcome",
         "settings",
@@ -160,8 +162,10 @@ class StreamSession:
         self._think: ThinkSplitter | None = None
         if settings.reasoning_parser != "none":
             self._think = ThinkSplitter(start_in_think=settings.reasoning_parser == "think_start")
+        # What returned calls break (report mode), for the outcome.
+        self._violations: tuple[Violation, ...] = ()
         # Present whenever tools are declared: under tool_choice "none" a call written
-        # as text is still held back and then rejected, never shown as content.
+        # as text is still held back, never shown as content.
         self._tool_filter: ToolTextFilter | None = None
         if settings.tools.tools:
             self._tool_filter = ToolTextFilter(settings.tool_formats)
@@ -192,10 +196,15 @@ class StreamSession:
             self.fail("run_error", event.reason)
         return self.outcome is not None
 
-    def fail(self, error_type: str, message: str) -> None:
+    def fail(self, error_type: str, message: str, *, node_finish_reason: str | None = None) -> None:
         """Terminal: an error frame, error metrics."""
         if self._terminate(
-            Outcome("error", error_type=error_type, reasoning_chars=self._reasoning_chars())
+            Outcome(
+                "error",
+                error_type=error_type,
+                reasoning_chars=self._reasoning_chars(),
+                node_finish_reason=node_finish_reason,
+            )
         ):
             self.out.append(ErrorOut(error_type, message))
             self._trace_event("error", {"error_type": error_type})
@@ -349,13 +358,23 @@ class StreamSession:
         if self.outcome is not None:  # what the flushes released passed the held-output cap
             return
 
-        metadata = event.metadata
-        finish_reason = metadata.get("finish_reason") or "stop"
+        finish = finish_of(event.metadata.get("finish_reason"))
+        if finish.reason is None:  # the node says the run did not finish: no answer
+            self.fail(
+                "run_error",
+                "the node ended the run without finishing it"
+                f' (finish_reason "{finish.node_reason}")',
+                node_finish_reason=finish.node_reason,
+            )
+            return
+        finish_reason = finish.reason
         calls, native = self._resolve_tool_calls(event)
         if self.outcome is not None:  # tool validation failed
             return
         if calls:
             finish_reason = "tool_calls"
+        elif finish_reason == "tool_calls":  # the node said so, but no call is returned
+            finish_reason = "stop"
         if not native:
             self._reasoning_fallback(finish_reason)
         if self.settings.strict and not calls:
@@ -375,12 +394,15 @@ class StreamSession:
                 finish_reason=finish_reason,
                 usage=event.usage,
                 reasoning_chars=self._reasoning_chars(),
+                node_finish_reason=finish.node_reason,
+                tool_violations=self._violations,
             )
         )
         self._trace_event(
             "done",
             {
                 "finish_reason": finish_reason,
+                "node_finish_reason": finish.node_reason,
                 "content_len": self._content_chars,
                 "reasoning_len": self._reasoning_chars(),
             },
@@ -392,9 +414,10 @@ class StreamSession:
 
         Native calls (typed, or JSON in an older node's metadata) win over
         text; otherwise calls are synthesized from the whole content when
-        tools were declared. A
-        validation failure ends the session (`fail`), and so does native
+        tools were declared. A validation failure (as the policy's mode says,
+        `edge.stream.toolcheck`) ends the session (`fail`), and so does native
         metadata that cannot be read whole: a call is never silently dropped.
+        What the calls returned break (report mode) is kept for the outcome.
         """
         policy = self.settings.tools
         run_id = self.settings.run_id
@@ -412,9 +435,10 @@ class StreamSession:
         if native:
             if self._tool_filter is not None:
                 self._emit_pending(self._tool_filter.flush_non_candidate())
-            problem = validate_tool_calls(native, policy)
-            if problem is not None:
-                self.fail("tool_validation_error", problem)
+            check = check_tool_calls(native, policy)
+            if check.error is not None:
+                self.fail("tool_validation_error", check.error)
+            self._violations = check.violations
             return native, True
         if self._tool_filter is not None:
             assert self._content is not None  # kept whenever tools are declared
@@ -425,6 +449,7 @@ class StreamSession:
             if result.error is not None:
                 self.fail("tool_validation_error", result.error)
                 return (), False
+            self._violations = result.violations
             if result.calls:
                 self._emit_pending(unstreamed_remainder(result.cleaned, "".join(self._emitted)))
                 return result.calls, False

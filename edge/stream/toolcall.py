@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal, get_args
+
+# How calls are held to the declared tools and tool_choice (`edge.stream.toolcheck`):
+# "strict" ends the answer at the first violation, "report" returns readable calls
+# as written and reports what they break, "off" checks nothing against the tools.
+ToolValidation = Literal["strict", "report", "off"]
+TOOL_VALIDATION_MODES: Final[tuple[ToolValidation, ...]] = get_args(ToolValidation)
+
+# What a call may break, a closed set (the `rule` label of the violations metric).
+ViolationRule = Literal["unknown_tool", "schema", "tool_choice", "parallel_tool_calls"]
+VIOLATION_RULES: Final[tuple[ViolationRule, ...]] = get_args(ViolationRule)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +48,8 @@ class ToolPolicy:
     tools: tuple[ToolSpec, ...] = ()
     choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
+    # Resolved per request by the HTTP layer (`edge.stream.toolcheck.tool_validation_mode`).
+    validation: ToolValidation = "strict"
 
     def spec(self, name: str) -> ToolSpec | None:
         for tool in self.tools:
@@ -54,3 +66,16 @@ class ToolCall:
     name: str
     arguments: str
     type: str = "function"
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One way a returned call breaks the declared tools or `tool_choice` (report mode).
+
+    `tool` is the called name ("" for a rule broken by making no call);
+    `message` may quote argument values: it is for the caller, never for logs.
+    """
+
+    rule: ViolationRule
+    tool: str
+    message: str

@@ -7,7 +7,7 @@ scanners live in `edge.stream.toolscan`, shared with
 parse would call markup. It does not know the declared tools, `tool_choice`,
 call ids, the stream, or any I/O.
 
-Formats (`DEFAULT_FORMATS` enables all):
+Formats (`FORMATS` lists all; `DEFAULT_FORMATS`, the tag formats, is the default):
 - "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; the
   block ends at `</tool_call>`, at the next `<tool_call>`, or at end of text.
 - "mistral": `[TOOL_CALLS]` then a JSON array or object, or `name[ARGS]{...}`
@@ -76,6 +76,7 @@ from edge.stream.toolbare import FAILED, OVER, BareScan, CandidateBudget
 from edge.stream.toolscan import (
     DEFAULT_FORMATS,
     FENCE,
+    FORMATS,
     HERMES_CLOSE,
     HERMES_OPEN,
     LLAMA_END,
@@ -91,6 +92,7 @@ from edge.stream.toolscan import (
 
 __all__ = [
     "DEFAULT_FORMATS",
+    "FORMATS",
     "ParseResult",
     "ParsedCall",
     "block_values",

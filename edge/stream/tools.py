@@ -2,8 +2,9 @@
 
 This module owns the rules that tie calls to the request: which tool
 definitions and `tool_choice` values are acceptable, how native calls from run
-metadata and calls found in text become `ToolCall`s (ids, names, arguments),
-and when calls violate the declared tools or `tool_choice`. Text formats live
+metadata and calls found in text become `ToolCall`s (ids, names, arguments).
+Whether calls break the declared tools or `tool_choice`, and what the
+validation mode does about it, is `edge.stream.toolcheck`'s; text formats live
 in `edge.stream.toolparse`. It does not know the stream, HTTP, or any I/O;
 JSON Schema `$ref`s are never fetched.
 
@@ -27,9 +28,9 @@ from edge.stream.schema import (
     schema_limit_problem,
     schema_problem,
     schema_size,
-    validation_budget,
 )
-from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
+from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec, Violation
+from edge.stream.toolcheck import check_tool_calls, validate_tool_calls
 from edge.stream.toolparse import DEFAULT_FORMATS, loads, parse_tool_text
 
 __all__ = [
@@ -314,54 +315,16 @@ def normalize_native_tool_calls(
     return parse_native_tool_calls(raw, policy, id_prefix).calls
 
 
-def validate_tool_calls(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | None:
-    """The first way `calls` break the declared tools or `tool_choice`, or None.
-
-    `tool_choice` "required" or a named function with no call is a violation
-    (a run under them must end with a call); "none" with any call is one. All
-    the calls share one validation budget, so many calls cost no more than one.
-    """
-    with validation_budget():
-        return _first_violation(calls, policy)
-
-
-def _first_violation(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | None:
-    choice = policy.choice
-    if choice.mode == "none" and calls:
-        return f'tool_choice is "none" but the model called "{calls[0].name}"'
-    if choice.mode in ("required", "function") and not calls:
-        return f'tool_choice is "{choice.name or choice.mode}" but the model made no tool call'
-    if not policy.parallel_tool_calls and len(calls) > 1:
-        names = ", ".join(f'"{call.name}"' for call in calls)
-        return f"parallel_tool_calls is false but the model made {len(calls)} tool calls ({names})"
-    for call in calls:
-        if choice.mode == "function" and call.name != choice.name:
-            return f'tool_choice names "{choice.name}" but the model called "{call.name}"'
-        spec = policy.spec(call.name)
-        if spec is None:
-            declared = ", ".join(tool.name for tool in policy.tools) or "none"
-            return f'tool call "{call.name}" names no declared tool (declared: {declared})'
-        try:
-            arguments = loads(call.arguments)
-        except ValueError as exc:
-            return f'tool "{call.name}" arguments are not valid JSON: {exc}'
-        if not isinstance(arguments, dict):
-            return f'tool "{call.name}" arguments are not a JSON object'
-        if spec.parameters is not None:
-            problem = schema_error(spec.parameters, arguments)
-            if problem is not None:
-                return f'tool "{call.name}" arguments: {problem}'
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class Synthesis:
-    """Calls found in content. With `error` set, `calls` is empty and the run failed."""
+    """Calls found in content. With `error` set, `calls` is empty and the run failed;
+    `violations` are what the calls returned break (the report mode)."""
 
     calls: tuple[ToolCall, ...] = ()
     cleaned: str = ""
     candidate_found: bool = False
     error: str | None = None
+    violations: tuple[Violation, ...] = ()
 
 
 def synthesize_tool_calls(
@@ -370,10 +333,11 @@ def synthesize_tool_calls(
     id_prefix: str,
     formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> Synthesis:
-    """Tool calls from the whole content text, validated against `policy`.
+    """Tool calls from the whole content text, held to `policy` (`check_tool_calls`).
 
-    A candidate that failed to parse is a validation failure, as is every rule
-    of `validate_tool_calls`. Ids are `call_{id_prefix}_{index}`.
+    A candidate that failed to parse is a validation failure in every mode;
+    the rules of the declared tools and `tool_choice` apply as the policy's
+    validation mode says. Ids are `call_{id_prefix}_{index}`.
     """
     parsed = parse_tool_text(text, formats)
     if parsed.errors:
@@ -386,12 +350,12 @@ def synthesize_tool_calls(
         )
         for index, call in enumerate(parsed.calls)
     )
-    error = validate_tool_calls(calls, policy)
-    if error is not None:
+    check = check_tool_calls(calls, policy)
+    if check.error is not None:
         return Synthesis(
-            cleaned=parsed.cleaned, candidate_found=parsed.candidate_found, error=error
+            cleaned=parsed.cleaned, candidate_found=parsed.candidate_found, error=check.error
         )
-    return Synthesis(calls, parsed.cleaned, parsed.candidate_found)
+    return Synthesis(calls, parsed.cleaned, parsed.candidate_found, violations=check.violations)
 
 
 def unstreamed_remainder(cleaned: str, emitted: str) -> str:

@@ -24,6 +24,7 @@ from functools import lru_cache
 __all__ = [
     "DEFAULT_FORMATS",
     "FENCE",
+    "FORMATS",
     "HERMES_CLOSE",
     "HERMES_OPEN",
     "LLAMA_END",
@@ -39,7 +40,12 @@ __all__ = [
     "syntax_for",
 ]
 
-DEFAULT_FORMATS: tuple[str, ...] = ("hermes", "mistral", "llama", "json", "fenced")
+# Every format the parse knows.
+FORMATS: tuple[str, ...] = ("hermes", "mistral", "llama", "json", "fenced")
+# The formats parsed unless a model's config says otherwise: the tags models
+# write on purpose. Bare and fenced JSON also read a call into an answer that
+# merely shows one (an example of function calling), so they are opt-in.
+DEFAULT_FORMATS: tuple[str, ...] = ("hermes", "mistral", "llama")
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
@@ -147,7 +153,7 @@ class Syntax:
     )
 
     def __init__(self, formats: Sequence[str]) -> None:
-        unknown = set(formats) - set(DEFAULT_FORMATS)
+        unknown = set(formats) - set(FORMATS)
         if unknown:
             raise ValueError(f"unknown tool-call formats: {sorted(unknown)}")
         self.tags: tuple[str, ...] = tuple(tag for f, tag in _TAGS.items() if f in formats)

@@ -58,11 +58,15 @@ async def test_redos_pattern_in_a_tool_call_is_answered_while_healthz_answers(
     edge: RunningEdge, http: httpx.AsyncClient
 ) -> None:
     """A tool call whose argument is the ReDoS input for its schema's `pattern` gets
-    its tool_validation_error at once (streamed: the error frame; not streamed: a
-    422), and /healthz answers while such streams are in flight."""
+    its tool_validation_error at once under strict validation (streamed: the error frame;
+    not streamed: a 422), and /healthz answers while such streams are in flight."""
     text = hermes("spell", {"word": EVIL})
     streamed = chat_body(
-        "sim-script", model_says(text, sleep_ms=100), tools=[REDOS_TOOL], stream=True
+        "sim-script",
+        model_says(text, sleep_ms=100),
+        tools=[REDOS_TOOL],
+        stream=True,
+        tool_validation="strict",
     )
     frames: list[Any] = []
 
@@ -77,7 +81,10 @@ async def test_redos_pattern_in_a_tool_call_is_answered_while_healthz_answers(
                 nursery.start_soon(one_stream)
             nursery.start_soon(healthz_answers, http, 5)
         plain = await http.post(
-            CHAT, json=chat_body("sim-script", model_says(text), tools=[REDOS_TOOL])
+            CHAT,
+            json=chat_body(
+                "sim-script", model_says(text), tools=[REDOS_TOOL], tool_validation="strict"
+            ),
         )
     for payloads in frames:
         assert "[DONE]" not in payloads
@@ -86,6 +93,19 @@ async def test_redos_pattern_in_a_tool_call_is_answered_while_healthz_answers(
         assert "does not match" in error["message"]
     assert plain.status_code == 422
     assert plain.json()["error"]["type"] == "tool_validation_error"
+
+
+async def test_redos_pattern_under_report_is_checked_in_time(http: httpx.AsyncClient) -> None:
+    """Report mode checks the same schema within the same bound: the call comes back as
+    written (the violation reported), not after minutes of backtracking."""
+    text = hermes("spell", {"word": EVIL})
+    body = chat_body("sim-script", model_says(text), tools=[REDOS_TOOL], tool_validation="report")
+    with trio.fail_after(BOUND_S):
+        response = await http.post(CHAT, json=body)
+    assert response.status_code == 200
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"word": EVIL}
 
 
 async def test_matching_argument_is_a_tool_call(http: httpx.AsyncClient) -> None:

@@ -9,6 +9,7 @@ checked is what an agent built on the SDK would get.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from itertools import cycle
 from typing import Any
@@ -20,6 +21,8 @@ import trio
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from edge.config import ModelConfig
+from edge.stream.toolparse import DEFAULT_FORMATS
+from edge.stream.toolparse import FORMATS as ALL_FORMATS
 from tests.integration.conftest import (
     WEATHER_TOOL,
     RunningEdge,
@@ -70,6 +73,19 @@ def model_output(text: str, *, big: bool = False, **metadata: Any) -> str:
         *deltas,
         {"type": "complete", "metadata": {"finish_reason": "stop", **metadata}},
     )
+
+
+# sim-script with every text format parsed (the default is the tag formats only).
+ALL_FORMATS_MODEL = ModelConfig(reasoning_parser="think", tool_call_formats=ALL_FORMATS)
+
+
+@pytest.fixture
+async def formats_edge(nursery: trio.Nursery, sim: SimProcess) -> AsyncIterator[RunningEdge]:
+    """An edge whose sim-script model parses every text format, bare and fenced JSON too."""
+    config = replace(edge_config(sim), models={"sim-script": ALL_FORMATS_MODEL})
+    running = await start_edge(nursery, config)
+    yield running
+    await stop_edge(running)
 
 
 def _sdk(edge: RunningEdge) -> openai.OpenAI:
@@ -231,11 +247,11 @@ FORMAT_IDS = [case[0] for case in FORMATS]
 
 @pytest.mark.parametrize(("fmt", "text", "cleaned", "expected"), FORMATS, ids=FORMAT_IDS)
 async def test_text_format_streaming(
-    edge: RunningEdge, fmt: str, text: str, cleaned: str, expected: list[Call]
+    formats_edge: RunningEdge, fmt: str, text: str, cleaned: str, expected: list[Call]
 ) -> None:
-    """Streamed: the SDK accumulates the calls written as text; content is the text without
-    markup, never a byte of it; finish_reason tool_calls."""
-    chunks, final = await stream(edge, model_output(text))
+    """Streamed (every format configured): the SDK accumulates the calls written as text;
+    content is the text without markup, never a byte of it; finish_reason tool_calls."""
+    chunks, final = await stream(formats_edge, model_output(text))
     check_streamed_calls(chunks, final, expected)
     assert streamed_content(chunks) == cleaned
     assert (final.choices[0].message.content or "") == cleaned
@@ -243,10 +259,11 @@ async def test_text_format_streaming(
 
 @pytest.mark.parametrize(("fmt", "text", "cleaned", "expected"), FORMATS, ids=FORMAT_IDS)
 async def test_text_format_non_streaming(
-    edge: RunningEdge, fmt: str, text: str, cleaned: str, expected: list[Call]
+    formats_edge: RunningEdge, fmt: str, text: str, cleaned: str, expected: list[Call]
 ) -> None:
-    """Not streamed: message.tool_calls holds the calls; content is the cleaned text or None."""
-    completion = await create(edge, model_output(text))
+    """Not streamed (every format configured): message.tool_calls holds the calls; content
+    is the cleaned text or None."""
+    completion = await create(formats_edge, model_output(text))
     message = completion.choices[0].message
     assert completion.choices[0].finish_reason == "tool_calls"
     assert calls_of(message.tool_calls) == expected
@@ -527,15 +544,17 @@ VIOLATIONS: list[tuple[str, str, dict[str, Any], list[str]]] = [
     ),
 ]
 VIOLATION_IDS = [v[0] for v in VIOLATIONS]
+# The strict validation policy, asked for by the request (the default is "report").
+STRICT: dict[str, Any] = {"extra_body": {"tool_validation": "strict"}}
 
 
 @pytest.mark.parametrize(("case", "text", "kwargs", "needles"), VIOLATIONS, ids=VIOLATION_IDS)
 async def test_violation_streaming_ends_with_error_frame(
     edge: RunningEdge, case: str, text: str, kwargs: dict[str, Any], needles: list[str]
 ) -> None:
-    """Streamed: a call that breaks the declared tools or tool_choice ends the stream with a
-    tool_validation_error frame naming the tool and the rule."""
-    error = await stream_error(edge, model_output(text), **kwargs)
+    """Streamed, strict: a call that breaks the declared tools or tool_choice ends the stream
+    with a tool_validation_error frame naming the tool and the rule."""
+    error = await stream_error(edge, model_output(text), **kwargs, **STRICT)
     assert error.type == "tool_validation_error"
     for needle in needles:
         assert needle in error.message
@@ -545,8 +564,8 @@ async def test_violation_streaming_ends_with_error_frame(
 async def test_violation_non_streaming_is_422(
     edge: RunningEdge, case: str, text: str, kwargs: dict[str, Any], needles: list[str]
 ) -> None:
-    """Not streamed: the same violation is a 422 tool_validation_error response."""
-    error = await create_error(edge, model_output(text), **kwargs)
+    """Not streamed, strict: the same violation is a 422 tool_validation_error response."""
+    error = await create_error(edge, model_output(text), **kwargs, **STRICT)
     assert error.status_code == 422
     assert error.type == "tool_validation_error"
     for needle in needles:
@@ -554,17 +573,21 @@ async def test_violation_non_streaming_is_422(
 
 
 async def test_native_call_under_tool_choice_none_is_rejected(edge: RunningEdge) -> None:
-    """tool_choice none holds for native calls too."""
-    error = await stream_error(edge, model_output("", tool_calls=NATIVE), tool_choice="none")
+    """tool_choice none holds for native calls too (strict)."""
+    error = await stream_error(
+        edge, model_output("", tool_calls=NATIVE), tool_choice="none", **STRICT
+    )
     assert error.type == "tool_validation_error"
     assert 'tool_choice is "none" but the model called "get_weather"' in error.message
 
 
 async def test_raw_sse_validation_error_frame(http: httpx.AsyncClient) -> None:
-    """The error frame is the last frame: no tool_calls delta, no finish chunk, no [DONE];
+    """Strict: the error frame is the last frame: no tool_calls delta, no finish chunk, no [DONE];
     no markup was streamed before it."""
     text = "Sure.\n" + hermes("get_weather", {"city": 42})
-    body = chat_body("sim-script", model_output(text), tools=TOOLS, stream=True)
+    body = chat_body(
+        "sim-script", model_output(text), tools=TOOLS, stream=True, tool_validation="strict"
+    )
     response = await http.post(CHAT, json=body)
     assert response.status_code == 200
     payloads = parse_sse(response.content)
@@ -665,8 +688,7 @@ PROSE = [
 ]
 
 
-@pytest.mark.parametrize(("case", "text"), PROSE, ids=[p[0] for p in PROSE])
-async def test_prose_about_tool_calls_is_content(edge: RunningEdge, case: str, text: str) -> None:
+async def check_prose_is_content(edge: RunningEdge, text: str) -> None:
     """Text that mentions tool-call markup without making a call comes through intact,
     streamed and not, with finish_reason stop and no tool_calls."""
     chunks, final = await stream(edge, model_output(text))
@@ -675,6 +697,46 @@ async def test_prose_about_tool_calls_is_content(edge: RunningEdge, case: str, t
     assert final.choices[0].finish_reason == "stop"
     completion = await create(edge, model_output(text))
     assert completion.choices[0].message.content == text
+    assert completion.choices[0].message.tool_calls is None
+    assert completion.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("case", "text"), PROSE, ids=[p[0] for p in PROSE])
+async def test_prose_about_tool_calls_is_content(edge: RunningEdge, case: str, text: str) -> None:
+    """Prose about tool calls is content with the default formats."""
+    await check_prose_is_content(edge, text)
+
+
+@pytest.mark.parametrize(("case", "text"), PROSE, ids=[p[0] for p in PROSE])
+async def test_prose_about_tool_calls_is_content_with_every_format(
+    formats_edge: RunningEdge, case: str, text: str
+) -> None:
+    """Prose about tool calls is content with bare and fenced JSON parsed too."""
+    await check_prose_is_content(formats_edge, text)
+
+
+EXPLAINER = (
+    "Function calling works like this. The model answers with a call:\n"
+    "```json\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    "```\n"
+    "or with a bare object on its own line:\n"
+    '{"name": "search", "arguments": {"query": "weather"}}\n'
+    "and your code runs the function and sends back the result."
+)
+
+
+async def test_call_examples_in_an_answer_are_content_by_default(edge: RunningEdge) -> None:
+    """With the default formats (the tags), an answer that explains function calling with
+    fenced and bare JSON examples, one naming a declared tool and one an undeclared one,
+    streams through unchanged with tools declared: no call, no 422, finish_reason stop."""
+    assert DEFAULT_FORMATS == ("hermes", "mistral", "llama")
+    chunks, final = await stream(edge, model_output(EXPLAINER))
+    assert streamed_content(chunks) == EXPLAINER
+    assert not tool_call_chunks(chunks)
+    assert final.choices[0].finish_reason == "stop"
+    completion = await create(edge, model_output(EXPLAINER))
+    assert completion.choices[0].message.content == EXPLAINER
     assert completion.choices[0].message.tool_calls is None
     assert completion.choices[0].finish_reason == "stop"
 

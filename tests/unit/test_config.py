@@ -70,6 +70,46 @@ def test_model_defaults() -> None:
     assert config.model("llama").reasoning_parser == "none"
 
 
+def test_tool_validation(tmp_path: Path) -> None:
+    """[models.NAME] tool_validation is strict, report or off; unset, it is None (derived per
+    request from the request and the strict output policy)."""
+    config = _load(
+        tmp_path,
+        '[models.a]\ntool_validation = "report"\n[models.b]\ntool_validation = "off"\n'
+        '[models.c]\ntool_validation = "strict"\n[models.d]\nstrict = true\n',
+    )
+    assert [config.model(n).tool_validation for n in "abcd"] == ["report", "off", "strict", None]
+    assert config.model("unconfigured").tool_validation is None
+    assert config.model("sim-script").tool_validation is None
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('"lenient"', "models.m.tool_validation: expected one of strict, report, off"),
+        ("true", "models.m.tool_validation: expected a string"),
+        ('["strict"]', "models.m.tool_validation: expected a string"),
+    ],
+)
+def test_bad_tool_validation_is_a_config_error(tmp_path: Path, value: str, message: str) -> None:
+    """A bad tool_validation names the file and the key."""
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, f"[models.m]\ntool_validation = {value}\n")
+
+
+def test_tool_call_formats_default_to_the_tags(tmp_path: Path) -> None:
+    """Text tool calls are parsed in the tag formats unless a model opts in to bare and
+    fenced JSON; a model table without the key keeps the default."""
+    config = _load(
+        tmp_path,
+        "[models.a]\nstrict = false\n"
+        '[models.b]\ntool_call_formats = ["hermes", "json", "fenced"]\n',
+    )
+    for name in ("a", "unconfigured", "sim-script"):
+        assert config.model(name).tool_call_formats == ("hermes", "mistral", "llama")
+    assert config.model("b").tool_call_formats == ("hermes", "json", "fenced")
+
+
 def test_forwarding_policy_keys(tmp_path: Path) -> None:
     """A model table sets its forwarding policy; data: is always allowed; models without a
     table get the defaults (131072 tokens, nothing unsafe forwarded, data: only)."""

@@ -67,6 +67,7 @@ def test_minimal_request_gets_the_defaults() -> None:
         None,
     )
     assert (req.strict_output, req.stream_buffer, req.trace_stream) == (None, None, False)
+    assert req.tool_validation is None
 
 
 # --- every field: good values --------------------------------------------------
@@ -127,6 +128,10 @@ GOOD: list[tuple[dict[str, Any], str, object]] = [
     ({"strict_output": False}, "strict_output", False),
     ({"stream_buffer": True}, "stream_buffer", True),
     ({"stream_buffer": False}, "stream_buffer", False),
+    ({"tool_validation": "strict"}, "tool_validation", "strict"),
+    ({"tool_validation": "report"}, "tool_validation", "report"),
+    ({"tool_validation": "off"}, "tool_validation", "off"),
+    ({"tool_validation": None}, "tool_validation", None),
     (
         {"parallel_tool_calls": False},
         "tools",
@@ -288,6 +293,11 @@ BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"reasoning_effort": 1}, "reasoning_effort"),
     ({"strict_output": "true"}, "strict_output"),
     ({"stream_buffer": 0}, "stream_buffer"),
+    ({"tool_validation": "lenient"}, "tool_validation"),
+    ({"tool_validation": "STRICT"}, "tool_validation"),
+    ({"tool_validation": ""}, "tool_validation"),
+    ({"tool_validation": True}, "tool_validation"),
+    ({"tool_validation": ["strict"]}, "tool_validation"),
     ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"tools": {}}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
@@ -636,6 +646,7 @@ def requests(noise: bool) -> st.SearchStrategy[dict[str, Any]]:
         "reasoning_effort": st.sampled_from(["low", "max"]),
         "strict_output": st.booleans(),
         "stream_buffer": st.booleans(),
+        "tool_validation": st.sampled_from(["strict", "report", "off", "x"]),
         "top_k": st.integers(),
         "logit_bias": st.dictionaries(short, st.floats(allow_nan=False, allow_infinity=False)),
         "chat_template_kwargs": st.dictionaries(short, JSON),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import tracemalloc
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -39,7 +39,8 @@ from edge.stream.session import (
     hidden_reasoning_fallback,
     reasoning_only_fallback,
 )
-from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
+from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolCall, ToolChoice, ToolPolicy, ToolSpec
+from edge.stream.toolparse import DEFAULT_FORMATS, FORMATS
 
 RUN = "run1"
 
@@ -417,6 +418,29 @@ def test_finish_no_candidate_flushes_held_text(text: str) -> None:
     assert result.terminal == FinishOut("stop", None)
 
 
+CALL_EXAMPLES = (
+    "A call looks like this:\n```json\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n'
+    'or bare:\n{"name": "search", "arguments": {"q": "x"}}\nThat is all.'
+)
+
+
+@pytest.mark.parametrize("whole_output", [False, True])
+def test_default_formats_leave_call_examples_as_content(whole_output: bool) -> None:
+    """With the default formats (the tags) and tools declared, an answer showing calls as
+    fenced or bare JSON is content, unchanged in any split: no call, finish_reason stop.
+    With "json" and "fenced" configured the same text is a (failing) call."""
+    cfg = conf(tools=TOOLS, whole_output=whole_output)
+    for pieces in (cut(CALL_EXAMPLES, []), list(CALL_EXAMPLES)):
+        result = run([*map(Delta, pieces), complete()], cfg)
+        assert result.content == CALL_EXAMPLES
+        assert result.calls is None
+        assert result.terminal == FinishOut("stop", None)
+    every = replace(cfg, tool_formats=FORMATS, tools=replace(TOOLS, validation="strict"))
+    result = run([Delta(CALL_EXAMPLES), complete()], every)
+    assert isinstance(result.terminal, ErrorOut)
+
+
 def test_finish_without_tools_markup_is_content() -> None:
     """finish step 3, no tools declared: nothing is held; tool-call markup is plain content."""
     result = run([Delta(CALL_TEXT), complete()])
@@ -477,7 +501,7 @@ def test_finish_terminal_finish_chunk_then_done_and_usage() -> None:
     result = run([ReasoningDelta("rr"), Delta("x"), Complete(usage, {"finish_reason": "stop"})])
     assert result.terminal == FinishOut("stop", usage)
     assert result.outcome == Outcome(
-        "success", finish_reason="stop", usage=usage, reasoning_chars=2
+        "success", finish_reason="stop", usage=usage, reasoning_chars=2, node_finish_reason="stop"
     )
     payloads = sse_payloads(SSEEncoder("id", 1, "m", include_usage=False).encode(result.out))
     assert payloads[-1] == "[DONE]"
@@ -970,7 +994,8 @@ def session_settings(draw: st.DrawFn) -> SessionSettings:
         include_reasoning=draw(st.booleans()),
         reasoning_explicit=draw(st.booleans()),
         trace=draw(st.booleans()),
-        tools=draw(tool_policies),
+        tools=replace(draw(tool_policies), validation=draw(st.sampled_from(TOOL_VALIDATION_MODES))),
+        tool_formats=draw(st.sampled_from([DEFAULT_FORMATS, FORMATS])),
         reasoning_parser=draw(st.sampled_from(["none", "think", "think_start"])),
         response_format=draw(response_formats),
     )
@@ -1006,7 +1031,7 @@ raw_tool_calls = st.one_of(
 metadata = st.fixed_dictionaries(
     {},
     optional={
-        "finish_reason": st.sampled_from(["stop", "length", "content_filter", ""])
+        "finish_reason": st.sampled_from(["stop", "length", "content_filter", "", "abort"])
         | st.text(max_size=8),
         "tool_calls": raw_tool_calls,
         "other": st.text(max_size=8),

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.stream.toolparse import DEFAULT_FORMATS, ParsedCall, parse_tool_text
+from edge.stream.toolparse import DEFAULT_FORMATS, FORMATS, ParsedCall, parse_tool_text
 
 
-def calls_of(text: str, formats: tuple[str, ...] = DEFAULT_FORMATS) -> list[tuple[str, Any]]:
+def calls_of(text: str, formats: tuple[str, ...] = FORMATS) -> list[tuple[str, Any]]:
     return [(c.name, c.arguments) for c in parse_tool_text(text, formats).calls]
 
 
@@ -80,7 +80,7 @@ def calls_of(text: str, formats: tuple[str, ...] = DEFAULT_FORMATS) -> list[tupl
 )
 def test_formats(text: str, expected: list[tuple[str, Any]]) -> None:
     """Each format yields its calls in order of appearance, with decoded arguments."""
-    result = parse_tool_text(text)
+    result = parse_tool_text(text, FORMATS)
     assert result.errors == ()
     assert result.candidate_found
     assert calls_of(text) == expected
@@ -102,7 +102,7 @@ def test_formats(text: str, expected: list[tuple[str, Any]]) -> None:
 def test_cleaned_removes_markup_and_the_whitespace_it_left(text: str, cleaned: str) -> None:
     """Markup is cut out; content next to it loses whitespace on that side; pieces join
     with a newline; whitespace away from markup is kept."""
-    assert parse_tool_text(text).cleaned == cleaned
+    assert parse_tool_text(text, FORMATS).cleaned == cleaned
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_cleaned_removes_markup_and_the_whitespace_it_left(text: str, cleaned: s
 def test_not_candidates(text: str) -> None:
     """Prose that mentions a tag, JSON that is not call-shaped, mid-line or unbalanced JSON
     and non-JSON fences are content: no candidate, and the text comes back unchanged."""
-    result = parse_tool_text(text)
+    result = parse_tool_text(text, FORMATS)
     assert not result.candidate_found
     assert result.calls == ()
     assert result.errors == ()
@@ -155,7 +155,7 @@ def test_not_candidates(text: str) -> None:
 )
 def test_candidates_that_fail_to_parse(text: str, message: str) -> None:
     """Markup that starts a call but does not parse is a candidate with an error."""
-    result = parse_tool_text(text)
+    result = parse_tool_text(text, FORMATS)
     assert result.candidate_found
     assert result.errors
     assert result.errors[0].startswith(message)
@@ -165,7 +165,8 @@ def test_string_arguments_that_do_not_decode_are_kept_raw() -> None:
     """Arguments given as a string that is not JSON stay raw, with an error naming the call."""
     result = parse_tool_text(
         '<tool_call>{"name": "ok"}</tool_call><tool_call>{"name": "f", "arguments": "{oops"}'
-        "</tool_call>"
+        "</tool_call>",
+        FORMATS,
     )
     assert result.calls[1] == ParsedCall("f", "{oops", result.calls[1].arguments_error)
     assert result.calls[1].arguments_error is not None
@@ -180,7 +181,7 @@ def test_empty_string_arguments_mean_no_arguments() -> None:
 def test_a_prose_mention_before_a_real_call() -> None:
     """A tag followed by prose is content; a later real call is still found."""
     result = parse_tool_text(
-        'Format: <tool_call> tags.\n<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+        'Format: <tool_call> tags.\n<tool_call>{"name": "f", "arguments": {}}</tool_call>', FORMATS
     )
     assert calls_of('Format: <tool_call> tags.\n<tool_call>{"name": "f"}</tool_call>') == [
         ("f", {})
@@ -192,13 +193,13 @@ def test_a_balanced_non_call_block_is_skipped_whole() -> None:
     """A line-start JSON value that is not a call is content, including any line-start
     call-shaped object inside it."""
     text = '[\n{"name": "f", "arguments": {}},\n3\n]'
-    assert not parse_tool_text(text).candidate_found
+    assert not parse_tool_text(text, FORMATS).candidate_found
 
 
 def test_an_unbalanced_brace_does_not_hide_later_calls() -> None:
     """An unbalanced line-start `{` is content and the scan goes on inside it."""
     text = '{ oops\n{"name": "f", "arguments": {}}'
-    result = parse_tool_text(text)
+    result = parse_tool_text(text, FORMATS)
     assert calls_of(text) == [("f", {})]
     assert result.cleaned == "{ oops"
 
@@ -214,10 +215,36 @@ def test_formats_select_what_is_parsed() -> None:
         parse_tool_text(text, ("yaml",))
 
 
+EXPLAINER = (
+    "To call a function, the model answers with its name and arguments:\n"
+    "```json\n"
+    '{"name": "search", "arguments": {"query": "weather in Paris"}}\n'
+    "```\n"
+    "or, bare:\n"
+    '{"name": "search", "arguments": {"query": "news"}}\n'
+    "The client then runs it."
+)
+
+
+def test_default_formats_are_the_tags() -> None:
+    """By default only the tag formats models write on purpose are parsed: an answer that
+    shows a call as a fenced or bare JSON example is content, unchanged."""
+    assert DEFAULT_FORMATS == ("hermes", "mistral", "llama")
+    assert set(DEFAULT_FORMATS) < set(FORMATS)
+    result = parse_tool_text(EXPLAINER)
+    assert (result.calls, result.cleaned, result.candidate_found) == ((), EXPLAINER, False)
+    assert calls_of(EXPLAINER) == [
+        ("search", {"query": "weather in Paris"}),
+        ("search", {"query": "news"}),
+    ]
+    tagged = EXPLAINER + '\n<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'
+    assert [c.name for c in parse_tool_text(tagged).calls] == ["search"]
+
+
 @given(st.text(max_size=60))
 def test_text_without_markup_is_content(text: str) -> None:
     """Any text is either unchanged content or has a candidate; errors imply a candidate."""
-    result = parse_tool_text(text)
+    result = parse_tool_text(text, FORMATS)
     if not result.candidate_found:
         assert result.cleaned == text
         assert result.calls == ()
@@ -228,11 +255,11 @@ def test_code_blocks_hide_bare_json_but_not_tags() -> None:
     """Inside a non-JSON code block a line-start call-shaped object is content, a tag
     still starts a candidate, and after the closing fence bare JSON counts again."""
     example = '```python\n{"name": "f", "arguments": {}}\n```\n'
-    assert not parse_tool_text(example).candidate_found
+    assert not parse_tool_text(example, FORMATS).candidate_found
     assert calls_of('```xml\n<tool_call>{"name": "f"}</tool_call>\n```') == [("f", {})]
     assert calls_of(example + '{"name": "g", "arguments": {}}') == [("g", {})]
     not_a_call = '```json\n// note\n{"name": "f", "arguments": {}}\n```'
-    assert not parse_tool_text(not_a_call).candidate_found
+    assert not parse_tool_text(not_a_call, FORMATS).candidate_found
 
 
 # --- hostile text: floods the parse must get through in one pass --------------------
@@ -270,7 +297,7 @@ CALL = '{"name": "f", "arguments": {}}'
 def test_floods_parse_in_linear_time(text: str, calls: list[tuple[str, Any]] | None) -> None:
     """Floods of candidate starts parse in one pass (the timeout is far above the
     time it takes, far below what a quadratic scan takes), with the same answer."""
-    result = parse_tool_text(text)
+    result = parse_tool_text(text, FORMATS)
     if calls is not None:
         assert [(c.name, c.arguments) for c in result.calls] == calls
     if calls == []:

@@ -10,6 +10,7 @@ import pytest
 from edge.api.render import tool_calls_list
 from edge.errors import RequestError
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
+from edge.stream.toolparse import FORMATS
 from edge.stream.tools import (
     normalize_native_tool_calls,
     parse_native_tool_calls,
@@ -341,7 +342,7 @@ def test_synthesis_of_valid_calls() -> None:
         '{"name": "Get_Weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
         '</tool_call>\n<tool_call>{"name": "get_time"}</tool_call>'
     )
-    syn = synthesize_tool_calls(text, POLICY, "r9")
+    syn = synthesize_tool_calls(text, POLICY, "r9", FORMATS)
     assert syn.error is None
     assert syn.candidate_found
     assert syn.cleaned == "Checking."
@@ -387,7 +388,7 @@ def test_synthesis_of_valid_calls() -> None:
 )
 def test_synthesis_failures(text: str, policy: ToolPolicy, message: str) -> None:
     """A candidate that fails to parse or breaks a rule is a validation error, no calls."""
-    syn = synthesize_tool_calls(text, policy, "r")
+    syn = synthesize_tool_calls(text, policy, "r", FORMATS)
     assert syn.error is not None
     assert message in syn.error
     assert syn.calls == ()
@@ -397,7 +398,7 @@ def test_synthesis_without_candidates() -> None:
     """Plain text (including prose mentioning a tag) yields no calls, no candidate, no
     error, and cleaned text equal to the input."""
     for text in ["Sunny, 21 °C.", "I will use <tool_call> tags.", '{"debug": true}']:
-        syn = synthesize_tool_calls(text, POLICY, "r")
+        syn = synthesize_tool_calls(text, POLICY, "r", FORMATS)
         assert (syn.calls, syn.candidate_found, syn.error, syn.cleaned) == ((), False, None, text)
 
 

@@ -10,7 +10,7 @@ from edge.stream.jsontext import raw_decode
 from edge.stream.limits import TOOL_CANDIDATE_COST
 from edge.stream.toolbare import FAILED, OVER, PENDING, BareScan, CandidateBudget
 from edge.stream.toolscan import (
-    DEFAULT_FORMATS,
+    FORMATS,
     LineStarts,
     NextFind,
     Start,
@@ -123,7 +123,7 @@ def test_next_find_agrees_with_find(text: str, data: st.DataObject) -> None:
 def test_start_pattern_finds_every_start(text: str, head: bool, final: bool, in_code: bool) -> None:
     """`find` (which lets the regex engine skip floods) stops at every position
     `classify` would call a start: it may stop at more, never fewer."""
-    syntax = syntax_for(DEFAULT_FORMATS)
+    syntax = syntax_for(FORMATS)
     for i in range(len(text)):
         line_start = at_line_start(text, i, head)
         kind, _ = syntax.classify(text, i, line_start, final=final, in_code=in_code)

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.stream.toolcall import ToolPolicy, ToolSpec
-from edge.stream.toolparse import parse_tool_text
+from edge.stream.toolparse import FORMATS, parse_tool_text
 from edge.stream.tools import synthesize_tool_calls, unstreamed_remainder
 from edge.stream.tooltext import ToolTextFilter
 
@@ -182,9 +182,9 @@ def session(pieces: Sequence[str]) -> tuple[str, str, Any]:
 
     Returns (text shown while streaming, all text shown, the synthesis).
     """
-    f = ToolTextFilter()
+    f = ToolTextFilter(FORMATS)
     streamed = "".join(f.feed(p) for p in pieces)
-    syn = synthesize_tool_calls("".join(pieces), POLICY, "run")
+    syn = synthesize_tool_calls("".join(pieces), POLICY, "run", FORMATS)
     assert syn.error is None, syn.error
     if syn.calls:
         assert syn.cleaned.startswith(streamed)
@@ -200,7 +200,7 @@ def check(pieces: Sequence[str], cleaned: str, calls: list[tuple[str, dict[str, 
     assert shown == cleaned
     assert [(c.name, json.loads(c.arguments)) for c in syn.calls] == calls
     assert [c.id for c in syn.calls] == [f"call_run_{i}" for i in range(len(calls))]
-    whole = parse_tool_text("".join(pieces))
+    whole = parse_tool_text("".join(pieces), FORMATS)
     assert whole.cleaned == cleaned
     assert [(c.name, c.arguments) for c in whole.calls] == calls
 
@@ -251,19 +251,19 @@ def test_prose_mentioning_a_tag_is_held_then_released() -> None:
     """A literal tag starts a hold that lasts to the end of the stream; with no call
     the flush releases it intact, and flush_non_candidate drops it."""
     text = "I will use <tool_call> tags when needed."
-    f = ToolTextFilter()
+    f = ToolTextFilter(FORMATS)
     assert "".join(f.feed(p) for p in token_pieces(text, 1)) == "I will use"
     assert f.holding
     assert f.flush() == " <tool_call> tags when needed."
     assert not f.holding
-    g = ToolTextFilter()
+    g = ToolTextFilter(FORMATS)
     assert g.feed(text) == "I will use"
     assert g.flush_non_candidate() == ""
 
 
 def test_partial_tag_that_diverges_is_released() -> None:
     """A held tag prefix is released (with the whitespace before it) once it diverges."""
-    f = ToolTextFilter()
+    f = ToolTextFilter(FORMATS)
     assert f.feed("a <tool") == "a"
     assert f.feed("bar> b") == " <toolbar> b"
     assert not f.holding
@@ -271,7 +271,7 @@ def test_partial_tag_that_diverges_is_released() -> None:
 
 def test_non_call_object_is_released_when_it_closes() -> None:
     """A line-start object is held until its braces balance, then released if not a call."""
-    f = ToolTextFilter()
+    f = ToolTextFilter(FORMATS)
     assert f.feed('{"a": "}{", ') == ""
     assert f.feed('"b": [1]') == ""
     assert f.feed("}\nmore") == '{"a": "}{", "b": [1]}\nmore'
@@ -279,13 +279,13 @@ def test_non_call_object_is_released_when_it_closes() -> None:
 
 def test_mid_line_brace_is_not_held() -> None:
     """A `{` after other text on its line is content at once (no bare-JSON candidate)."""
-    f = ToolTextFilter()
+    f = ToolTextFilter(FORMATS)
     assert f.feed("use x = {1, 2} here") == "use x = {1, 2} here"
 
 
 def test_trailing_whitespace_is_held_until_visible_text() -> None:
     """Whitespace at the end is held (markup would strip it) and released with what follows."""
-    f = ToolTextFilter()
+    f = ToolTextFilter(FORMATS)
     assert f.feed("Hello\n") == "Hello"
     assert f.feed("World") == "\nWorld"
     assert f.feed("  ") == ""
@@ -294,10 +294,10 @@ def test_trailing_whitespace_is_held_until_visible_text() -> None:
 
 def test_flush_non_candidate_keeps_only_the_prefix() -> None:
     """After a candidate start, flush_non_candidate releases only the text before it."""
-    f = ToolTextFilter()
+    f = ToolTextFilter(FORMATS)
     assert f.feed("Done. <tool_c") == "Done."
     assert f.flush_non_candidate() == ""
-    g = ToolTextFilter()
+    g = ToolTextFilter(FORMATS)
     assert g.feed('Intro\n{"name": "a", "argu') == "Intro"
     assert g.flush_non_candidate() == ""
 
@@ -309,7 +309,7 @@ def test_flush_non_candidate_keeps_only_the_prefix() -> None:
 def test_cap_releases_and_stops_holding(start: str) -> None:
     """When a candidate holds more than max_hold characters, everything held is released
     and the rest of the stream passes through unchanged."""
-    f = ToolTextFilter(max_hold=32)
+    f = ToolTextFilter(FORMATS, max_hold=32)
     assert f.feed("ok\n") == "ok"
     out = f.feed(start)
     body = "x" * 40
@@ -323,7 +323,7 @@ def test_cap_releases_and_stops_holding(start: str) -> None:
 def test_cap_counts_from_the_candidate_start() -> None:
     """A candidate within max_hold is still held; whitespace before it does not count
     towards its cap, but only the last max_hold characters of it are held."""
-    f = ToolTextFilter(max_hold=16)
+    f = ToolTextFilter(FORMATS, max_hold=16)
     assert f.feed("a" + " " * 50 + "<tool_call>12345") == "a" + " " * 34
     assert f.holding
     assert f.feed("6") == " " * 16 + "<tool_call>123456"
@@ -332,7 +332,7 @@ def test_cap_counts_from_the_candidate_start() -> None:
 def test_whitespace_flood_is_held_only_up_to_the_cap() -> None:
     """A model stuck emitting whitespace: the filter holds at most max_hold
     characters of it, whatever the split, and everything comes out in the end."""
-    f = ToolTextFilter(max_hold=16)
+    f = ToolTextFilter(FORMATS, max_hold=16)
     shown = "".join(f.feed(" \n") for _ in range(1000))
     assert len(shown) == 2000 - 16
     assert shown + f.flush() == " \n" * 1000
@@ -394,7 +394,7 @@ texts = st.lists(
 
 def run(text: str, cuts: Sequence[int], max_hold: int, final: str) -> tuple[str, str]:
     """Feed `text` cut at `cuts` then flush; return (streamed, all output)."""
-    f = ToolTextFilter(max_hold=max_hold)
+    f = ToolTextFilter(FORMATS, max_hold=max_hold)
     streamed = "".join(f.feed(p) for p in cut(text, cuts))
     tail = f.flush() if final == "flush" else f.flush_non_candidate()
     assert not f.holding
@@ -422,7 +422,7 @@ def test_streamed_text_is_a_prefix_of_the_cleaned_text(text: str, cuts: list[int
     """Whatever the text, what the filter shows before the end is a prefix of the
     whole-text parse's cleaned content, and never more than the text itself."""
     streamed, _ = run(text, cuts, 64 * 1024, "flush")
-    parsed = parse_tool_text(text)
+    parsed = parse_tool_text(text, FORMATS)
     assert parsed.cleaned.startswith(streamed)
     assert text.startswith(streamed)
 
@@ -457,7 +457,7 @@ def test_floods_never_stream_markup(text: str, cuts: list[int]) -> None:
     """Under floods too, what is shown before the end is a prefix of the parse's
     cleaned content."""
     streamed, _ = run(text, cuts, 64 * 1024, "flush")
-    assert parse_tool_text(text).cleaned.startswith(streamed)
+    assert parse_tool_text(text, FORMATS).cleaned.startswith(streamed)
 
 
 @pytest.mark.timeout(60)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from edge.stream.limits import MAX_TEXT_TOOL_CALLS, MAX_TOOL_CANDIDATE_WORK, TOOL_CANDIDATE_COST
 from edge.stream.toolbare import CandidateBudget
-from edge.stream.toolparse import parse_tool_text
+from edge.stream.toolparse import FORMATS, parse_tool_text
 from edge.stream.tooltext import ToolTextFilter
 
 ALPHABETS = {
@@ -65,14 +65,14 @@ def flood(alphabet: str, size: int) -> str:
 
 def parse_steps(text: str) -> int:
     budget = CandidateBudget()
-    parse_tool_text(text, budget=budget)
+    parse_tool_text(text, FORMATS, budget=budget)
     return budget.steps
 
 
 def filter_steps(text: str, piece: int) -> tuple[int, int]:
     """Steps of the filter fed `text` in pieces; and the number of pieces."""
     budget = CandidateBudget()
-    f = ToolTextFilter(budget=budget)
+    f = ToolTextFilter(FORMATS, budget=budget)
     out = [f.feed(text[k : k + piece]) for k in range(0, len(text), piece)]
     assert "".join(out) + f.flush() == text
     return budget.steps, len(out)
@@ -104,7 +104,7 @@ def test_a_call_after_a_few_failed_candidates_is_found() -> None:
     text = "Here is what I found:\n{\n[1, 2]\n```\nx\n```\n" + (
         '{"name": "f", "arguments": {"a": 1}}'
     )
-    result = parse_tool_text(text)
+    result = parse_tool_text(text, FORMATS)
     assert [(c.name, c.arguments) for c in result.calls] == [("f", {"a": 1})]
 
 
@@ -112,8 +112,8 @@ def test_past_the_budget_a_call_is_content_in_the_parse_and_the_filter() -> None
     """Once the budget is spent the rest is content in both: the parse finds no call
     and the filter shows everything, so the two agree."""
     text = "{\n" * (MAX_CHARGED + 1) + '{"name": "f", "arguments": {}}'
-    assert not parse_tool_text(text).calls
-    f = ToolTextFilter()
+    assert not parse_tool_text(text, FORMATS).calls
+    f = ToolTextFilter(FORMATS)
     assert f.feed(text) + f.flush() == text
 
 
@@ -121,7 +121,7 @@ def test_too_many_calls_in_text_is_an_error_naming_the_limit() -> None:
     """Thousands of calls written as text: an error naming the limit, found after
     decoding at most that many."""
     call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>\n'
-    result = parse_tool_text(call * 5000)
+    result = parse_tool_text(call * 5000, FORMATS)
     assert result.errors == (f"more than {MAX_TEXT_TOOL_CALLS} tool calls in one answer",)
     assert len(result.calls) == MAX_TEXT_TOOL_CALLS
 
@@ -143,7 +143,7 @@ def cut(text: str, cuts: Sequence[int]) -> list[str]:
 
 
 def run(text: str, cuts: Sequence[int], work: int, max_hold: int) -> tuple[str, str]:
-    f = ToolTextFilter(max_hold=max_hold, budget=CandidateBudget(work))
+    f = ToolTextFilter(FORMATS, max_hold=max_hold, budget=CandidateBudget(work))
     streamed = "".join(f.feed(p) for p in cut(text, cuts))
     return streamed, streamed + f.flush()
 
@@ -174,5 +174,5 @@ def test_no_markup_shown_with_a_small_budget(text: str, cuts: list[int], work: i
     """What the filter shows before the end is a prefix of the cleaned text of the
     parse with the same budget: the two stop looking for calls at the same place."""
     streamed, _ = run(text, cuts, work, 64 * 1024)
-    parsed = parse_tool_text(text, budget=CandidateBudget(work))
+    parsed = parse_tool_text(text, FORMATS, budget=CandidateBudget(work))
     assert parsed.cleaned.startswith(streamed)
