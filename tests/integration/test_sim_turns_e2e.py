@@ -91,3 +91,36 @@ async def test_past_the_last_turn_is_an_error_naming_the_turn(http: httpx.AsyncC
     assert error["type"] == "run_error"
     assert "turn 2" in error["message"]
     assert "2 turn(s)" in error["message"]
+
+
+async def test_script_in_first_user_message_behind_a_retry_prompt(
+    http: httpx.AsyncClient,
+) -> None:
+    """A framework's retry prompt as the last user message: the first user message's script
+    plays, at the turn its assistant messages say."""
+    messages = [
+        {"role": "user", "content": LOOP},
+        {"role": "assistant", "content": "I will look it up."},
+        {"role": "user", "content": "Validation error: call the tool again, fix the errors."},
+    ]
+    response = await post(http, messages)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "Sunny in Paris."
+
+
+async def test_streamed_turn_ends_with_its_terminal(http: httpx.AsyncClient) -> None:
+    """Streamed, turn 1 of a loop sends its text and finish_reason stop, then [DONE]."""
+    body = {
+        "model": "sim-script",
+        "messages": [{"role": "user", "content": LOOP}, ASSISTANT_CALL, TOOL_RESULT],
+        "tools": [WEATHER_TOOL],
+        "stream": True,
+    }
+    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == "Sunny in Paris."
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
