@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_OUT := edge/node/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 
-.PHONY: setup proto proto-check run sim test chaos hostile bench lint format typecheck check clean
+.PHONY: setup proto proto-check run sim test clients-js chaos hostile bench lint format typecheck check clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,12 @@ sim: $(STAMP)
 
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q tests
+
+# The JavaScript clients (pinned in tests/clients/js, installed there by npm ci) against a
+# real edge and sim node; the Python clients run in `make test` (tests/clients).
+clients-js: $(STAMP)
+	cd tests/clients/js && npm ci
+	$(BIN)/python -m tests.clients.run_js
 
 # The chaos suite, then the hostile mix; fails if either failed (both always run).
 chaos: $(STAMP)

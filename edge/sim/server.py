@@ -4,7 +4,9 @@ It runs on asyncio, standalone (`iop-sim-node`) or on the asyncio loop the
 edge hosts (a node whose address is "embedded"). Models:
 
 - `sim-echo`: streams the last user message back word by word.
-- `sim-script`: plays the last user message, `{"events": [...]}`, item by item:
+- `sim-script`: plays a script, `{"events": [...]}`, item by item, or one turn
+  of `{"turns": [{"events": [...]}, ...]}` (`edge.sim.script` says where the
+  script may sit in the conversation and which turn plays). An item is:
   a RunEvent as JSON, `{"sleep_ms": N}`, `{"type": "hang"}` (wait until
   cancelled), or `{"type": "abort"}` (break the stream, no terminal event).
   A first item `{"accept_after_ms": N}` holds the run's acceptance (the
@@ -37,22 +39,17 @@ from grpclib.exceptions import GRPCError
 
 from edge.node._proto.iop.node import v1 as pb
 from edge.nodekit import Encoded, Events, NodeService, RunRecord, send_cancelled
+from edge.sim.script import ScriptError, message_text, script_items
 
 MODELS = ("sim-echo", "sim-script")
 # A repeated event yields to the loop every this many messages.
 YIELD_EVERY = 8
 
 
-class ScriptError(ValueError):
-    """The sim-script message is not a valid script."""
-
-
 def _last_user_text(request: pb.RunRequest) -> str:
     for message in reversed(request.messages):
         if message.role == "user":
-            if message.content is not None:
-                return str(message.content)
-            return "".join(p.text for p in message.parts if p.type == "text")
+            return message_text(message)
     return ""
 
 
@@ -87,27 +84,12 @@ def _event_from_json(item: dict[str, Any]) -> pb.RunEvent:
     )
 
 
-def parse_script(text: str) -> list[dict[str, Any]]:
-    """The items of a sim-script message; raises ScriptError when it is not one."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ScriptError(f"sim-script: the last user message is not JSON: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("events"), list):
-        raise ScriptError('sim-script: expected {"events": [...]}')
-    items: list[dict[str, Any]] = doc["events"]
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise ScriptError(f"sim-script: events[{i}] is not an object")
-    return items
-
-
 def _accept_delay_s(request: pb.RunRequest) -> float:
     """A sim-script that starts with {"accept_after_ms": N} is accepted N ms late."""
     if request.model != "sim-script":
         return 0.0
     try:
-        items = parse_script(_last_user_text(request))
+        items = script_items(request)
     except ScriptError:
         return 0.0
     if items and "accept_after_ms" in items[0]:
@@ -163,7 +145,7 @@ class SimNode(NodeService):
         if request.model == "sim-echo":
             return await self._echo(stream, request, run)
         if request.model == "sim-script":
-            return await self._script(stream, request, parse_script(_last_user_text(request)), run)
+            return await self._script(stream, request, script_items(request), run)
         await self._send(
             stream,
             run,

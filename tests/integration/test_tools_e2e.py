@@ -568,8 +568,10 @@ async def test_violation_non_streaming_is_422(
     error = await create_error(edge, model_output(text), **kwargs, **STRICT)
     assert error.status_code == 422
     assert error.type == "tool_validation_error"
+    # The error object's own message (the SDK's `message` quotes the body's repr).
+    assert isinstance(error.body, dict)
     for needle in needles:
-        assert needle in error.message
+        assert needle in error.body["message"]
 
 
 async def test_native_call_under_tool_choice_none_is_rejected(edge: RunningEdge) -> None:
