@@ -3,18 +3,27 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Instructor's newest release caps openai at 3.3.0: it gets a venv of its own (tests/clients).
+INSTRUCTOR_VENV := .venv-instructor
+INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
+INSTRUCTOR_REQS := tests/clients/instructor-requirements.txt
 PROTO_OUT := edge/node/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 
 .PHONY: setup proto proto-check run sim test clients-js chaos hostile bench lint format typecheck check clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(INSTRUCTOR_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
+
+$(INSTRUCTOR_STAMP): $(INSTRUCTOR_REQS)
+	test -x $(INSTRUCTOR_VENV)/bin/python || $(PYTHON) -m venv $(INSTRUCTOR_VENV)
+	$(INSTRUCTOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r $(INSTRUCTOR_REQS)
+	touch $(INSTRUCTOR_STAMP)
 
 # Regenerate the betterproto2 code from the .proto (committed; CI checks it is current).
 proto: $(STAMP)
@@ -40,7 +49,7 @@ run: $(STAMP)
 sim: $(STAMP)
 	$(BIN)/iop-sim-node --listen 127.0.0.1:50051
 
-test: $(STAMP)
+test: $(STAMP) $(INSTRUCTOR_STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q tests
 
 # The JavaScript clients (pinned in tests/clients/js, installed there by npm ci) against a
@@ -77,4 +86,4 @@ typecheck: $(STAMP)
 check: lint typecheck proto-check test
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(INSTRUCTOR_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -90,7 +90,11 @@ class ChatService:
             include_reasoning=request.include_reasoning,
             reasoning_explicit=request.reasoning_explicit,
             trace=request.trace_stream or model.trace_stream,
-            tools=replace(request.tools, validation=validation),
+            tools=replace(
+                request.tools,
+                validation=validation,
+                strict_tools=request.tool_validation is None,
+            ),
             tool_formats=model.tool_call_formats,
             sentinels=model.sentinels,
             reasoning_parser=model.reasoning_parser,  # type: ignore[arg-type]

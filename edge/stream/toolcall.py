@@ -50,6 +50,9 @@ class ToolPolicy:
     parallel_tool_calls: bool = True
     # Resolved per request by the HTTP layer (`edge.stream.toolcheck.tool_validation_mode`).
     validation: ToolValidation = "strict"
+    # A tool declared `"strict": true` is held to its schema whatever the mode, unless
+    # the request chose its `tool_validation` itself.
+    strict_tools: bool = True
 
     def spec(self, name: str) -> ToolSpec | None:
         for tool in self.tools:

@@ -9,7 +9,7 @@ broken one:
 - `report`: a readable call is returned as the model wrote it, and what it
   breaks is reported as `Violation`s (the HTTP layer counts and logs them);
   a schema violation of a tool declared `"strict": true` still ends the
-  answer;
+  answer, unless the request asked for `report` itself;
 - `off`: nothing is checked against the declared tools or `tool_choice`.
 
 In every mode a call that cannot be read (arguments that are not JSON) ends
@@ -98,8 +98,9 @@ def validate_tool_calls(calls: Sequence[ToolCall], policy: ToolPolicy) -> str | 
 
 
 def _strict_tool(policy: ToolPolicy, rule: ViolationRule, tool: str) -> bool:
-    """A schema violation of a tool declared `"strict": true`: never let through."""
-    if rule != "schema":
+    """A schema violation of a tool declared `"strict": true`: not let through, unless the
+    request chose its mode itself."""
+    if rule != "schema" or not policy.strict_tools:
         return False
     spec = policy.spec(tool)
     return spec is not None and spec.strict is True

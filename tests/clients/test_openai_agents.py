@@ -118,7 +118,6 @@ def test_tool_loop_of_two_turns(base_url: str) -> None:
     assert result.final_output == WEATHER_ANSWER
 
 
-@pytest.mark.xfail(strict=True, reason="needs tool_validation report mode")
 def test_repaired_bad_call(base_url: str) -> None:
     """A non-strict tool called with {"city": 123}: the agent sends the error back as the
     tool's output, and the model's next turn calls it right."""

@@ -15,11 +15,12 @@ from typing import Any, TypeVar
 import openai
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent
-from pydantic_ai.exceptions import ModelHTTPError
+from pydantic_ai import Agent, Tool
+from pydantic_ai.exceptions import ModelAPIError, ModelHTTPError
 from pydantic_ai.messages import ModelResponse, ThinkingPart
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.settings import ModelSettings
 
 from tests.clients.scripts import (
     BAD_WEATHER_ARGS,
@@ -92,19 +93,42 @@ def test_tool_loop_of_two_turns(base_url: str) -> None:
     assert result.output == WEATHER_ANSWER
 
 
-@pytest.mark.xfail(strict=True, reason="needs tool_validation report mode")
+REPAIR = turns(
+    call("get_weather", BAD_WEATHER_ARGS, "call_1"),
+    call("get_weather", WEATHER_ARGS, "call_2"),
+    say(WEATHER_ANSWER),
+)
+
+
 def test_repaired_bad_call(base_url: str) -> None:
     """{"city": 123} fails the tool's validation; pydantic-ai sends the error back as a retry,
-    and the model's next turn calls the tool right."""
+    and the model's next turn calls the tool right. pydantic-ai declares a tool strict when
+    its schema allows; a non-strict tool gets the edge's default, report."""
     CITIES.clear()
-    prompt = turns(
-        call("get_weather", BAD_WEATHER_ARGS, "call_1"),
-        call("get_weather", WEATHER_ARGS, "call_2"),
-        say(WEATHER_ANSWER),
-    )
-    result = with_agent(base_url, lambda a: a.run(prompt), tools=[get_weather])
+    tool = Tool(get_weather, strict=False)
+    result = with_agent(base_url, lambda a: a.run(REPAIR), tools=[tool])
     assert CITIES == ["Paris"]
     assert result.output == WEATHER_ANSWER
+
+
+def test_repaired_bad_call_of_a_strict_tool_with_report_asked(base_url: str) -> None:
+    """pydantic-ai's default (strict) tool repairs too when the request asks for report."""
+    CITIES.clear()
+    settings = ModelSettings(extra_body={"tool_validation": "report"})
+    result = with_agent(
+        base_url, lambda a: a.run(REPAIR), tools=[get_weather], model_settings=settings
+    )
+    assert CITIES == ["Paris"]
+    assert result.output == WEATHER_ANSWER
+
+
+def test_bad_call_of_a_strict_tool_is_an_error(base_url: str) -> None:
+    """A tool pydantic-ai declared strict is held to its schema: the bad call is a 422."""
+    CITIES.clear()
+    with pytest.raises(ModelHTTPError) as caught:
+        with_agent(base_url, lambda a: a.run(REPAIR), tools=[get_weather])
+    assert caught.value.status_code == 422
+    assert CITIES == []
 
 
 class City(BaseModel):
@@ -127,8 +151,9 @@ def test_mid_stream_error_is_raised(base_url: str) -> None:
             async for _ in result.stream_text(delta=True):
                 pass
 
-    with pytest.raises(openai.APIError, match="GPU fell over"):
+    with pytest.raises(ModelAPIError, match="GPU fell over") as caught:
         with_agent(base_url, go)
+    assert isinstance(caught.value.__cause__, openai.APIError)
 
 
 def test_unknown_model_is_404(base_url: str) -> None:

@@ -151,6 +151,15 @@ def test_report_holds_a_strict_tool_to_its_schema() -> None:
     assert check_tool_calls([call("get_weather", '{"city":1}')], off).error is None
 
 
+def test_report_asked_by_the_request_covers_strict_tools() -> None:
+    """A request that chose report itself gets it for a tool declared strict too: the
+    call is returned, its schema violation reported."""
+    chosen = ToolPolicy(tools=(STRICT_WEATHER, TIME), validation="report", strict_tools=False)
+    check = check_tool_calls([call("get_weather", '{"city":1}')], chosen)
+    assert check.error is None
+    assert [(v.rule, v.tool) for v in check.violations] == [("schema", "get_weather")]
+
+
 # --- which mode a request gets ---------------------------------------------------------
 
 PRECEDENCE: list[tuple[str | None, str | None, bool | None, bool, str]] = [

@@ -33,21 +33,6 @@ const failMidway = (text, error) => [
 const script = (events) => JSON.stringify({ events });
 const turns = (...answers) => JSON.stringify({ turns: answers.map((events) => ({ events })) });
 
-// A case that needs edge behaviour not there yet: it must fail today, and a pass
-// fails the run (like pytest's xfail(strict=True)), so it is turned on when it works.
-function xfail(name, reason, fn) {
-  test(`${name} [xfail: ${reason}]`, async () => {
-    let passed = false;
-    try {
-      await fn();
-      passed = true;
-    } catch {
-      return;
-    }
-    if (passed) assert.fail(`passes now: remove the xfail (${reason})`);
-  });
-}
-
 const WEATHER_TOOL = {
   type: "function",
   function: {
@@ -208,7 +193,7 @@ describe("ai SDK (@ai-sdk/openai-compatible)", () => {
     assert.equal(result.steps.length, 2);
   });
 
-  xfail("a repaired bad call", "needs tool_validation report mode", async () => {
+  test("a repaired bad call", async () => {
     cities.length = 0;
     const result = await generateText({
       model,
