@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from edge.stream.logprobs import TokenLogprob
 from edge.stream.toolcall import ToolCall
 
 
@@ -26,9 +27,10 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Delta:
-    """A piece of the model's visible text."""
+    """A piece of the model's visible text, and its tokens' logprobs when asked for."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edge.stream.events import Usage
+from edge.stream.logprobs import TokenLogprob
 from edge.stream.toolcall import ToolCall
 
 
@@ -20,7 +21,10 @@ class RoleOut:
 
 @dataclass(frozen=True, slots=True)
 class ContentOut:
+    """Content; `logprobs` is None unless the request asked for them (then its tokens)."""
+
     text: str
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+from edge.stream.logprobs import MAX_LOGPROB_ENTRIES, LogprobTrack
 from edge.stream.output import (
     ContentOut,
     ErrorOut,
@@ -89,6 +90,9 @@ class SessionSettings:
     # The caller keeps every output event until the end (a non-streaming answer).
     whole_output: bool = False
     max_held_chars: int = MAX_HELD_CHARS
+    # The caller asked for logprobs: content chunks carry their tokens'
+    # (`edge.stream.logprobs` has the rule for text the filters remove).
+    logprobs: bool = False
 
     @property
     def expose_reasoning(self) -> bool:
@@ -109,6 +113,7 @@ class StreamSession:
         "_held_chars",
         "_held_content",
         "_holds",
+        "_lp",
         "_reasoning",
         "_reasoning_chars_",
         "_reasoning_seen",
@@ -150,7 +155,7 @@ class StreamSession:
         self._content_seen = False  # any content that is not whitespace
         self._reasoning_seen = False
         # stream_buffer: content held until the whole output is validated.
-        self._held_content: list[str] | None = [] if settings.stream_buffer else None
+        self._held_content: list[ContentOut] | None = [] if settings.stream_buffer else None
         # Whether this session (or its caller) holds the answer whole: then the
         # answer counts against max_held_chars.
         self._holds = tools or strict_json or settings.stream_buffer or settings.whole_output
@@ -165,6 +170,19 @@ class StreamSession:
         self._tool_filter: ToolTextFilter | None = None
         if settings.tools.tools:
             self._tool_filter = ToolTextFilter(settings.tool_formats)
+        # With logprobs the filters are their tracking kind (same output).
+        self._lp: LogprobTrack | None = None
+        if settings.logprobs:
+            self._lp = LogprobTrack(
+                settings.sentinels,
+                think=self._think is not None,
+                start_in_think=settings.reasoning_parser == "think_start",
+                tool_formats=settings.tool_formats if self._tool_filter is not None else None,
+                keep_all=settings.whole_output or settings.stream_buffer,
+            )
+            self._content_sentinel = self._lp.sentinel
+            self._think = self._lp.think
+            self._tool_filter = self._lp.tool
 
     # --- the caller's interface -------------------------------------------------
 
@@ -183,6 +201,10 @@ class StreamSession:
         if self.outcome is not None:
             return True
         if type(event) is Delta:
+            if self._lp is not None and event.logprobs:
+                self._add_logprobs(event)
+                if self.outcome is not None:
+                    return True
             self._on_delta(event.text)
         elif type(event) is ReasoningDelta:
             self._on_reasoning(event.text)
@@ -241,6 +263,17 @@ class StreamSession:
         text = self._content_sentinel.feed(source)
         if text:
             self._content_text(text, source)
+
+    def _add_logprobs(self, event: Delta) -> None:
+        assert self._lp is not None
+        self._lp.add(len(event.text), event.logprobs)
+        if self._lp.entries > MAX_LOGPROB_ENTRIES:
+            self._content = self._emitted = self._reasoning = self._held_content = None
+            self.fail(
+                OUTPUT_TOO_LARGE,
+                f"the answer's logprobs exceed the edge's limit of {MAX_LOGPROB_ENTRIES}"
+                " entries (a token or one of its top_logprobs) held at once",
+            )
 
     def _content_text(self, text: str, source: str) -> None:
         """Sentinel-filtered content: split out think blocks, then emit."""
@@ -310,7 +343,10 @@ class StreamSession:
                 self._emitted.append(pending)
             self._write_content(pending, pending, False)
 
-    def _write_content(self, text: str, source: str, filtered: bool) -> None:
+    def _write_content(
+        self, text: str, source: str, filtered: bool, *, sourced: bool = True
+    ) -> None:
+        """Write content; `sourced` is False for text no node sent (it has no logprobs)."""
         self._trace_seq += 1
         if self._trace is not None:
             self._trace(
@@ -326,10 +362,13 @@ class StreamSession:
                     "source_has_close_think": has_close_think(source),
                 },
             )
+        chunk = ContentOut(text)
+        if self._lp is not None:
+            chunk = ContentOut(text, self._lp.take(len(text)) if sourced else ())
         if self._held_content is not None:
-            self._held_content.append(text)
+            self._held_content.append(chunk)
         else:
-            self.out.append(ContentOut(text))
+            self.out.append(chunk)
 
     # --- finish -----------------------------------------------------------------
 
@@ -364,7 +403,7 @@ class StreamSession:
                 self.fail("output_validation_error", problem)
                 return
         if self._held_content is not None:
-            self.out.extend(ContentOut(text) for text in self._held_content if text)
+            self.out.extend(chunk for chunk in self._held_content if chunk.text)
             self._held_content = None
         if calls:
             self._trace_event("tool_calls", {"tool_call_count": len(calls)})
@@ -426,7 +465,11 @@ class StreamSession:
                 self.fail("tool_validation_error", result.error)
                 return (), False
             if result.calls:
-                self._emit_pending(unstreamed_remainder(result.cleaned, "".join(self._emitted)))
+                emitted = "".join(self._emitted)
+                remainder = unstreamed_remainder(result.cleaned, emitted)
+                if self._lp is not None and self._lp.tool is not None:
+                    self._lp.tool.realign(remainder, "".join(self._content)[len(emitted) :])
+                self._emit_pending(remainder)
                 return result.calls, False
             self._emit_pending(self._tool_filter.flush())
         return (), False
@@ -441,7 +484,7 @@ class StreamSession:
             text = hidden_reasoning_fallback(finish_reason)
         if self._emitted is not None:
             self._emitted.append(text)
-        self._write_content(text, reasoning, False)
+        self._write_content(text, reasoning, False, sourced=False)
 
     def _check_output_format(self) -> str | None:
         """Strict output: the content must honour the request's response_format."""
