@@ -78,7 +78,9 @@ def strip_sentinels(text: str, sentinels: Sequence[str] = DEFAULT_SENTINELS) -> 
     return _full_pattern(normalized).sub("", text)
 
 
-def sentinel_spans(text: str, sentinels: Sequence[str] = DEFAULT_SENTINELS) -> list[tuple[int, int]]:
+def sentinel_spans(
+    text: str, sentinels: Sequence[str] = DEFAULT_SENTINELS
+) -> list[tuple[int, int]]:
     """The `(start, end)` of every sentinel `strip_sentinels` removes from `text`, in order."""
     normalized = _normalize(sentinels)
     if not normalized or not text:

@@ -57,9 +57,7 @@ def play(events: Sequence[NodeEvent], cfg: SessionSettings) -> list[OutEvent]:
 
 def chunks(out: Sequence[OutEvent]) -> list[tuple[str, list[str]]]:
     """Each content chunk's text and the tokens it carries."""
-    return [
-        (e.text, [t.token for t in e.logprobs or ()]) for e in out if isinstance(e, ContentOut)
-    ]
+    return [(e.text, [t.token for t in e.logprobs or ()]) for e in out if isinstance(e, ContentOut)]
 
 
 def kept(out: Sequence[OutEvent]) -> list[TokenLogprob]:
@@ -111,8 +109,8 @@ def test_reasoning_deltas_carry_no_logprobs() -> None:
 
 def test_tool_call_markup_tokens_are_dropped() -> None:
     """Text before a call written as text keeps its logprobs; the markup's are dropped."""
-    tokens = ["Let", " me", " check.", "\n", "<tool_call>", '{"name": "get_weather",', ' "arguments": {}}',
-              "</tool_call>"]  # fmt: skip
+    tokens = ["Let", " me", " check.", "\n", "<tool_call>", '{"name": "get_weather",',
+              ' "arguments": {}}', "</tool_call>"]  # fmt: skip
     out = play([*deltas(tokens), END], conf(tools=TOOLS))
     assert [t.token for t in kept(out)] == ["Let", " me", " check."]
 
