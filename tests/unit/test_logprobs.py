@@ -3,12 +3,14 @@ dropped with the text the session removes (the rule in `edge.stream.logprobs`)."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge.api.render import ResponseBuilder, SSEEncoder
 from edge.stream.events import Complete, Delta, NodeEvent, ReasoningDelta
 from edge.stream.logprobs import (
     MAX_LOGPROB_ENTRIES,
@@ -17,7 +19,7 @@ from edge.stream.logprobs import (
     _align_from_end,
     think_content_spans,
 )
-from edge.stream.output import ContentOut, ErrorOut, OutEvent
+from edge.stream.output import ContentOut, ErrorOut, FinishOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
 from edge.stream.think import ThinkSplitter
 from edge.stream.toolcall import ToolPolicy, ToolSpec
@@ -265,3 +267,60 @@ def test_alignment_from_the_end() -> None:
     """Cut text is matched to the held text from its end; joining newlines match nothing new."""
     held = '\n<tool_call>{"city": "Dallas"}</tool_call>\nDone.'
     assert _align_from_end("\nDone.", held) == [(len(held) - 6, len(held))]
+
+
+# --- rendering --------------------------------------------------------------------
+
+
+def test_sse_chunk_shape_with_and_without_logprobs() -> None:
+    """A content chunk with logprobs carries OpenAI's `{"content": [...], "refusal": null}`
+    (bytes as a list, unset bytes the token's UTF-8, infinite logprobs as -9999.0); one
+    without carries `"logprobs": null`, byte for byte as before."""
+    encoder = SSEEncoder("chatcmpl-1", 7, "m", include_usage=False)
+    token = TokenLogprob("é", float("-inf"), None, (TopLogprob("é", -0.5, b"\xc3"),))
+    frames = encoder.encode([ContentOut("é", (token,)), ContentOut("x")]).split(b"\n\n")
+    first = json.loads(frames[0].removeprefix(b"data: "))
+    assert first["choices"][0] == {
+        "index": 0,
+        "delta": {"content": "é"},
+        "logprobs": {
+            "content": [
+                {
+                    "token": "é",
+                    "logprob": -9999.0,
+                    "bytes": [0xC3, 0xA9],
+                    "top_logprobs": [{"token": "é", "logprob": -0.5, "bytes": [0xC3]}],
+                }
+            ],
+            "refusal": None,
+        },
+        "finish_reason": None,
+    }
+    second = json.loads(frames[1].removeprefix(b"data: "))
+    assert second["choices"][0]["logprobs"] is None
+    assert frames[1].endswith(b',"logprobs":null,"finish_reason":null}]}')
+
+
+def test_response_shape_with_and_without_logprobs() -> None:
+    """The non-streaming answer: every content token in `choices[0].logprobs.content` when
+    asked (an empty list for an answer without content tokens), else null."""
+    events: list[OutEvent] = [
+        ContentOut("a", (tok("a"),)),
+        ContentOut("b", ()),
+        ContentOut("c", (tok("c", 2),)),
+        FinishOut("stop", None),
+    ]
+    asked = ResponseBuilder(logprobs=True)
+    asked.add(events)
+    logprobs = asked.response("id", 1, "m")["choices"][0]["logprobs"]
+    assert [t["token"] for t in logprobs["content"]] == ["a", "c"]
+    assert logprobs["refusal"] is None
+    empty = ResponseBuilder(logprobs=True)
+    empty.add([FinishOut("stop", None)])
+    assert empty.response("id", 1, "m")["choices"][0]["logprobs"] == {
+        "content": [],
+        "refusal": None,
+    }
+    plain = ResponseBuilder()
+    plain.add([ContentOut("a"), FinishOut("stop", None)])
+    assert plain.response("id", 1, "m")["choices"][0]["logprobs"] is None

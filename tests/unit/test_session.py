@@ -973,6 +973,7 @@ def session_settings(draw: st.DrawFn) -> SessionSettings:
         tools=draw(tool_policies),
         reasoning_parser=draw(st.sampled_from(["none", "think", "think_start"])),
         response_format=draw(response_formats),
+        logprobs=draw(st.booleans()),
     )
 
 
