@@ -21,6 +21,7 @@ from edge.stream.output import (
     ContentOut,
     ErrorOut,
     FinishOut,
+    LogprobContentOut,
     OutEvent,
     ReasoningOut,
     RoleOut,
@@ -124,10 +125,7 @@ class SSEEncoder:
         for event in events:
             kind = type(event)
             if kind is ContentOut:
-                if event.logprobs is None:  # type: ignore[union-attr]
-                    append(head + b'{"content":' + _encode(event.text) + b"}" + tail)  # type: ignore[union-attr]
-                else:
-                    append(self._encode_rare(event))
+                append(head + b'{"content":' + _encode(event.text) + b"}" + tail)  # type: ignore[union-attr]
             elif kind is ReasoningOut:
                 append(head + b'{"reasoning_content":' + _encode(event.text) + b"}" + tail)  # type: ignore[union-attr]
             else:
@@ -135,13 +133,13 @@ class SSEEncoder:
         return b"".join(parts)
 
     def _encode_rare(self, event: OutEvent) -> bytes:
-        if isinstance(event, ContentOut):  # with logprobs
+        if isinstance(event, LogprobContentOut):
             return (
                 self._head
                 + b'{"content":'
                 + _encode(event.text)
                 + b'},"logprobs":'
-                + _encode(logprobs_object(event.logprobs or ()))
+                + _encode(logprobs_object(event.logprobs))
                 + b',"finish_reason":null}'
                 + self._end
             )
@@ -187,7 +185,7 @@ class ResponseBuilder:
         for event in events:
             if isinstance(event, ContentOut):
                 self.content.append(event.text)
-                if self.logprobs is not None and event.logprobs:
+                if self.logprobs is not None and isinstance(event, LogprobContentOut):
                     self.logprobs.extend(event.logprobs)
             elif isinstance(event, ReasoningOut):
                 self.reasoning.append(event.text)

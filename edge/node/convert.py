@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING
 
 from edge.errors import NodeFailedError
 from edge.node._proto.iop.node import v1 as pb
-from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+from edge.stream.events import (
+    Complete,
+    Delta,
+    Failed,
+    LogprobDelta,
+    NodeEvent,
+    ReasoningDelta,
+    Usage,
+)
 from edge.stream.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob
 from edge.stream.toolcall import ToolCall
 
@@ -67,7 +75,7 @@ def event_from_pb(message: pb.RunEvent) -> NodeEvent | None:
     kind = message.type
     if kind == "delta":
         if message.logprobs:
-            return Delta(message.delta, _logprobs(message.logprobs))
+            return LogprobDelta(message.delta, _logprobs(message.logprobs))
         return Delta(message.delta)
     if kind == "reasoning_delta":
         return ReasoningDelta(message.delta)

@@ -21,10 +21,14 @@ class RoleOut:
 
 @dataclass(frozen=True, slots=True)
 class ContentOut:
-    """Content; `logprobs` is None unless the request asked for them (then its tokens)."""
-
     text: str
-    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobContentOut(ContentOut):
+    """Content of a request that asked for logprobs, with its tokens' (maybe none)."""
+
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +57,9 @@ class ErrorOut:
     message: str
 
 
-OutEvent = RoleOut | ContentOut | ReasoningOut | ToolCallsOut | FinishOut | ErrorOut
+OutEvent = (
+    RoleOut | ContentOut | LogprobContentOut | ReasoningOut | ToolCallsOut | FinishOut | ErrorOut
+)
 
 Status = Literal["success", "error", "cancelled", "timeout"]
 

@@ -16,12 +16,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+from edge.stream.events import (
+    Complete,
+    Delta,
+    Failed,
+    LogprobDelta,
+    NodeEvent,
+    ReasoningDelta,
+    Usage,
+)
 from edge.stream.logprobs import MAX_LOGPROB_ENTRIES, LogprobTrack
 from edge.stream.output import (
     ContentOut,
     ErrorOut,
     FinishOut,
+    LogprobContentOut,
     Outcome,
     OutEvent,
     ReasoningOut,
@@ -201,10 +210,6 @@ class StreamSession:
         if self.outcome is not None:
             return True
         if type(event) is Delta:
-            if self._lp is not None and event.logprobs:
-                self._add_logprobs(event)
-                if self.outcome is not None:
-                    return True
             self._on_delta(event.text)
         elif type(event) is ReasoningDelta:
             self._on_reasoning(event.text)
@@ -212,6 +217,11 @@ class StreamSession:
             self._finish(event)
         elif type(event) is Failed:
             self.fail("run_error", event.reason)
+        elif type(event) is LogprobDelta:
+            if self._lp is not None:  # else the caller did not ask: text only
+                self._add_logprobs(event)
+            if self.outcome is None:
+                self._on_delta(event.text)
         return self.outcome is not None
 
     def fail(self, error_type: str, message: str) -> None:
@@ -264,7 +274,7 @@ class StreamSession:
         if text:
             self._content_text(text, source)
 
-    def _add_logprobs(self, event: Delta) -> None:
+    def _add_logprobs(self, event: LogprobDelta) -> None:
         assert self._lp is not None
         self._lp.add(len(event.text), event.logprobs)
         if self._lp.entries > MAX_LOGPROB_ENTRIES:
@@ -364,7 +374,7 @@ class StreamSession:
             )
         chunk = ContentOut(text)
         if self._lp is not None:
-            chunk = ContentOut(text, self._lp.take(len(text)) if sourced else ())
+            chunk = LogprobContentOut(text, self._lp.take(len(text)) if sourced else ())
         if self._held_content is not None:
             self._held_content.append(chunk)
         else:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.api.render import ResponseBuilder, SSEEncoder
-from edge.stream.events import Complete, Delta, NodeEvent, ReasoningDelta
+from edge.stream.events import Complete, Delta, LogprobDelta, NodeEvent, ReasoningDelta
 from edge.stream.logprobs import (
     MAX_LOGPROB_ENTRIES,
     TokenLogprob,
@@ -19,7 +19,7 @@ from edge.stream.logprobs import (
     _align_from_end,
     think_content_spans,
 )
-from edge.stream.output import ContentOut, ErrorOut, FinishOut, OutEvent
+from edge.stream.output import ContentOut, ErrorOut, FinishOut, LogprobContentOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
 from edge.stream.think import ThinkSplitter
 from edge.stream.toolcall import ToolPolicy, ToolSpec
@@ -35,15 +35,15 @@ def tok(text: str, n: int = 0) -> TokenLogprob:
     return TokenLogprob(text, -float(n))
 
 
-def deltas(tokens: Sequence[str], groups: Sequence[int] = ()) -> list[Delta]:
+def deltas(tokens: Sequence[str], groups: Sequence[int] = ()) -> list[LogprobDelta]:
     """One delta per token, or tokens grouped `groups[i]` at a time; logprob -i for token i."""
-    out: list[Delta] = []
+    out: list[LogprobDelta] = []
     i = 0
     sizes = list(groups) or [1] * len(tokens)
     while i < len(tokens):
         size = max(1, sizes[len(out) % len(sizes)])
         chunk = [tok(t, i + k) for k, t in enumerate(tokens[i : i + size])]
-        out.append(Delta("".join(t.token for t in chunk), tuple(chunk)))
+        out.append(LogprobDelta("".join(t.token for t in chunk), tuple(chunk)))
         i += size
     return out
 
@@ -63,23 +63,30 @@ def chunks(out: Sequence[OutEvent]) -> list[tuple[str, list[str]]]:
 
 
 def kept(out: Sequence[OutEvent]) -> list[TokenLogprob]:
-    return [t for e in out if isinstance(e, ContentOut) for t in e.logprobs or ()]
+    return [t for e in out if isinstance(e, LogprobContentOut) for t in e.logprobs]
 
 
 END = Complete(metadata={"finish_reason": "stop"})
 
 
 def test_without_logprobs_content_carries_none() -> None:
-    """A session not asked for logprobs writes content chunks with `logprobs` None."""
-    out = play([Delta("hi"), END], SessionSettings(run_id="r1"))
-    assert [e.logprobs for e in out if isinstance(e, ContentOut)] == [None]
+    """A session not asked for logprobs writes plain content chunks, even for a node that
+    sent logprobs anyway; one asked writes them with logprobs for plain deltas too."""
+    events = [Delta("hi"), LogprobDelta(" x", (tok(" x"),)), END]
+    out = play(events, SessionSettings(run_id="r1"))
+    assert [type(e) for e in out if isinstance(e, ContentOut)] == [ContentOut, ContentOut]
+    out = play(events, conf())
+    assert [(type(e), e.logprobs) for e in out if isinstance(e, LogprobContentOut)] == [
+        (LogprobContentOut, ()),
+        (LogprobContentOut, (tok(" x"),)),
+    ]
 
 
 def test_each_chunk_carries_its_own_tokens_in_order() -> None:
     """Plain text: every token goes out with the chunk of its delta, in order, as sent."""
     top = (TopLogprob("Hi", -0.1), TopLogprob("Hey", -2.5, b"Hey"))
     first = TokenLogprob("Hi", -0.1, b"Hi", top)
-    out = play([Delta("Hi", (first,)), *deltas([" there", "!"]), END], conf())
+    out = play([LogprobDelta("Hi", (first,)), *deltas([" there", "!"]), END], conf())
     assert chunks(out) == [("Hi", ["Hi"]), (" there", [" there"]), ("!", ["!"])]
     assert kept(out)[0] == first
 
@@ -153,14 +160,14 @@ def test_stream_buffer_and_non_stream_keep_logprobs() -> None:
 def test_placeholder_has_no_logprobs() -> None:
     """The reasoning-only placeholder is no node's text: an empty logprobs list."""
     out = play([ReasoningDelta("thinking"), END], conf())
-    assert [e.logprobs for e in out if isinstance(e, ContentOut)] == [()]
+    assert [e.logprobs for e in out if isinstance(e, LogprobContentOut)] == [()]
 
 
 def test_tokens_longer_than_the_delta_sit_on_its_last_character() -> None:
     """Tokens whose texts overrun the delta still go out with it; an empty delta's tokens
     go out with the next character."""
-    out = play([Delta("ab", (tok("abc"), tok("d"))), Delta("", (tok("x"),)), Delta("c"), END],
-               conf())  # fmt: skip
+    events = [LogprobDelta("ab", (tok("abc"), tok("d"))), LogprobDelta("", (tok("x"),)), Delta("c")]
+    out = play([*events, END], conf())
     assert chunks(out) == [("ab", ["abc", "d"]), ("c", ["x"])]
 
 
@@ -168,7 +175,7 @@ def test_too_many_held_entries_end_the_answer() -> None:
     """Logprobs held past MAX_LOGPROB_ENTRIES end the answer with output_too_large."""
     top = tuple(TopLogprob("t", -1.0) for _ in range(20))
     many = tuple(TokenLogprob("a", -1.0, None, top) for _ in range(MAX_LOGPROB_ENTRIES // 21 + 1))
-    out = play([Delta("a" * len(many), many), END], conf(whole_output=True))
+    out = play([LogprobDelta("a" * len(many), many), END], conf(whole_output=True))
     assert isinstance(out[-1], ErrorOut)
     assert out[-1].type == "output_too_large"
 
@@ -278,7 +285,7 @@ def test_sse_chunk_shape_with_and_without_logprobs() -> None:
     without carries `"logprobs": null`, byte for byte as before."""
     encoder = SSEEncoder("chatcmpl-1", 7, "m", include_usage=False)
     token = TokenLogprob("é", float("-inf"), None, (TopLogprob("é", -0.5, b"\xc3"),))
-    frames = encoder.encode([ContentOut("é", (token,)), ContentOut("x")]).split(b"\n\n")
+    frames = encoder.encode([LogprobContentOut("é", (token,)), ContentOut("x")]).split(b"\n\n")
     first = json.loads(frames[0].removeprefix(b"data: "))
     assert first["choices"][0] == {
         "index": 0,
@@ -305,9 +312,9 @@ def test_response_shape_with_and_without_logprobs() -> None:
     """The non-streaming answer: every content token in `choices[0].logprobs.content` when
     asked (an empty list for an answer without content tokens), else null."""
     events: list[OutEvent] = [
-        ContentOut("a", (tok("a"),)),
-        ContentOut("b", ()),
-        ContentOut("c", (tok("c", 2),)),
+        LogprobContentOut("a", (tok("a"),)),
+        LogprobContentOut("b", ()),
+        LogprobContentOut("c", (tok("c", 2),)),
         FinishOut("stop", None),
     ]
     asked = ResponseBuilder(logprobs=True)
