@@ -547,6 +547,21 @@ def test_node_settings_from_file_and_flags(tmp_path: Path, monkeypatch: pytest.M
     assert settings.api_key == "sk-test"
 
 
+def test_node_settings_logprobs(tmp_path: Path) -> None:
+    """Logprobs are on by default; `logprobs = false` in [node] or `--no-logprobs` turn
+    them off; a value that is not a boolean is an error naming the key."""
+    path = tmp_path / "node.toml"
+    path.write_text('[node]\nupstream = "http://h/v1"\n')
+    assert resolve(node_parser().parse_args(["--config", str(path)])).logprobs is True
+    flag = node_parser().parse_args(["--config", str(path), "--no-logprobs"])
+    assert resolve(flag).logprobs is False
+    path.write_text('[node]\nupstream = "http://h/v1"\nlogprobs = false\n')
+    assert resolve(node_parser().parse_args(["--config", str(path)])).logprobs is False
+    path.write_text('[node]\nupstream = "http://h/v1"\nlogprobs = "no"\n')
+    with pytest.raises(SettingsError, match=r"node\.logprobs"):
+        resolve(node_parser().parse_args(["--config", str(path)]))
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
