@@ -398,7 +398,7 @@ class Runs:
         `nursery` is the request's own: the run's read task lives and ends there.
         `on_end` is called once the run's outcome is fixed (its request's count).
         """
-        node = self.pool.pick(request.model)
+        node = self.pool.pick(request.model, logprobs=request.logprobs)
         run_id = session.settings.run_id
         started_at = trio.current_time()
         info = RunInfo(

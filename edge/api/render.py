@@ -8,17 +8,20 @@ encoded once per stream. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
 
 from edge.errors import error_object
 from edge.stream.events import Usage
+from edge.stream.logprobs import TokenLogprob, TopLogprob
 from edge.stream.output import (
     ContentOut,
     ErrorOut,
     FinishOut,
+    LogprobContentOut,
     OutEvent,
     ReasoningOut,
     RoleOut,
@@ -54,6 +57,38 @@ def tool_calls_list(calls: Iterable[ToolCall], *, indexed: bool) -> list[dict[st
         )
         out.append(item)
     return out
+
+
+# What OpenAI reports for a token too unlikely to have a finite log-probability.
+_FLOOR_LOGPROB = -9999.0
+
+
+def _logprob(value: float) -> float:
+    return value if math.isfinite(value) else _FLOOR_LOGPROB
+
+
+def _token_bytes(token: TopLogprob | TokenLogprob) -> list[int]:
+    raw = token.token_bytes
+    return list(raw if raw is not None else token.token.encode("utf-8", "replace"))
+
+
+def logprobs_object(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's `choices[0].logprobs`: `{"content": [...], "refusal": null}`."""
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": _logprob(t.logprob),
+                "bytes": _token_bytes(t),
+                "top_logprobs": [
+                    {"token": a.token, "logprob": _logprob(a.logprob), "bytes": _token_bytes(a)}
+                    for a in t.top
+                ],
+            }
+            for t in tokens
+        ],
+        "refusal": None,
+    }
 
 
 def error_frame(error_type: str, message: str) -> bytes:
@@ -98,6 +133,16 @@ class SSEEncoder:
         return b"".join(parts)
 
     def _encode_rare(self, event: OutEvent) -> bytes:
+        if isinstance(event, LogprobContentOut):
+            return (
+                self._head
+                + b'{"content":'
+                + _encode(event.text)
+                + b'},"logprobs":'
+                + _encode(logprobs_object(event.logprobs))
+                + b',"finish_reason":null}'
+                + self._end
+            )
         if isinstance(event, RoleOut):
             return self._head + b'{"role":"assistant"}' + self._tail
         if isinstance(event, ToolCallsOut):
@@ -120,12 +165,17 @@ class SSEEncoder:
 
 
 class ResponseBuilder:
-    """Folds output events into one `chat.completion` (the non-streaming rendering)."""
+    """Folds output events into one `chat.completion` (the non-streaming rendering).
 
-    __slots__ = ("content", "error", "finish", "reasoning", "tool_calls")
+    `logprobs`: the request asked for them; the answer then carries every
+    content token's, else `"logprobs": null`.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("content", "error", "finish", "logprobs", "reasoning", "tool_calls")
+
+    def __init__(self, *, logprobs: bool = False) -> None:
         self.content: list[str] = []
+        self.logprobs: list[TokenLogprob] | None = [] if logprobs else None
         self.reasoning: list[str] = []
         self.tool_calls: tuple[ToolCall, ...] = ()
         self.finish: FinishOut | None = None
@@ -135,6 +185,8 @@ class ResponseBuilder:
         for event in events:
             if isinstance(event, ContentOut):
                 self.content.append(event.text)
+                if self.logprobs is not None and isinstance(event, LogprobContentOut):
+                    self.logprobs.extend(event.logprobs)
             elif isinstance(event, ReasoningOut):
                 self.reasoning.append(event.text)
             elif isinstance(event, ToolCallsOut):
@@ -164,7 +216,7 @@ class ResponseBuilder:
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": None if self.logprobs is None else logprobs_object(self.logprobs),
                     "finish_reason": self.finish.finish_reason,
                 }
             ],

@@ -23,6 +23,7 @@ import msgspec
 from edge.errors import RequestError
 from edge.stream import limits
 from edge.stream.limits import MAX_METADATA_KEYS, MAX_STOP
+from edge.stream.logprobs import MAX_TOP_LOGPROBS
 from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolCall, ToolPolicy, ToolValidation
 from edge.stream.tools import check_declared_schema, validate_tool_choice, validate_tools
 
@@ -111,6 +112,9 @@ class ChatRequest:
     stream_buffer: bool | None = None
     tool_validation: ToolValidation | None = None
     trace_stream: bool = False
+    # `logprobs: true`: content chunks carry their tokens' log-probabilities
+    # (also passed to the node in `extra`, with `top_logprobs`).
+    logprobs: bool = False
     extra: dict[str, object] = field(default_factory=dict)
 
     def last_user_text(self) -> str:
@@ -267,6 +271,8 @@ def _parse(body: bytes) -> ChatRequest:
     if wire.logit_bias is not None:
         _check_count(wire.logit_bias, "logit_bias", limits.MAX_LOGIT_BIAS, "entries")
 
+    _check_logprobs(wire)
+
     include_reasoning, reasoning_explicit = _reasoning_flags(wire)
     return ChatRequest(
         model=wire.model,
@@ -295,6 +301,7 @@ def _parse(body: bytes) -> ChatRequest:
         stream_buffer=wire.stream_buffer,
         tool_validation=cast(ToolValidation | None, wire.tool_validation),
         trace_stream=metadata.get("trace_stream", "").strip().lower() in _TRUTHY,
+        logprobs=bool(wire.logprobs),
         extra={name: value for name in EXTRA_FIELDS if (value := getattr(wire, name)) is not None},
     )
 
@@ -407,6 +414,16 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
                 raise _invalid("response_format.json_schema.schema", "must be a JSON Schema object")
             check_declared_schema(body, "response_format.json_schema.schema")
     return fmt
+
+
+def _check_logprobs(wire: _WireRequest) -> None:
+    """top_logprobs: 0 to 20 (as OpenAI), and only with `logprobs: true`."""
+    _check_range(wire.top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if wire.top_logprobs and not wire.logprobs:
+        raise RequestError(
+            "top_logprobs needs logprobs: set 'logprobs' to true to use 'top_logprobs'.",
+            param="logprobs",
+        )
 
 
 def _check_count(items: Sized, param: str, limit: int, what: str) -> None:

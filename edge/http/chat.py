@@ -100,6 +100,7 @@ class ChatService:
             reasoning_parser=model.reasoning_parser,  # type: ignore[arg-type]
             response_format=request.response_format,
             whole_output=not request.stream,
+            logprobs=request.logprobs,
         )
 
     def forwarded(self, request: ChatRequest) -> ChatRequest:
@@ -133,7 +134,9 @@ class ChatService:
         response_id = f"chatcmpl-{run_id}"
         if not request.stream:
             async with run:
-                return await _complete(run, response_id, created, scope.request_id)
+                return await _complete(
+                    run, response_id, created, scope.request_id, logprobs=request.logprobs
+                )
         await scope.hold(run)
         encoder = SSEEncoder(response_id, created, request.model,
                              include_usage=request.include_usage)  # fmt: skip
@@ -149,9 +152,11 @@ class ChatService:
         return self.runs.shut_down(SHUTDOWN_NOTICE)
 
 
-async def _complete(run: Run, response_id: str, created: int, request_id: str) -> Response:
+async def _complete(
+    run: Run, response_id: str, created: int, request_id: str, *, logprobs: bool = False
+) -> Response:
     """The non-streaming answer: the run's whole output folded into one JSON body."""
-    builder = ResponseBuilder()
+    builder = ResponseBuilder(logprobs=logprobs)
     session = run.session
     while not session.terminated:
         batch = await run.next_batch()

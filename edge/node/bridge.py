@@ -19,7 +19,7 @@ import trio
 import trio_asyncio
 
 from edge.node.grpc import Accepted
-from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta
+from edge.stream.events import Complete, Delta, Failed, LogprobDelta, NodeEvent, ReasoningDelta
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -28,6 +28,12 @@ Item = NodeEvent | Accepted
 
 _TEXT_EVENTS = frozenset({Delta, ReasoningDelta})
 _TERMINAL_EVENTS = frozenset({Complete, Failed})
+
+
+def _size(item: Item) -> int:
+    """What an event other than a plain text delta counts against `max_chars`: a delta
+    with logprobs counts its text and its entries; anything else nothing."""
+    return item.size if type(item) is LogprobDelta else 0
 
 
 @asynccontextmanager
@@ -105,7 +111,7 @@ class EventBuffer:
 
     def put_nowait(self, item: Item) -> bool:
         """Queue `item` if both bounds leave room; False when the caller must `put`."""
-        size = len(item.text) if type(item) in _TEXT_EVENTS else 0  # type: ignore[union-attr]
+        size = len(item.text) if type(item) in _TEXT_EVENTS else _size(item)  # type: ignore[union-attr]
         held = self._chars
         if held and held + size > self._max_chars:
             return False
@@ -129,7 +135,7 @@ class EventBuffer:
         return self._put(item)
 
     async def _wait_put(self, item: Item) -> None:
-        size = len(item.text) if type(item) in _TEXT_EVENTS else 0  # type: ignore[union-attr]
+        size = len(item.text) if type(item) in _TEXT_EVENTS else _size(item)  # type: ignore[union-attr]
         with trio.fail_after(self._limit_s), trio.CancelScope() as scope:
             self._put_scope = scope
             if self._aborted:
@@ -164,8 +170,10 @@ class EventBuffer:
     # consumer sees node events after it (typed so, to spare a check per event).
 
     def _taken(self, item: Item) -> NodeEvent:
-        if type(item) in _TEXT_EVENTS:
-            self._chars -= len(item.text)  # type: ignore[union-attr]
+        kind = type(item)
+        if kind in _TEXT_EVENTS or kind is LogprobDelta:
+            text_event = kind in _TEXT_EVENTS
+            self._chars -= len(item.text) if text_event else _size(item)  # type: ignore[union-attr]
             if self._waiting:
                 self._waiting = False
                 self._room.unpark_all()
@@ -178,6 +186,8 @@ class EventBuffer:
             if self._waiting:
                 self._waiting = False
                 self._room.unpark_all()
+        elif type(item) is LogprobDelta:
+            return self._taken(item)
         return item  # type: ignore[return-value]
 
     async def receive(self) -> NodeEvent:

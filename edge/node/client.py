@@ -65,6 +65,8 @@ class NodeDescription:
     models: tuple[str, ...]
     active_runs: int = 0
     max_runs: int = 0
+    # The models this node gives token logprobs for (ModelInfo.logprobs).
+    logprobs_models: frozenset[str] = frozenset()
 
 
 class RunHandle:
@@ -291,6 +293,7 @@ class GrpcNodeClient:
             models=tuple(m.id for m in response.models),
             active_runs=response.active_runs,
             max_runs=response.max_runs,
+            logprobs_models=frozenset(m.id for m in response.models if m.logprobs),
         )
 
     async def aclose(self) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import trio
 from loguru import logger
 
-from edge.errors import NodeUnavailableError, NotFoundError
+from edge.errors import NodeUnavailableError, NotFoundError, RequestError
 from edge.node.client import NodeClient, NodeDescription
 
 REFRESH_INTERVAL_S = 5.0
@@ -29,6 +29,8 @@ class NodeState:
     client: NodeClient
     healthy: bool = False
     models: tuple[str, ...] = ()
+    # The models it gives token logprobs for (a node older than the field: none).
+    logprobs_models: frozenset[str] = frozenset()
     error: str | None = "not contacted yet"
     in_flight: int = 0
     failures: int = 0
@@ -64,6 +66,7 @@ class NodePool:
         state.healthy = True
         state.error = None
         state.models = description.models
+        state.logprobs_models = description.logprobs_models
         state.description = description
 
     def mark_down(self, state: NodeState, reason: str) -> None:
@@ -79,16 +82,31 @@ class NodePool:
             await self.refresh()
             await trio.sleep(interval)
 
-    def pick(self, model: str) -> NodeState:
+    def pick(self, model: str, *, logprobs: bool = False) -> NodeState:
+        """The healthy node serving `model` with the fewest runs in flight.
+
+        With `logprobs`, only a node that gives logprobs for the model: when
+        every node known to serve it says it cannot, the request is the
+        caller's to change (400, `param: "logprobs"`), before any run starts.
+        """
         best: NodeState | None = None
-        known = False
+        known = capable = False
         for state in self.nodes:
             if model in state.models:
                 known = True
+                if logprobs and model not in state.logprobs_models:
+                    continue
+                capable = True
                 if state.healthy and (best is None or state.in_flight < best.in_flight):
                     best = state
         if best is not None:
             return best
+        if known and not capable:
+            raise RequestError(
+                f"The model {model!r} is served by nodes that do not give logprobs;"
+                " send the request without 'logprobs' and 'top_logprobs'.",
+                param="logprobs",
+            )
         if known or any(not s.healthy for s in self.nodes):
             raise NodeUnavailableError(f"no node is available for model {model!r}; retry later")
         raise NotFoundError(

@@ -3,7 +3,11 @@
 It runs on asyncio, standalone (`iop-sim-node`) or on the asyncio loop the
 edge hosts (a node whose address is "embedded"). Models:
 
-- `sim-echo`: streams the last user message back word by word.
+- `sim-echo`: streams the last user message back word by word. Asked for
+  logprobs (`"logprobs": true` in the request's extra fields), each word's
+  delta carries one token, the word, with logprob -0.1, and `top_logprobs`
+  N alternatives: the word itself first, then `word~1`, `word~2`, ... at
+  -2.1, -4.1, ... (plausible, deterministic values for testing clients).
 - `sim-script`: plays a script, `{"events": [...]}`, item by item, or one turn
   of `{"turns": [{"events": [...]}, ...]}` (`edge.sim.script` says where the
   script may sit in the conversation and which turn plays). An item is:
@@ -22,6 +26,12 @@ edge hosts (a node whose address is "embedded"). Models:
   are sent as JSON) go out in the typed `tool_calls` field; its
   `"metadata": {"tool_calls": ...}` is sent as metadata, as a node older than
   the typed field would.
+  A delta item's `"logprobs"` is a list of tokens in OpenAI's shape,
+  `{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+  "bytes"}]}` (`bytes` a list of byte values, or null/absent for the
+  token's UTF-8), sent in the delta's typed `logprobs`.
+
+Describe says both models give logprobs.
 
 The runs log (`edge.nodekit.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
@@ -70,6 +80,59 @@ def _tool_call_from_json(item: Any) -> pb.ToolCall:
     )
 
 
+def _token_bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(b, int) and 0 <= b < 256 for b in value):
+        raise ScriptError("sim-script: a logprob's bytes is not a list of byte values")
+    return bytes(value)
+
+
+def _token_logprob(item: Any) -> pb.TokenLogprob:
+    if not isinstance(item, dict):
+        raise ScriptError("sim-script: a logprob is not an object")
+    tops = item.get("top_logprobs") or []
+    if not isinstance(tops, list) or not all(isinstance(t, dict) for t in tops):
+        raise ScriptError("sim-script: top_logprobs is not a list of objects")
+    return pb.TokenLogprob(
+        token=str(item.get("token", "")),
+        logprob=float(item.get("logprob", 0.0)),
+        bytes=_token_bytes(item.get("bytes")),
+        top_logprobs=[
+            pb.TopLogprob(
+                token=str(t.get("token", "")),
+                logprob=float(t.get("logprob", 0.0)),
+                bytes=_token_bytes(t.get("bytes")),
+            )
+            for t in tops
+        ],
+    )
+
+
+def _echo_logprob(word: str, top: int) -> pb.TokenLogprob:
+    """sim-echo's token for `word`: logprob -0.1, then `top` alternatives, the word first."""
+    alternatives = [word] + [f"{word}~{k}" for k in range(1, top)]
+    return pb.TokenLogprob(
+        token=word,
+        logprob=-0.1,
+        top_logprobs=[
+            pb.TopLogprob(token=t, logprob=-0.1 - 2.0 * k) for k, t in enumerate(alternatives[:top])
+        ],
+    )
+
+
+def _logprobs_asked(request: pb.RunRequest) -> int | None:
+    """None unless the request asked for logprobs; else how many top_logprobs (0-20)."""
+    try:
+        extra = json.loads(request.extra_json) if request.extra_json else {}
+    except ValueError:
+        return None
+    if not isinstance(extra, dict) or extra.get("logprobs") is not True:
+        return None
+    top = extra.get("top_logprobs")
+    return max(0, min(int(top), 20)) if isinstance(top, int) else 0
+
+
 def _event_from_json(item: dict[str, Any]) -> pb.RunEvent:
     usage = item.get("usage")
     metadata = {str(k): _json_text(v) for k, v in (item.get("metadata") or {}).items()}
@@ -81,6 +144,7 @@ def _event_from_json(item: dict[str, Any]) -> pb.RunEvent:
         usage=pb.Usage(**{k: int(v) for k, v in usage.items()}) if usage else None,
         metadata=metadata,
         tool_calls=[_tool_call_from_json(c) for c in item.get("tool_calls") or ()],
+        logprobs=[_token_logprob(t) for t in item.get("logprobs") or ()],
     )
 
 
@@ -108,7 +172,7 @@ class SimNode(NodeService):
     async def describe(self, message: pb.DescribeRequest) -> pb.DescribeResponse:
         return pb.DescribeResponse(
             node_name=self.name,
-            models=[pb.ModelInfo(id=m, owned_by="iop-sim") for m in MODELS],
+            models=[pb.ModelInfo(id=m, owned_by="iop-sim", logprobs=True) for m in MODELS],
             active_runs=self.active_runs,
         )
 
@@ -156,10 +220,11 @@ class SimNode(NodeService):
     async def _echo(self, stream: Events, request: pb.RunRequest, run: RunRecord) -> str:
         text = _last_user_text(request)
         words = text.split(" ")
+        top = _logprobs_asked(request)
         for i, word in enumerate(words):
-            await self._send(
-                stream, run, pb.RunEvent(type="delta", delta=word if i == 0 else " " + word)
-            )
+            piece = word if i == 0 else " " + word
+            logprobs = [] if top is None else [_echo_logprob(piece, top)]
+            await self._send(stream, run, pb.RunEvent(type="delta", delta=piece, logprobs=logprobs))
         prompt_tokens = sum(len((m.content or "").split()) for m in request.messages)
         usage = pb.Usage(input_tokens=prompt_tokens, output_tokens=len(words))
         await self._send(

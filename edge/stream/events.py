@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from edge.stream.logprobs import TokenLogprob
 from edge.stream.toolcall import ToolCall
 
 
@@ -29,6 +30,24 @@ class Delta:
     """A piece of the model's visible text."""
 
     text: str
+
+
+# What one logprob entry (a token or an alternative) counts as, in characters of
+# text, against the event buffer's bound (an entry costs ~150 bytes in memory).
+LOGPROB_ENTRY_CHARS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobDelta(Delta):
+    """A delta with its tokens' logprobs (a subclass, so a plain Delta stays one field:
+    building frozen dataclasses costs per field on the hot path)."""
+
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+    @property
+    def size(self) -> int:
+        """Its text's characters plus LOGPROB_ENTRY_CHARS per logprob entry."""
+        return len(self.text) + LOGPROB_ENTRY_CHARS * sum(t.weight for t in self.logprobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,4 +87,4 @@ class Failed:
         return self.error or self.message or "run failed"
 
 
-NodeEvent = Delta | ReasoningDelta | Complete | Failed
+NodeEvent = Delta | LogprobDelta | ReasoningDelta | Complete | Failed

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edge.stream.events import Usage
+from edge.stream.logprobs import TokenLogprob
 from edge.stream.toolcall import ToolCall, Violation
 
 
@@ -21,6 +22,13 @@ class RoleOut:
 @dataclass(frozen=True, slots=True)
 class ContentOut:
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobContentOut(ContentOut):
+    """Content of a request that asked for logprobs, with its tokens' (maybe none)."""
+
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +57,9 @@ class ErrorOut:
     message: str
 
 
-OutEvent = RoleOut | ContentOut | ReasoningOut | ToolCallsOut | FinishOut | ErrorOut
+OutEvent = (
+    RoleOut | ContentOut | LogprobContentOut | ReasoningOut | ToolCallsOut | FinishOut | ErrorOut
+)
 
 Status = Literal["success", "error", "cancelled", "timeout"]
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-__all__ = ["DEFAULT_SENTINELS", "SentinelFilter", "strip_sentinels"]
+__all__ = ["DEFAULT_SENTINELS", "SentinelFilter", "sentinel_spans", "strip_sentinels"]
 
 DEFAULT_SENTINELS: tuple[str, ...] = (
     "<|im_end|>",
@@ -76,6 +76,16 @@ def strip_sentinels(text: str, sentinels: Sequence[str] = DEFAULT_SENTINELS) -> 
     if not normalized or not text:
         return text
     return _full_pattern(normalized).sub("", text)
+
+
+def sentinel_spans(
+    text: str, sentinels: Sequence[str] = DEFAULT_SENTINELS
+) -> list[tuple[int, int]]:
+    """The `(start, end)` of every sentinel `strip_sentinels` removes from `text`, in order."""
+    normalized = _normalize(sentinels)
+    if not normalized or not text:
+        return []
+    return [match.span() for match in _full_pattern(normalized).finditer(text)]
 
 
 _Compiled = tuple[

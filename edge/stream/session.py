@@ -16,12 +16,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
+from edge.stream.events import (
+    Complete,
+    Delta,
+    Failed,
+    LogprobDelta,
+    NodeEvent,
+    ReasoningDelta,
+    Usage,
+)
 from edge.stream.finish import finish_of
+from edge.stream.logprobs import MAX_LOGPROB_ENTRIES, LogprobTrack
 from edge.stream.output import (
     ContentOut,
     ErrorOut,
     FinishOut,
+    LogprobContentOut,
     Outcome,
     OutEvent,
     ReasoningOut,
@@ -90,6 +100,9 @@ class SessionSettings:
     # The caller keeps every output event until the end (a non-streaming answer).
     whole_output: bool = False
     max_held_chars: int = MAX_HELD_CHARS
+    # The caller asked for logprobs: content chunks carry their tokens'
+    # (`edge.stream.logprobs` has the rule for text the filters remove).
+    logprobs: bool = False
 
     @property
     def expose_reasoning(self) -> bool:
@@ -110,6 +123,7 @@ class StreamSession:
         "_held_chars",
         "_held_content",
         "_holds",
+        "_lp",
         "_reasoning",
         "_reasoning_chars_",
         "_reasoning_seen",
@@ -152,7 +166,7 @@ class StreamSession:
         self._content_seen = False  # any content that is not whitespace
         self._reasoning_seen = False
         # stream_buffer: content held until the whole output is validated.
-        self._held_content: list[str] | None = [] if settings.stream_buffer else None
+        self._held_content: list[ContentOut] | None = [] if settings.stream_buffer else None
         # Whether this session (or its caller) holds the answer whole: then the
         # answer counts against max_held_chars.
         self._holds = tools or strict_json or settings.stream_buffer or settings.whole_output
@@ -169,6 +183,19 @@ class StreamSession:
         self._tool_filter: ToolTextFilter | None = None
         if settings.tools.tools:
             self._tool_filter = ToolTextFilter(settings.tool_formats)
+        # With logprobs the filters are their tracking kind (same output).
+        self._lp: LogprobTrack | None = None
+        if settings.logprobs:
+            self._lp = LogprobTrack(
+                settings.sentinels,
+                think=self._think is not None,
+                start_in_think=settings.reasoning_parser == "think_start",
+                tool_formats=settings.tool_formats if self._tool_filter is not None else None,
+                keep_all=settings.whole_output or settings.stream_buffer,
+            )
+            self._content_sentinel = self._lp.sentinel
+            self._think = self._lp.think
+            self._tool_filter = self._lp.tool
 
     # --- the caller's interface -------------------------------------------------
 
@@ -194,6 +221,11 @@ class StreamSession:
             self._finish(event)
         elif type(event) is Failed:
             self.fail("run_error", event.reason)
+        elif type(event) is LogprobDelta:
+            if self._lp is not None:  # else the caller did not ask: text only
+                self._add_logprobs(event)
+            if self.outcome is None:
+                self._on_delta(event.text)
         return self.outcome is not None
 
     def fail(self, error_type: str, message: str, *, node_finish_reason: str | None = None) -> None:
@@ -250,6 +282,17 @@ class StreamSession:
         text = self._content_sentinel.feed(source)
         if text:
             self._content_text(text, source)
+
+    def _add_logprobs(self, event: LogprobDelta) -> None:
+        assert self._lp is not None
+        self._lp.add(len(event.text), event.logprobs)
+        if self._lp.entries > MAX_LOGPROB_ENTRIES:
+            self._content = self._emitted = self._reasoning = self._held_content = None
+            self.fail(
+                OUTPUT_TOO_LARGE,
+                f"the answer's logprobs exceed the edge's limit of {MAX_LOGPROB_ENTRIES}"
+                " entries (a token or one of its top_logprobs) held at once",
+            )
 
     def _content_text(self, text: str, source: str) -> None:
         """Sentinel-filtered content: split out think blocks, then emit."""
@@ -319,7 +362,10 @@ class StreamSession:
                 self._emitted.append(pending)
             self._write_content(pending, pending, False)
 
-    def _write_content(self, text: str, source: str, filtered: bool) -> None:
+    def _write_content(
+        self, text: str, source: str, filtered: bool, *, sourced: bool = True
+    ) -> None:
+        """Write content; `sourced` is False for text no node sent (it has no logprobs)."""
         self._trace_seq += 1
         if self._trace is not None:
             self._trace(
@@ -335,10 +381,13 @@ class StreamSession:
                     "source_has_close_think": has_close_think(source),
                 },
             )
+        chunk = ContentOut(text)
+        if self._lp is not None:
+            chunk = LogprobContentOut(text, self._lp.take(len(text)) if sourced else ())
         if self._held_content is not None:
-            self._held_content.append(text)
+            self._held_content.append(chunk)
         else:
-            self.out.append(ContentOut(text))
+            self.out.append(chunk)
 
     # --- finish -----------------------------------------------------------------
 
@@ -383,7 +432,7 @@ class StreamSession:
                 self.fail("output_validation_error", problem)
                 return
         if self._held_content is not None:
-            self.out.extend(ContentOut(text) for text in self._held_content if text)
+            self.out.extend(chunk for chunk in self._held_content if chunk.text)
             self._held_content = None
         if calls:
             self._trace_event("tool_calls", {"tool_call_count": len(calls)})
@@ -451,7 +500,11 @@ class StreamSession:
                 return (), False
             self._violations = result.violations
             if result.calls:
-                self._emit_pending(unstreamed_remainder(result.cleaned, "".join(self._emitted)))
+                emitted = "".join(self._emitted)
+                remainder = unstreamed_remainder(result.cleaned, emitted)
+                if self._lp is not None and self._lp.tool is not None:
+                    self._lp.tool.realign(remainder, "".join(self._content)[len(emitted) :])
+                self._emit_pending(remainder)
                 return result.calls, False
             self._emit_pending(self._tool_filter.flush())
         return (), False
@@ -466,7 +519,7 @@ class StreamSession:
             text = hidden_reasoning_fallback(finish_reason)
         if self._emitted is not None:
             self._emitted.append(text)
-        self._write_content(text, reasoning, False)
+        self._write_content(text, reasoning, False, sourced=False)
 
     def _check_output_format(self) -> str | None:
         """Strict output: the content must honour the request's response_format."""

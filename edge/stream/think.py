@@ -124,6 +124,11 @@ class ThinkSplitter:
         """The text held back because it may still become a tag."""
         return self._held
 
+    @property
+    def leading(self) -> bool:
+        """Whether a `start_in_think` stream has shown only whitespace so far."""
+        return self._lead
+
     def feed(self, text: str) -> tuple[str, str]:
         """Take the next piece of the stream; return `(content, reasoning)` to emit now."""
         if not self._held and not self._lead:

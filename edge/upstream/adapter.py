@@ -11,6 +11,15 @@ machine fed dicts and strings:
   maps a whole `chat.completion` for a server that ignored `stream: true`.
 - `error_message` / `models_from_body`: an upstream's error body and model list.
 
+Logprobs: a request with `logprobs` / `top_logprobs` (in extra_json) is
+forwarded as sent, `top_logprobs` capped at 20 (OpenAI's bound). A choice's
+`logprobs.content` (OpenAI's shape, as vLLM, llama.cpp and SGLang answer
+it) goes on the content delta of the same chunk as typed TokenLogprobs; a
+chunk with logprobs and nothing else passes them to the next content
+delta, and those on a chunk of reasoning or tool calls are dropped. Each
+token keeps at most 20 alternatives, and a delta's logprobs are cut into
+several events so none nears gRPC's message limit.
+
 It tolerates the dialects of vLLM, llama.cpp, Ollama and SGLang: `reasoning`
 or `reasoning_content`, `content: null` or `""` deltas, nulls for absent
 fields, extra fields (`timings`, `matched_stop`, ...), a whole tool call in
@@ -50,6 +59,12 @@ MAX_DELTA_CHARS: Final = 512 * 1024
 MAX_TOOL_CALL_CHARS: Final = 512 * 1024
 MAX_TOOL_CALLS: Final = 256
 _UINT32_MAX: Final = 2**32 - 1
+# OpenAI's bound on top_logprobs, asked of the upstream and kept of its answer.
+MAX_TOP_LOGPROBS: Final = 20
+# Estimated bytes of logprobs one delta event carries at most (the rest goes
+# in the next event), and tokens waiting for content at most (then dropped).
+MAX_EVENT_LOGPROB_BYTES: Final = 1024 * 1024
+MAX_WAITING_LOGPROBS: Final = 4096
 # Fields the request body owns: extra_json may not override them.
 _OWNED: Final = frozenset({"model", "messages", "stream", "stream_options"})
 
@@ -146,6 +161,9 @@ def chat_request_body(request: pb.RunRequest) -> dict[str, Any]:
         extra = json.loads(request.extra_json)
         if isinstance(extra, dict):
             body.update((k, v) for k, v in extra.items() if k not in _OWNED)
+    top = body.get("top_logprobs")
+    if isinstance(top, int) and not isinstance(top, bool) and top > MAX_TOP_LOGPROBS:
+        body["top_logprobs"] = MAX_TOP_LOGPROBS
     return body
 
 
@@ -306,6 +324,78 @@ def _deltas(kind: str, text: str) -> list[pb.RunEvent]:
     ]
 
 
+def _logprob_value(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return -9999.0  # what OpenAI reports for a token too unlikely to rate
+    return float(value)
+
+
+def _logprob_bytes(value: object) -> bytes | None:
+    if isinstance(value, list) and all(
+        isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in value
+    ):
+        return bytes(value)
+    return None
+
+
+def _token_logprob(item: object) -> pb.TokenLogprob | None:
+    """One entry of OpenAI's `logprobs.content`; None when it has no token string."""
+    if not isinstance(item, dict) or not isinstance(item.get("token"), str):
+        return None
+    tops = item.get("top_logprobs")
+    return pb.TokenLogprob(
+        token=item["token"],
+        logprob=_logprob_value(item.get("logprob")),
+        bytes=_logprob_bytes(item.get("bytes")),
+        top_logprobs=[
+            pb.TopLogprob(
+                token=top["token"],
+                logprob=_logprob_value(top.get("logprob")),
+                bytes=_logprob_bytes(top.get("bytes")),
+            )
+            for top in (tops if isinstance(tops, list) else [])[:MAX_TOP_LOGPROBS]
+            if isinstance(top, dict) and isinstance(top.get("token"), str)
+        ],
+    )
+
+
+def _choice_logprobs(choice: dict[str, Any]) -> list[pb.TokenLogprob]:
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return []
+    return [t for item in content if (t := _token_logprob(item)) is not None]
+
+
+def _logprob_size(token: pb.TokenLogprob) -> int:
+    """An estimate of a token's encoded bytes (4 a character, 32 an entry)."""
+    return 4 * len(token.token) + 32 + sum(4 * len(a.token) + 32 for a in token.top_logprobs)
+
+
+def _content_events(text: str, tokens: list[pb.TokenLogprob]) -> list[pb.RunEvent]:
+    """`text` with its tokens as delta events: cut at token ends, each event under
+    MAX_DELTA_CHARS characters and MAX_EVENT_LOGPROB_BYTES of logprobs."""
+    if not tokens:
+        return _deltas("delta", text)
+    events: list[pb.RunEvent] = []
+    start = end = size = 0
+    group: list[pb.TokenLogprob] = []
+    for token in tokens:
+        end = min(end + len(token.token), len(text))
+        group.append(token)
+        size += _logprob_size(token)
+        if size >= MAX_EVENT_LOGPROB_BYTES or end - start >= MAX_DELTA_CHARS:
+            events.append(pb.RunEvent(type="delta", delta=text[start:end], logprobs=group))
+            start, size, group = end, 0, []
+    rest = text[start:]
+    if group or rest:
+        head = rest[:MAX_DELTA_CHARS]
+        events.append(pb.RunEvent(type="delta", delta=head, logprobs=group))
+        if len(rest) > len(head):
+            events.extend(_deltas("delta", rest[len(head) :]))
+    return events
+
+
 def _is_error(payload: dict[str, Any]) -> bool:
     return payload.get("error") is not None or payload.get("object") == "error"
 
@@ -318,7 +408,15 @@ class ChunkMapper:
     arrived, else an error. After the terminal everything is ignored.
     """
 
-    __slots__ = ("_cached_fallback", "_finish", "_id_prefix", "_usage", "outcome", "tools")
+    __slots__ = (
+        "_cached_fallback",
+        "_finish",
+        "_id_prefix",
+        "_usage",
+        "_waiting_logprobs",
+        "outcome",
+        "tools",
+    )
 
     def __init__(self, id_prefix: str) -> None:
         self._id_prefix = id_prefix
@@ -326,6 +424,8 @@ class ChunkMapper:
         self._finish: str | None = None
         self._usage: dict[str, Any] | None = None
         self._cached_fallback = 0  # llama.cpp: timings.cache_n
+        # Logprobs of a chunk that had no content, for the next content delta.
+        self._waiting_logprobs: list[pb.TokenLogprob] = []
         # "complete" or "error" once the terminal event has been produced.
         self.outcome: str | None = None
 
@@ -406,8 +506,16 @@ class ChunkMapper:
             if reasoning:
                 events.extend(_deltas("reasoning_delta", reasoning))
             content = _text(delta.get("content"))
+            tokens = _choice_logprobs(choice)
             if content:
-                events.extend(_deltas("delta", content))
+                if self._waiting_logprobs:
+                    tokens = self._waiting_logprobs + tokens
+                    self._waiting_logprobs = []
+                events.extend(_content_events(content, tokens))
+            elif tokens and not reasoning and not delta.get("tool_calls"):
+                # Reasoning and tool-call tokens carry no logprobs out (as OpenAI).
+                room = MAX_WAITING_LOGPROBS - len(self._waiting_logprobs)
+                self._waiting_logprobs.extend(tokens[: max(0, room)])
             calls = delta.get("tool_calls")
             if calls:
                 self.tools.feed(calls)

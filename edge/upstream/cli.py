@@ -2,9 +2,11 @@
 
     iop-node --listen HOST:PORT --upstream URL [--api-key-env NAME]
              [--models NAME ...] [--name NAME] [--runs-log FILE] [--config FILE]
+             [--no-logprobs]
 
 `--config FILE` reads a TOML file's `[node]` table (listen, upstream,
-api_key_env, models, name, runs_log, read_timeout_s); flags win over it.
+api_key_env, models, name, runs_log, read_timeout_s, logprobs); flags win
+over it.
 The API key is read from the environment, never from a flag or a file.
 Prints `iop-node listening on HOST:PORT` once it serves. This module turns
 arguments into settings and runs the server; it knows nothing of the mapping.
@@ -42,6 +44,7 @@ class NodeSettings:
     name: str = "iop-node"
     runs_log: Path | None = None
     read_timeout_s: float = 600.0
+    logprobs: bool = True
 
 
 def _split_listen(value: str) -> tuple[str, int]:
@@ -67,6 +70,8 @@ def _file_table(path: Path) -> dict[str, Any]:
             table["models"] = r.strings("models", ())
         if "read_timeout_s" in r.table:
             table["read_timeout_s"] = r.number("read_timeout_s", 0.0, minimum=0.001)
+        if "logprobs" in r.table:
+            table["logprobs"] = r.get("logprobs", bool, True)
         r.done()
     except ConfigError as exc:
         raise SettingsError(str(exc)) from None
@@ -101,6 +106,7 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
         name=args.name or table.get("name") or "iop-node",
         runs_log=runs_log,
         read_timeout_s=float(args.read_timeout_s or table.get("read_timeout_s") or 600.0),
+        logprobs=not args.no_logprobs and bool(table.get("logprobs", True)),
     )
 
 
@@ -122,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", help="node name reported by Describe (default iop-node)")
     parser.add_argument("--runs-log", type=Path, help="append one JSON line per run")
     parser.add_argument("--read-timeout-s", type=float, help="longest upstream silence (600)")
+    parser.add_argument(
+        "--no-logprobs",
+        action="store_true",
+        help="the upstream cannot give logprobs: Describe says so (the edge answers 400)",
+    )
     return parser
 
 
@@ -133,6 +144,7 @@ async def _serve(settings: NodeSettings) -> None:
         models=settings.models,
         runs_log=settings.runs_log,
         read_timeout_s=settings.read_timeout_s,
+        logprobs=settings.logprobs,
     )
     server, bound = await start_server(node, settings.host, settings.port)
     print(f"iop-node listening on {settings.host}:{bound}", flush=True)

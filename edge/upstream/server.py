@@ -73,6 +73,9 @@ class UpstreamNode(NodeService):
         models: the models to list; empty = the upstream's `/models`.
         runs_log: append one JSON line per run.
         read_timeout_s: the longest silence tolerated from the upstream.
+        logprobs: whether Describe says the models give token logprobs
+            (False for an upstream that cannot: the edge then refuses such
+            requests with a 400 instead of answering without them).
     """
 
     def __init__(
@@ -84,8 +87,10 @@ class UpstreamNode(NodeService):
         models: tuple[str, ...] = (),
         runs_log: Path | None = None,
         read_timeout_s: float = 600.0,
+        logprobs: bool = True,
     ) -> None:
         super().__init__(name, runs_log)
+        self._logprobs = logprobs
         self.upstream = normalize_upstream(upstream)
         self._chat_url = self.upstream + "/chat/completions"
         self._models_url = self.upstream + "/models"
@@ -107,7 +112,9 @@ class UpstreamNode(NodeService):
         models = await self.models()
         return pb.DescribeResponse(
             node_name=self.name,
-            models=[pb.ModelInfo(id=m, owned_by=owner) for m, owner in models],
+            models=[
+                pb.ModelInfo(id=m, owned_by=owner, logprobs=self._logprobs) for m, owner in models
+            ],
             active_runs=self.active_runs,
         )
 

@@ -604,3 +604,42 @@ async def test_in_process_address_against_an_edge(nursery: trio.Nursery, edge: R
     )
     assert payloads[-1]["choices"][0]["finish_reason"] == "stop"
     await stop_edge(running)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_upstream_logprobs_reach_the_caller(
+    replay_edge: RunningEdge, upstream: Upstream, stream: bool
+) -> None:
+    """vLLM's recorded `logprobs.content` reaches the SDK in OpenAI's shape, streaming or
+    not (the reasoning chunk's logprobs are not content's); the upstream was asked for them."""
+
+    def call() -> list[Any]:
+        with openai.OpenAI(
+            base_url=replay_edge.url + "/v1", api_key="unused", max_retries=0, timeout=WAIT_S
+        ) as client:
+            answer = client.chat.completions.create(
+                model="vllm-logprobs",
+                messages=[{"role": "user", "content": "hi"}],
+                logprobs=True,
+                top_logprobs=2,
+                stream=stream,
+            )
+            if not stream:
+                return list(answer.choices[0].logprobs.content)
+            return [
+                t
+                for c in answer
+                if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content
+            ]
+
+    tokens = await trio.to_thread.run_sync(call)
+    assert [(t.token, t.logprob) for t in tokens] == [
+        ("Hello", -0.0123),
+        (" there", -0.25),
+        ("!", -9999.0),
+    ]
+    assert [a.token for a in tokens[0].top_logprobs] == ["Hello", "Hi"]
+    assert tokens[0].bytes == list(b"Hello")
+    (sent,) = upstream.requests
+    assert (sent["logprobs"], sent["top_logprobs"]) == (True, 2)

@@ -28,22 +28,83 @@ _CALLS = st.lists(
 )
 
 
+_LOGPROBS = st.lists(
+    st.builds(
+        pb.TokenLogprob,
+        token=st.text(max_size=3),
+        logprob=st.floats(allow_nan=False),
+        bytes=st.none() | st.binary(max_size=3),
+        top_logprobs=st.lists(
+            st.builds(
+                pb.TopLogprob,
+                token=st.text(max_size=3),
+                logprob=st.floats(allow_nan=False),
+                bytes=st.none() | st.binary(max_size=3),
+            ),
+            max_size=3,
+        ),
+    ),
+    max_size=3,
+)
+
+
 @given(
     kind=_TYPES,
     delta=st.text(),
     error=st.text(max_size=5),
     metadata=st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
     tool_calls=_CALLS,
+    logprobs=_LOGPROBS,
 )
 def test_hand_and_general_paths_agree(
-    kind: str, delta: str, error: str, metadata: dict[str, str], tool_calls: list[pb.ToolCall]
+    kind: str,
+    delta: str,
+    error: str,
+    metadata: dict[str, str],
+    tool_calls: list[pb.ToolCall],
+    logprobs: list[pb.TokenLogprob],
 ) -> None:
-    """For any RunEvent, decoding its bytes gives what betterproto2 + event_from_pb give."""
+    """For any RunEvent, decoding its bytes gives what betterproto2 + event_from_pb give
+    (a delta with logprobs included: the hand path must not take it)."""
     event = pb.RunEvent(
-        type=kind, delta=delta, error=error, metadata=metadata, tool_calls=tool_calls
+        type=kind,
+        delta=delta,
+        error=error,
+        metadata=metadata,
+        tool_calls=tool_calls,
+        logprobs=logprobs,
     )
     data = bytes(event)
     assert decode_run_event(data) == event_from_pb(pb.RunEvent.FromString(data))
+
+
+@given(delta=st.text(), logprobs=_LOGPROBS.filter(bool))
+def test_delta_logprobs_reach_the_core_as_sent(delta: str, logprobs: list[pb.TokenLogprob]) -> None:
+    """A delta's token logprobs arrive in order with every field (unset bytes: None)."""
+    event = decode_run_event(bytes(pb.RunEvent(type="delta", delta=delta, logprobs=logprobs)))
+    assert isinstance(event, Delta)
+    assert event.text == delta
+    assert [(t.token, t.logprob, t.token_bytes) for t in event.logprobs] == [
+        (t.token, t.logprob, t.bytes) for t in logprobs
+    ]
+    assert [[(a.token, a.logprob, a.token_bytes) for a in t.top] for t in event.logprobs] == [
+        [(a.token, a.logprob, a.bytes) for a in t.top_logprobs] for t in logprobs
+    ]
+
+
+def test_top_logprobs_past_twenty_are_not_kept() -> None:
+    """A node sending more than 20 alternatives a token gets its first 20 kept (OpenAI's cap)."""
+    tops = [pb.TopLogprob(token=str(i), logprob=-i) for i in range(30)]
+    data = bytes(
+        pb.RunEvent(
+            type="delta",
+            delta="x",
+            logprobs=[pb.TokenLogprob(token="x", logprob=0.0, top_logprobs=tops)],
+        )
+    )
+    event = decode_run_event(data)
+    assert isinstance(event, Delta)
+    assert [a.token for a in event.logprobs[0].top] == [str(i) for i in range(20)]
 
 
 @given(_CALLS)

@@ -307,6 +307,10 @@ BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"min_p": "0.1"}, "min_p"),
     ({"logit_bias": {"50256": "x"}}, "logit_bias"),
     ({"logprobs": 1}, "logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ({"top_logprobs": 2}, "logprobs"),
+    ({"logprobs": False, "top_logprobs": 1}, "logprobs"),
     ({"chat_template_kwargs": []}, "chat_template_kwargs"),
 ]
 
@@ -810,3 +814,13 @@ def test_limits_allow_their_own_value() -> None:
         ],
     )
     assert len(request.tools.tools) == limits.MAX_TOOLS
+
+
+def test_logprobs_flag() -> None:
+    """`logprobs: true` sets the request's flag (top_logprobs 0-20 with it, or 0 without);
+    both still reach the node as sent."""
+    assert parse_chat_request(body()).logprobs is False
+    asked = parse_chat_request(body(logprobs=True, top_logprobs=20))
+    assert asked.logprobs is True
+    assert asked.extra == {"logprobs": True, "top_logprobs": 20}
+    assert parse_chat_request(body(top_logprobs=0)).logprobs is False

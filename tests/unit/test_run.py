@@ -15,7 +15,8 @@ from edge.config import TimeoutsConfig
 from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
 from edge.node.client import EndCause, RunHandle
 from edge.run import MAX_BATCH_CHARS, Run, RunInfo
-from edge.stream.events import Complete, Delta, NodeEvent
+from edge.stream.events import LOGPROB_ENTRY_CHARS, Complete, Delta, LogprobDelta, NodeEvent
+from edge.stream.logprobs import TokenLogprob, TopLogprob
 from edge.stream.output import ContentOut, ErrorOut, FinishOut, RoleOut
 from edge.stream.session import SessionSettings, StreamSession
 
@@ -126,6 +127,25 @@ async def test_event_buffer_is_bounded_in_characters() -> None:
     assert events.put_nowait(Delta("c" * 500))
     assert not events.put_nowait(Delta("d"))
     assert events.held_chars == 500
+
+
+async def test_event_buffer_counts_logprobs_against_its_bound() -> None:
+    """A delta with logprobs counts its text and LOGPROB_ENTRY_CHARS per entry (a token or
+    an alternative), given back when taken: a node's logprobs cannot grow the buffer past
+    its bound while the text stays small."""
+    token = TokenLogprob("a", -1.0, None, (TopLogprob("a", -1.0), TopLogprob("b", -2.0)))
+    event = LogprobDelta("a", (token,))
+    events = EventBuffer(max_events=16, max_chars=100 + 3 * LOGPROB_ENTRY_CHARS)
+    assert events.put_nowait(event)
+    assert events.held_chars == 1 + 3 * LOGPROB_ENTRY_CHARS
+    assert events.put_nowait(Delta("b" * 99))
+    assert not events.put_nowait(event)
+    assert events.receive_nowait() == event
+    assert events.held_chars == 99
+    assert events.put_nowait(event)
+    assert events.receive_nowait() == Delta("b" * 99)
+    assert await events.receive() == event
+    assert events.held_chars == 0
 
 
 async def test_a_batch_stops_past_max_batch_chars() -> None:

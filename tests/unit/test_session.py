@@ -998,6 +998,7 @@ def session_settings(draw: st.DrawFn) -> SessionSettings:
         tool_formats=draw(st.sampled_from([DEFAULT_FORMATS, FORMATS])),
         reasoning_parser=draw(st.sampled_from(["none", "think", "think_start"])),
         response_format=draw(response_formats),
+        logprobs=draw(st.booleans()),
     )
 
 

@@ -34,7 +34,10 @@ from edge.upstream.cli import build_parser as node_parser
 from edge.upstream.sse import SSEDecoder, SSEMessage
 
 FIXTURES = Path(__file__).parent.parent / "integration" / "upstream_fixtures"
-STREAMS = ("vllm", "llamacpp", "ollama", "sglang", "stream-error", "truncated")
+STREAMS = (
+    "vllm", "llamacpp", "ollama", "sglang", "stream-error", "truncated",
+    "vllm-logprobs", "llamacpp-logprobs",
+)  # fmt: skip
 TERMINAL = {"complete", "error", "cancelled"}
 
 Event = tuple[str, str, str, dict[str, str], tuple[int, int, int, int] | None]
@@ -544,6 +547,21 @@ def test_node_settings_from_file_and_flags(tmp_path: Path, monkeypatch: pytest.M
     assert settings.api_key == "sk-test"
 
 
+def test_node_settings_logprobs(tmp_path: Path) -> None:
+    """Logprobs are on by default; `logprobs = false` in [node] or `--no-logprobs` turn
+    them off; a value that is not a boolean is an error naming the key."""
+    path = tmp_path / "node.toml"
+    path.write_text('[node]\nupstream = "http://h/v1"\n')
+    assert resolve(node_parser().parse_args(["--config", str(path)])).logprobs is True
+    flag = node_parser().parse_args(["--config", str(path), "--no-logprobs"])
+    assert resolve(flag).logprobs is False
+    path.write_text('[node]\nupstream = "http://h/v1"\nlogprobs = false\n')
+    assert resolve(node_parser().parse_args(["--config", str(path)])).logprobs is False
+    path.write_text('[node]\nupstream = "http://h/v1"\nlogprobs = "no"\n')
+    with pytest.raises(SettingsError, match=r"node\.logprobs"):
+        resolve(node_parser().parse_args(["--config", str(path)]))
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -608,3 +626,93 @@ def test_long_text_is_split_into_deltas_under_the_message_limit() -> None:
         assert len(pieces) == 3
         assert "".join(pieces) == text
         assert all(len(bytes(pb.RunEvent(type=kind, delta=p))) < 4 * 1024 * 1024 for p in pieces)
+
+
+# --- logprobs ---------------------------------------------------------------------------
+
+
+def _lp_events(name: str) -> list[pb.RunEvent]:
+    decoder = SSEDecoder()
+    mapper = ChunkMapper(id_prefix="r1")
+    out: list[pb.RunEvent] = []
+    for message in [*decoder.feed(body(name)), *decoder.close()]:
+        out.extend(mapper.feed(message))
+    return out + mapper.end()
+
+
+def _tokens(events: list[pb.RunEvent]) -> list[tuple[str, float, bytes | None, list[str]]]:
+    return [
+        (t.token, t.logprob, t.bytes, [a.token for a in t.top_logprobs])
+        for e in events
+        for t in e.logprobs
+    ]
+
+
+@pytest.mark.parametrize("name", ["vllm-logprobs", "llamacpp-logprobs"])
+def test_logprobs_go_on_the_content_deltas(name: str) -> None:
+    """Each server's `logprobs.content` arrives on the content delta of its chunk, typed,
+    with bytes and alternatives (extra fields such as llama.cpp's `id` ignored); logprobs
+    of a reasoning chunk are dropped, as OpenAI gives none for reasoning."""
+    events = _lp_events(name)
+    assert all(not e.logprobs for e in events if e.type != "delta")
+    expected = {
+        "vllm-logprobs": [
+            ("Hello", -0.0123, b"Hello", ["Hello", "Hi"]),
+            (" there", -0.25, b" there", [" there", " world"]),
+            ("!", -9999.0, b"!", ["!", "."]),
+        ],
+        "llamacpp-logprobs": [("Hel", -0.1, b"Hel", ["Hel"]), ("lo", -0.3, b"lo", ["lo"])],
+    }
+    assert _tokens(events) == expected[name]
+    assert events[-1].type == "complete"
+
+
+def test_logprobs_of_a_chunk_without_content_wait_for_the_next_content() -> None:
+    """A chunk carrying only logprobs (a server that held the text back) hands them to the
+    next content delta; malformed entries are skipped; alternatives past 20 are not kept."""
+    mapper = ChunkMapper(id_prefix="r1")
+    tops = [{"token": str(i), "logprob": -i} for i in range(25)]
+
+    def chunk(delta: dict[str, Any], content: list[Any]) -> SSEMessage:
+        choice = {"index": 0, "delta": delta, "logprobs": {"content": content}}
+        return SSEMessage(json.dumps({"choices": [choice]}))
+
+    events = mapper.feed(chunk({}, [{"token": "a", "logprob": -1, "top_logprobs": tops}, 7]))
+    events += mapper.feed(chunk({"content": "ab"}, [{"token": "b", "logprob": None}]))
+    assert [e.type for e in events] == ["delta"]
+    assert [(t.token, t.logprob, t.bytes) for t in events[0].logprobs] == [
+        ("a", -1.0, None),
+        ("b", -9999.0, None),
+    ]
+    assert len(events[0].logprobs[0].top_logprobs) == 20
+
+
+def test_large_logprobs_are_cut_into_several_events_at_token_ends() -> None:
+    """A non-streamed answer's logprobs are cut into delta events that each stay far under
+    gRPC's message limit, at token ends, together the same text and tokens."""
+    tops = [{"token": "x" * 8, "logprob": -1.0} for _ in range(20)]
+    content = [{"token": "word ", "logprob": -0.5, "top_logprobs": tops} for _ in range(5000)]
+    mapper = ChunkMapper(id_prefix="r1")
+    completion = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"content": "word " * 5000},
+                "logprobs": {"content": content},
+                "finish_reason": "stop",
+            }
+        ]
+    }
+    events = [e for e in mapper.feed_completion(completion) if e.type == "delta"]
+    assert len(events) > 1
+    assert "".join(e.delta for e in events) == "word " * 5000
+    assert sum(len(e.logprobs) for e in events) == 5000
+    assert all(len(e.delta) == 5 * len(e.logprobs) for e in events)
+    assert all(len(bytes(e)) < 2 * 1024 * 1024 for e in events)
+
+
+def test_request_caps_top_logprobs_at_twenty() -> None:
+    """logprobs and top_logprobs reach the upstream as sent, top_logprobs at most 20."""
+    request = pb.RunRequest(model="m", extra_json='{"logprobs": true, "top_logprobs": 50}')
+    sent = chat_request_body(request)
+    assert (sent["logprobs"], sent["top_logprobs"]) == (True, 20)

@@ -15,11 +15,14 @@ __all__ = (
     "NodeServiceStub",
     "RunEvent",
     "RunRequest",
+    "TokenLogprob",
     "Tool",
     "ToolCall",
+    "TopLogprob",
     "Usage",
 )
 
+import builtins
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -144,6 +147,13 @@ class ModelInfo(betterproto2.Message):
 
     owned_by: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
+    logprobs: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+    """
+    The node gives token log-probabilities (RunEvent.logprobs) for this
+    model. A node older than this field leaves it false: the edge answers
+    a request with logprobs for such a model with a 400.
+    """
+
 
 default_message_pool.register_message("iop.node.v1", "ModelInfo", ModelInfo)
 
@@ -191,6 +201,15 @@ class RunEvent(betterproto2.Message):
     """
     On complete: the model's native tool calls, in order. An empty id lets
     the edge choose one; arguments are the JSON text the model produced.
+    """
+
+    logprobs: "list[TokenLogprob]" = betterproto2.field(8, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    On a delta, when the run request asked for logprobs (extra_json
+    "logprobs": true, "top_logprobs": N): the log-probabilities of the
+    tokens whose text is this delta's, in order. Their texts should add up
+    to the delta; the edge places each token at the end of its text in the
+    delta (see the README's logprobs section). Empty otherwise.
     """
 
 
@@ -276,6 +295,33 @@ default_message_pool.register_message("iop.node.v1", "RunRequest", RunRequest)
 
 
 @dataclass(eq=False, repr=False)
+class TokenLogprob(betterproto2.Message):
+    """
+    One sampled token and its log-probability, as OpenAI's logprobs.content[i].
+    """
+
+    token: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    logprob: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
+
+    bytes: "builtins.bytes | None" = betterproto2.field(3, betterproto2.TYPE_BYTES, optional=True)
+    """
+    The token's bytes (it may be part of a UTF-8 character); unset: the
+    UTF-8 of `token`.
+    """
+
+    top_logprobs: "list[TopLogprob]" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The most likely tokens at this position, at most 20 (as OpenAI).
+    """
+
+
+default_message_pool.register_message("iop.node.v1", "TokenLogprob", TokenLogprob)
+
+
+@dataclass(eq=False, repr=False)
 class Tool(betterproto2.Message):
     type: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -312,6 +358,18 @@ class ToolCall(betterproto2.Message):
 
 
 default_message_pool.register_message("iop.node.v1", "ToolCall", ToolCall)
+
+
+@dataclass(eq=False, repr=False)
+class TopLogprob(betterproto2.Message):
+    token: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    logprob: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
+
+    bytes: "builtins.bytes | None" = betterproto2.field(3, betterproto2.TYPE_BYTES, optional=True)
+
+
+default_message_pool.register_message("iop.node.v1", "TopLogprob", TopLogprob)
 
 
 @dataclass(eq=False, repr=False)
