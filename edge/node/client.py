@@ -38,8 +38,7 @@ from edge.node.wire import EncodedRunRequest
 # count and in characters of delta text; past either the read loop waits and
 # HTTP/2 flow control slows the node down. A client that stops reading holds
 # this much here, one batch (edge.run.MAX_BATCH_CHARS) and the node
-# connection's 64 KiB stream window. Smaller would not save much more: the
-# kernel's socket buffers toward the client hold about as much again.
+# connection's stream window (edge.node.grpc).
 EVENT_BUFFER = 512
 EVENT_BUFFER_CHARS = 64 * 1024
 CANCEL_RPC_TIMEOUT_S = 2.0

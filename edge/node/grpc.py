@@ -29,11 +29,13 @@ from edge.stream.events import Complete, Failed, NodeEvent
 # queues stream 101 and up: open another connection before that.
 STREAMS_PER_CHANNEL = 90
 IDLE_CHANNELS = 4
-# The connection window is large, so a stalled run (its 64 KiB stream window
-# full) never freezes the runs beside it on the same connection.
+# The connection window is large, so a stalled run (its stream window full)
+# never freezes the runs beside it on the same connection. The stream window
+# is 256 KiB, not gRPC's 64 KiB: a stream is paced by window / round trip, and
+# on a loaded edge a round trip (read, ack) takes tens of milliseconds.
 _H2_CONFIG = Configuration(
     http2_connection_window_size=64 * 1024 * 1024,
-    http2_stream_window_size=64 * 1024,
+    http2_stream_window_size=256 * 1024,
 )
 T = TypeVar("T")
 _CONNECT_ERRORS = (OSError, asyncio.TimeoutError, ConnectionError)

@@ -231,9 +231,10 @@ def _plan(rng: random.Random, index: int, kind: str) -> Plan:
         events = [*_deltas(rng, rng.randint(3, 30), 150), _complete()]
         return Plan(index, kind, _chat("sim-script", _script(*events), stream=True, **extra), OK)
     if kind == "long_stream":
-        # A model-like stream: a token every 50-300 ms for 1.5-4 s (under total_s).
+        # A model-like stream: a token every 50-300 ms for 1.5-3 s, 2 s under total_s
+        # (on a loaded machine the sim node's sleeps end late; 1 s was too little margin).
         items: list[dict[str, Any]] = []
-        elapsed, budget = 0, rng.randint(1500, int(TOTAL_S * 1000) - 1000)
+        elapsed, budget = 0, rng.randint(1500, int(TOTAL_S * 1000) - 2000)
         while elapsed < budget:
             items.append({"type": "delta", "delta": " " + rng.choice(_WORDS)})
             pause = rng.randint(50, 300)
