@@ -47,12 +47,19 @@ async def _node_state(http: httpx.AsyncClient, name: str) -> str:
     return str(next(n for n in nodes if n["name"] == name)["state"])
 
 
-async def _wait_state(http: httpx.AsyncClient, name: str, state: str) -> None:
-    """Bounded poll of /readyz until `name` shows `state` (the pool's own schedule: no
-    event of it reaches the test)."""
-    with trio.fail_after(WAIT_S):
-        while await _node_state(http, name) != state:
-            await trio.sleep(0.02)
+def _on_available(pool: NodePool) -> trio.Event:
+    """An event set the next time the pool says a node may take runs again (whoever else
+    listens, the admission queue, is still told)."""
+    event = trio.Event()
+    before = pool.on_available
+
+    def available() -> None:
+        event.set()
+        if before is not None:
+            before()
+
+    pool.on_available = available
+    return event
 
 
 def _pool_node(running: RunningEdge, name: str) -> NodeState:
@@ -85,8 +92,11 @@ async def test_a_restarted_node_serves_again_soon_after_it_listens(
             assert await _node_state(http, "sim") == "down"
             assert (await scrape(http)).value("iop_edge_node_state", node="sim") == 0
 
+            came_up = _on_available(running.edge.pool)
             node = await trio.to_thread.run_sync(start_sim_on, port, runs_log)
-            await _wait_state(http, "sim", "up")
+            with trio.fail_after(WAIT_S):  # probes: within a second of listening, not 30 s
+                await came_up.wait()
+            assert await _node_state(http, "sim") == "up"
             assert (await scrape(http)).value("iop_edge_node_state", node="sim") == 1
             again = await http.post(CHAT, json=chat_body("sim-echo", "after restart"))
             assert again.status_code == 200, again.text
