@@ -64,10 +64,43 @@ class TimeoutsConfig:
     slow_client_s: float = 30.0
 
 
+ROUTING_POLICIES = ("least_loaded", "affinity")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """How runs are spread over nodes, retried, and kept off failing nodes (`[routing]`)."""
+
+    # least_loaded: the node with the fewest runs in flight; affinity: the session's
+    # node (X-Session-Id, else the request's `user`) while its load stays bounded.
+    policy: str = "least_loaded"
+    # Retries of a run that could not start (on another node), before the first byte.
+    retries: int = 2
+    # Base of the jittered exponential backoff between retries.
+    retry_backoff_s: float = 0.05
+    # Run failures in a row that open a node's circuit breaker.
+    breaker_failures: int = 5
+    # How long an open breaker keeps new runs off the node before one probe run.
+    breaker_cooldown_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """The queue of requests waiting for a free node slot (`[admission]`)."""
+
+    # Requests waiting at once; one more is answered 503 overloaded (0: no queue).
+    max_queue: int = 1000
+    # How long a request may wait for a slot before 503 overloaded.
+    queue_timeout_s: float = 30.0
+
+
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     name: str
     address: str
+    # Runs in flight at once on this node: None, the node's Describe max_runs
+    # (its 0: no limit); 0: no limit whatever the node says.
+    max_runs: int | None = None
 
     @property
     def embedded(self) -> bool:
@@ -114,6 +147,8 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     log: LogConfig = field(default_factory=LogConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     nodes: tuple[NodeConfig, ...] = (NodeConfig("embedded", "embedded"),)
     models: Mapping[str, ModelConfig] = field(default_factory=dict)
     source: str = "<defaults>"
@@ -246,6 +281,28 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     )
     r.done()
 
+    rtg, adm = RoutingConfig(), AdmissionConfig()
+    r = TableReader(source, "routing", root.get("routing", dict, {}))
+    routing = RoutingConfig(
+        policy=r.choice("policy", rtg.policy, ROUTING_POLICIES),
+        retries=r.integer("retries", rtg.retries, maximum=10),
+        retry_backoff_s=r.number("retry_backoff_s", rtg.retry_backoff_s, maximum=60),
+        breaker_failures=r.integer("breaker_failures", rtg.breaker_failures, minimum=1),
+        breaker_cooldown_s=r.number(
+            "breaker_cooldown_s", rtg.breaker_cooldown_s, minimum=0.01, maximum=3600
+        ),
+    )
+    r.done()
+
+    r = TableReader(source, "admission", root.get("admission", dict, {}))
+    admission = AdmissionConfig(
+        max_queue=r.integer("max_queue", adm.max_queue, maximum=1_000_000),
+        queue_timeout_s=r.number(
+            "queue_timeout_s", adm.queue_timeout_s, minimum=0.001, maximum=3600
+        ),
+    )
+    r.done()
+
     nodes: list[NodeConfig] = []
     raw_nodes = root.get("nodes", list, None)
     if raw_nodes is not None:
@@ -257,10 +314,13 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
             name = r.get("name", str, address)
             if address != "embedded":
                 _check(r, "address", check_node_address, address)
+            max_runs = None
+            if "max_runs" in r.table:
+                max_runs = r.integer("max_runs", 0, maximum=1_000_000)
             r.done()
             if any(n.name == name for n in nodes):
                 raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
-            nodes.append(NodeConfig(name=name, address=address))
+            nodes.append(NodeConfig(name=name, address=address, max_runs=max_runs))
 
     models: dict[str, ModelConfig] = {}
     for name, raw in root.get("models", dict, {}).items():
@@ -294,6 +354,8 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         server=server,
         log=log,
         timeouts=timeouts,
+        routing=routing,
+        admission=admission,
         nodes=tuple(nodes) if raw_nodes is not None else Config().nodes,
         models=models,
         source=source,

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -115,7 +116,11 @@ async def serve(
             else:
                 host, port = split_address(node.address)
                 clients.append(GrpcNodeClient(node.name, host, port, on_cancel_sent=counter))
-        pool = NodePool(clients)
+        pool = NodePool(
+            clients, routing=config.routing, refresh_s=config.server.node_refresh_s,
+            max_runs={n.name: n.max_runs for n in config.nodes if n.max_runs is not None},
+        )  # fmt: skip
+        metrics.watch_nodes((s.client.name, partial(pool.state_value, s)) for s in pool.nodes)
         stack.push_async_callback(pool.aclose)
         await pool.refresh()
         for state in pool.nodes:
@@ -125,7 +130,7 @@ async def serve(
                     state.client.name, state.client.address, state.error,
                 )  # fmt: skip
         async with trio.open_nursery() as root:
-            root.start_soon(pool.run_refresh, config.server.node_refresh_s)
+            root.start_soon(pool.run_refresh)
             interval = systemd.watchdog_interval()
             if interval is not None:
                 root.start_soon(systemd.watchdog_loop, interval)

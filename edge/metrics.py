@@ -9,6 +9,8 @@ Chat requests are counted in one place, `edge.http.scope.ChatScope.finish`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -31,6 +33,13 @@ CONNECTION_ERROR_KINDS = (
     "accept_fd_exhausted",  # accept() failed: EMFILE, ENFILE, ENOBUFS, ENOMEM
     "accept_error",  # accept() failed otherwise
 )
+# Why a request was answered 503 overloaded without a run (admission control).
+SHED_REASONS = (
+    "queue_full",  # no free node slot and the queue holds [admission] max_queue already
+    "queue_timeout",  # waited [admission] queue_timeout_s for a slot
+)
+# Seconds a request waited for a node slot (most wait none: the first bucket).
+_QUEUE_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
 
 
@@ -75,6 +84,37 @@ class EdgeMetrics:
             ["node", "kind"],
             registry=r,
         )
+
+        # Fleet health and admission (issue 14). The pool sets node_state (its values:
+        # edge.node.health.STATE_VALUES); the run side and the admission queue the rest.
+        self.node_state = Gauge(
+            "iop_edge_node_state",
+            "Each node's state: 0 down (unreachable), 1 up, 2 half_open (circuit breaker lets"
+            " one probe run through), 3 open (circuit breaker: no new runs).",
+            ["node"], registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "iop_edge_retries",
+            "Runs retried on another node before the first byte, by the node that failed"
+            " and why (the node error's type).",
+            ["node", "reason"], registry=r,
+        )  # fmt: skip
+        self.queue_depth = Gauge(
+            "iop_edge_queue_depth", "Requests waiting for a free node slot.", registry=r
+        )
+        self.queue_seconds = Histogram(
+            "iop_edge_queue_seconds",
+            "Time requests waited for a free node slot (admitted and shed alike).",
+            buckets=_QUEUE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.shed = Counter(
+            "iop_edge_shed",
+            "Requests answered 503 overloaded without a run, by reason: "
+            + ", ".join(SHED_REASONS) + ".",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        for reason in SHED_REASONS:
+            self.shed.labels(reason)
 
         self.tool_violations = Counter(
             "iop_edge_tool_call_violations",
@@ -125,6 +165,11 @@ class EdgeMetrics:
             self.tool_violations.labels(model, violation.rule).inc()
         if outcome.reasoning_chars and outcome.usage_sample:
             self.reasoning_chars.labels(model, node).inc(outcome.reasoning_chars)
+
+    def watch_nodes(self, nodes: Iterable[tuple[str, Callable[[], float]]]) -> None:
+        """`iop_edge_node_state{node}` read from each node's state when scraped."""
+        for name, value in nodes:
+            self.node_state.labels(name).set_function(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -270,7 +270,12 @@ def create_app(
         if draining:
             body["reason"] = "draining"
         elif not ready:
-            body["reason"] = "no node answers its Describe RPC"
+            reachable = any(node.healthy for node in chat.pool.nodes)
+            body["reason"] = (
+                "every reachable node's circuit breaker is open"
+                if reachable
+                else "no node answers its Describe RPC"
+            )
         return _json_response(body, 200 if ready else 503)
 
     @app.get("/metrics")

@@ -231,3 +231,72 @@ def test_idle_and_body_timeouts_default_and_take_positive_seconds(tmp_path: Path
         for bad in ("0", "-1", '"soon"', "inf", "1e9"):
             with pytest.raises(ConfigError, match=rf"server\.{key}"):
                 _load(tmp_path, f"[server]\n{key} = {bad}\n")
+
+
+def test_fleet_keys_default(tmp_path: Path) -> None:
+    """[routing], [admission] and [[nodes]] max_runs default as the README says."""
+    config = _load(tmp_path, '[[nodes]]\naddress = "10.0.0.1:1"\n')
+    assert config.routing.policy == "least_loaded"
+    assert config.routing.retries == 2
+    assert config.routing.retry_backoff_s == 0.05
+    assert config.routing.breaker_failures == 5
+    assert config.routing.breaker_cooldown_s == 5.0
+    assert config.admission.max_queue == 1000
+    assert config.admission.queue_timeout_s == 30.0
+    assert config.nodes[0].max_runs is None
+
+
+def test_fleet_keys_are_read(tmp_path: Path) -> None:
+    """Every fleet key lands in its typed field; max_runs = 0 means no limit."""
+    config = _load(
+        tmp_path,
+        """
+[routing]
+policy = "affinity"
+retries = 0
+retry_backoff_s = 0.2
+breaker_failures = 3
+breaker_cooldown_s = 1.5
+[admission]
+max_queue = 0
+queue_timeout_s = 2
+[[nodes]]
+name = "a"
+address = "10.0.0.1:1"
+max_runs = 8
+[[nodes]]
+name = "b"
+address = "10.0.0.2:1"
+max_runs = 0
+""",
+    )
+    assert config.routing.policy == "affinity"
+    assert (config.routing.retries, config.routing.retry_backoff_s) == (0, 0.2)
+    assert (config.routing.breaker_failures, config.routing.breaker_cooldown_s) == (3, 1.5)
+    assert (config.admission.max_queue, config.admission.queue_timeout_s) == (0, 2.0)
+    assert [n.max_runs for n in config.nodes] == [8, 0]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[routing]\npolicy = "random"\n', "routing.policy: expected one of least_loaded"),
+        ("[routing]\nretries = -1\n", "routing.retries: must be between 0 and 10"),
+        ("[routing]\nretries = 1.5\n", "routing.retries: expected an integer"),
+        ("[routing]\nretry_backoff_s = -0.1\n", "routing.retry_backoff_s: must be >="),
+        ("[routing]\nbreaker_failures = 0\n", "routing.breaker_failures: must be between 1"),
+        ("[routing]\nbreaker_cooldown_s = 0\n", "routing.breaker_cooldown_s: must be >="),
+        ("[routing]\nbreaker_cooldown_s = inf\n", "routing.breaker_cooldown_s: must be a finite"),
+        ("[routing]\nbogus = 1\n", "unknown key routing.bogus"),
+        ("[admission]\nmax_queue = -1\n", "admission.max_queue: must be between 0"),
+        ("[admission]\nqueue_timeout_s = 0\n", "admission.queue_timeout_s: must be >="),
+        ('[admission]\nmax_queue = "10"\n', "admission.max_queue: expected an integer"),
+        ('[[nodes]]\naddress = "a:1"\nmax_runs = -2\n', "nodes[0].max_runs: must be between 0"),
+        ('[[nodes]]\naddress = "a:1"\nmax_runs = true\n', "nodes[0].max_runs: expected an int"),
+    ],
+)
+def test_fleet_key_mistakes_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    """A wrong fleet key is one config error line naming it."""
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, text)
+    assert message in str(info.value)

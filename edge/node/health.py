@@ -1,0 +1,237 @@
+"""One node's health: whether it is reachable, and its circuit breaker.
+
+A pure state machine, with no I/O and no clock of its own: every input
+carries `now` (seconds on the pool's clock, trio's in the daemon), so tests
+drive it with plain numbers. The pool (`edge.node.pool`) feeds it and acts on
+what it answers; this module knows nothing of nodes, requests or trio.
+
+Two parts, one state shown (`state`):
+- Reachability, from Describe and run starts: `up` or `down`. A node that
+  answered before goes down after DOWN_AFTER_FAILURES Describe failures in a
+  row (one slow answer from a busy node must not take it out), or at once
+  when it refuses a run (`mark_down`). Down, or suspect (one failure), it is
+  probed again soon: PROBE_FIRST_S, doubling, capped at PROBE_MAX_S and the
+  refresh interval; so a restarted node serves again within about a second.
+  Up, it is asked every refresh interval.
+- The breaker, from runs: `breaker_failures` run failures in a row open it
+  (no new runs); `cooldown_s` later it is half-open: one probe run may start;
+  a run that succeeds closes it, one that fails opens it again. A probe whose
+  verdict never comes (its caller left before the first event) frees the
+  probe after another `cooldown_s`. A node that comes back up from down with
+  its breaker open is half-open at once: its failures were those of the
+  process that died, and one probe run is enough to tell.
+
+The state shown is `down` when unreachable, else `open`, `half_open` or `up`
+(closed breaker). STATE_VALUES gives the number each has on the
+`iop_edge_node_state` gauge.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+NodeStateName = Literal["up", "down", "open", "half_open"]
+Breaker = Literal["closed", "open", "half_open"]
+
+# The value of each state on the iop_edge_node_state{node} gauge.
+STATE_VALUES: dict[NodeStateName, int] = {"down": 0, "up": 1, "half_open": 2, "open": 3}
+
+# Describe failures in a row that take a node that answered before out of routing.
+DOWN_AFTER_FAILURES = 2
+# Probes of a down (or suspect) node: the first this long after the failure, then doubling.
+PROBE_FIRST_S = 0.25
+PROBE_MAX_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """The numbers every node's health runs by (`[routing]`, `[server] node_refresh_s`)."""
+
+    breaker_failures: int = 5
+    cooldown_s: float = 5.0
+    refresh_s: float = 5.0
+    probe_first_s: float = PROBE_FIRST_S
+    probe_max_s: float = PROBE_MAX_S
+
+    @property
+    def probe_cap_s(self) -> float:
+        return min(self.probe_max_s, self.refresh_s)
+
+
+class NodeHealth:
+    """Reachability and breaker of one node; every method takes the pool clock's `now`.
+
+    Methods that change the state return whether the node may take runs again
+    (came up, breaker closed) or, for `run_failed`, whether the breaker opened,
+    so the pool can log and wake whoever waits for a node.
+    """
+
+    __slots__ = (
+        "_backoff",
+        "_opened_at",
+        "_probe_taken_at",
+        "breaker",
+        "describe_failures",
+        "last_failed_at",
+        "next_check",
+        "policy",
+        "reason",
+        "run_failures",
+        "up",
+    )
+
+    def __init__(self, policy: HealthPolicy) -> None:
+        self.policy = policy
+        self.up = False
+        self.reason: str | None = "not contacted yet"
+        self.describe_failures = 0
+        # When the pool should send the next Describe.
+        self.next_check = -math.inf
+        self._backoff = policy.probe_first_s
+        # Run failures in a row (any success resets it).
+        self.run_failures = 0
+        self.breaker: Breaker = "closed"
+        self._opened_at = -math.inf
+        self._probe_taken_at: float | None = None
+        # The last failure of any kind (panic routing tries the least recent first).
+        self.last_failed_at = -math.inf
+
+    # --- reachability ---------------------------------------------------------------
+
+    def describe_ok(self, now: float) -> bool:
+        """The node answered Describe. True when it was down and may take runs again."""
+        came_up = not self.up
+        self.up = True
+        self.reason = None
+        self.describe_failures = 0
+        self._backoff = self.policy.probe_first_s
+        self.next_check = now + self.policy.refresh_s
+        if came_up and self.breaker == "open":
+            self.breaker = "half_open"
+            self._probe_taken_at = None
+        return came_up
+
+    def describe_failed(self, now: float, reason: str) -> bool:
+        """Describe failed (or timed out). True when this took the node down."""
+        self.describe_failures += 1
+        self.last_failed_at = now
+        self._schedule_probe(now)
+        if self.up and self.describe_failures < DOWN_AFTER_FAILURES:
+            return False  # suspect: asked again soon, still routed to
+        went_down = self.up
+        self.up = False
+        self.reason = reason
+        return went_down
+
+    def mark_down(self, now: float, reason: str) -> bool:
+        """The node refused a run: down at once, probed soon. True when it was up."""
+        self.last_failed_at = now
+        self.reason = reason
+        if not self.up:
+            return False
+        self.up = False
+        self._backoff = self.policy.probe_first_s
+        self._schedule_probe(now)
+        return True
+
+    def _schedule_probe(self, now: float) -> None:
+        if self.next_check <= now:  # this was the check due: the next one after the backoff
+            self.next_check = now + self._backoff
+        else:  # a check already planned (the normal refresh): no later than the backoff
+            self.next_check = min(self.next_check, now + self._backoff)
+        self._backoff = min(self._backoff * 2, self.policy.probe_cap_s)
+
+    # --- the breaker -------------------------------------------------------------------
+
+    def run_succeeded(self, now: float) -> bool:
+        """A run on the node got its first event (or completed).
+
+        Closes the breaker (a half-open probe, or any success: the failures are
+        no longer in a row), and marks an unreachable node up (a run sent to it
+        by panic routing worked): it is asked for its models at once. True when
+        the node may take runs again.
+        """
+        self.run_failures = 0
+        available = False
+        if self.breaker != "closed":
+            self.breaker = "closed"
+            self._probe_taken_at = None
+            available = True
+        if not self.up:
+            self.up = True
+            self.reason = None
+            self.describe_failures = 0
+            self._backoff = self.policy.probe_first_s
+            self.next_check = now
+            available = True
+        return available
+
+    def run_failed(self, now: float) -> bool:
+        """A run could not start, broke, or failed before output. True when the breaker opened."""
+        self.run_failures += 1
+        self.last_failed_at = now
+        if self.breaker == "half_open" or (
+            self.breaker == "closed" and self.run_failures >= self.policy.breaker_failures
+        ):
+            self.breaker = "open"
+            self._opened_at = now
+            self._probe_taken_at = None
+            return True
+        return False
+
+    def advance(self, now: float) -> bool:
+        """Let time pass: an open breaker past its cooldown half-opens, a probe lease that
+        ran out frees the probe. True when the node may take a run it could not before."""
+        if self.breaker == "open" and now >= self._opened_at + self.policy.cooldown_s:
+            self.breaker = "half_open"
+            self._probe_taken_at = None
+            return self.up
+        taken = self._probe_taken_at
+        lease_over = taken is not None and now >= taken + self.policy.cooldown_s
+        if self.breaker == "half_open" and lease_over:
+            self._probe_taken_at = None
+            return self.up
+        return False
+
+    def admits(self, now: float) -> bool:
+        """Whether a new run may go to the node now (not changing anything)."""
+        if not self.up:
+            return False
+        breaker = self._breaker_at(now)
+        if breaker == "closed":
+            return True
+        if breaker == "half_open":
+            taken = self._probe_taken_at if self.breaker == "half_open" else None
+            return taken is None or now >= taken + self.policy.cooldown_s
+        return False
+
+    def take(self, now: float) -> None:
+        """A run was given to the node: when half-open, that run is its one probe."""
+        if self._breaker_at(now) == "half_open":
+            self.breaker = "half_open"
+            self._probe_taken_at = now
+
+    def _breaker_at(self, now: float) -> Breaker:
+        if self.breaker == "open" and now >= self._opened_at + self.policy.cooldown_s:
+            return "half_open"
+        return self.breaker
+
+    # --- what the pool shows and when it wakes -------------------------------------------
+
+    def state(self, now: float) -> NodeStateName:
+        if not self.up:
+            return "down"
+        breaker = self._breaker_at(now)
+        return "up" if breaker == "closed" else breaker
+
+    def wake_at(self, *, describing: bool) -> float:
+        """When the pool has something to do for this node: its next Describe (unless one
+        is under way), its breaker's half-opening, its probe lease running out."""
+        at = math.inf if describing else self.next_check
+        if self.breaker == "open":
+            at = min(at, self._opened_at + self.policy.cooldown_s)
+        elif self.breaker == "half_open" and self._probe_taken_at is not None:
+            at = min(at, self._probe_taken_at + self.policy.cooldown_s)
+        return at

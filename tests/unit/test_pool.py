@@ -1,0 +1,277 @@
+"""The pool's pick (edge.node.pool): eligibility, slots, panic routing, affinity, breakers.
+
+The nodes' states are set as their Describe answers and the runs' verdicts
+would set them; the pool's clock is a number the tests move. No node is
+contacted: pick and the verdicts are pure bookkeeping (the background task
+and the real nodes are in tests/integration/test_fleet_e2e.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import cast
+
+import pytest
+
+from edge.config import RoutingConfig
+from edge.errors import NodeUnavailableError, NotFoundError, RequestError
+from edge.node import affinity
+from edge.node.client import NodeClient, NodeDescription
+from edge.node.pool import NodePool, NodeState
+
+MODELS = ("m", "other")
+
+
+@dataclass
+class _Named:
+    """Only what the pool reads of a client when it is not talking to it."""
+
+    name: str
+    address: str = "127.0.0.1:1"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_pool(
+    *names: str,
+    routing: RoutingConfig | None = None,
+    max_runs: dict[str, int] | None = None,
+    describe_max_runs: int = 0,
+    logprobs: tuple[str, ...] = (),
+) -> tuple[NodePool, Clock, list[NodeState]]:
+    clock = Clock()
+    clients = [cast(NodeClient, _Named(n)) for n in names]
+    pool = NodePool(clients, routing=routing, max_runs=max_runs, clock=clock)
+    for state in pool.nodes:
+        description = NodeDescription(
+            state.client.name, MODELS, max_runs=describe_max_runs,
+            logprobs_models=frozenset(logprobs),
+        )  # fmt: skip
+        pool._described(state, description)
+    return pool, clock, pool.nodes
+
+
+def test_least_loaded_first_listed_on_ties() -> None:
+    """The healthy node with the fewest runs in flight; on a tie the first listed."""
+    pool, _, (a, b, c) = make_pool("a", "b", "c")
+    assert pool.pick("m") is a
+    a.in_flight, b.in_flight, c.in_flight = 2, 1, 1
+    assert pool.pick("m") is b
+
+
+def test_excluded_nodes_are_skipped_and_all_excluded_is_unavailable() -> None:
+    """A node a run already tried is not picked again; with every node excluded the
+    answer is NodeUnavailableError (no panic routing onto a node that just failed)."""
+    pool, _, (a, b) = make_pool("a", "b")
+    assert pool.pick("m", exclude=[a]) is b
+    assert pool.pick("m", exclude={a}) is b
+    with pytest.raises(NodeUnavailableError):
+        pool.pick("m", exclude=[a, b])
+
+
+def test_slots_none_when_every_eligible_node_is_full() -> None:
+    """max_runs caps runs in flight: a full node is passed over; when every eligible node
+    is full the answer is None (the caller queues), not an error."""
+    pool, _, (a, b) = make_pool("a", "b", max_runs={"a": 1, "b": 2})
+    assert (a.max_runs, b.max_runs) == (1, 2)
+    a.in_flight = 1
+    assert pool.pick("m") is b
+    b.in_flight = 2
+    assert not a.has_slot()
+    assert pool.pick("m") is None
+    b.in_flight = 1
+    assert pool.pick("m") is b
+
+
+@pytest.mark.parametrize(
+    ("configured", "described", "expected"),
+    [
+        (None, 0, math.inf),  # neither says: unlimited
+        (None, 8, 8),  # the node's own Describe max_runs
+        (3, 8, 3),  # the config wins
+        (0, 8, math.inf),  # 0 in the config: no limit whatever the node says
+    ],
+)
+def test_max_runs_comes_from_the_config_else_describe_else_unlimited(
+    configured: int | None, described: int, expected: float
+) -> None:
+    """[[nodes]] max_runs, else Describe's max_runs (0 = none), else no limit."""
+    caps = {} if configured is None else {"a": configured}
+    pool, _, (a,) = make_pool("a", max_runs=caps, describe_max_runs=described)
+    assert a.max_runs == expected
+    assert pool.status()[0]["max_runs"] == (None if math.isinf(expected) else expected)
+
+
+def test_unknown_model_logprobs_and_never_contacted() -> None:
+    """No node serves the model: 404; nodes serve it but without logprobs: 400 naming
+    logprobs; a model unknown while some node never answered: 503 (it may serve it)."""
+    pool, _, (a, _b) = make_pool("a", "b", logprobs=("other",))
+    with pytest.raises(NotFoundError):
+        pool.pick("nope")
+    with pytest.raises(RequestError) as caught:
+        pool.pick("m", logprobs=True)
+    assert caught.value.param == "logprobs"
+    assert pool.pick("other", logprobs=True) is a
+    silent = NodePool([cast(NodeClient, _Named("x"))], clock=Clock())
+    with pytest.raises(NodeUnavailableError):
+        silent.pick("m")
+
+
+def test_a_node_marked_down_gets_no_runs_while_another_is_up() -> None:
+    """A refused run takes the node out of routing at once."""
+    pool, _, (a, b) = make_pool("a", "b")
+    pool.mark_down(a, "connection refused")
+    assert pool.state_of(a) == "down"
+    for _ in range(3):
+        assert pool.pick("m") is b
+
+
+def test_panic_routing_tries_the_least_recently_failed_down_node() -> None:
+    """Every node serving the model is marked down: pick still returns one, the one whose
+    last failure is the oldest; excluded nodes are not tried; a full one neither."""
+    pool, clock, (a, b, c) = make_pool("a", "b", "c")
+    pool.mark_down(b, "refused")
+    clock.now += 1
+    pool.mark_down(a, "refused")
+    clock.now += 1
+    pool.mark_down(c, "refused")
+    assert not pool.ready
+    assert pool.pick("m") is b
+    assert pool.pick("m", exclude=[b]) is a
+    with pytest.raises(NodeUnavailableError):
+        pool.pick("m", exclude=[a, b, c])
+    pool2, _, (x,) = make_pool("x", max_runs={"x": 1})
+    pool2.mark_down(x, "refused")
+    x.in_flight = 1
+    assert pool2.pick("m") is None
+
+
+def test_a_panic_run_that_succeeds_brings_its_node_back() -> None:
+    """The run panic routing sent works: the node is up again for everyone."""
+    pool, _, (a,) = make_pool("a")
+    pool.mark_down(a, "refused")
+    available: list[int] = []
+    pool.on_available = lambda: available.append(1)
+    chosen = pool.pick("m")
+    assert chosen is a
+    pool.run_succeeded(a)
+    assert pool.state_of(a) == "up"
+    assert available == [1]
+
+
+def test_the_breaker_keeps_runs_off_and_half_opens_for_one_probe() -> None:
+    """breaker_failures failed runs: no new runs on the node (another takes them; alone,
+    503 at once, never panic routing); after the cooldown exactly one probe run; its
+    success closes the breaker."""
+    routing = RoutingConfig(breaker_failures=2, breaker_cooldown_s=5.0)
+    pool, clock, (a, b) = make_pool("a", "b", routing=routing)
+    pool.run_failed(a, "error_event")
+    assert pool.state_of(a) == "up"
+    pool.run_failed(a, "error_event")
+    assert pool.state_of(a) == "open"
+    assert pool.pick("m") is b
+    with pytest.raises(NodeUnavailableError, match="circuit"):
+        pool.pick("m", exclude=[b])
+    clock.now += 5.0
+    assert pool.state_of(a) == "half_open"
+    b.in_flight = 3
+    assert pool.pick("m") is a  # the probe
+    assert pool.pick("m") is b  # the probe is out: a takes nothing else
+    with pytest.raises(NodeUnavailableError):
+        pool.pick("m", exclude=[b])
+    pool.run_succeeded(a)
+    assert pool.state_of(a) == "up"
+    assert pool.pick("m") is a
+    assert pool.pick("m") is a
+
+
+def test_a_failed_probe_opens_the_breaker_again() -> None:
+    """Half-open, the probe run fails: open for another whole cooldown."""
+    routing = RoutingConfig(breaker_failures=1, breaker_cooldown_s=2.0)
+    pool, clock, (a,) = make_pool("a", routing=routing)
+    pool.run_failed(a, "x")
+    clock.now += 2.0
+    assert pool.pick("m") is a
+    pool.run_failed(a, "x")
+    assert pool.state_of(a) == "open"
+    clock.now += 1.9
+    with pytest.raises(NodeUnavailableError):
+        pool.pick("m")
+    clock.now += 0.1
+    assert pool.pick("m") is a
+
+
+def test_ready_and_status_show_each_state() -> None:
+    """/readyz's node list names each node's state; the gauge's value follows it; the
+    edge is ready while some node is up or half-open."""
+    routing = RoutingConfig(breaker_failures=1, breaker_cooldown_s=5.0)
+    pool, clock, (a, b) = make_pool("a", "b", routing=routing)
+    pool.mark_down(b, "refused")
+    pool.run_failed(a, "x")
+    assert [s["state"] for s in pool.status()] == ["open", "down"]
+    assert [pool.state_value(s) for s in (a, b)] == [3, 0]
+    assert not pool.ready
+    clock.now += 5
+    assert [s["state"] for s in pool.status()] == ["half_open", "down"]
+    assert pool.state_value(a) == 2
+    assert pool.ready
+    status = pool.status()[0]
+    assert status["failed_runs_in_a_row"] == 1
+    assert status["healthy"] is True
+
+
+def test_affinity_sends_a_session_to_its_node_and_spills_when_it_runs_hot() -> None:
+    """Under the affinity policy the same key lands on the same node while its load is
+    within bounds; past it, on the key's next node; without a key, least loaded."""
+    routing = RoutingConfig(policy="affinity")
+    pool, _, nodes = make_pool("a", "b", "c", routing=routing)
+    names = [s.client.name for s in nodes]
+    for key in ("s1", "s2", "s3", "user-7"):
+        first, second = affinity.order(key, names)[:2]
+        assert pool.pick("m", affinity_key=key) is nodes[first]
+        assert pool.pick("m", affinity_key=key) is nodes[first]
+        nodes[first].in_flight = 10
+        assert pool.pick("m", affinity_key=key) is nodes[second]
+        nodes[first].in_flight = 0
+    nodes[0].in_flight = 1
+    assert pool.pick("m") is nodes[1]
+
+
+def test_affinity_skips_nodes_that_cannot_take_the_run() -> None:
+    """The key's node down, excluded or full: the key's next eligible node."""
+    routing = RoutingConfig(policy="affinity")
+    pool, _, nodes = make_pool("a", "b", "c", routing=routing, max_runs={"a": 1, "b": 1, "c": 1})
+    names = [s.client.name for s in nodes]
+    first, second, third = affinity.order("k", names)
+    assert pool.pick("m", affinity_key="k", exclude=[nodes[first]]) is nodes[second]
+    nodes[first].in_flight = 1
+    assert pool.pick("m", affinity_key="k") is nodes[second]
+    pool.mark_down(nodes[second], "refused")
+    assert pool.pick("m", affinity_key="k") is nodes[third]
+
+
+def test_least_loaded_policy_ignores_the_key() -> None:
+    """The default policy: the key changes nothing."""
+    pool, _, (a, _b) = make_pool("a", "b")
+    assert {id(pool.pick("m", affinity_key=f"k{i}")) for i in range(20)} == {id(a)}
+
+
+def test_on_available_when_a_node_comes_up_or_its_cap_rises() -> None:
+    """The admission queue is woken when a node comes up, or reports a higher max_runs."""
+    pool, _, (a,) = make_pool("a", describe_max_runs=2)
+    calls: list[str] = []
+    pool.on_available = lambda: calls.append("x")
+    pool._described(a, NodeDescription("a", MODELS, max_runs=2))
+    assert calls == []
+    pool._described(a, NodeDescription("a", MODELS, max_runs=4))
+    assert calls == ["x"]
+    pool.mark_down(a, "refused")
+    pool._described(a, NodeDescription("a", MODELS, max_runs=4))
+    assert calls == ["x", "x"]
