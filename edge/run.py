@@ -399,6 +399,10 @@ class Runs:
         `on_end` is called once the run's outcome is fixed (its request's count).
         """
         node = self.pool.pick(request.model, logprobs=request.logprobs)
+        if node is None:
+            raise NodeUnavailableError(
+                f"every node serving {request.model!r} is at its max_runs; retry later"
+            )
         run_id = session.settings.run_id
         started_at = trio.current_time()
         info = RunInfo(
