@@ -65,9 +65,27 @@ class TimeoutsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    # A run that cannot start is tried on another node up to this many more times.
+    retries: int = 2
+    # The first retry's backoff (jittered, doubling with each retry).
+    retry_backoff_s: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    # Requests waiting for a free node slot, at most; past it they are shed (503).
+    max_queue: int = 1000
+    # How long a request may wait for a slot before it is shed (503).
+    queue_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
 class NodeConfig:
     name: str
     address: str
+    # Runs in flight on the node at once; None: unlimited.
+    max_runs: int | None = None
 
     @property
     def embedded(self) -> bool:
@@ -114,6 +132,8 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     log: LogConfig = field(default_factory=LogConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     nodes: tuple[NodeConfig, ...] = (NodeConfig("embedded", "embedded"),)
     models: Mapping[str, ModelConfig] = field(default_factory=dict)
     source: str = "<defaults>"
@@ -246,6 +266,21 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     )
     r.done()
 
+    rtg, adm = RoutingConfig(), AdmissionConfig()
+    r = TableReader(source, "routing", root.get("routing", dict, {}))
+    routing = RoutingConfig(
+        retries=r.integer("retries", rtg.retries, maximum=10),
+        retry_backoff_s=r.number("retry_backoff_s", rtg.retry_backoff_s, maximum=60),
+    )
+    r.done()
+
+    r = TableReader(source, "admission", root.get("admission", dict, {}))
+    admission = AdmissionConfig(
+        max_queue=r.integer("max_queue", adm.max_queue),
+        queue_timeout_s=r.number("queue_timeout_s", adm.queue_timeout_s, maximum=3600),
+    )
+    r.done()
+
     nodes: list[NodeConfig] = []
     raw_nodes = root.get("nodes", list, None)
     if raw_nodes is not None:
@@ -257,10 +292,11 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
             name = r.get("name", str, address)
             if address != "embedded":
                 _check(r, "address", check_node_address, address)
+            max_runs = r.integer("max_runs", 0, minimum=1) if "max_runs" in r.table else None
             r.done()
             if any(n.name == name for n in nodes):
                 raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
-            nodes.append(NodeConfig(name=name, address=address))
+            nodes.append(NodeConfig(name=name, address=address, max_runs=max_runs))
 
     models: dict[str, ModelConfig] = {}
     for name, raw in root.get("models", dict, {}).items():
@@ -294,6 +330,8 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         server=server,
         log=log,
         timeouts=timeouts,
+        routing=routing,
+        admission=admission,
         nodes=tuple(nodes) if raw_nodes is not None else Config().nodes,
         models=models,
         source=source,

@@ -116,6 +116,9 @@ async def serve(
                 host, port = split_address(node.address)
                 clients.append(GrpcNodeClient(node.name, host, port, on_cancel_sent=counter))
         pool = NodePool(clients)
+        for state, node in zip(pool.nodes, config.nodes, strict=True):
+            if node.max_runs is not None:
+                state.max_runs = node.max_runs
         stack.push_async_callback(pool.aclose)
         await pool.refresh()
         for state in pool.nodes:

@@ -75,6 +75,25 @@ class EdgeMetrics:
             ["node", "kind"],
             registry=r,
         )
+        self.retries = Counter(
+            "iop_edge_retries",
+            "Runs tried again on another node, by the node that failed and why.",
+            ["node", "reason"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "iop_edge_queue_depth", "Requests waiting for a free node slot.", registry=r
+        )
+        self.queue_seconds = Histogram(
+            "iop_edge_queue_seconds", "Time a request waited for a free node slot.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.shed = Counter(
+            "iop_edge_shed",
+            "Requests answered 503 overloaded, by reason: queue_full, queue_timeout.",
+            ["reason"],
+            registry=r,
+        )
 
         self.tool_violations = Counter(
             "iop_edge_tool_call_violations",

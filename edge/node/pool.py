@@ -9,6 +9,8 @@ are down.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import trio
@@ -35,12 +37,19 @@ class NodeState:
     in_flight: int = 0
     failures: int = 0
     description: NodeDescription | None = field(default=None, repr=False)
+    # Runs in flight allowed at once (inf: unlimited).
+    max_runs: float = math.inf
+
+    def has_slot(self) -> bool:
+        return self.in_flight < self.max_runs
 
 
 class NodePool:
     def __init__(self, clients: list[NodeClient]) -> None:
         self.nodes = [NodeState(c) for c in clients]
         self._refreshed = trio.Event()
+        # Called when a node may take runs again (set by the admission queue).
+        self.on_available: Callable[[], None] | None = None
 
     async def refresh(self) -> None:
         """Ask every node for its models, concurrently; mark each healthy or not."""
@@ -82,25 +91,47 @@ class NodePool:
             await self.refresh()
             await trio.sleep(interval)
 
-    def pick(self, model: str, *, logprobs: bool = False) -> NodeState:
+    def run_succeeded(self, state: NodeState) -> None:
+        """A run on `state` went through (health feedback)."""
+
+    def run_failed(self, state: NodeState, reason: str) -> None:
+        """A run on `state` failed on the node's side (health feedback)."""
+
+    def pick(
+        self,
+        model: str,
+        *,
+        logprobs: bool = False,
+        exclude: Collection[NodeState] = (),
+        affinity_key: str | None = None,
+    ) -> NodeState | None:
         """The healthy node serving `model` with the fewest runs in flight.
+
+        Nodes in `exclude` are skipped; None when nodes could serve it but none
+        has a free slot now.
 
         With `logprobs`, only a node that gives logprobs for the model: when
         every node known to serve it says it cannot, the request is the
         caller's to change (400, `param: "logprobs"`), before any run starts.
         """
         best: NodeState | None = None
-        known = capable = False
+        known = capable = full = False
         for state in self.nodes:
             if model in state.models:
                 known = True
                 if logprobs and model not in state.logprobs_models:
                     continue
                 capable = True
-                if state.healthy and (best is None or state.in_flight < best.in_flight):
+                if not state.healthy or any(state is e for e in exclude):
+                    continue
+                if not state.has_slot():
+                    full = True
+                elif best is None or state.in_flight < best.in_flight:
                     best = state
         if best is not None:
             return best
+        if full:
+            return None
         if known and not capable:
             raise RequestError(
                 f"The model {model!r} is served by nodes that do not give logprobs;"
