@@ -115,64 +115,76 @@ class Failover:
         """The committed run of `request`, or the EdgeError of its last attempt's start.
 
         Raises what admission raises for the first attempt (no node serves the
-        model, overloaded). A retry that finds no other node answers with the
-        failure before it.
+        model, overloaded). A failed attempt is retried only once another node's
+        slot is taken for it (queued first when every other node is busy): with
+        none, the failure answers.
         """
         runs = self.runs
+        admission = runs.admission
         retries = self.routing.retries
         deadline = trio.current_time() + runs.timeouts.total_s
+        node = await admission.acquire(
+            request.model, logprobs=request.logprobs, affinity_key=affinity_key
+        )
         tried: list[NodeState] = []
-        # The last attempt dropped for a retry, and its output (its error frame).
-        failed: Run | None = None
-        failed_first: list[OutEvent] = []
         for attempt in range(retries + 1):
-            if attempt:
-                await trio.sleep(backoff_s(self.routing.retry_backoff_s, attempt))
-            try:
-                node = await runs.admission.acquire(
-                    request.model, logprobs=request.logprobs, exclude=tried,
-                    affinity_key=affinity_key, first=attempt > 0,
-                )  # fmt: skip
-            except EdgeError:
-                if failed is None:
-                    raise
-                break  # no other node to try: the last failure answers
             tried.append(node)
             run = runs.open(
                 node, scope.nursery, request, new_session(), request_id=scope.request_id,
                 keepalive_s=keepalive_s, deadline=deadline,
             )  # fmt: skip
-            last = attempt == retries
+            first: list[OutEvent] = []
+            following: NodeState | None = None  # the next attempt's node, its slot taken
             try:
-                await scope.hold(run)
-            except EdgeError:
-                if last or not run.failed_over or not await self._dropped(run, attempt):
+                try:
+                    await scope.hold(run)
+                except EdgeError:
+                    if not run.failed_over:
+                        raise
+                else:
+                    first, keepalive = await run.first_batch()
+                    if keepalive or run.output_seen or not run.session.terminated:
+                        scope.adopt(run)
+                        return Committed(run, first, keepalive)
+                    await run.end()  # it failed before any output: its verdict decides
+                    if not run.failed_over:
+                        scope.adopt(run)
+                        return Committed(run, first, False)
+                # The run failed before any byte, on its node's side: another node?
+                if attempt < retries:
+                    following = await self._next_node(request, tried, affinity_key)
+                if following is None or not await self._dropped(run, attempt):
+                    if following is not None:
+                        admission.release(following)
+                        following = None
+                    if run.start_error is not None:
+                        raise run.start_error
                     scope.adopt(run)
-                    raise
-                failed, failed_first = run, []
-                continue
+                    return Committed(run, first, False)
             except BaseException:
+                if following is not None:
+                    admission.release(following)
                 scope.adopt(run)
                 raise
             try:
-                first, keepalive = await run.first_batch()
-                if keepalive or run.output_seen or not run.session.terminated:
-                    scope.adopt(run)
-                    return Committed(run, first, keepalive)
-                await run.end()  # failed before any output: its verdict decides
+                await trio.sleep(backoff_s(self.routing.retry_backoff_s, attempt + 1))
             except BaseException:
-                scope.adopt(run)
+                admission.release(following)
                 raise
-            if last or not run.failed_over or not await self._dropped(run, attempt):
-                scope.adopt(run)
-                return Committed(run, first, keepalive)
-            failed, failed_first = run, first
-        # No other node was left to try: the last attempt's failure answers.
-        assert failed is not None
-        scope.adopt(failed)
-        if failed.start_error is not None:
-            raise failed.start_error
-        return Committed(failed, failed_first, False)
+            node = following
+        raise AssertionError("unreachable: the last attempt answers")
+
+    async def _next_node(
+        self, request: ChatRequest, tried: list[NodeState], affinity_key: str | None
+    ) -> NodeState | None:
+        """Another node for a retry, its slot taken (queued first); None: there is none."""
+        try:
+            return await self.runs.admission.acquire(
+                request.model, logprobs=request.logprobs, exclude=tried,
+                affinity_key=affinity_key, first=True,
+            )  # fmt: skip
+        except EdgeError:
+            return None
 
     async def _dropped(self, run: Run, attempt: int) -> bool:
         """Let `run` go for a retry once its node was told (CancelRun); False: keep it."""
