@@ -92,6 +92,8 @@ class Admission:
         that already waited its turn).
         """
         pool = self._pool
+        if self._waiters:
+            self.dispatch()  # a slot free now goes to those who waited first
         node = pool.pick(model, logprobs=logprobs, exclude=exclude, affinity_key=affinity_key)
         if node is not None:
             node.in_flight += 1

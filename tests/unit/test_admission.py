@@ -282,3 +282,20 @@ async def test_a_release_costs_a_bounded_number_of_picks() -> None:
         assert len(got) == 1
         assert admission.depth == 999
         nursery.cancel_scope.cancel()
+
+
+async def test_a_newcomer_does_not_pass_a_waiter_to_a_free_slot() -> None:
+    """A slot that freed up without a release (the node's limit was raised, and nobody
+    said so) goes to the request that waited, not to the one that just arrived."""
+    pool = _pool(("n", ("m",), 1))
+    admission, _ = _admission(pool)
+    await admission.acquire("m")
+    got: list[tuple[str, NodeState]] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_queue, admission, "m", got, "waited")
+        pool.nodes[0].max_runs = 2
+        nursery.start_soon(_acquire, admission, "m", got, "newcomer")
+        await trio.testing.wait_all_tasks_blocked()
+        assert [tag for tag, _ in got] == ["waited"]
+        assert admission.depth == 1  # the newcomer waits its turn
+        nursery.cancel_scope.cancel()
