@@ -127,7 +127,10 @@ async def test_metrics_count_every_request_once_by_how_it_ended(
         failed = await http.post(
             CHAT,
             json=chat_body(
-                "sim-script", script(DELTA_X, {"type": "error", "error": "boom"}), stream=True
+                "sim-script",
+                # Two writes a pause apart: an inter-chunk gap to observe.
+                script(DELTA_X, {"sleep_ms": 200}, DELTA_X, {"type": "error", "error": "boom"}),
+                stream=True,
             ),
         )
         assert json.loads(data_lines(failed.text.splitlines())[-1])["error"]["type"] == "run_error"
