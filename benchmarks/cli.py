@@ -5,8 +5,9 @@ Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--cl
 `--open-streams`, `--rates`, `--rate-seconds`, `--disconnects`), `--budget-s`, `--out`,
 `--keep` (keep the temporary directory with the edge's and the node's logs), `--paced`
 (the paced workload's sizes), `--overload-only` / `--no-overload` (the overload curve,
-`benchmarks.overload`; with `--ab REV` the curve on both sides), `--peers` (also run the peer tool with LiteLLM and SMG;
-it installs both into ~/.cache) and `--ab REV` (A/B against a git revision).
+`benchmarks.overload`; with `--ab REV` the curve on both sides), `--peers` (also run
+the peer tool with LiteLLM and SMG; it installs both into ~/.cache) and `--ab REV`
+(A/B against a git revision).
 """
 
 from __future__ import annotations

@@ -223,7 +223,8 @@ def _run_job(pool: Pool, stack: Stack, request: bytes, **kwargs: Any) -> dict[st
 
 def _settle(stack: Stack, limit_s: float = 10.0) -> None:
     """Until the edge and the node are idle (< 3% of a core over 0.2 s); bounded."""
-    assert stack.edge_probe is not None and stack.node_probe is not None
+    assert stack.edge_probe is not None
+    assert stack.node_probe is not None
     t0 = mono()
     last = stack.edge_probe.cpu() + stack.node_probe.cpu()
     while mono() - t0 < limit_s:
