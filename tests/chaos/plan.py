@@ -283,12 +283,14 @@ def _plan(rng: random.Random, index: int, kind: str) -> Plan:
             stall_after_bytes=65536,
             stall_s=rng.uniform(IDLE_S + 0.2, IDLE_S + 0.7),
         )
+    # At least one delta first: a node failure before any output is failed over (and,
+    # on every node, answered with a real 502), not the error frame these plans expect.
     if kind == "node_error":
-        events = [*_deltas(rng, rng.randint(0, 5), 30), {"type": "error", "error": "GPU on fire"}]
+        events = [*_deltas(rng, rng.randint(1, 5), 30), {"type": "error", "error": "GPU on fire"}]
         request = _chat("sim-script", _script(*events), stream=True)
         return Plan(index, kind, request, Expect("error:run_error", "error", "error"))
     if kind == "node_abort":
-        events = [*_deltas(rng, rng.randint(0, 5), 30), {"type": "abort"}]
+        events = [*_deltas(rng, rng.randint(1, 5), 30), {"type": "abort"}]
         request = _chat("sim-script", _script(*events), stream=True)
         return Plan(index, kind, request, Expect("error:run_error", "aborted", "error"))
     if kind == "cut_before_first":
