@@ -104,6 +104,18 @@ class NodeFailedError(NodeError):
     type = "run_error"
 
 
+class OverloadedError(EdgeError):
+    """Every node slot is taken and the wait for one is over (queue full, or too long):
+    the caller should retry after `retry_after_s` (the Retry-After header)."""
+
+    status = 503
+    type = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, code="overloaded")
+        self.retry_after_s = retry_after_s
+
+
 class ShuttingDownError(EdgeError):
     """The edge is draining and takes no new requests."""
 

@@ -29,6 +29,7 @@ import contextlib
 import json
 import signal
 import socket
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,8 @@ from edge.node.routes import RUN_ROUTE
 CANCEL_GRACE_S = 1.0
 # How long a node tries to tell a reading edge that CancelRun stopped its run.
 CANCELLED_SEND_S = 1.0
+# How long CancelRun waits for the run it stops to be over before answering.
+CANCEL_STOP_S = 2.0
 BACKLOG = 2048
 
 Events = Stream[pb.RunRequest, pb.RunEvent]
@@ -157,6 +160,9 @@ class RunRecord:
     cancel_rpcs: int = 0
     outcome: str | None = None
     flush_handle: asyncio.TimerHandle | None = field(default=None, repr=False)
+    # Wall-clock seconds (comparable across nodes): when the run began and ended here.
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
 
 
 class RunsLog:
@@ -194,6 +200,7 @@ class RunsLog:
     def ended(self, run: RunRecord) -> None:
         """The run is over (its outcome set): write its line now, or after the grace."""
         run.task = None
+        run.ended_at = time.time()
         if run.outcome in ("complete", "error") or run.cancel_rpcs:
             self._flush(run)
         else:
@@ -211,6 +218,8 @@ class RunsLog:
                 "cancel_rpc": run.cancel_rpcs > 0,
                 "cancel_rpcs": run.cancel_rpcs,
                 "events_sent": run.events_sent,
+                "started_at": run.started_at,
+                "ended_at": run.ended_at,
             }
         )
 
@@ -275,7 +284,12 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         self.runs.close()
 
     async def cancel_run(self, message: pb.CancelRunRequest) -> pb.CancelRunResponse:
+        """Stop the run, and answer once it is over here (bounded): an edge that heard
+        the answer may start the run on another node, never beside this one."""
         run, found = self.runs.cancel_rpc(message.run_id)
         if run is not None and run.task is not None:
-            self.stop_task(run.task)
+            task = run.task
+            self.stop_task(task)
+            with contextlib.suppress(Exception):
+                await asyncio.wait([task], timeout=CANCEL_STOP_S)
         return pb.CancelRunResponse(found=found)

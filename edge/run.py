@@ -1,26 +1,29 @@
-"""One run, from its node slot to its one outcome: `Run`, and `Runs` that makes them.
+"""One run on one node, from its node slot to its one outcome: `Run`, and `Runs`.
 
-A chat request becomes a run here, the same way for streaming and
-non-streaming answers:
+A chat request becomes runs here, the same way for streaming and
+non-streaming answers (`edge.failover` tries again on another node when one
+cannot start):
 
-    run = runs.open(nursery, request, session, ...)   # picks the node
-    async with run:                                    # slot taken, accept awaited
+    node = await runs.admission.acquire(model)        # a node, its slot taken
+    run = runs.open(node, nursery, request, session)
+    async with run:                                    # accept awaited
         while not run.session.terminated:
             batch = await run.next_batch()             # output under the deadlines
 
-`Runs.open` picks the node (NotFoundError, NodeUnavailableError). Entering
-the run takes a slot on the node (`in_flight`) and starts the run: the node
-client's read task goes into `nursery`, the request's own scope, and entering
-returns once the node accepted (or raises the EdgeError that chooses the
-HTTP status). `next_batch` feeds node events to the session and owns every
+The slot on the node (`in_flight`) is taken by the admission queue
+(`edge.admission`) before the run is opened. Entering the run starts it:
+the node client's read task goes into `nursery`, the request's own scope,
+and entering returns once the node accepted (or raises the EdgeError that
+chooses the HTTP status). `next_batch` feeds node events to the session and owns every
 deadline on one clock, trio's: first event, idle, total (also the read
 task's deadline and, converted once, the node's `deadline_unix_ms`),
 keep-alive; the slow reader's limit is the event buffer's. Leaving the run
 ends it: if the node did not, its read task is cancelled with an `EndCause`
-and sends the one CancelRun (shielded, bounded); the slot is given back and
-the outcome is fixed, once (`outcome`), and handed to the request's scope to
-count and log (`on_end`). The scope's nursery waits for the read task; then
-the run is retired. A run never outlives its request's scope.
+and sends the one CancelRun (shielded, bounded); the slot is given back (to
+the next queued request), the node's verdict goes to the pool
+(`run_succeeded` / `run_failed`), and the outcome is fixed, once
+(`outcome`), and handed to whoever counts it (`on_end`). The scope's
+nursery waits for the read task; then the run is retired. A run never outlives its request's scope.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Literal
 import trio
 from loguru import logger
 
+from edge.admission import Admission
 from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.errors import (
@@ -49,7 +53,7 @@ from edge.metrics import EdgeMetrics
 from edge.node.client import EndCause, RunHandle
 from edge.node.pool import NodePool, NodeState
 from edge.node.wire import encode_run_request
-from edge.stream.output import Outcome, OutEvent
+from edge.stream.output import ErrorOut, Outcome, OutEvent, RoleOut
 from edge.stream.session import StreamSession
 
 # Node events taken per batch: output for a batch goes out in one write. A
@@ -82,7 +86,18 @@ class _Start:
     node: NodeState
     request: ChatRequest
     nursery: trio.Nursery
-    on_end: Callable[[], None] | None
+
+
+# What a run that did not start says of its node (the pool's `run_failed` reason).
+START_FAILURES: tuple[tuple[type[EdgeError], str], ...] = (
+    (NodeUnavailableError, "unavailable"),
+    (NodeTimeoutError, "accept_timeout"),
+    (NodeFailedError, "start_failed"),
+)
+# The reasons a run ended before any output that another node may do better on.
+RETRYABLE = frozenset(
+    {"unavailable", "accept_timeout", "start_failed", "error_event", "stream_broken"}
+)
 
 
 class Run:
@@ -101,15 +116,24 @@ class Run:
         "first_event_at",
         "handle",
         "info",
+        "on_end",
         "outcome",
+        "output_seen",
         "session",
         "start_error",
+        "verdict",
     )
 
     @property
     def accepted(self) -> bool:
         """Whether the node accepted the run (its events are read from `handle`)."""
         return self.handle is not None
+
+    @property
+    def failed_over(self) -> bool:
+        """Whether another node may serve the request instead: this run ended in a node
+        failure before any output (so no byte of its answer can have reached the caller)."""
+        return self.verdict in RETRYABLE and not self.output_seen
 
     @property
     def reached_node(self) -> bool:
@@ -125,13 +149,17 @@ class Run:
         *,
         keepalive_s: float = 0.0,
         start: _Start | None = None,
+        deadline: float | None = None,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self.info = info
         self.session = session
         self._start = start
         started_at = info.started_at
-        # The run's one total deadline (trio clock).
-        self.deadline = started_at + timeouts.total_s
+        # The run's one total deadline (trio clock): its request's, across attempts.
+        self.deadline = started_at + timeouts.total_s if deadline is None else deadline
+        # Called once the outcome is fixed (the request's count); settable until then.
+        self.on_end = on_end
         self._first_event_s = timeouts.first_event_s
         self._idle_s = timeouts.idle_s
         self._last_event_at = started_at
@@ -144,6 +172,12 @@ class Run:
         self.first_event_at: float | None = None
         # When the node events of the batch just returned arrived (None: no event in it).
         self.batch_event_at: float | None = None
+        # Whether output beyond the role chunk was taken (see `first_batch`).
+        self.output_seen = False
+        # What the run says of its node, once its outcome is fixed: a failure reason
+        # (START_FAILURES, "error_event", "stream_broken", "timeout"), "ok", or None
+        # (nothing: the caller left, or its request was refused).
+        self.verdict: str | None = None
 
     def attach(self, handle: RunHandle) -> None:
         """Read `handle`, a run whose node side was started by the caller (tests)."""
@@ -152,7 +186,7 @@ class Run:
     # --- the run's life -------------------------------------------------------------
 
     async def __aenter__(self) -> Run:
-        """Take the node slot, start the run, wait for the node's accept."""
+        """Start the run on its node (its slot taken already), wait for the node's accept."""
         start = self._start
         assert start is not None, "a run from Runs.open"
         node = start.node
@@ -164,7 +198,6 @@ class Run:
             deadline_unix_ms=deadline_unix_ms,
         )  # fmt: skip
         start.runs.live.add(self)
-        node.in_flight += 1
         try:
             self.handle = await node.client.start_run(
                 start.nursery,
@@ -264,14 +297,41 @@ class Run:
             self.handle.cancel(EndCause.SHUTDOWN)
 
     def _end(self, outcome: Outcome) -> None:
-        """Fix the outcome (once) and give the node slot back."""
+        """Fix the outcome (once), give the node slot back, tell the pool how the node did."""
         if self.outcome is not None:
             return
         self.outcome = outcome
-        if self._start is not None:
-            self._start.node.in_flight -= 1
-            if self._start.on_end is not None:
-                self._start.on_end()
+        self.verdict = self._verdict(outcome)
+        start = self._start
+        if start is not None:
+            pool = start.runs.pool
+            if self.verdict == "ok":
+                pool.run_succeeded(start.node)
+            elif self.verdict is not None:
+                pool.run_failed(start.node, self.verdict)
+            start.runs.admission.release(start.node)
+        if self.on_end is not None:
+            self.on_end()
+
+    def _verdict(self, outcome: Outcome) -> str | None:
+        """What the run says of its node (see `verdict`)."""
+        error = self.start_error
+        if error is not None:
+            for kind, reason in START_FAILURES:
+                if isinstance(error, kind):
+                    return reason
+            return None  # the request's own fault (too large for the node)
+        if self.handle is None:
+            return None  # the caller left before the node accepted
+        if outcome.status == "error":
+            if not outcome.usage_sample:
+                return "stream_broken"
+            # The node's error event, or a run it ended unfinished; anything else
+            # (tool validation, output past the edge's cap) is the answer's, not the node's.
+            return "error_event" if outcome.error_type == NodeFailedError.type else "ok"
+        if outcome.status == "timeout":
+            return "timeout" if self.handle.cause is EndCause.TIMEOUT else None
+        return "ok" if outcome.status == "success" else None
 
     def retire(self) -> None:
         """The run's request is over, its read task too: the run is no longer in flight."""
@@ -279,6 +339,27 @@ class Run:
             self._start.runs.ended(self)
 
     # --- events under the deadlines ---------------------------------------------------
+
+    async def first_batch(self) -> tuple[list[OutEvent], bool]:
+        """The output up to the point where the answer's HTTP status is committed.
+
+        Batches are taken until one holds more than the role chunk, the session
+        terminates, or a keep-alive is due; returns what was taken and whether a
+        keep-alive is due. Nothing of it was sent yet: a run that failed here
+        (`failed_over`) can still be tried elsewhere or answered with a status.
+        """
+        taken: list[OutEvent] = []
+        while True:
+            batch = await self.next_batch()
+            if batch == "keepalive":
+                return taken, True
+            taken.extend(batch)
+            # An error frame is the terminal, not output; anything else is the answer.
+            if any(type(event) not in (RoleOut, ErrorOut) for event in batch):
+                self.output_seen = True
+                return taken, False
+            if self.session.terminated:
+                return taken, False
 
     async def next_batch(self) -> list[OutEvent] | Literal["keepalive"]:
         """Wait for the next events and return the output they produce.
@@ -374,10 +455,17 @@ class Run:
 class Runs:
     """Opens runs on the pool's nodes and knows the ones in flight (for drain)."""
 
-    def __init__(self, pool: NodePool, timeouts: TimeoutsConfig, metrics: EdgeMetrics) -> None:
+    def __init__(
+        self,
+        pool: NodePool,
+        timeouts: TimeoutsConfig,
+        metrics: EdgeMetrics,
+        admission: Admission,
+    ) -> None:
         self.pool = pool
         self.timeouts = timeouts
         self.metrics = metrics
+        self.admission = admission
         # Runs entered whose request is not over yet (maybe a CancelRun still
         # to send).
         self.live: set[Run] = set()
@@ -385,31 +473,30 @@ class Runs:
 
     def open(
         self,
+        node: NodeState,
         nursery: trio.Nursery,
         request: ChatRequest,
         session: StreamSession,
         *,
         request_id: str = "",
         keepalive_s: float = 0.0,
-        on_end: Callable[[], None] | None = None,
+        deadline: float | None = None,
     ) -> Run:
-        """A run of `request` on the node the pool picks for its model; enter it to start.
+        """A run of `request` on `node`, whose slot the caller took; enter it to start.
 
         `nursery` is the request's own: the run's read task lives and ends there.
-        `on_end` is called once the run's outcome is fixed (its request's count).
+        `deadline` is the request's total deadline (default: total_s from now).
+        Set the run's `on_end` to hear when its outcome is fixed.
         """
-        node = self.pool.pick(request.model, logprobs=request.logprobs)
-        if node is None:
-            raise NodeUnavailableError(
-                f"every node serving {request.model!r} is at its max_runs; retry later"
-            )
         run_id = session.settings.run_id
         started_at = trio.current_time()
         info = RunInfo(
             run_id, request.model, node.client.name, request.stream, started_at, request_id
         )
-        start = _Start(self, node, request, nursery, on_end)
-        return Run(info, session, self.timeouts, keepalive_s=keepalive_s, start=start)
+        start = _Start(self, node, request, nursery)
+        return Run(
+            info, session, self.timeouts, keepalive_s=keepalive_s, start=start, deadline=deadline
+        )
 
     def ended(self, run: Run) -> None:
         self.live.discard(run)

@@ -34,6 +34,7 @@ from edge.errors import (
     EdgeError,
     MethodNotAllowedError,
     NotFoundError,
+    OverloadedError,
     PayloadTooLargeError,
     RequestError,
     ShuttingDownError,
@@ -54,7 +55,10 @@ def _json_response(value: object, status: int = 200) -> Response:
 
 
 def _error_response(error: EdgeError) -> Response:
-    return _json_response(error.to_dict(), error.status)
+    response = _json_response(error.to_dict(), error.status)
+    if isinstance(error, OverloadedError):
+        response.headers["Retry-After"] = str(error.retry_after_s)
+    return response
 
 
 def _not_found() -> NotFoundError:
@@ -243,7 +247,8 @@ def create_app(
         assert isinstance(body, bytes)
         scope = CURRENT_SCOPE.get()
         assert scope is not None  # the chat route always runs in its scope
-        response = await chat.handle(body, scope)
+        session_id = request.headers.get("X-Session-Id") or None
+        response = await chat.handle(body, scope, session_id=session_id)
         response.timeout = None
         return response
 

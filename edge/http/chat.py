@@ -1,13 +1,17 @@
-"""POST /v1/chat/completions: parse, open the run, render its output.
+"""POST /v1/chat/completions: parse, start the answer, render its output.
 
 The handler only parses and renders: the run's life (node, slot, accept,
-deadlines, CancelRun, outcome) is `edge.run.Run`'s, the same for both
-answers. A streaming answer's run is held by the request's scope
-(`edge.http.scope.ChatScope`), which ends it when the request's HTTP cycle
-ends, however it ends: the body finished, the client left (even before
-quart began the body), or the connection was cut. A non-streaming answer's
-run is entered and left in the handler itself. The status is chosen before
-any byte: the handler returns only once the node accepted the run.
+deadlines, CancelRun, outcome) is `edge.run.Run`'s, the attempts on other
+nodes `edge.failover`'s, the same for both answers. The runs are held by
+the request's scope (`edge.http.scope.ChatScope`), which ends them when the
+request's HTTP cycle ends, however it ends: the body finished, the client
+left (even before quart began the body), or the connection was cut.
+
+The status is committed at the first byte: the handler returns only once
+the answer's first output (or first keep-alive comment) is ready. A run that
+failed before it, after every retry, is a real status with an OpenAI error
+body (`edge.errors.status_of` of its type), never 200 and an error frame; a
+request no node slot was found for in time is 503 `overloaded`.
 """
 
 from __future__ import annotations
@@ -25,15 +29,18 @@ from loguru import logger
 from quart import Response
 from quart.wrappers.response import ResponseBody
 
+from edge.admission import Admission
 from edge.api.policy import apply_policy
 from edge.api.render import KEEPALIVE, ResponseBuilder, SSEEncoder
 from edge.api.request import ChatRequest, parse_chat_request
 from edge.config import Config
 from edge.errors import error_object, status_of
+from edge.failover import Committed, Failover
 from edge.http.scope import ChatScope
 from edge.metrics import EdgeMetrics
 from edge.node.pool import NodePool
 from edge.run import OutcomeHook, Run, Runs
+from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
 from edge.stream.toolcheck import tool_validation_mode
 
@@ -68,7 +75,9 @@ class ChatService:
         self.pool = pool
         self.metrics = metrics
         self.on_outcome = on_outcome
-        self.runs = Runs(pool, config.timeouts, metrics)
+        self.admission = Admission(pool, config.admission, metrics)
+        self.runs = Runs(pool, config.timeouts, metrics, self.admission)
+        self.failover = Failover(self.runs, config.routing)
         # Request parsing runs in worker threads (schema checks cost ms per KiB);
         # few at once, so the loop thread waits little for the GIL.
         self.parsing = trio.CapacityLimiter(PARSE_THREADS)
@@ -112,8 +121,13 @@ class ChatService:
             )
         return result.request
 
-    async def handle(self, body: bytes, scope: ChatScope) -> Response:
-        """Answer one chat request; errors before the first byte raise an EdgeError."""
+    async def handle(
+        self, body: bytes, scope: ChatScope, *, session_id: str | None = None
+    ) -> Response:
+        """Answer one chat request; errors before the first byte raise an EdgeError.
+
+        `session_id` is the caller's X-Session-Id (routing affinity; else `user`).
+        """
         # Schema checks of declared tools cost milliseconds per KiB: off the
         # loop, so a large request never stalls other streams.
         request = await trio.to_thread.run_sync(parse_chat_request, body, limiter=self.parsing)
@@ -123,26 +137,31 @@ class ChatService:
         request = self.forwarded(request)
         run_id = secrets.token_hex(12)
         settings = self.settings_for(request, run_id)
-        session = StreamSession(settings, _trace if settings.trace else None)
+
+        def new_session() -> StreamSession:  # one per attempt, all with the one run id
+            return StreamSession(settings, _trace if settings.trace else None)
+
         keepalive_s = self.config.server.keepalive_s if request.stream else 0.0
-        run = self.runs.open(
-            scope.nursery, request, session, request_id=scope.request_id,
-            keepalive_s=keepalive_s, on_end=scope.finish,
-        )  # fmt: skip
-        scope.run = run
         created = int(time.time())
         response_id = f"chatcmpl-{run_id}"
+        committed = await self.failover.start(
+            scope, request, new_session, keepalive_s=keepalive_s,
+            affinity_key=session_id or request.user,
+        )  # fmt: skip
+        run = committed.run
         if not request.stream:
-            async with run:
-                return await _complete(
-                    run, response_id, created, scope.request_id, logprobs=request.logprobs
-                )
-        await scope.hold(run)
+            return await _complete(
+                committed, response_id, created, scope.request_id, logprobs=request.logprobs
+            )
+        if committed.error is not None:
+            await run.end()
+            return _error_answer(committed.error, scope.request_id)
         encoder = SSEEncoder(response_id, created, request.model,
                              include_usage=request.include_usage)  # fmt: skip
         labels = self.metrics.inter_chunk.labels(request.model, run.info.node)
         sse = SSEBody(run, encoder, observe_gap=labels.observe,
-                      observe_added=self.metrics.added_latency.observe)  # fmt: skip
+                      observe_added=self.metrics.added_latency.observe,
+                      first=committed.first, keepalive=committed.keepalive)  # fmt: skip
         response = Response(sse, status=200, headers=SSE_HEADERS)
         response.headers["X-Request-Id"] = scope.request_id
         return response
@@ -152,25 +171,43 @@ class ChatService:
         return self.runs.shut_down(SHUTDOWN_NOTICE)
 
 
-async def _complete(
-    run: Run, response_id: str, created: int, request_id: str, *, logprobs: bool = False
-) -> Response:
-    """The non-streaming answer: the run's whole output folded into one JSON body."""
-    builder = ResponseBuilder(logprobs=logprobs)
-    session = run.session
-    while not session.terminated:
-        batch = await run.next_batch()
-        if batch != "keepalive":
-            builder.add(batch)
-    builder.add(session.drain())
-    if builder.error is not None:
-        status = status_of(builder.error.type)
-        body = error_object(builder.error.type, builder.error.message)
-    else:
-        status = 200
-        body = builder.response(response_id, created, run.info.model)
-    response = Response(msgspec.json.encode(body), status=status,
+def _error_answer(error: ErrorOut, request_id: str) -> Response:
+    """A run's error as the whole answer: its status and OpenAI error object."""
+    body = error_object(error.type, error.message)
+    response = Response(msgspec.json.encode(body), status=status_of(error.type),
                         content_type="application/json")  # fmt: skip
+    response.headers["X-Request-Id"] = request_id
+    return response
+
+
+async def _complete(
+    committed: Committed,
+    response_id: str,
+    created: int,
+    request_id: str,
+    *,
+    logprobs: bool = False,
+) -> Response:
+    """The non-streaming answer: the run's whole output folded into one JSON body.
+
+    The run is left before the answer goes out, so its outcome is counted first.
+    """
+    run = committed.run
+    builder = ResponseBuilder(logprobs=logprobs)
+    builder.add(committed.first)
+    session = run.session
+    try:
+        while not session.terminated:
+            batch = await run.next_batch()
+            if batch != "keepalive":
+                builder.add(batch)
+        builder.add(session.drain())
+    finally:
+        await run.end()
+    if builder.error is not None:
+        return _error_answer(builder.error, request_id)
+    body = builder.response(response_id, created, run.info.model)
+    response = Response(msgspec.json.encode(body), status=200, content_type="application/json")
     response.headers["X-Request-Id"] = request_id
     return response
 
@@ -189,8 +226,13 @@ class SSEBody(ResponseBody):
         *,
         observe_gap: Callable[[float], None],
         observe_added: Callable[[float], None],
+        first: list[OutEvent] | None = None,
+        keepalive: bool = False,
     ) -> None:
         self._run = run
+        # What the handler took up to the commit point, written first.
+        self._first = first
+        self._keepalive = keepalive
         self._encoder = encoder
         self._observe_gap = observe_gap
         self._observe_added = observe_added
@@ -204,6 +246,14 @@ class SSEBody(ResponseBody):
 
     async def __anext__(self) -> bytes:
         run = self._run
+        if self._first is not None:
+            first, self._first = self._first, None
+            data = self._encoder.encode(first) if first else b""
+            if self._keepalive:
+                data += KEEPALIVE
+            if data:
+                self._last_write = trio.current_time()
+                return data
         while True:
             batch = await run.next_batch()
             if batch == "keepalive":

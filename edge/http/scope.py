@@ -2,18 +2,21 @@
 
 The app opens a `ChatScope` around each chat request's whole HTTP cycle, in
 the request's own task (`edge.http.app`): the handler, the response head
-and the body's iteration all run inside it. Its nursery holds the run's
-node read task; the run entered with `hold` is left when the cycle ends,
+and the body's iteration all run inside it. Its nursery holds the node read
+task of each of the request's runs (one per attempt, `edge.failover`, never
+two at once); a run entered with `hold` is left when the cycle ends,
 however it ends (body done, client gone, connection cut), including the
 window in which the handler has returned and quart has not begun the body.
-The nursery's exit waits for the read task, its shielded, bounded CancelRun
-included: nothing of a run outlives its request.
+The nursery's exit waits for the read tasks, their shielded, bounded
+CancelRuns included: nothing of a run outlives its request.
 
 `finish` is the one place a chat request is counted
 (`iop_edge_requests_total`) and logged, exactly once (a run the node may
 have seen as `chat completion <status>`, with its run id and node), whatever
-way it ended: when its run's outcome is fixed (before the answer's last byte, so
-a client that read the whole answer finds it counted), else when the
+way it ended, from the run that answers it (`adopt`; an attempt given up
+for another node is not the request's outcome): when that run's outcome is
+fixed (before the answer's last byte, so a client that read the whole
+answer finds it counted), else when the
 cycle ends, from the HTTP status sent (an error status: "error"; none:
 "cancelled").
 """
@@ -39,6 +42,7 @@ class ChatScope:
     """The scope of one chat request's HTTP cycle (see the module doc)."""
 
     __slots__ = (
+        "_attempts",
         "_finished",
         "_metrics",
         "_nursery",
@@ -62,7 +66,8 @@ class ChatScope:
         self.request_id = ""
         self.model = "unknown"  # a label: set only to a model the nodes serve
         self.stream = False
-        self.run: Run | None = None
+        self.run: Run | None = None  # the run that answers the request (adopted)
+        self._attempts: list[Run] = []
         self.http_status = 0  # the status sent; 0 while none was
 
     @property
@@ -79,12 +84,20 @@ class ChatScope:
                 async with self._stack:
                     yield
         finally:
-            if self.run is not None:  # its read task (and CancelRun) is over
-                self.run.retire()
+            for run in self._attempts:  # their read tasks (and CancelRuns) are over
+                run.retire()
 
     async def hold(self, run: Run) -> None:
         """Enter `run` (start it) for the rest of the request's cycle."""
+        self._attempts.append(run)
         await self._stack.enter_async_context(run)
+
+    def adopt(self, run: Run) -> None:
+        """`run` answers the request: its outcome is counted as the request's, once."""
+        self.run = run
+        run.on_end = self.finish
+        if run.outcome is not None:
+            self.finish()
 
     def finish(self) -> None:
         """Count and log the request, once; the outcome hook sees each run's outcome."""

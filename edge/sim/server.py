@@ -15,6 +15,8 @@ edge hosts (a node whose address is "embedded"). Models:
   cancelled), or `{"type": "abort"}` (break the stream, no terminal event).
   A first item `{"accept_after_ms": N}` holds the run's acceptance (the
   response headers) back N ms.
+  An item with `"on_node": NAME` is played only by the node named NAME
+  (`--name`); other nodes skip it (one script, nodes that differ: failover).
   A delta item may carry `"repeat": N` to send the same delta N times (the
   benchmarks' fast path), and `"delta_times": K` to make its text K copies of
   `delta` (large events from a small script: a 64 KiB delta, or a message
@@ -148,12 +150,21 @@ def _event_from_json(item: dict[str, Any]) -> pb.RunEvent:
     )
 
 
-def _accept_delay_s(request: pb.RunRequest) -> float:
+def _node_items(request: pb.RunRequest, node: str) -> list[dict[str, Any]]:
+    """The script's items this node plays: those with no `on_node`, or its own name."""
+    return [
+        {k: v for k, v in item.items() if k != "on_node"}
+        for item in script_items(request)
+        if item.get("on_node", node) == node
+    ]
+
+
+def _accept_delay_s(request: pb.RunRequest, node: str) -> float:
     """A sim-script that starts with {"accept_after_ms": N} is accepted N ms late."""
     if request.model != "sim-script":
         return 0.0
     try:
-        items = script_items(request)
+        items = _node_items(request, node)
     except ScriptError:
         return 0.0
     if items and "accept_after_ms" in items[0]:
@@ -182,7 +193,7 @@ class SimNode(NodeService):
         run = self.runs.start(request.run_id, request.model)
         run.task = asyncio.current_task()
         try:
-            delay_s = _accept_delay_s(request)
+            delay_s = _accept_delay_s(request, self.name)
             if delay_s:
                 await asyncio.sleep(delay_s)
             await stream.send_initial_metadata()
@@ -209,7 +220,7 @@ class SimNode(NodeService):
         if request.model == "sim-echo":
             return await self._echo(stream, request, run)
         if request.model == "sim-script":
-            return await self._script(stream, request, script_items(request), run)
+            return await self._script(stream, request, _node_items(request, self.name), run)
         await self._send(
             stream,
             run,

@@ -73,15 +73,32 @@ async def test_disconnect_mid_stream(
     assert edge.outcome(run_id).status == "cancelled"
 
 
+async def _accepted_run_id(edge: RunningEdge, request_id: str) -> str:
+    """The run id of the request's run, once its node accepted it (no byte was sent yet)."""
+    with trio.fail_after(10):
+        while True:
+            for run in edge.edge.chat.runs.live:
+                if run.info.request_id == request_id and run.accepted:
+                    return run.info.run_id
+            await trio.sleep(0.01)  # in-process state with no event of its own
+
+
 async def test_disconnect_before_first_token(
     edge: RunningEdge, http: httpx.AsyncClient, sim: SimProcess
 ) -> None:
-    """A client that leaves while the model has produced nothing yet: cancelled once."""
+    """A client that leaves while the model has produced nothing yet (the status is not
+    committed, so it got no byte): cancelled once."""
     body = chat_body("sim-script", script(HANG), stream=True)
-    async with http.stream("POST", CHAT, json=body) as response:
-        (role,) = await _read_frames(response, 1)
-    run_id = str(role["id"]).removeprefix("chatcmpl-")
+    async with trio.open_nursery() as nursery:
+
+        async def ask() -> None:
+            await http.post(CHAT, json=body, headers={"X-Request-Id": "leaves-early"})
+
+        nursery.start_soon(ask)
+        run_id = await _accepted_run_id(edge, "leaves-early")
+        nursery.cancel_scope.cancel()  # the client hangs up
     await _assert_cancelled_once(edge, sim, run_id)
+    assert (await edge.wait_outcome(run_id)).status == "cancelled"
 
 
 async def test_disconnect_during_tool_hold_back(
@@ -145,18 +162,26 @@ async def test_timeouts_send_an_error_frame_and_cancel(
     timeout_edge: RunningEdge, sim: SimProcess, events: list[dict[str, object]], waited_for: str
 ) -> None:
     """A caller still reading when a timeout fires gets a `timeout` error frame; the run is
-    cancelled on the node once; the request is counted as `timeout`."""
+    cancelled on the node once; the request is counted as `timeout`. Before the first
+    byte (no keep-alive), the status is not committed: a real 504 with the error."""
+    rid = f"timeout-{waited_for.replace(' ', '-')}"
     async with httpx.AsyncClient(base_url=timeout_edge.url, timeout=30) as client:
         response = await client.post(
-            CHAT, json=chat_body("sim-script", script(*events), stream=True)
-        )
-    frames = [json.loads(line[6:]) for line in response.text.splitlines()
-              if line.startswith("data: ")]  # fmt: skip
-    assert "[DONE]" not in response.text
-    error = frames[-1]["error"]
+            CHAT, json=chat_body("sim-script", script(*events), stream=True),
+            headers={"X-Request-Id": rid},
+        )  # fmt: skip
+    if waited_for == "the first token":
+        assert response.status_code == 504
+        error = response.json()["error"]
+    else:
+        assert response.status_code == 200
+        frames = [json.loads(line[6:]) for line in response.text.splitlines()
+                  if line.startswith("data: ")]  # fmt: skip
+        assert "[DONE]" not in response.text
+        error = frames[-1]["error"]
     assert error["type"] == "timeout"
     assert error["message"] == f"timed out waiting for {waited_for}"
-    run_id = frames[0]["id"].removeprefix("chatcmpl-")
+    (run_id,) = [info.run_id for info, _ in timeout_edge.outcomes if info.request_id == rid]
     await _assert_cancelled_once(timeout_edge, sim, run_id)
     assert timeout_edge.outcome(run_id).status == "timeout"
 

@@ -359,7 +359,11 @@ async def test_connections_past_the_limit_get_503_and_health_returns_once_one_cl
     JSON answer and is closed at once; when one closes, /healthz answers again.
     Refusals are counted, and logged at most once a second."""
     edge = await start_edge(nursery, _config(sim, max_connections=3))
-    hang = json.dumps(chat_body("sim-script", script({"type": "hang"}), stream=True)).encode()
+    # A first delta: the status (200) is committed at the first byte of output.
+    hang = json.dumps(
+        chat_body("sim-script", script({"type": "delta", "delta": "x"}, {"type": "hang"}),
+                  stream=True)
+    ).encode()  # fmt: skip
     request = (
         f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(hang)}\r\n\r\n"

@@ -58,8 +58,9 @@ async def test_redos_pattern_in_a_tool_call_is_answered_while_healthz_answers(
     edge: RunningEdge, http: httpx.AsyncClient
 ) -> None:
     """A tool call whose argument is the ReDoS input for its schema's `pattern` gets
-    its tool_validation_error at once under strict validation (streamed: the error frame;
-    not streamed: a 422), and /healthz answers while such streams are in flight."""
+    its tool_validation_error at once under strict validation (a 422, streamed or not:
+    the stream held the call back, so no byte was sent before the error), and /healthz
+    answers while such streams are in flight."""
     text = hermes("spell", {"word": EVIL})
     streamed = chat_body(
         "sim-script",
@@ -68,12 +69,12 @@ async def test_redos_pattern_in_a_tool_call_is_answered_while_healthz_answers(
         stream=True,
         tool_validation="strict",
     )
-    frames: list[Any] = []
+    errors: list[Any] = []
 
     async def one_stream() -> None:
         response = await http.post(CHAT, json=streamed)
-        assert response.status_code == 200
-        frames.append(parse_sse(response.content))
+        assert response.status_code == 422
+        errors.append(response.json()["error"])
 
     with trio.fail_after(BOUND_S):
         async with trio.open_nursery() as nursery:
@@ -86,9 +87,8 @@ async def test_redos_pattern_in_a_tool_call_is_answered_while_healthz_answers(
                 "sim-script", model_says(text), tools=[REDOS_TOOL], tool_validation="strict"
             ),
         )
-    for payloads in frames:
-        assert "[DONE]" not in payloads
-        error = json.loads(payloads[-1])["error"]
+    assert len(errors) == 3
+    for error in errors:
         assert error["type"] == "tool_validation_error"
         assert "does not match" in error["message"]
     assert plain.status_code == 422
@@ -195,8 +195,8 @@ def strict_format(pattern: str) -> dict[str, Any]:
 
 async def test_strict_response_format_with_a_redos_pattern(http: httpx.AsyncClient) -> None:
     """Strict output checked against a json_schema with a ReDoS pattern: the output
-    that would take Python's re minutes is refused at once (an error frame), and
-    a matching output passes."""
+    that would take Python's re minutes is refused at once (a 422: the buffered stream
+    sent no byte before it), and a matching output passes."""
     extra = {"strict_output": True, "stream_buffer": True, "stream": True}
     bad = json.dumps({"word": EVIL})
     good = json.dumps({"word": "aaa"})
@@ -213,9 +213,8 @@ async def test_strict_response_format_with_a_redos_pattern(http: httpx.AsyncClie
                 "sim-script", model_says(good), response_format=strict_format(REDOS), **extra
             ),
         )
-    frames = parse_sse(refused.content)
-    assert "[DONE]" not in frames
-    assert "does not match" in json.loads(frames[-1])["error"]["message"]
+    assert refused.status_code == 422
+    assert "does not match" in refused.json()["error"]["message"]
     ok = parse_sse(passed.content)
     assert ok[-1] == "[DONE]"
     content = "".join(json.loads(p)["choices"][0]["delta"].get("content") or "" for p in ok[:-1])

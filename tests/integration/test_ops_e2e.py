@@ -140,7 +140,9 @@ async def test_metrics_count_every_request_once_by_how_it_ended(
         assert (left["outcome"], left["cancel_rpc"]) == ("cancelled", True)
 
         timed_out = await http.post(CHAT, json=chat_body("sim-script", script(HANG), stream=True))
-        assert json.loads(data_lines(timed_out.text.splitlines())[-1])["error"]["type"] == "timeout"
+        # Before the first byte: a real status, not 200 and an error frame.
+        assert timed_out.status_code == 504
+        assert timed_out.json()["error"]["type"] == "timeout"
 
         bad = await http.post(CHAT, content=b"{nope", headers={"content-type": "application/json"})
         assert bad.status_code == 400

@@ -270,24 +270,29 @@ async def test_server_that_does_not_stream(replay_edge: RunningEdge) -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "expected"),
+    ("model", "expected", "before_output"),
     [
-        ("vllm-too-long", "upstream returned 400: This model's maximum context length"),
-        ("llamacpp-loading", "upstream returned 503: Loading model"),
-        ("ollama-missing", 'upstream returned 404: model "llama3.2" not found'),
-        ("stream-error", "upstream error: The engine died unexpectedly. (code 500)"),
-        ("truncated", "upstream stream ended early"),
-        ("abort", "upstream stream ended early"),
-        ("web-ui", "upstream answered text/html, not an event stream: '<!doctype html>"),
+        ("vllm-too-long", "upstream returned 400: This model's maximum context length", True),
+        ("llamacpp-loading", "upstream returned 503: Loading model", True),
+        ("ollama-missing", 'upstream returned 404: model "llama3.2" not found', True),
+        ("stream-error", "upstream error: The engine died unexpectedly. (code 500)", False),
+        ("truncated", "upstream stream ended early", False),
+        ("abort", "upstream stream ended early", False),
+        ("web-ui", "upstream answered text/html, not an event stream: '<!doctype html>", True),
     ],
 )
 async def test_upstream_failures_are_error_frames(
-    replay_edge: RunningEdge, model: str, expected: str
+    replay_edge: RunningEdge, model: str, expected: str, before_output: bool
 ) -> None:
     """Error statuses, in-stream errors and broken streams end in one error frame that
-    quotes the upstream; nothing hangs."""
+    quotes the upstream; nothing hangs. A failure before any output is not 200 and a
+    frame but a real status (502) with the same error."""
     async with httpx.AsyncClient(base_url=replay_edge.url, timeout=WAIT_S) as client:
         response = await client.post("/v1/chat/completions", json=_chat(model, stream=True))
+    if before_output:
+        assert response.status_code == 502, response.text
+        assert expected in response.json()["error"]["message"]
+        return
     payloads = _sse_payloads(response.content)
     assert b"data: [DONE]" not in response.content
     assert expected in payloads[-1]["error"]["message"]

@@ -15,7 +15,14 @@ from edge.config import TimeoutsConfig
 from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
 from edge.node.client import EndCause, RunHandle
 from edge.run import MAX_BATCH_CHARS, Run, RunInfo
-from edge.stream.events import LOGPROB_ENTRY_CHARS, Complete, Delta, LogprobDelta, NodeEvent
+from edge.stream.events import (
+    LOGPROB_ENTRY_CHARS,
+    Complete,
+    Delta,
+    Failed,
+    LogprobDelta,
+    NodeEvent,
+)
 from edge.stream.logprobs import TokenLogprob, TopLogprob
 from edge.stream.output import ContentOut, ErrorOut, FinishOut, RoleOut
 from edge.stream.session import SessionSettings, StreamSession
@@ -215,3 +222,41 @@ async def test_a_session_the_edge_ended_cancels_the_run_on_the_node() -> None:
     assert run.session.terminated
     run.close()
     assert handle.cause is EndCause.CLIENT_GONE
+
+
+# --- the commit point: what is taken before the answer's status is chosen -----------------
+
+
+async def test_first_batch_stops_at_the_first_output(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The role chunk alone does not commit: the first batch runs to the first output, and
+    the run then counts as having shown output (no failover past it)."""
+    run, send = _stream()
+    send.send_nowait(Delta("hi"))
+    taken, keepalive = await run.first_batch()
+    assert (taken, keepalive) == ([RoleOut(), ContentOut("hi")], False)
+    assert run.output_seen
+
+
+async def test_first_batch_an_error_before_output_is_no_output(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A node error before any output ends the first batch with the session's terminal and
+    no output seen: the answer can still be a real status, or another node's."""
+    run, send = _stream()
+    send.send_nowait(Failed("error", "boom"))
+    taken, keepalive = await run.first_batch()
+    assert (taken, keepalive) == ([RoleOut(), ErrorOut("run_error", "boom")], False)
+    assert not run.output_seen
+    assert run.session.terminated
+
+
+async def test_first_batch_a_keepalive_commits(autojump_clock: trio.testing.MockClock) -> None:
+    """A keep-alive due before any output ends the first batch (the body starts with it)."""
+    run, _send = _stream(keepalive_s=3)
+    start = trio.current_time()
+    taken, keepalive = await run.first_batch()
+    assert (taken, keepalive) == ([RoleOut()], True)
+    assert trio.current_time() - start == 3
+    assert not run.output_seen

@@ -1,0 +1,198 @@
+"""Admission: node slots, and the one bounded FIFO of requests waiting for one.
+
+A run needs a slot on its node (`NodeState.in_flight` under `max_runs`).
+`Admission.acquire` takes one: at once when the pool picks a node with a
+free slot, else by waiting in the queue. The queue is one FIFO for the
+whole edge, bounded in length (`[admission] max_queue`) and in time
+(`queue_timeout_s`); past either bound the request is shed at once with
+`OverloadedError` (503, `Retry-After`), before any byte of its answer.
+
+A slot is handed over, never raced for: when one is given back (`release`)
+or the pool says a node may take runs again (`NodePool.on_available`),
+`dispatch` looks at the waiters from the head, lets the pool pick for each
+and, on the first pick that finds a node, takes the slot for that waiter
+and wakes it alone. A waiter whose model has no free node keeps its place
+(the ones behind it that can run are not held up by it). The work per
+dispatch is bounded: at most SCAN waiters are looked at, and a pick that
+found no slot is not repeated for the same model in that pass. A request
+that leaves while queued (its client gone) leaves the queue; a slot handed
+to it in that instant is given back.
+
+This module knows nothing of HTTP or of runs: only the pool, its slots
+and the clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+import trio
+from loguru import logger
+
+from edge.config import AdmissionConfig
+from edge.errors import EdgeError, OverloadedError
+from edge.metrics import EdgeMetrics
+from edge.node.pool import NodePool, NodeState
+
+# Waiters looked at per dispatch, from the head of the queue.
+SCAN = 32
+# The Retry-After of a shed answer, in seconds.
+RETRY_AFTER_S = 1
+
+
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    """One queued request: what it needs, and what it was handed."""
+
+    model: str
+    logprobs: bool
+    exclude: Collection[NodeState]
+    affinity_key: str | None
+    woken: trio.Event = field(default_factory=trio.Event)
+    node: NodeState | None = None  # its slot is taken
+    error: EdgeError | None = None  # the pool's answer: no node can serve it at all
+
+
+class Admission:
+    """The node slots of one edge and the queue of requests waiting for one."""
+
+    def __init__(self, pool: NodePool, config: AdmissionConfig, metrics: EdgeMetrics) -> None:
+        self._pool = pool
+        self._config = config
+        self._metrics = metrics
+        self._waiters: deque[_Waiter] = deque()
+        self._shed_unlogged = 0
+        self._shed_logged_at = -math.inf
+        pool.on_available = self.dispatch
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting now."""
+        return len(self._waiters)
+
+    async def acquire(
+        self,
+        model: str,
+        *,
+        logprobs: bool = False,
+        exclude: Collection[NodeState] = (),
+        affinity_key: str | None = None,
+        first: bool = False,
+    ) -> NodeState:
+        """A node for `model` with a slot taken for the caller (give it back with `release`).
+
+        Raises what the pool raises when no node can serve the model at all
+        (NotFoundError, RequestError, NodeUnavailableError), and
+        OverloadedError when the queue is full or the wait passed
+        `queue_timeout_s`. `first` queues at the head (a retry of a request
+        that already waited its turn).
+        """
+        pool = self._pool
+        if self._waiters:
+            self.dispatch()  # a slot free now goes to those who waited first
+        node = pool.pick(model, logprobs=logprobs, exclude=exclude, affinity_key=affinity_key)
+        if node is not None:
+            node.in_flight += 1
+            return node
+        if len(self._waiters) >= self._config.max_queue:
+            self._shed("queue_full", f"all node slots are taken and {self.depth} requests wait")
+        waiter = _Waiter(model, logprobs, exclude, affinity_key)
+        if first:
+            self._waiters.appendleft(waiter)
+        else:
+            self._waiters.append(waiter)
+        self._metrics.queue_depth.set(len(self._waiters))
+        queued_at = trio.current_time()
+        returned = False
+        try:
+            with trio.move_on_after(self._config.queue_timeout_s):
+                await waiter.woken.wait()
+            returned = True
+        finally:
+            self._metrics.queue_seconds.observe(trio.current_time() - queued_at)
+            if waiter.node is None and waiter.error is None:
+                self._waiters.remove(waiter)  # still queued: it leaves (timeout, client gone)
+                self._metrics.queue_depth.set(len(self._waiters))
+            elif not returned and waiter.node is not None:
+                self.release(waiter.node)  # handed a slot as its client left
+        if waiter.error is not None:
+            raise waiter.error
+        if waiter.node is None:
+            self._shed(
+                "queue_timeout",
+                f"no node slot was free within {self._config.queue_timeout_s:g}s",
+            )
+        return waiter.node
+
+    def release(self, node: NodeState) -> None:
+        """Give back a slot taken by `acquire`; the next waiter that can use it gets it."""
+        node.in_flight -= 1
+        if self._waiters:
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        """Hand free slots to waiters, in queue order (bounded work, see the module doc)."""
+        waiters = self._waiters
+        if not waiters:
+            return
+        pick = self._pool.pick
+        full: set[tuple[str, bool]] = set()  # picks that found no slot in this pass
+        handed: list[_Waiter] = []
+        for waiter in _head(waiters, SCAN):
+            key = (waiter.model, waiter.logprobs)
+            plain = not waiter.exclude and waiter.affinity_key is None
+            if plain and key in full:
+                continue
+            try:
+                node = pick(
+                    waiter.model, logprobs=waiter.logprobs, exclude=waiter.exclude,
+                    affinity_key=waiter.affinity_key,
+                )  # fmt: skip
+            except EdgeError as exc:  # nothing can serve it any more: it is told why
+                waiter.error = exc
+            else:
+                if node is None:
+                    if plain:
+                        full.add(key)
+                    continue
+                node.in_flight += 1
+                waiter.node = node
+            handed.append(waiter)
+        for waiter in handed:
+            if waiters[0] is waiter:
+                waiters.popleft()
+            else:
+                waiters.remove(waiter)
+            waiter.woken.set()
+        if handed:
+            self._metrics.queue_depth.set(len(waiters))
+
+    def _shed(self, reason: str, why: str) -> NoReturn:
+        self._metrics.shed.labels(reason).inc()
+        # Shedding comes in bursts: one line a second at most, with the count.
+        self._shed_unlogged += 1
+        now = trio.current_time()
+        if now - self._shed_logged_at >= 1.0:
+            logger.bind(reason=reason).warning(
+                "shed {} request(s) with 503 overloaded, last: {}", self._shed_unlogged, why
+            )
+            self._shed_unlogged = 0
+            self._shed_logged_at = now
+        raise OverloadedError(
+            f"The edge is overloaded ({why}); retry after {RETRY_AFTER_S}s.",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+
+def _head(waiters: deque[_Waiter], n: int) -> list[_Waiter]:
+    """The first `n` waiters (a copy: the loop over them may hand some out)."""
+    out: list[_Waiter] = []
+    for waiter in waiters:
+        if len(out) == n:
+            break
+        out.append(waiter)
+    return out

@@ -1,0 +1,209 @@
+"""Failover: the attempts of one answer, up to the point where its status is committed.
+
+A chat request's answer starts here, streaming or not:
+
+    committed = await failover.start(scope, request, new_session, keepalive_s=...)
+
+An attempt is one `Run` on one node: a slot from the admission queue
+(`edge.admission`), the start, the accept, then output up to the commit
+point (`Run.first_batch`: the first batch beyond the role chunk, the first
+keep-alive, or the session's terminal). Nothing was sent to the caller
+before that point, so an attempt that failed there on the node's side
+(`Run.failed_over`: unreachable, refused, no accept in time, an error event
+or a broken stream before any output) is tried again on another node (the
+nodes tried are excluded), up to `[routing] retries` times, after a
+jittered exponential backoff. Never after the commit point: from there the
+answer is the committed run's, errors included (an error frame).
+
+A run is never live on two nodes: an attempt that may have reached its
+node is dropped only once its read task is over, CancelRun included
+(bounded; a node that cannot be told gets no successor). Every attempt
+keeps the request's run id (one response id for the caller; a node's runs
+log and the edge's log name the same run) and the request's total
+deadline, and gets a fresh session. Each retry is logged with the request
+id and counted (`iop_edge_retries_total{node,reason}`); the request is
+counted once, from the attempt that answers it (`RequestScope.adopt`).
+
+This module knows runs and the admission queue, not HTTP: the caller turns
+a committed run into a response (`Committed.error`: a real status).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+from loguru import logger
+
+from edge.api.request import ChatRequest
+from edge.config import RoutingConfig
+from edge.errors import EdgeError
+from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S
+from edge.node.pool import NodeState
+from edge.run import Run, Runs
+from edge.stream.output import ErrorOut, OutEvent
+from edge.stream.session import StreamSession
+
+# How long a failed attempt's CancelRun may take before the request gives up on
+# failing over (the read task bounds it by these two already).
+CANCEL_WAIT_S = CANCEL_QUEUE_S + CANCEL_RPC_TIMEOUT_S + 1.0
+
+
+class RequestScope(Protocol):
+    """What failover needs of the request it serves (`edge.http.scope.ChatScope`)."""
+
+    @property
+    def nursery(self) -> trio.Nursery: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    async def hold(self, run: Run) -> None:
+        """Enter `run` for the rest of the request's cycle (left when the cycle ends)."""
+
+    def adopt(self, run: Run) -> None:
+        """`run` answers the request: its outcome is the request's, counted once."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The run that answers the request, and its output up to the commit point.
+
+    Nothing of `first` was sent yet; `keepalive` says the commit point was a
+    keep-alive (the body starts with one).
+    """
+
+    run: Run
+    first: list[OutEvent]
+    keepalive: bool
+
+    @property
+    def error(self) -> ErrorOut | None:
+        """The answer's error when the run failed before any byte: a real HTTP status."""
+        if self.keepalive or self.run.output_seen:
+            return None
+        for event in self.first:
+            if type(event) is ErrorOut:
+                return event
+        return None
+
+
+def backoff_s(base: float, retry: int) -> float:
+    """The wait before retry number `retry` (1, 2, ...): doubling, jittered by +-50%."""
+    return float(base * 2 ** (retry - 1) * random.uniform(0.5, 1.5))
+
+
+class Failover:
+    """Starts answers: the attempts of each, on the pool's nodes (see the module doc)."""
+
+    def __init__(self, runs: Runs, routing: RoutingConfig) -> None:
+        self.runs = runs
+        self.routing = routing
+
+    async def start(
+        self,
+        scope: RequestScope,
+        request: ChatRequest,
+        new_session: Callable[[], StreamSession],
+        *,
+        keepalive_s: float = 0.0,
+        affinity_key: str | None = None,
+    ) -> Committed:
+        """The committed run of `request`, or the EdgeError of its last attempt's start.
+
+        Raises what admission raises for the first attempt (no node serves the
+        model, overloaded). A failed attempt is retried only once another node's
+        slot is taken for it (queued first when every other node is busy): with
+        none, the failure answers.
+        """
+        runs = self.runs
+        admission = runs.admission
+        retries = self.routing.retries
+        deadline = trio.current_time() + runs.timeouts.total_s
+        node = await admission.acquire(
+            request.model, logprobs=request.logprobs, affinity_key=affinity_key
+        )
+        tried: list[NodeState] = []
+        for attempt in range(retries + 1):
+            tried.append(node)
+            run = runs.open(
+                node, scope.nursery, request, new_session(), request_id=scope.request_id,
+                keepalive_s=keepalive_s, deadline=deadline,
+            )  # fmt: skip
+            first: list[OutEvent] = []
+            following: NodeState | None = None  # the next attempt's node, its slot taken
+            try:
+                try:
+                    await scope.hold(run)
+                except EdgeError:
+                    if not run.failed_over:
+                        raise
+                else:
+                    first, keepalive = await run.first_batch()
+                    if keepalive or run.output_seen or not run.session.terminated:
+                        scope.adopt(run)
+                        return Committed(run, first, keepalive)
+                    await run.end()  # it failed before any output: its verdict decides
+                    if not run.failed_over:
+                        scope.adopt(run)
+                        return Committed(run, first, False)
+                # The run failed before any byte, on its node's side: another node?
+                if attempt < retries:
+                    following = await self._next_node(request, tried, affinity_key)
+                if following is None or not await self._dropped(run, attempt):
+                    if following is not None:
+                        admission.release(following)
+                        following = None
+                    if run.start_error is not None:
+                        raise run.start_error
+                    scope.adopt(run)
+                    return Committed(run, first, False)
+            except BaseException:
+                if following is not None:
+                    admission.release(following)
+                scope.adopt(run)
+                raise
+            try:
+                await trio.sleep(backoff_s(self.routing.retry_backoff_s, attempt + 1))
+            except BaseException:
+                admission.release(following)
+                raise
+            node = following
+        raise AssertionError("unreachable: the last attempt answers")
+
+    async def _next_node(
+        self, request: ChatRequest, tried: list[NodeState], affinity_key: str | None
+    ) -> NodeState | None:
+        """Another node for a retry, its slot taken (queued first); None: there is none."""
+        try:
+            return await self.runs.admission.acquire(
+                request.model, logprobs=request.logprobs, exclude=tried,
+                affinity_key=affinity_key, first=True,
+            )  # fmt: skip
+        except EdgeError:
+            return None
+
+    async def _dropped(self, run: Run, attempt: int) -> bool:
+        """Let `run` go for a retry once its node was told (CancelRun); False: keep it."""
+        handle = run.handle
+        if handle is not None:
+            with trio.move_on_after(CANCEL_WAIT_S):
+                await handle.done.wait()
+            if not handle.done.is_set():
+                return False  # the node may still run it: no second node gets it
+        info = run.info
+        reason = run.verdict or "unknown"
+        metrics = self.runs.metrics
+        metrics.retries.labels(info.node, reason).inc()
+        if reason == "error_event":  # counted with the request's outcome otherwise
+            metrics.node_errors.labels(info.node, "error_event").inc()
+        logger.bind(
+            request_id=info.request_id, run_id=info.run_id, node=info.node, reason=reason,
+            retry=attempt + 1,
+        ).warning("run {} failed on node {} before any output ({}); retry {} of {} on another"
+                  " node", info.run_id, info.node, reason, attempt + 1,
+                  self.routing.retries)  # fmt: skip
+        return True

@@ -1,0 +1,177 @@
+"""Admission control over a real edge and a real node process: slots, the queue, shedding.
+
+The node allows `max_runs = 2`; the queue holds 3. Two streams that hang
+mid-answer hold both slots; requests beyond them wait in the queue, and
+past the queue's bounds are answered 503 `overloaded` with `Retry-After`,
+before any byte. A queued client that leaves never starts a run. Waits are
+bounded polls on in-process state; nothing asserts a duration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from edge.config import AdmissionConfig, Config, NodeConfig, ServerConfig
+from tests.integration.conftest import (
+    RunningEdge,
+    SimProcess,
+    chat_body,
+    script,
+    start_edge,
+    start_sim,
+    stop_edge,
+    stop_process,
+)
+
+CHAT = "/v1/chat/completions"
+WAIT_S = 20.0
+HOLD = chat_body("sim-script", script({"type": "delta", "delta": "x"}, {"type": "hang"}),
+                 stream=True)  # fmt: skip
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> AsyncIterator[SimProcess]:
+    sim = start_sim(tmp_path, "admission")
+    yield sim  # type: ignore[misc]
+    stop_process(sim.process)
+
+
+async def _edge(nursery: trio.Nursery, sim: SimProcess, queue_timeout_s: float) -> RunningEdge:
+    config = Config(
+        server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0),
+        admission=AdmissionConfig(max_queue=3, queue_timeout_s=queue_timeout_s),
+        nodes=(NodeConfig("sim", sim.address, max_runs=2),),
+    )
+    return await start_edge(nursery, config)
+
+
+async def _poll(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+    with trio.fail_after(within_s):
+        while not condition():  # noqa: ASYNC110 - in-process state with no event
+            await trio.sleep(0.01)
+
+
+def _sample(edge: RunningEdge, name: str, **labels: str) -> float:
+    return edge.edge.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def _hold(http: httpx.AsyncClient, held: list[str]) -> None:
+    """A stream mid-answer that keeps its slot until cancelled (its client leaves)."""
+    async with http.stream("POST", CHAT, json=HOLD) as response:
+        async for line in response.aiter_lines():
+            if '"content":"x"' in line:
+                held.append(json.loads(line[6:])["id"])
+                await trio.sleep_forever()
+
+
+def _assert_overloaded(response: httpx.Response) -> None:
+    assert response.status_code == 503, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert int(response.headers["Retry-After"]) >= 1
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("overloaded", "overloaded")
+    assert error["message"]
+
+
+async def test_a_full_queue_answers_503_overloaded_at_once(
+    nursery: trio.Nursery, node: SimProcess
+) -> None:
+    """Two runs hold both slots, three requests wait: the sixth concurrent request gets 503
+    overloaded with Retry-After while the three still wait; once the slots are given back
+    the three are answered, in full."""
+    edge = await _edge(nursery, node, queue_timeout_s=60)
+    admission = edge.edge.chat.admission
+    held: list[str] = []
+    answers: list[httpx.Response] = []
+
+    async def queued(http: httpx.AsyncClient) -> None:
+        answers.append(await http.post(CHAT, json=chat_body("sim-echo", "after the wait")))
+
+    async with (
+        httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S) as http,
+        trio.open_nursery() as waiting,
+        trio.open_nursery() as holders,
+    ):
+        for _ in range(2):
+            holders.start_soon(_hold, http, held)
+        await _poll(lambda: len(held) == 2)
+        for _ in range(3):
+            waiting.start_soon(queued, http)
+        await _poll(lambda: admission.depth == 3)
+        assert _sample(edge, "iop_edge_queue_depth") == 3
+        _assert_overloaded(await http.post(CHAT, json=chat_body("sim-echo", "sixth")))
+        assert admission.depth == 3  # answered while the queue was still full
+        holders.cancel_scope.cancel()  # the holders leave: their slots free up
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert {r.json()["choices"][0]["message"]["content"] for r in answers} == {"after the wait"}
+    assert _sample(edge, "iop_edge_shed_total", reason="queue_full") == 1
+    await edge.wait_idle()
+    assert admission.depth == 0
+    assert _sample(edge, "iop_edge_queue_seconds_count") == 3
+    await stop_edge(edge)
+
+
+async def test_a_queued_client_that_leaves_never_starts_a_run(
+    nursery: trio.Nursery, node: SimProcess
+) -> None:
+    """A client that hangs up while its request waits in the queue leaves the queue; no run
+    is started for it, on the node or in the edge, and it is counted once, cancelled."""
+    edge = await _edge(nursery, node, queue_timeout_s=60)
+    admission = edge.edge.chat.admission
+    held: list[str] = []
+    async with (
+        httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S) as http,
+        trio.open_nursery() as holders,
+    ):
+        for _ in range(2):
+            holders.start_soon(_hold, http, held)
+        await _poll(lambda: len(held) == 2)
+        async with trio.open_nursery() as leaver:
+            body = chat_body("sim-echo", "never run")
+            leaver.start_soon(
+                lambda: http.post(CHAT, json=body, headers={"X-Request-Id": "leaver"})
+            )
+            await _poll(lambda: admission.depth == 1)
+            leaver.cancel_scope.cancel()  # the client hangs up while queued
+        await _poll(lambda: admission.depth == 0)
+        holders.cancel_scope.cancel()
+    await edge.wait_idle()
+    assert all(info.request_id != "leaver" for info, _ in edge.outcomes)
+    await _poll(lambda: len([r for r in node.runs() if "outcome" in r]) >= 2)
+    runs = [r for r in node.runs() if "outcome" in r]
+    assert {r["run_id"] for r in runs} == {h.removeprefix("chatcmpl-") for h in held}
+    assert _sample(
+        edge, "iop_edge_requests_total", model="sim-echo", node="none", stream="false",
+        status="cancelled",
+    ) == 1  # fmt: skip
+    await stop_edge(edge)
+
+
+async def test_a_wait_past_the_queue_timeout_answers_503(
+    nursery: trio.Nursery, node: SimProcess
+) -> None:
+    """No slot frees within queue_timeout_s: 503 overloaded with Retry-After, streamed or
+    not (no byte of a stream before it), counted as shed queue_timeout."""
+    edge = await _edge(nursery, node, queue_timeout_s=0.2)
+    held: list[str] = []
+    async with (
+        httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S) as http,
+        trio.open_nursery() as holders,
+    ):
+        for _ in range(2):
+            holders.start_soon(_hold, http, held)
+        await _poll(lambda: len(held) == 2)
+        for stream in (False, True):
+            body: dict[str, Any] = chat_body("sim-echo", "too late", stream=stream)
+            _assert_overloaded(await http.post(CHAT, json=body))
+        holders.cancel_scope.cancel()
+    assert _sample(edge, "iop_edge_shed_total", reason="queue_timeout") == 2
+    assert edge.edge.chat.admission.depth == 0
+    await stop_edge(edge)
