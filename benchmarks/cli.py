@@ -4,8 +4,10 @@ Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--cl
 (load-generator processes), sizes (`--ttft-samples`, `--long-chunks`, `--concurrency`,
 `--open-streams`, `--rates`, `--rate-seconds`, `--disconnects`), `--budget-s`, `--out`,
 `--keep` (keep the temporary directory with the edge's and the node's logs), `--paced`
-(the paced workload's sizes), `--peers` (also run the peer tool with LiteLLM and SMG;
-it installs both into ~/.cache) and `--ab REV` (A/B against a git revision).
+(the paced workload's sizes), `--overload-only` / `--no-overload` (the overload curve,
+`benchmarks.overload`; with `--ab REV` the curve on both sides), `--peers` (also run
+the peer tool with LiteLLM and SMG; it installs both into ~/.cache) and `--ab REV`
+(A/B against a git revision).
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loadgen import raise_nofile
+from benchmarks.loadgen import Pool, raise_nofile
+from benchmarks.overload import QUICK as OVERLOAD_QUICK
+from benchmarks.overload import OverloadSettings, measure_overload, render_overload
 from benchmarks.report import diff, dig, fmt, fmt_range, fold, goal_rows, med, ratio, sig, table
+from benchmarks.stack import EdgeSource
 from benchmarks.workloads import Settings, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(a temporary git worktree), alternating, in calibration units",
     )
     p.add_argument("--ab-pairs", type=int, default=3, help="A/B pairs of runs (default 3)")
+    p.add_argument(
+        "--overload-only",
+        action="store_true",
+        help="only the overload curve (with --ab REV: on this tree, then on REV); "
+        "writes results/overload.json",
+    )
+    p.add_argument("--no-overload", action="store_true", help="leave the overload curve out")
     return p
 
 
@@ -632,6 +644,59 @@ def main_ab(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def overload_settings(args: argparse.Namespace) -> OverloadSettings:
+    return OVERLOAD_QUICK if args.quick else OverloadSettings()
+
+
+def overload_run(
+    args: argparse.Namespace, tmp: Path, source: EdgeSource | None = None
+) -> dict[str, Any]:
+    """The overload curve on a stack of its own, with one load-generator process."""
+    pool = Pool(1)
+    where = tmp / f"overload-{source.label if source else 'tree'}".replace(" ", "_")
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        return measure_overload(
+            pool, where, overload_settings(args), source,
+            log=lambda text: print(text, file=sys.stderr, flush=True),
+        )  # fmt: skip
+    finally:
+        pool.close()
+
+
+def main_overload(args: argparse.Namespace) -> int:
+    """`--overload-only`: the curve (and REV's, with `--ab REV`); writes overload.json."""
+    from benchmarks.ab import _git, checkout, edge_module_path, remove_checkout
+
+    out = args.out or DEFAULT_OUT.parent / "overload.json"
+    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-overload-"))
+    result: dict[str, Any] = {"machine": machine(), "quick": args.quick, "curves": {}}
+    started = time.monotonic()
+    try:
+        changed = " + changes" if _git("status", "--porcelain", "--", "edge") else ""
+        label = f"this tree ({_git('rev-parse', '--short', 'HEAD')}{changed})"
+        result["curves"][label] = overload_run(args, tmp)
+        if args.ab:
+            _, where, other = checkout(args.ab, tmp)
+            try:
+                result["edge_code"] = edge_module_path(other)
+                result["curves"][other.label] = overload_run(args, tmp, other)
+            finally:
+                remove_checkout(where)
+    finally:
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result["elapsed_s"] = sig(time.monotonic() - started)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    for label, curve in result["curves"].items():
+        print("\n".join(render_overload(curve, label)) + "\n")
+    print(f"written: {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from(args)
@@ -644,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.overload_only:
+        return main_overload(args)
     if args.ab:
         return main_ab(args, settings)
     if args.peers_only:
@@ -664,6 +731,8 @@ def main(argv: list[str] | None = None) -> int:
         result["raw"] = raw
         result["summary"] = summarize(raw, settings)
         result["goals"] = goal_rows(result["summary"])
+        if not args.no_overload:
+            result["overload"] = overload_run(args, tmp)
         if args.peers or args.litellm:
             result["peers"] = peers(args, settings, tmp)
     finally:
@@ -675,5 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(render(result))
+    if "overload" in result:
+        print("\n" + "\n".join(render_overload(result["overload"])))
     print(f"\nwritten: {args.out}")
     return 0

@@ -63,6 +63,7 @@ class ResponseReader:
         "errors",
         "first_content_at",
         "http_chunks",
+        "retry_after",
         "run_id",
         "stamps",
         "status",
@@ -86,6 +87,7 @@ class ResponseReader:
         self.errors = 0
         self.first_content_at: float | None = None
         self.http_chunks = 0
+        self.retry_after: bytes | None = None  # the Retry-After header's value, if any
         self.run_id: str | None = None
         # The monotonic arrival time of every content frame (paced streams only): frames
         # that arrive in one read share a time, as a batched write delivers them.
@@ -173,6 +175,8 @@ class ResponseReader:
                 chunked = b"chunked" in value.lower()
             elif name == b"connection":
                 self.close = b"close" in value.lower()
+            elif name == b"retry-after":
+                self.retry_after = value.strip()
         if chunked:
             return _SIZE
         if length > 0:

@@ -60,9 +60,10 @@ def raise_nofile(want: int = 65536) -> int:
 def _worker(conn: multiprocessing.connection.Connection) -> None:
     raise_nofile()
     from benchmarks.direct import DIRECT_JOBS
+    from benchmarks.overload import OVERLOAD_JOBS
     from benchmarks.paced import PACED_JOBS
 
-    jobs: dict[str, JobFn] = {**AIO_JOBS, **DIRECT_JOBS, **PACED_JOBS}
+    jobs: dict[str, JobFn] = {**AIO_JOBS, **DIRECT_JOBS, **PACED_JOBS, **OVERLOAD_JOBS}
     ctl = Ctl(conn)
     while True:
         try:

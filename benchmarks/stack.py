@@ -248,9 +248,20 @@ class EdgeSource:
 class Stack:
     """The simulated node and the edge, as subprocesses; a context manager."""
 
-    def __init__(self, tmp: Path, edge_source: EdgeSource | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        edge_source: EdgeSource | None = None,
+        *,
+        node_keys: str = "",
+        extra_config: str = "",
+    ) -> None:
+        """`node_keys` are TOML lines added to the node's `[[nodes]]` table, `extra_config`
+        tables added after it (the overload workload's `max_runs` and `[admission]`)."""
         self.tmp = tmp
         self.edge_source = edge_source or EdgeSource()
+        self.node_keys = node_keys
+        self.extra_config = extra_config
         self.sim: subprocess.Popen[bytes] | None = None
         self.edge: subprocess.Popen[bytes] | None = None
         self.runs_log = RunsLog(tmp / "runs.fifo")
@@ -298,9 +309,10 @@ class Stack:
 
         self.edge_port = free_port()
         config = self.tmp / "config.toml"
-        config.write_text(
-            EDGE_CONFIG.format(port=self.edge_port, name="sim", node=f"127.0.0.1:{self.node_port}")
+        text = EDGE_CONFIG.format(
+            port=self.edge_port, name="sim", node=f"127.0.0.1:{self.node_port}"
         )
+        config.write_text(text + self.node_keys + self.extra_config)
         source = self.edge_source
         command = list(source.command) or [venv_script("iop-edge")]
         self.edge = _spawn(

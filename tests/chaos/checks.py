@@ -4,8 +4,14 @@ Each check takes the requests joined with the edge's log and the nodes' runs
 logs (`witness`) and returns `Violation`s naming the request and run ids;
 none is ever skipped. A run on a node that was killed while the run was in
 flight (or in the node's 1 s CancelRun grace) may be missing from the runs
-log: it is excused from "every run ended" and from its plan's expected
-outcome, and nothing else.
+log: it is excused from "every run ended", and from its plan's expected
+outcome only if its client had received a byte (the response head) before
+the kill: a request with no byte yet is failed over to another node and must
+end as its plan says ("failover").
+
+One run id may run on several nodes (failover keeps the request's run id
+for every attempt), never on two at once: each node's runs-log line has the
+run's start and end (wall clock, one machine), and no two may overlap.
 """
 
 from __future__ import annotations
@@ -14,7 +20,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.chaos.plan import CUT_KINDS
-from tests.chaos.witness import Joined, Observed, client_view, join, terminals
+from tests.chaos.witness import (
+    Joined,
+    Observed,
+    byte_before_kill,
+    client_view,
+    join,
+    kills_met,
+    lost_after_output,
+    nodes_tried,
+    terminals,
+)
 
 ENDED = frozenset({"complete", "error", "cancelled", "aborted"})
 FD_SLACK = 6
@@ -27,6 +43,8 @@ INVARIANTS = {
     "metrics": "request metrics add up to the requests sent, each counted once",
     "resources": "the edge's fds/threads/sockets return to baseline; RSS within bound",
     "plans": "every request not hit by a node kill ended the way its plan says",
+    "failover": "every request a node kill met before its first byte ended as planned",
+    "one_live": "no run id live on two nodes at once (runs-log start/end times)",
     "edge_log": "the edge logged no ERROR line",
     "bounded": "the load finished within --duration",
 }
@@ -147,10 +165,103 @@ def check_runs_ended(joined: list[Joined]) -> tuple[list[Violation], int, int]:
             continue
         if len(j.lines) > 1:
             out.append(Violation("runs_ended", f"{len(j.lines)} runs-log lines", (j.tag,)))
-        outcome = j.lines[0].get("outcome")
-        if outcome not in ENDED:
-            out.append(Violation("runs_ended", f"outcome {outcome!r}", (j.tag,)))
+        for line in j.attempts:
+            if line.get("outcome") not in ENDED:
+                out.append(
+                    Violation(
+                        "runs_ended", f"outcome {line.get('outcome')!r} on {line['node']}", (j.tag,)
+                    )
+                )
+        nodes = {line["node"] for line in j.attempts}
+        if len(nodes) > 1 + len(j.retries):
+            out.append(
+                Violation(
+                    "runs_ended",
+                    f"ran on {len(nodes)} nodes ({', '.join(sorted(nodes))}) with "
+                    f"{len(j.retries)} retries logged",
+                    (j.tag,),
+                )
+            )
     return out, excused, never
+
+
+def check_one_live(joined: list[Joined]) -> tuple[list[Violation], dict[str, int]]:
+    """A run id with lines on several nodes: their [started_at, ended_at] never overlap.
+
+    Returns the violations and figures: runs seen on several nodes, and lines
+    without start times (a node too old to write them: checked by count only).
+    """
+    out: list[Violation] = []
+    several = untimed = 0
+    seen: set[str] = set()
+    for j in joined:
+        if j.run_id is None or j.run_id in seen or len(j.attempts) < 2:
+            continue
+        seen.add(j.run_id)
+        several += 1
+        timed = [x for x in j.attempts if x.get("started_at") and x.get("ended_at")]
+        untimed += len(j.attempts) - len(timed)
+        spans = sorted((float(x["started_at"]), float(x["ended_at"]), x["node"]) for x in timed)
+        latest: tuple[float, str] | None = None  # the latest end so far, and its node
+        for start, end, node in spans:
+            if latest is not None and start < latest[0]:
+                out.append(
+                    Violation(
+                        "one_live",
+                        f"live on {latest[1]} and {node} at once "
+                        f"({(latest[0] - start) * 1000:.0f} ms)",
+                        (j.tag,),
+                    )
+                )
+            if latest is None or end > latest[0]:
+                latest = (end, node)
+    return out, {"several_nodes": several, "untimed": untimed}
+
+
+def check_failover(joined: list[Joined], obs: Observed) -> list[Violation]:
+    """A request a node kill met before its client had any byte ends as its plan says:
+    the edge tried it on another node (a request that had a byte may end in an error frame;
+    `terminal` checks it has one)."""
+    out: list[Violation] = []
+    for j in joined:
+        r, want = j.result, j.result.plan.expect
+        if not j.affected or r.ended == "load_bound" or byte_before_kill(j, obs.downtimes):
+            continue
+        if lost_after_output(j, obs.downtimes):
+            continue  # counted in the summary (figure "lost_after_output")
+        view = client_view(r)
+        if view != want.terminal:
+            kills = ", ".join(f"{t:.2f}s" for t in kills_met(j, obs.downtimes)) or "none in flight"
+            head = f"{r.t_head:.2f}s" if r.t_head is not None else "never"
+            out.append(
+                Violation(
+                    "failover",
+                    f"ended {view}, plan says {want.terminal} (sent {r.t_sent:.2f}s, head "
+                    f"{head}, kills {kills}, nodes {','.join(sorted(nodes_tried(j))) or '-'}, "
+                    f"{len(j.retries)} retries)",
+                    (j.tag,),
+                )
+            )
+    return out
+
+
+def restart_figures(obs: Observed) -> list[tuple[str, float | None]]:
+    """Per restart: seconds from the node listening again to the start of its first run
+    there (None: no run started on it, or its runs log has no start times)."""
+    firsts: dict[tuple[str, int], float] = {}
+    for node, rec in obs.runs_lines:
+        life, started = rec.get("_life"), rec.get("started_at")
+        if isinstance(life, int) and life > 0 and isinstance(started, int | float):
+            key = (node, life)
+            firsts[key] = min(firsts.get(key, float(started)), float(started))
+    out: list[tuple[str, float | None]] = []
+    for node, times in sorted(obs.listening.items()):
+        for life, listened in enumerate(times):
+            if life == 0:
+                continue
+            first = firsts.get((node, life))
+            out.append((node, None if first is None else first - listened))
+    return out
 
 
 def _edge_status(j: Joined) -> str | None:
@@ -272,6 +383,14 @@ def check_metrics(obs: Observed, joined: list[Joined], tables: dict[str, Any]) -
             out.append(
                 Violation("metrics", f"client saw {client_view(r)}, edge recorded {got}", (j.tag,))
             )
+    retried = sum(v for k, v in m.items() if k.startswith("iop_edge_retries_total{"))
+    logged = sum(len(v) for v in tables["retries"].values())
+    if retried != logged:
+        out.append(
+            Violation(
+                "metrics", f"iop_edge_retries_total = {retried:g}, the edge logged {logged} retries"
+            )
+        )
     cancels_sent = sum(v for k, v in m.items() if k.startswith("iop_edge_node_cancels_total{"))
     cancels_got = sum(int(x.get("cancel_rpcs", 0)) for ls in tables["lines"].values() for x in ls)
     cancels_got += sum(tables["unknown_cancels"].values())
@@ -370,8 +489,11 @@ def check_all(obs: Observed) -> tuple[list[Violation], dict[str, Any]]:
     """Every invariant; returns the violations and figures for the summary."""
     joined, tables = join(obs)
     runs_v, excused, never = check_runs_ended(joined)
+    live_v, live = check_one_live(joined)
     violations = [
         *runs_v,
+        *live_v,
+        *check_failover(joined, obs),
         *check_cancel_rpc(joined, tables),
         *check_terminal(joined),
         *check_metrics(obs, joined, tables),
@@ -397,5 +519,14 @@ def check_all(obs: Observed) -> tuple[list[Violation], dict[str, Any]]:
         "unknown_cancels": sum(tables["unknown_cancels"].values()),
         "affected": sum(1 for j in joined if j.affected),
         "raced": tables.get("raced", 0),
+        "retries": sum(len(v) for v in tables["retries"].values()),
+        "retried_requests": sum(1 for j in joined if j.retries),
+        "several_nodes": live["several_nodes"],
+        "untimed": live["untimed"],
+        "failed_over": sum(
+            1 for j in joined if j.affected and not byte_before_kill(j, obs.downtimes)
+        ),
+        "lost_after_output": sum(1 for j in joined if lost_after_output(j, obs.downtimes)),
+        "restarts": restart_figures(obs),
     }
     return violations, figures

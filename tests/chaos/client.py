@@ -38,6 +38,8 @@ class StreamResult:
     request_id: str
     t_sent: float = 0.0
     t_end: float = 0.0
+    # When the response head (its first byte) arrived; None: it never did.
+    t_head: float | None = None
     ended: str = ""
     status: int | None = None
     run_id: str | None = None
@@ -151,7 +153,7 @@ async def run_stream(result: StreamResult, port: int, t0: float) -> None:
         if cut is not None and cut.after_s is not None:
             limit = cut.after_s
         with trio.move_on_after(limit) as scope:
-            result.ended = await _read(sock, conn, plan, result)
+            result.ended = await _read(sock, conn, plan, result, t0)
         if scope.cancelled_caught:
             result.ended = "cut" if timed_cut else "hung"
             result.cut_reason = "after_s" if timed_cut else ""
@@ -171,7 +173,7 @@ async def run_stream(result: StreamResult, port: int, t0: float) -> None:
 
 
 async def _read(
-    sock: trio.SocketStream, conn: h11.Connection, plan: Plan, result: StreamResult
+    sock: trio.SocketStream, conn: h11.Connection, plan: Plan, result: StreamResult, t0: float
 ) -> str:
     """Read the response until its end, or until the plan's cut; returns how it ended."""
     cut = plan.cut
@@ -200,6 +202,7 @@ async def _read(
                 await trio.sleep(plan.stall_s)
             continue
         if isinstance(event, h11.Response):
+            result.t_head = trio.current_time() - t0
             result.status = event.status_code
             ctype = dict(event.headers).get(b"content-type", b"")
             if event.status_code == 200 and ctype.startswith(b"text/event-stream"):

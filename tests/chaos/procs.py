@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -69,6 +70,8 @@ class SimNode:
     runs_logs: list[Path] = field(default_factory=list)
     # (killed at, serving again at), on the run's clock.
     downtimes: list[tuple[float, float]] = field(default_factory=list)
+    # When each incarnation was seen listening, wall clock (the runs log's clock).
+    listening_at: list[float] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -97,6 +100,7 @@ class SimNode:
                 text = out.read_text(errors="replace") if out.exists() else ""
                 if "listening on" in text:
                     self.port = int(text.split("listening on", 1)[1].split()[0].rsplit(":", 1)[1])
+                    self.listening_at.append(time.time())
                     return
                 if self.process.returncode is not None or self.process.poll() is not None:
                     break

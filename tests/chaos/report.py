@@ -90,6 +90,8 @@ def write_results(path: Path, report: Report) -> None:
                 "status": r.status, "view": client_view(r), "run_id": j.run_id, "node": j.node,
                 "outcome": j.lines[0].get("outcome") if j.lines else None,
                 "cancel_rpcs": j.cancels, "affected": j.affected, "problems": r.problems,
+                "t_head": r.t_head, "retries": j.retries,
+                "attempts": [{"node": x["node"], "outcome": x.get("outcome")} for x in j.attempts],
                 "plan": {"cut": str(r.plan.cut), "expect": str(r.plan.expect)},
                 "request": r.plan.request,
             }  # fmt: skip
@@ -102,6 +104,10 @@ def _cores() -> int:
 
 def _at(t: float) -> str:
     return f"{t:.2f}s" if math.isfinite(t) else "never"
+
+
+def _restart(node: str, seconds: float | None) -> str:
+    return f"{node} {seconds:.2f}s" if seconds is not None else f"{node} no run (or no start times)"
 
 
 def summary(report: Report) -> str:
@@ -139,6 +145,7 @@ def summary(report: Report) -> str:
         if k.startswith("iop_edge_requests_total{"):
             statuses[k.split('status="', 1)[1].split('"', 1)[0]] += int(v)
     cancels = sum(v for k, v in m.items() if k.startswith("iop_edge_node_cancels_total{"))
+    retries = sum(v for k, v in m.items() if k.startswith("iop_edge_retries_total{"))
     warm = sum(1 for r in report.results if r.plan.index < 0)
     lines += [
         "",
@@ -154,6 +161,14 @@ def summary(report: Report) -> str:
         f"{f.get('raced', 0)}",
         "node kills: "
         + (", ".join(f"{n} at {d:.2f}s (up {_at(u)})" for n, d, u in report.kills) or "none"),
+        f"failover: {f.get('retries', 0)} retries for {f.get('retried_requests', 0)} requests "
+        f"(iop_edge_retries_total {retries:g}); requests met by a kill before their first byte "
+        f"{f.get('failed_over', 0)}; non-stream answers lost after their run's first output "
+        f"{f.get('lost_after_output', 0)}; run ids on two or more nodes "
+        f"{f.get('several_nodes', 0)}"
+        + (f" ({f['untimed']} lines without start times)" if f.get("untimed") else ""),
+        "restart (node listening -> its first run started): "
+        + (", ".join(_restart(n, s) for n, s in f.get("restarts", [])) or "no restart"),
     ]
     edges = sorted(
         [(r.t_sent, 1) for r in report.results] + [(r.t_end, -1) for r in report.results]

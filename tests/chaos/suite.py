@@ -170,14 +170,16 @@ async def _stable(
 def _runs_lines(nodes: list[SimNode]) -> list[tuple[str, dict[str, Any]]]:
     lines: list[tuple[str, dict[str, Any]]] = []
     for node in nodes:
-        for path in node.runs_logs:
+        for life, path in enumerate(node.runs_logs):
             if not path.exists():
                 continue
             for raw in path.read_text(errors="replace").splitlines():
                 try:
-                    lines.append((node.name, json.loads(raw)))
+                    record = json.loads(raw)
                 except ValueError:
                     continue  # a line cut short by kill -9
+                if isinstance(record, dict):
+                    lines.append((node.name, {**record, "_life": life}))
     return lines
 
 
@@ -257,6 +259,7 @@ async def run_suite(options: Options) -> Report:
         load_bound_hit=bound.cancelled_caught,
         rss_bound_mib=options.rss_bound_mib,
         not_started=sum(1 for r in results if not r.ended),
+        listening={n.name: list(n.listening_at) for n in nodes},
     )
     report.violations, report.figures = check_all(observed)
     write_results(workdir / "results.jsonl", report)

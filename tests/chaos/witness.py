@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.chaos.client import StreamResult
+from tests.chaos.plan import KEEPALIVE_S
 from tests.chaos.procs import Stats
 
 # The node writes a cancelled run's line after a 1 s grace for its CancelRun.
@@ -24,6 +25,8 @@ GRACE_S = 1.5
 # After a node is back, the edge's pool may still hold it unhealthy until its
 # next refresh (5 s): requests rejected with 503 then are the kill's doing.
 POOL_REFRESH_S = 6.5
+# A response head read this long after a kill may have left the edge before it.
+HEAD_SLACK_S = 0.05
 
 
 @dataclass
@@ -42,6 +45,8 @@ class Observed:
     load_bound_hit: bool
     rss_bound_mib: float
     not_started: int = 0
+    # node -> wall-clock times each incarnation was seen listening (the runs log's clock).
+    listening: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -52,8 +57,13 @@ class Joined:
     completions: list[dict[str, Any]] = field(default_factory=list)
     rejected_status: list[int] = field(default_factory=list)
     run_id: str | None = None
-    node: str | None = None
+    node: str | None = None  # the node of the attempt that answered
+    # The runs-log lines of the answering attempt (on `node`; every node's when none).
     lines: list[dict[str, Any]] = field(default_factory=list)
+    # Every runs-log line of the run id, on any node: one per attempt that left a line.
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    # The edge's retry lines for this request: (node given up, reason).
+    retries: list[tuple[str, str]] = field(default_factory=list)
     cancels: int = 0
     affected: bool = False
     # The error type when the node did not accept the run (the edge answered 502/503).
@@ -73,10 +83,13 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
     rejected: dict[str, list[int]] = defaultdict(list)
     not_started: dict[str, dict[str, Any]] = {}
     cancel_lost: set[str] = set()  # runs whose CancelRun met a broken connection
+    retries: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for rec in obs.edge_records:
         msg, rid = str(rec.get("msg", "")), str(rec.get("request_id", ""))
         if msg.startswith("chat completion "):
             completions[rid].append(rec)
+        elif msg.startswith("run ") and " before any output" in msg and "retry" in rec:
+            retries[rid].append((str(rec.get("node")), str(rec.get("reason"))))
         elif msg.startswith("run ") and " did not start on node " in msg:
             not_started[rid] = rec
         elif (lost := _cancel_lost_run(msg)) is not None:
@@ -85,9 +98,11 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
             rejected[rid].append(rec["status"])
     lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
     unknown_cancels: Counter[str] = Counter()
+    unknown_at: Counter[tuple[str, str]] = Counter()  # (run id, node)
     for node, rec in obs.runs_lines:
         if rec.get("type") == "cancel_rpc":
             unknown_cancels[str(rec.get("run_id"))] += 1
+            unknown_at[str(rec.get("run_id")), node] += 1
         elif "run_id" in rec:
             lines[str(rec["run_id"])].append({**rec, "node": node})
     joined: list[Joined] = []
@@ -101,15 +116,73 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
             j.start_error = str(started.get("error_type", "")) if not j.completions else ""
         elif result.run_id:
             j.run_id = result.run_id
+        j.retries = retries.get(result.request_id, [])
         if j.run_id is not None:
-            j.lines = lines.get(j.run_id, [])
+            j.attempts = lines.get(j.run_id, [])
+            # With failover, one run id may have a line on each node an attempt reached:
+            # the answering attempt's is the one on the node the edge logged.
+            mine = [x for x in j.attempts if x["node"] == j.node]
+            j.lines = mine if j.node is not None else j.attempts
             j.cancels = sum(int(x.get("cancel_rpcs", 0)) for x in j.lines)
-            j.cancels += unknown_cancels.get(j.run_id, 0)
+            if j.node is not None:
+                j.cancels += unknown_at.get((j.run_id, j.node), 0)
+            else:
+                j.cancels += unknown_cancels.get(j.run_id, 0)
         j.cancel_lost = j.run_id in cancel_lost
         j.affected = _affected(j, obs.downtimes)
         joined.append(j)
-    tables = {"lines": lines, "unknown_cancels": unknown_cancels}
+    tables = {"lines": lines, "unknown_cancels": unknown_cancels, "retries": retries}
     return joined, tables
+
+
+def nodes_tried(j: Joined) -> set[str]:
+    """The nodes this request's attempts ran on, as the edge logged them."""
+    return {node for node, _ in j.retries} | ({j.node} if j.node is not None else set())
+
+
+def kills_met(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> list[float]:
+    """The kill times of the nodes this request's attempts ran on, while it was in flight."""
+    r = j.result
+    tried = nodes_tried(j) or set(downtimes)
+    return sorted(
+        down
+        for node in tried
+        for down, _ in downtimes.get(node, [])
+        if r.t_sent - 0.05 <= down <= r.t_end
+    )
+
+
+def byte_before_kill(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> bool:
+    """Whether the client may have had its answer's first byte before a kill of a node its
+    request ran on; such an answer may end in an error frame, one with no byte may not (it
+    is failed over).
+
+    The client's own clock says late what it read late (a busy client reads its
+    sockets late), so a 200 stream counts as begun once the edge must have committed
+    it: its first keep-alive is due KEEPALIVE_S after the request.
+    """
+    r = j.result
+    head = r.t_head
+    if head is None:
+        return False
+    for down in kills_met(j, downtimes):
+        if head <= down + HEAD_SLACK_S:
+            return True
+        if r.status == 200 and r.plan.stream and down >= r.t_sent + KEEPALIVE_S + HEAD_SLACK_S:
+            return True
+    return False
+
+
+def lost_after_output(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> bool:
+    """A non-streaming answer that failed (502) when its node died after its run's first
+    output: the edge commits an answer at its run's first output, so it is not failed over,
+    though its client had no byte yet. Counted, not excused silently."""
+    r = j.result
+    return (
+        not r.plan.stream
+        and r.status == 502
+        and any(down >= r.t_sent + HEAD_SLACK_S for down in kills_met(j, downtimes))
+    )
 
 
 def _cancel_lost_run(msg: str) -> str | None:
@@ -143,7 +216,7 @@ def _affected(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> boo
     """
     r = j.result
     if j.node is not None:
-        spans = downtimes.get(j.node, [])
+        spans = [span for node in nodes_tried(j) for span in downtimes.get(node, [])]
     else:
         spans = [span for node_spans in downtimes.values() for span in node_spans]
     for down, up in spans:
