@@ -159,12 +159,17 @@ def byte_before_kill(j: Joined, downtimes: dict[str, list[tuple[float, float]]])
 
     The client's own clock says late what it read late (a busy client reads its
     sockets late), so a 200 stream counts as begun once the edge must have committed
-    it: its first keep-alive is due KEEPALIVE_S after the request.
+    it: its first keep-alive is due KEEPALIVE_S after the request; and a 200 stream
+    with output or a keep-alive before its error frame was committed before its node
+    failed (the edge commits at the first output or keep-alive, and a killed node
+    sends nothing more).
     """
     r = j.result
     head = r.t_head
     if head is None:
         return False
+    if r.status == 200 and r.plan.stream and (r.content_frames or r.keepalives):
+        return True
     for down in kills_met(j, downtimes):
         if head <= down + HEAD_SLACK_S:
             return True
