@@ -349,3 +349,58 @@ async def test_a_node_killed_under_load(
         if record["run_id"] in ended_on_a:
             _never_live_on_both(ended_on_a[record["run_id"]], record)
     await stop_edge(running)
+
+
+# --- the pool's verdicts and affinity, driven by real requests ---------------------------
+
+
+async def test_the_same_session_lands_on_the_same_node(
+    nursery: trio.Nursery, sims: tuple[SimProcess, SimProcess]
+) -> None:
+    """policy = "affinity": every request of a session (its X-Session-Id, else its `user`)
+    is answered by one node; the sessions spread over both nodes."""
+    config = _config(*sims)
+    config = replace(config, routing=replace(config.routing, policy="affinity"))
+    running = await start_edge(nursery, config)
+    sessions = [f"session-{i}" for i in range(20)]
+    async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+        for _ in range(3):
+            for session in sessions:
+                header = await http.post(
+                    CHAT, json=chat_body("sim-echo", "hi"), headers={"X-Session-Id": session}
+                )
+                by_user = await http.post(CHAT, json=chat_body("sim-echo", "hi", user=session))
+                assert (header.status_code, by_user.status_code) == (200, 200)
+    await stop_edge(running)
+    nodes: dict[str, set[str]] = {}
+    for (info, _), session in zip(running.outcomes, [s for _ in range(3) for s in sessions
+                                                     for _ in range(2)], strict=True):  # fmt: skip
+        nodes.setdefault(session, set()).add(info.node)
+    assert all(len(served) == 1 for served in nodes.values()), nodes
+    assert {node for served in nodes.values() for node in served} == {"a", "b"}
+
+
+async def test_failed_runs_open_the_breaker_and_the_next_request_gets_503(
+    nursery: trio.Nursery, sims: tuple[SimProcess, SimProcess]
+) -> None:
+    """A node whose runs fail before any output (no other node to fail over to): each is a
+    502; after breaker_failures of them the breaker is open, /readyz says so, and the next
+    request is a 503 node_unavailable with no run sent."""
+    a, _ = sims
+    config = _config(a)
+    config = replace(
+        config, routing=replace(config.routing, breaker_failures=3, breaker_cooldown_s=600)
+    )
+    running = await start_edge(nursery, config)
+    fail = script({"type": "error", "error": "the model fell over"})
+    async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+        for _ in range(3):
+            failed = await http.post(CHAT, json=chat_body("sim-script", fail))
+            assert failed.status_code == 502, failed.text
+        refused = await http.post(CHAT, json=chat_body("sim-echo", "hi"))
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["type"] == "node_unavailable"
+        nodes = (await http.get("/readyz")).json()["nodes"]
+        assert [n["state"] for n in nodes] == ["open"]
+    await stop_edge(running)
+    assert len(a.runs()) == 3
