@@ -7,7 +7,8 @@ A chat request's answer starts here, streaming or not:
 An attempt is one `Run` on one node: a slot from the admission queue
 (`edge.admission`), the start, the accept, then output up to the commit
 point (`Run.first_batch`: the first batch beyond the role chunk, the first
-keep-alive, or the session's terminal). Nothing was sent to the caller
+keep-alive, or the session's terminal; a non-streaming answer's is its
+end). Nothing was sent to the caller
 before that point, so an attempt that failed there on the node's side
 (`Run.failed_over`: unreachable, refused, no accept in time, an error event
 or a broken stream before any output) is tried again on another node (the
@@ -143,7 +144,8 @@ class Failover:
                         raise
                 else:
                     first, keepalive = await run.first_batch()
-                    if keepalive or run.output_seen or not run.session.terminated:
+                    committed = run.output_seen and request.stream
+                    if keepalive or committed or not run.session.terminated:
                         scope.adopt(run)
                         return Committed(run, first, keepalive)
                     await run.end()  # it failed before any output: its verdict decides

@@ -132,8 +132,9 @@ class Run:
     @property
     def failed_over(self) -> bool:
         """Whether another node may serve the request instead: this run ended in a node
-        failure before any output (so no byte of its answer can have reached the caller)."""
-        return self.verdict in RETRYABLE and not self.output_seen
+        failure before any byte of its answer can have reached the caller (before any
+        output; for a non-streaming answer, before its end)."""
+        return self.verdict in RETRYABLE and (not self.output_seen or not self.info.stream)
 
     @property
     def reached_node(self) -> bool:
@@ -343,12 +344,15 @@ class Run:
     async def first_batch(self) -> tuple[list[OutEvent], bool]:
         """The output up to the point where the answer's HTTP status is committed.
 
-        Batches are taken until one holds more than the role chunk, the session
-        terminates, or a keep-alive is due; returns what was taken and whether a
-        keep-alive is due. Nothing of it was sent yet: a run that failed here
-        (`failed_over`) can still be tried elsewhere or answered with a status.
+        Batches are taken until one holds more than the role chunk (a stream; a
+        non-streaming answer: until the session terminates, its status is committed
+        when it is whole), the session terminates, or a keep-alive is due; returns
+        what was taken and whether a keep-alive is due. Nothing of it was sent yet:
+        a run that failed here (`failed_over`) can still be tried elsewhere or
+        answered with a status.
         """
         taken: list[OutEvent] = []
+        stream = self.info.stream
         while True:
             batch = await self.next_batch()
             if batch == "keepalive":
@@ -357,7 +361,8 @@ class Run:
             # An error frame is the terminal, not output; anything else is the answer.
             if any(type(event) not in (RoleOut, ErrorOut) for event in batch):
                 self.output_seen = True
-                return taken, False
+                if stream:
+                    return taken, False
             if self.session.terminated:
                 return taken, False
 

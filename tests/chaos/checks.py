@@ -227,8 +227,6 @@ def check_failover(joined: list[Joined], obs: Observed) -> list[Violation]:
         r, want = j.result, j.result.plan.expect
         if not j.affected or r.ended == "load_bound" or byte_before_kill(j, obs.downtimes):
             continue
-        if lost_after_output(j, obs.downtimes):
-            continue  # counted in the summary (figure "lost_after_output")
         view = client_view(r)
         if view != want.terminal:
             kills = ", ".join(f"{t:.2f}s" for t in kills_met(j, obs.downtimes)) or "none in flight"

@@ -180,8 +180,8 @@ def byte_before_kill(j: Joined, downtimes: dict[str, list[tuple[float, float]]])
 
 def lost_after_output(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> bool:
     """A non-streaming answer that failed (502) when its node died after its run's first
-    output: the edge commits an answer at its run's first output, so it is not failed over,
-    though its client had no byte yet. Counted, not excused silently."""
+    output (the summary's figure; it should be 0: such an answer is failed over, as its
+    client has no byte before the answer is whole, and `failover` checks it)."""
     r = j.result
     return (
         not r.plan.stream

@@ -404,3 +404,27 @@ async def test_failed_runs_open_the_breaker_and_the_next_request_gets_503(
         assert [n["state"] for n in nodes] == ["open"]
     await stop_edge(running)
     assert len(a.runs()) == 3
+
+
+async def test_a_non_streaming_answer_whose_node_fails_after_output_is_failed_over(
+    fleet: RunningEdge, sims: tuple[SimProcess, SimProcess]
+) -> None:
+    """Not streamed, no byte reaches the client before the answer is whole: a run that
+    failed after some output is tried again on the other node, from the start."""
+    a, b = sims
+    fails_on_a = script(
+        {"type": "delta", "delta": "par"}, {"on_node": "a", "type": "error", "error": "boom"},
+        {"on_node": "b", "type": "delta", "delta": "tial"}, {"type": "complete"},
+    )  # fmt: skip
+    run_ids = []
+    async with httpx.AsyncClient(base_url=fleet.url, timeout=30) as http:
+        for _ in range(6):
+            answer = await http.post(CHAT, json=chat_body("sim-script", fails_on_a))
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["message"]["content"] == "partial"
+            run_ids.append(answer.json()["id"].removeprefix("chatcmpl-"))
+    await fleet.wait_idle()
+    tried_a = sum(a.run(run_id) is not None for run_id in run_ids)
+    assert tried_a > 0
+    for run_id in run_ids:
+        assert (await b.wait_run(run_id))["outcome"] == "complete"
