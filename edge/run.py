@@ -309,7 +309,7 @@ class Run:
             if self.verdict == "ok":
                 pool.run_succeeded(start.node)
             elif self.verdict is not None:
-                pool.run_failed(start.node, self.verdict)
+                pool.run_failed(start.node, self.verdict, started_at=self.info.started_at)
             start.runs.admission.release(start.node)
         if self.on_end is not None:
             self.on_end()

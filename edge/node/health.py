@@ -80,11 +80,14 @@ class NodeHealth:
         "reason",
         "run_failures",
         "up",
+        "up_since",
     )
 
     def __init__(self, policy: HealthPolicy) -> None:
         self.policy = policy
         self.up = False
+        # When the node last came up (a run started before it ran on what went down).
+        self.up_since = -math.inf
         self.reason: str | None = "not contacted yet"
         self.describe_failures = 0
         # When the pool should send the next Describe.
@@ -104,6 +107,8 @@ class NodeHealth:
         """The node answered Describe. True when it was down and may take runs again."""
         came_up = not self.up
         self.up = True
+        if came_up:
+            self.up_since = now
         self.reason = None
         self.describe_failures = 0
         self._backoff = self.policy.probe_first_s
@@ -161,6 +166,7 @@ class NodeHealth:
             available = True
         if not self.up:
             self.up = True
+            self.up_since = now
             self.reason = None
             self.describe_failures = 0
             self._backoff = self.policy.probe_first_s

@@ -39,6 +39,14 @@ from edge.node.health import STATE_VALUES, HealthPolicy, NodeHealth, NodeStateNa
 REFRESH_INTERVAL_S = 5.0
 
 
+# Run failures the breaker counts: the node's error before output, a start it
+# failed, an accept that never came, a stream that broke. Not "timeout" (the
+# edge's own deadline on a long or slow answer: an overloaded machine times out
+# on every node alike, and opening breakers then only moves the load until all
+# are open) nor "unavailable" (a refused start marks the node down instead).
+BREAKER_REASONS = frozenset({"error_event", "start_failed", "accept_timeout", "stream_broken"})
+
+
 class NodeState:
     """One node as the pool sees it: client, models, health, runs in flight and its cap.
 
@@ -225,8 +233,18 @@ class NodePool:
             self._available()
             self._wake()
 
-    def run_failed(self, state: NodeState, reason: str) -> None:
-        """A run on `state` could not start, broke, or failed before any output."""
+    def run_failed(self, state: NodeState, reason: str, *, started_at: float | None = None) -> None:
+        """A run on `state` could not start, broke, or failed before any output.
+
+        Counted by the breaker when `reason` is the node's doing (BREAKER_REASONS: not
+        the edge's own deadline, which load alone can bring) and the run started on
+        the node as it is now (not before it last came up: a dead process's runs say
+        nothing of the restarted one).
+        """
+        if reason not in BREAKER_REASONS:
+            return
+        if started_at is not None and started_at < state.health.up_since:
+            return
         if state.health.run_failed(self._clock()):
             logger.warning(
                 "node {}: circuit open after {} failed run(s) in a row, last: {};"

@@ -196,10 +196,10 @@ def test_a_failed_probe_opens_the_breaker_again() -> None:
     """Half-open, the probe run fails: open for another whole cooldown."""
     routing = RoutingConfig(breaker_failures=1, breaker_cooldown_s=2.0)
     pool, clock, (a,) = make_pool("a", routing=routing)
-    pool.run_failed(a, "x")
+    pool.run_failed(a, "error_event")
     clock.now += 2.0
     assert pool.pick("m") is a
-    pool.run_failed(a, "x")
+    pool.run_failed(a, "error_event")
     assert pool.state_of(a) == "open"
     clock.now += 1.9
     with pytest.raises(NodeUnavailableError):
@@ -214,7 +214,7 @@ def test_ready_and_status_show_each_state() -> None:
     routing = RoutingConfig(breaker_failures=1, breaker_cooldown_s=5.0)
     pool, clock, (a, b) = make_pool("a", "b", routing=routing)
     pool.mark_down(b, "refused")
-    pool.run_failed(a, "x")
+    pool.run_failed(a, "error_event")
     assert [s["state"] for s in pool.status()] == ["open", "down"]
     assert [pool.state_value(s) for s in (a, b)] == [3, 0]
     assert not pool.ready
@@ -275,3 +275,24 @@ def test_on_available_when_a_node_comes_up_or_its_cap_rises() -> None:
     pool.mark_down(a, "refused")
     pool._described(a, NodeDescription("a", MODELS, max_runs=4))
     assert calls == ["x", "x"]
+
+
+def test_the_breaker_counts_only_the_nodes_failures_of_its_current_life() -> None:
+    """The edge's own deadline is no node fault (under load every node times out alike),
+    and a run that started before the node last came up failed on the process that died:
+    neither counts towards the breaker."""
+    routing = RoutingConfig(breaker_failures=2, breaker_cooldown_s=5.0)
+    pool, clock, (a,) = make_pool("a", routing=routing)
+    for _ in range(5):
+        pool.run_failed(a, "timeout")
+    assert pool.state_of(a) == "up"
+    before = clock.now
+    pool.mark_down(a, "connection refused")
+    clock.now += 1.0
+    pool._described(a, NodeDescription("a", MODELS))  # up again: a new process
+    for _ in range(5):
+        pool.run_failed(a, "stream_broken", started_at=before)
+    assert pool.state_of(a) == "up"
+    pool.run_failed(a, "stream_broken", started_at=clock.now)
+    pool.run_failed(a, "error_event", started_at=clock.now)
+    assert pool.state_of(a) == "open"
