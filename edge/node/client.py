@@ -42,6 +42,8 @@ from edge.node.wire import EncodedRunRequest
 EVENT_BUFFER = 512
 EVENT_BUFFER_CHARS = 64 * 1024
 CANCEL_RPC_TIMEOUT_S = 2.0
+# Run ids a line about failed CancelRuns names (then "and N more").
+CANCEL_FAILED_NAMED = 32
 # CancelRuns in flight per node at once, and how long one may wait its turn.
 CANCEL_CONCURRENCY = 64
 CANCEL_QUEUE_S = 10.0
@@ -140,7 +142,11 @@ class GrpcNodeClient:
         self._grpc = GrpcNode(host, port)
         self._on_cancel_sent = on_cancel_sent
         self._cancel_limiter = trio.CapacityLimiter(CANCEL_CONCURRENCY)
+        # Failed CancelRuns not logged yet (a burst is one line a second), and the
+        # first CANCEL_FAILED_NAMED of their run ids.
         self._cancel_failures = 0
+        self._cancel_failed_ids: list[str] = []
+        self._cancel_failure = ""
         self._cancel_warned_at = -math.inf
 
     async def start_run(
@@ -273,16 +279,25 @@ class GrpcNodeClient:
             self._cancel_failed(handle.run_id, failure)
 
     def _cancel_failed(self, run_id: str, failure: str) -> None:
-        """Log failed CancelRuns, at most one line a second per node (a burst is one line)."""
+        """Log failed CancelRuns, at most one line a second per node (a burst is one line,
+        naming its first runs); what is left at the end is logged by `aclose`."""
         self._cancel_failures += 1
-        now = trio.current_time()
-        if now - self._cancel_warned_at >= 1.0:
-            logger.warning(
-                "CancelRun to node {} failed for {} run(s), last {}: {}",
-                self.name, self._cancel_failures, run_id, failure,
-            )  # fmt: skip
-            self._cancel_failures = 0
-            self._cancel_warned_at = now
+        if len(self._cancel_failed_ids) < CANCEL_FAILED_NAMED:
+            self._cancel_failed_ids.append(run_id)
+        self._cancel_failure = failure
+        if trio.current_time() - self._cancel_warned_at >= 1.0:
+            self._log_cancel_failures()
+
+    def _log_cancel_failures(self) -> None:
+        count, named = self._cancel_failures, self._cancel_failed_ids
+        more = f" and {count - len(named)} more" if count > len(named) else ""
+        logger.warning(
+            "CancelRun to node {} failed for {} run(s) ({}{}), last: {}",
+            self.name, count, " ".join(named), more, self._cancel_failure,
+        )  # fmt: skip
+        self._cancel_failures = 0
+        self._cancel_failed_ids = []
+        self._cancel_warned_at = trio.current_time()
 
     async def describe(self) -> NodeDescription:
         with trio.fail_after(DESCRIBE_TIMEOUT_S):
@@ -296,5 +311,7 @@ class GrpcNodeClient:
         )
 
     async def aclose(self) -> None:
+        if self._cancel_failures:
+            self._log_cancel_failures()
         with trio.CancelScope(shield=True):
             await call_asyncio(self._grpc.aclose)

@@ -82,7 +82,7 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
     completions: dict[str, list[dict[str, Any]]] = defaultdict(list)
     rejected: dict[str, list[int]] = defaultdict(list)
     not_started: dict[str, dict[str, Any]] = {}
-    cancel_lost: set[str] = set()  # runs whose CancelRun met a broken connection
+    cancel_lost: set[str] = set()  # runs whose CancelRun failed
     retries: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for rec in obs.edge_records:
         msg, rid = str(rec.get("msg", "")), str(rec.get("request_id", ""))
@@ -92,8 +92,8 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
             retries[rid].append((str(rec.get("node")), str(rec.get("reason"))))
         elif msg.startswith("run ") and " did not start on node " in msg:
             not_started[rid] = rec
-        elif (lost := _cancel_lost_run(msg)) is not None:
-            cancel_lost.add(lost)
+        elif lost := _cancel_lost_runs(msg):
+            cancel_lost.update(lost)
         elif msg.startswith("POST /v1/chat/completions ") and isinstance(rec.get("status"), int):
             rejected[rid].append(rec["status"])
     lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -190,21 +190,21 @@ def lost_after_output(j: Joined, downtimes: dict[str, list[tuple[float, float]]]
     )
 
 
-def _cancel_lost_run(msg: str) -> str | None:
-    """The run named by an edge warning that a CancelRun met a broken connection.
+def _cancel_lost_runs(msg: str) -> list[str]:
+    """The runs named by an edge warning that their CancelRuns failed.
 
-    Two formats: "CancelRun for run R on node N failed: E", and the
-    rate-limited "CancelRun to node N failed for K run(s), last R: E" (which
-    names only the last run of a burst). A timeout ("no answer within") is
-    not a broken connection: the node was there, the edge gave up.
+    Two formats: "CancelRun for run R on node N failed: E", and the rate-limited
+    "CancelRun to node N failed for K run(s) (R1 R2 ... [and M more]), last: E"
+    (a burst, naming its first runs). Whatever the failure, a run excused by it
+    must also have met a node kill (`_affected`): a node that stayed up and got
+    the CancelRun late still counts it on the run's line.
     """
-    if not msg.startswith("CancelRun ") or "no answer within" in msg or "queued" in msg:
-        return None
     if msg.startswith("CancelRun for run ") and " failed: " in msg:
-        return msg.split()[3]
-    if msg.startswith("CancelRun to node ") and ", last " in msg:
-        return msg.split(", last ", 1)[1].split(":", 1)[0].strip()
-    return None
+        return [msg.split()[3]]
+    if msg.startswith("CancelRun to node ") and " run(s) (" in msg:
+        named = msg.split(" run(s) (", 1)[1].split(")", 1)[0]
+        return named.split(" and ", 1)[0].split()
+    return []
 
 
 def _affected(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> bool:
