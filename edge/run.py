@@ -308,7 +308,10 @@ class Run:
             pool = start.runs.pool
             if self.verdict == "ok":
                 pool.run_succeeded(start.node)
-            elif self.verdict is not None:
+            elif self.verdict is not None and not self.output_seen:
+                # A failure after output says more of the run than of the node (the
+                # node served it until then), and a client can script one: the
+                # breaker counts the runs a node could not answer at all.
                 pool.run_failed(start.node, self.verdict, started_at=self.info.started_at)
             start.runs.admission.release(start.node)
         if self.on_end is not None:
