@@ -43,7 +43,6 @@ import contextlib
 import errno
 import math
 import resource
-import socket
 from dataclasses import dataclass
 
 import trio
@@ -84,12 +83,6 @@ _REFUSE_DEADLINE_S = 0.25
 # scope, as the app's end of response, runs out its own deadline first.
 _HANDLER_GRACE_S = 1.0
 _ACCEPT_BACKOFF_S = (0.01, 1.0)
-# Connections taken from the listen queue per wakeup of the accept loop. One
-# accept per pass of the event loop left a connection behind every one queued
-# before it: a burst of 200 kept a health check waiting ~400 ms. All at once
-# puts the whole burst's start-up work into the same loop passes (each pass as
-# long as every new connection's step): a few at a time halves the wait.
-_ACCEPT_BURST = 8
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # HTTP/2 limits (set on hypercorn's Config, and watched per frame by headcheck).
 # Streams one connection may have open at once (a request each; nginx allows 128).
@@ -106,13 +99,6 @@ H2_RESETS_PER_S = 100.0
 _H2_LIMITS = H2Limits(H2_MAX_HEADER_LIST_SIZE, H2_RESET_BURST, H2_RESETS_PER_S)
 _ENHANCE_YOUR_CALM = 0xB
 _OVER_LIMIT = over_limit_response()
-
-
-def _plain_socket(sock: trio.socket.SocketType) -> socket.socket:
-    """A listening trio socket as a non-blocking stdlib socket, for synchronous accepts."""
-    plain = socket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
-    plain.setblocking(False)
-    return plain
 
 
 def raise_fd_limit() -> int:
@@ -182,15 +168,12 @@ class HttpServer:
             await lifespan_nursery.start(lifespan.handle_lifespan)
             await lifespan.wait_for_startup()
             async with trio.open_nursery() as connections:
-                listeners = [
-                    _plain_socket(listener.socket)
-                    for listener in await trio.open_tcp_listeners(
-                        port, host=host, backlog=self.config.backlog
-                    )
-                ]
+                listeners = await trio.open_tcp_listeners(
+                    port, host=host, backlog=self.config.backlog
+                )
                 binds = [
-                    f"http://{repr_socket_addr(sock.family, sock.getsockname())}"
-                    for sock in listeners
+                    f"http://{repr_socket_addr(lst.socket.family, lst.socket.getsockname())}"
+                    for lst in listeners
                 ]
                 task_status.started(binds)
                 try:
@@ -201,7 +184,7 @@ class HttpServer:
                         accepting.cancel_scope.cancel()
                 finally:
                     for listener in listeners:
-                        listener.close()
+                        listener.socket.close()
                 await self.context.terminated.set()
                 self.write_deadline = trio.current_time() + self.config.graceful_timeout
                 for connection in list(self._connections):
@@ -211,39 +194,33 @@ class HttpServer:
             await lifespan.wait_for_shutdown()
             lifespan_nursery.cancel_scope.cancel()
 
-    async def _accept_loop(self, listener: socket.socket, nursery: trio.Nursery) -> None:
-        """Accept connections, taking all that are queued (up to _ACCEPT_BURST) at each wakeup."""
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         backoff = _ACCEPT_BACKOFF_S[0]
         while True:
-            await trio.lowlevel.wait_readable(listener)
-            for _ in range(_ACCEPT_BURST):
-                try:
-                    sock, _address = listener.accept()
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    kind = "accept_fd_exhausted" if exc.errno in _FD_ERRNOS else "accept_error"
-                    self.errors.record(kind, f"accept failed: {exc.strerror or exc}")
-                    # Wait for a connection to end (or a short while) before trying again.
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, _ACCEPT_BACKOFF_S[1])
-                    break
-                backoff = _ACCEPT_BACKOFF_S[0]
-                stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-                if len(self._connections) >= self.limits.max_connections:
-                    self.errors.record(
-                        "over_limit", f"{self.limits.max_connections} connections open"
-                    )
-                    if self._refusing < _MAX_REFUSING:
-                        self._refusing += 1
-                        nursery.start_soon(self._refuse, stream)
-                    else:
-                        await stream.aclose()
-                    continue
-                connection = _Connection(self, stream)
-                self._connections.add(connection)
-                self._gauge.inc()
-                nursery.start_soon(self._serve_connection, connection)
+            try:
+                stream = await listener.accept()
+            except trio.ClosedResourceError:
+                return
+            except OSError as exc:
+                kind = "accept_fd_exhausted" if exc.errno in _FD_ERRNOS else "accept_error"
+                self.errors.record(kind, f"accept failed: {exc.strerror or exc}")
+                # Wait for a connection to end (or a short while) before trying again.
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, _ACCEPT_BACKOFF_S[1])
+                continue
+            backoff = _ACCEPT_BACKOFF_S[0]
+            if len(self._connections) >= self.limits.max_connections:
+                self.errors.record("over_limit", f"{self.limits.max_connections} connections open")
+                if self._refusing < _MAX_REFUSING:
+                    self._refusing += 1
+                    nursery.start_soon(self._refuse, stream)
+                else:
+                    await stream.aclose()
+                continue
+            connection = _Connection(self, stream)
+            self._connections.add(connection)
+            self._gauge.inc()
+            nursery.start_soon(self._serve_connection, connection)
 
     async def _serve_connection(self, connection: _Connection) -> None:
         try:

@@ -40,7 +40,7 @@ from edge.node.wire import EncodedRunRequest
 # this much here, one batch (edge.run.MAX_BATCH_CHARS) and the node
 # connection's stream window (edge.node.grpc).
 EVENT_BUFFER = 512
-EVENT_BUFFER_CHARS = 64 * 1024
+EVENT_BUFFER_CHARS = 256 * 1024
 CANCEL_RPC_TIMEOUT_S = 2.0
 # Run ids a line about failed CancelRuns names (then "and N more").
 CANCEL_FAILED_NAMED = 32
