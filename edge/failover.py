@@ -153,9 +153,9 @@ class Failover:
                         scope.adopt(run)
                         return Committed(run, first, False)
                 # The run failed before any byte, on its node's side: another node?
-                if attempt < retries:
+                if attempt < retries and trio.current_time() < deadline:
                     following = await self._next_node(request, tried, affinity_key)
-                if following is None or not await self._dropped(run, attempt):
+                if following is None or not await self._dropped(run, attempt, deadline):
                     if following is not None:
                         admission.release(following)
                         following = None
@@ -188,14 +188,17 @@ class Failover:
         except EdgeError:
             return None
 
-    async def _dropped(self, run: Run, attempt: int) -> bool:
-        """Let `run` go for a retry once its node was told (CancelRun); False: keep it."""
+    async def _dropped(self, run: Run, attempt: int, deadline: float) -> bool:
+        """Let `run` go for a retry once its node was told (CancelRun); False: keep it
+        (its node may still run it, or the request's deadline passed meanwhile)."""
         handle = run.handle
         if handle is not None:
-            with trio.move_on_after(CANCEL_WAIT_S):
+            with trio.move_on_at(min(trio.current_time() + CANCEL_WAIT_S, deadline)):
                 await handle.done.wait()
             if not handle.done.is_set():
                 return False  # the node may still run it: no second node gets it
+        if trio.current_time() >= deadline:
+            return False
         info = run.info
         reason = run.verdict or "unknown"
         metrics = self.runs.metrics
