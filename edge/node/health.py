@@ -113,8 +113,11 @@ class NodeHealth:
         self.describe_failures = 0
         self._backoff = self.policy.probe_first_s
         self.next_check = now + self.policy.refresh_s
-        if came_up and self.breaker == "open":
-            self.breaker = "half_open"
+        if came_up and self.breaker != "closed":
+            # The failures that opened it were the process that went down: the one
+            # that answers now starts with a closed breaker (its own failures reopen it).
+            self.breaker = "closed"
+            self.run_failures = 0
             self._probe_taken_at = None
         return came_up
 

@@ -131,17 +131,20 @@ def test_advance_half_opens_on_time_and_says_so_once() -> None:
     assert health.admits(12.0)
 
 
-def test_a_node_back_from_down_with_an_open_breaker_is_half_open_at_once() -> None:
-    """The failures of a process that died say little of its restart: the node that
-    answers Describe again gets one probe run at once instead of waiting out the cooldown."""
+def test_a_node_back_from_down_with_an_open_breaker_has_it_closed() -> None:
+    """The failures of a process that died say nothing of its restart: the node that
+    answers Describe again takes runs at once, its breaker closed and its count reset
+    (failures of its own open it again)."""
     health = up_node()
     for i in range(3):
         health.run_failed(float(i))
+    assert health.state(2.0) == "open"
     health.mark_down(2.0, "refused")
     assert health.state(2.1) == "down"
     assert health.describe_ok(2.5)
-    assert health.state(2.5) == "half_open"
+    assert health.state(2.5) == "up"
     assert health.admits(2.5)
+    assert health.run_failures == 0
 
 
 def test_a_run_that_succeeds_on_a_down_node_brings_it_up() -> None:
