@@ -17,9 +17,9 @@ Two parts, one state shown (`state`):
   (no new runs); `cooldown_s` later it is half-open: one probe run may start;
   a run that succeeds closes it, one that fails opens it again. A probe whose
   verdict never comes (its caller left before the first event) frees the
-  probe after another `cooldown_s`. A node that comes back up from down with
-  its breaker open is half-open at once: its failures were those of the
-  process that died, and one probe run is enough to tell.
+  probe after another `cooldown_s`. A node that comes back up from down has
+  its breaker closed and its count reset: its failures were those of the
+  process that died (its own failures open the breaker again).
 
 The state shown is `down` when unreachable, else `open`, `half_open` or `up`
 (closed breaker). STATE_VALUES gives the number each has on the
