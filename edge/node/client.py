@@ -44,7 +44,8 @@ EVENT_BUFFER_CHARS = 256 * 1024
 CANCEL_RPC_TIMEOUT_S = 2.0
 # Run ids a line about failed CancelRuns names (then "and N more").
 CANCEL_FAILED_NAMED = 32
-# CancelRuns in flight per node at once, and how long one may wait its turn.
+# CancelRuns in flight per node at once (on the node client's control connection,
+# under a node's limit of 100 streams there), and how long one may wait its turn.
 CANCEL_CONCURRENCY = 64
 CANCEL_QUEUE_S = 10.0
 DESCRIBE_TIMEOUT_S = 2.0

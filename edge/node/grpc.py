@@ -121,6 +121,10 @@ class GrpcNode:
         self.port = port
         self.address = f"{host}:{port}"
         self._channels: list[_PooledChannel] = []
+        # Unary RPCs (CancelRun, Describe) on a connection of their own: on a run
+        # connection a CancelRun could wait behind the node's stream limit (the
+        # node may still count streams the edge has reset), past its own deadline.
+        self._control: Channel | None = None
 
     def _acquire(self) -> _PooledChannel:
         best: _PooledChannel | None = None
@@ -188,16 +192,15 @@ class GrpcNode:
             self._release(pooled)
 
     async def _unary(self, call: Callable[[pb.NodeServiceStub], Awaitable[T]]) -> T:
-        """One unary RPC through the generated stub, on a pooled connection."""
-        pooled = self._acquire()
+        """One unary RPC through the generated stub, on the control connection."""
+        if self._control is None:
+            self._control = Channel(self.host, self.port, codec=_CODEC, config=_H2_CONFIG)
         try:
-            return await call(pb.NodeServiceStub(pooled.channel))
+            return await call(pb.NodeServiceStub(self._control))
         except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
             raise translate_error(exc, accepted=False, address=self.address) from exc
         except Exception as exc:  # a malformed answer (protobuf decode), or any other surprise
             raise NodeFailedError(f"node {self.address} sent a bad answer: {exc!r}") from exc
-        finally:
-            self._release(pooled)
 
     async def cancel_run(self, run_id: str, reason: str) -> bool:
         """CancelRun: True when the run was live on the node."""
@@ -212,3 +215,6 @@ class GrpcNode:
         for pooled in self._channels:
             pooled.channel.close()
         self._channels.clear()
+        if self._control is not None:
+            self._control.close()
+            self._control = None
