@@ -26,6 +26,7 @@ from tests.chaos.witness import (
     byte_before_kill,
     client_view,
     join,
+    kill_per_attempt,
     kills_met,
     lost_after_output,
     nodes_tried,
@@ -227,6 +228,8 @@ def check_failover(joined: list[Joined], obs: Observed) -> list[Violation]:
         r, want = j.result, j.result.plan.expect
         if not j.affected or r.ended == "load_bound" or byte_before_kill(j, obs.downtimes):
             continue
+        if kill_per_attempt(j, obs.downtimes):
+            continue  # counted in the summary (figure "kill_per_attempt")
         view = client_view(r)
         if view != want.terminal:
             kills = ", ".join(f"{t:.2f}s" for t in kills_met(j, obs.downtimes)) or "none in flight"
@@ -525,6 +528,14 @@ def check_all(obs: Observed) -> tuple[list[Violation], dict[str, Any]]:
             1 for j in joined if j.affected and not byte_before_kill(j, obs.downtimes)
         ),
         "lost_after_output": sum(1 for j in joined if lost_after_output(j, obs.downtimes)),
+        "kill_per_attempt": sum(
+            1
+            for j in joined
+            if j.affected
+            and not byte_before_kill(j, obs.downtimes)
+            and kill_per_attempt(j, obs.downtimes)
+            and client_view(j.result) != j.result.plan.expect.terminal
+        ),
         "restarts": restart_figures(obs),
     }
     return violations, figures

@@ -164,7 +164,8 @@ def summary(report: Report) -> str:
         f"failover: {f.get('retries', 0)} retries for {f.get('retried_requests', 0)} requests "
         f"(iop_edge_retries_total {retries:g}); requests met by a kill before their first byte "
         f"{f.get('failed_over', 0)}; non-stream answers lost after their run's first output "
-        f"{f.get('lost_after_output', 0)}; run ids on two or more nodes "
+        f"{f.get('lost_after_output', 0)}; failed with a kill met by every attempt "
+        f"{f.get('kill_per_attempt', 0)}; run ids on two or more nodes "
         f"{f.get('several_nodes', 0)}"
         + (f" ({f['untimed']} lines without start times)" if f.get("untimed") else ""),
         "restart (node listening -> its first run started): "

@@ -152,6 +152,13 @@ def kills_met(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> lis
     )
 
 
+def kill_per_attempt(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> bool:
+    """Every attempt of the request may have met a node kill (as many kills of the nodes
+    it tried, while it was in flight, as it had attempts): failover moves a request on
+    after a kill, it cannot outrun one per attempt."""
+    return len(kills_met(j, downtimes)) >= len(j.retries) + 1
+
+
 def byte_before_kill(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> bool:
     """Whether the client may have had its answer's first byte before a kill of a node its
     request ran on; such an answer may end in an error frame, one with no byte may not (it
