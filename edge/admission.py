@@ -74,6 +74,16 @@ class Admission:
         """Requests waiting now."""
         return len(self._waiters)
 
+    def shed_if_full(self) -> None:
+        """Shed a request before it is parsed when the queue is full and no node has a
+        free slot: whatever its model, it could only queue. Answering before the parse
+        (milliseconds, in a worker thread behind other parses) keeps a shed answer fast
+        when shedding matters most."""
+        if len(self._waiters) >= self._config.max_queue and not any(
+            state.has_slot() for state in self._pool.nodes
+        ):
+            self._shed("queue_full", f"all node slots are taken and {self.depth} requests wait")
+
     async def acquire(
         self,
         model: str,

@@ -129,6 +129,23 @@ async def test_a_full_queue_sheds_at_once() -> None:
     assert _sample(metrics, "iop_edge_shed_total", reason="queue_full") == 1
 
 
+async def test_a_full_queue_sheds_before_the_parse_only_when_no_slot_is_free() -> None:
+    """shed_if_full: with the queue full and every node's slots taken, a request is shed
+    before it is parsed; with a slot free anywhere (another model's node), it is not."""
+    pool = _pool(("n", ("m",), 1), ("o", ("other",), 1))
+    admission, metrics = _admission(pool, max_queue=1)
+    await admission.acquire("m")
+    got: list[tuple[str, NodeState]] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_queue, admission, "m", got, "a")
+        admission.shed_if_full()  # node "o" has a free slot: a request for "other" may run
+        await admission.acquire("other")
+        with pytest.raises(OverloadedError):
+            admission.shed_if_full()
+        nursery.cancel_scope.cancel()
+    assert _sample(metrics, "iop_edge_shed_total", reason="queue_full") == 1
+
+
 async def test_a_wait_past_the_timeout_is_shed(autojump_clock: trio.testing.MockClock) -> None:
     """No slot within queue_timeout_s: OverloadedError, counted as shed queue_timeout, and
     the request has left the queue."""
