@@ -128,7 +128,7 @@ class ChatService:
 
         `session_id` is the caller's X-Session-Id (routing affinity; else `user`).
         """
-        self.runs.admission.shed_if_full()
+        self.admission.shed_if_full()
         # Schema checks of declared tools cost milliseconds per KiB: off the
         # loop, so a large request never stalls other streams.
         request = await trio.to_thread.run_sync(parse_chat_request, body, limiter=self.parsing)
