@@ -42,6 +42,12 @@ VENV_TIMEOUT_S = 15 * 60
 Getter = Callable[[dict[str, Any]], float | None]
 
 
+def tree_label() -> str:
+    """The working tree's name in results: its commit, and whether edge/ has changes."""
+    changed = " + changes" if _git("status", "--porcelain", "--", "edge") else ""
+    return f"this tree ({_git('rev-parse', '--short', 'HEAD')}{changed})"
+
+
 def _git(*args: str) -> str:
     done = subprocess.run(
         ["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=120, check=True
@@ -204,8 +210,7 @@ def headlines(s: Settings) -> list[tuple[str, str, Getter]]:
 def run_ab(rev: str, settings: Settings, pairs: int, tmp: Path) -> dict[str, Any]:
     """Alternate this tree (A) and REV (B), `pairs` times each; the raw rounds and a summary."""
     s = ab_settings(settings)
-    changed = " + changes" if _git("status", "--porcelain", "--", "edge") else ""
-    tree = EdgeSource(label=f"this tree ({_git('rev-parse', '--short', 'HEAD')}{changed})")
+    tree = EdgeSource(label=tree_label())
     sha, where, other = checkout(rev, tmp)
     out: dict[str, Any] = {"rev": rev, "sha": sha, "settings": s.__dict__, "runs": []}
     try:

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -590,23 +592,35 @@ def peers(args: argparse.Namespace, settings: Settings, tmp: Path) -> dict[str, 
     return run_peer(args.peer_tool or DEFAULT_TOOL, settings, args.quick, tmp, smg)
 
 
+@contextmanager
+def _workdir(prefix: str, keep: bool) -> Iterator[Path]:
+    """A temporary directory for one bench command: removed after, unless `keep`."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield tmp
+    finally:
+        if keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write(out: Path, result: dict[str, Any], started: float) -> None:
+    """The run's elapsed time into `result`, then `result` as JSON into `out`."""
+    result["elapsed_s"] = sig(time.monotonic() - started)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
 def main_peers(args: argparse.Namespace, settings: Settings) -> int:
     """`--peers-only`: the peer tool's run alone; prints the same-upstream table."""
     from benchmarks.peer import same_mock_headers, same_mock_rows
 
     out = args.out or DEFAULT_OUT.parent / "peers.json"
-    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-peers-"))
     started = time.monotonic()
-    try:
+    with _workdir("iop-bench-peers-", args.keep) as tmp:
         result: dict[str, Any] = {"peers": peers(args, settings, tmp), "machine": machine()}
-    finally:
-        if args.keep:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    result["elapsed_s"] = sig(time.monotonic() - started)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    _write(out, result, started)
     peer = result["peers"]
     if "error" in peer:
         print(f"peer comparison failed: {peer['error']}")
@@ -626,19 +640,11 @@ def main_ab(args: argparse.Namespace, settings: Settings) -> int:
     from benchmarks.ab import render_ab, run_ab
 
     out = args.out or DEFAULT_OUT.parent / "ab.json"
-    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-ab-"))
     started = time.monotonic()
-    try:
+    with _workdir("iop-bench-ab-", args.keep) as tmp:
         result = run_ab(args.ab, settings, max(1, args.ab_pairs), tmp)
-    finally:
-        if args.keep:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    result["elapsed_s"] = sig(time.monotonic() - started)
     result["machine"] = machine()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    _write(out, result, started)
     print(render_ab(result))
     print(f"\nwritten: {out}")
     return 0
@@ -666,16 +672,13 @@ def overload_run(
 
 def main_overload(args: argparse.Namespace) -> int:
     """`--overload-only`: the curve (and REV's, with `--ab REV`); writes overload.json."""
-    from benchmarks.ab import _git, checkout, edge_module_path, remove_checkout
+    from benchmarks.ab import checkout, edge_module_path, remove_checkout, tree_label
 
     out = args.out or DEFAULT_OUT.parent / "overload.json"
-    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-overload-"))
     result: dict[str, Any] = {"machine": machine(), "quick": args.quick, "curves": {}}
     started = time.monotonic()
-    try:
-        changed = " + changes" if _git("status", "--porcelain", "--", "edge") else ""
-        label = f"this tree ({_git('rev-parse', '--short', 'HEAD')}{changed})"
-        result["curves"][label] = overload_run(args, tmp)
+    with _workdir("iop-bench-overload-", args.keep) as tmp:
+        result["curves"][tree_label()] = overload_run(args, tmp)
         if args.ab:
             _, where, other = checkout(args.ab, tmp)
             try:
@@ -683,14 +686,7 @@ def main_overload(args: argparse.Namespace) -> int:
                 result["curves"][other.label] = overload_run(args, tmp, other)
             finally:
                 remove_checkout(where)
-    finally:
-        if args.keep:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    result["elapsed_s"] = sig(time.monotonic() - started)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    _write(out, result, started)
     for label, curve in result["curves"].items():
         print("\n".join(render_overload(curve, label)) + "\n")
     print(f"written: {out}")
@@ -717,7 +713,6 @@ def main(argv: list[str] | None = None) -> int:
         return main_peers(args, settings)
     args.out = args.out or DEFAULT_OUT
     info = machine()
-    tmp = Path(tempfile.mkdtemp(prefix="iop-bench-"))
     started = time.monotonic()
     result: dict[str, Any] = {
         "tool": "iop-edge benchmarks",
@@ -725,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": settings.__dict__,
         "machine": info,
     }
-    try:
+    with _workdir("iop-bench-", args.keep) as tmp:
         raw = run(settings, tmp)
         info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         result["raw"] = raw
@@ -735,14 +730,7 @@ def main(argv: list[str] | None = None) -> int:
             result["overload"] = overload_run(args, tmp)
         if args.peers or args.litellm:
             result["peers"] = peers(args, settings, tmp)
-    finally:
-        result["elapsed_s"] = sig(time.monotonic() - started)
-        if args.keep:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    _write(args.out, result, started)
     print(render(result))
     if "overload" in result:
         print("\n" + "\n".join(render_overload(result["overload"])))
