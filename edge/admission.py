@@ -82,7 +82,7 @@ class Admission:
         if len(self._waiters) >= self._config.max_queue and not any(
             state.has_slot() for state in self._pool.nodes
         ):
-            self._shed("queue_full", f"all node slots are taken and {self.depth} requests wait")
+            self._shed_full()
 
     async def acquire(
         self,
@@ -109,7 +109,7 @@ class Admission:
             node.in_flight += 1
             return node
         if len(self._waiters) >= self._config.max_queue:
-            self._shed("queue_full", f"all node slots are taken and {self.depth} requests wait")
+            self._shed_full()
         waiter = _Waiter(model, logprobs, exclude, affinity_key)
         if first:
             self._waiters.appendleft(waiter)
@@ -180,6 +180,9 @@ class Admission:
             waiter.woken.set()
         if handed:
             self._metrics.queue_depth.set(len(waiters))
+
+    def _shed_full(self) -> NoReturn:
+        self._shed("queue_full", f"all node slots are taken and {self.depth} requests wait")
 
     def _shed(self, reason: str, why: str) -> NoReturn:
         self._metrics.shed.labels(reason).inc()

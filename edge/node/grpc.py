@@ -141,7 +141,7 @@ class GrpcNode:
 
     def _release(self, pooled: _PooledChannel) -> None:
         pooled.active -= 1
-        # Keep a few idle connections (a burst of CancelRuns or new runs reuses
+        # Keep a few idle connections (a burst of new runs reuses
         # them); close the rest once drained.
         if pooled.active == 0:
             idle = sum(1 for p in self._channels if p.active == 0)
