@@ -37,6 +37,7 @@ from edge.node.client import GrpcNodeClient, NodeClient
 from edge.node.embedded import embedded_node
 from edge.node.pool import NodePool
 from edge.run import OutcomeHook
+from edge.turns import Turns
 from edge.upstream.embedded import embedded_upstream_node
 
 # After the drain deadline: time for the notice frames to go out before
@@ -134,13 +135,17 @@ async def serve(
             interval = systemd.watchdog_interval()
             if interval is not None:
                 root.start_soon(systemd.watchdog_loop, interval)
-            chat = ChatService(config, pool, metrics, on_outcome)
+            turns = Turns()
+            root.start_soon(turns.run)
+            chat = ChatService(config, pool, metrics, on_outcome, turns=turns)
             app = create_app(
                 chat, max_body_bytes=config.server.max_body_bytes,
                 api_keys=config.server.api_keys,
             )  # fmt: skip
             http_done = trio.Event()
-            server = HttpServer(app, _hypercorn_config(config), _server_limits(config), metrics)
+            server = HttpServer(
+                app, _hypercorn_config(config), _server_limits(config), metrics, turns=turns
+            )
             binds = await root.start(_serve_http, server, config, shutdown, http_done)
             url = binds[0]
             logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))

@@ -55,6 +55,7 @@ from edge.node.pool import NodePool, NodeState
 from edge.node.wire import encode_run_request
 from edge.stream.output import ErrorOut, Outcome, OutEvent, RoleOut
 from edge.stream.session import StreamSession
+from edge.turns import Turns
 
 # Node events taken per batch: output for a batch goes out in one write. A
 # batch also stops past MAX_BATCH_CHARS characters of delta text, so a write
@@ -111,6 +112,7 @@ class Run:
         "_last_event_at",
         "_next_keepalive",
         "_start",
+        "_turns",
         "batch_event_at",
         "deadline",
         "first_event_at",
@@ -152,8 +154,11 @@ class Run:
         start: _Start | None = None,
         deadline: float | None = None,
         on_end: Callable[[], None] | None = None,
+        turns: Turns | None = None,
     ) -> None:
         self.info = info
+        # Feeding the session a batch is a heavy step: it takes a turn (`edge.turns`).
+        self._turns = turns
         self.session = session
         self._start = start
         started_at = info.started_at
@@ -414,6 +419,8 @@ class Run:
                     return "keepalive"
                 self.timeout()
                 return session.drain()
+        if self._turns is not None:
+            await self._turns.turn()
         self._last_event_at = self.batch_event_at = now
         if self.first_event_at is None:
             self.first_event_at = now
@@ -469,8 +476,10 @@ class Runs:
         timeouts: TimeoutsConfig,
         metrics: EdgeMetrics,
         admission: Admission,
+        turns: Turns | None = None,
     ) -> None:
         self.pool = pool
+        self.turns = turns
         self.timeouts = timeouts
         self.metrics = metrics
         self.admission = admission
@@ -503,8 +512,9 @@ class Runs:
         )
         start = _Start(self, node, request, nursery)
         return Run(
-            info, session, self.timeouts, keepalive_s=keepalive_s, start=start, deadline=deadline
-        )
+            info, session, self.timeouts, keepalive_s=keepalive_s, start=start, deadline=deadline,
+            turns=self.turns,
+        )  # fmt: skip
 
     def ended(self, run: Run) -> None:
         self.live.discard(run)

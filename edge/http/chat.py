@@ -43,6 +43,7 @@ from edge.run import OutcomeHook, Run, Runs
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
 from edge.stream.toolcheck import tool_validation_mode
+from edge.turns import Turns
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -70,13 +71,18 @@ class ChatService:
         pool: NodePool,
         metrics: EdgeMetrics,
         on_outcome: OutcomeHook | None = None,
+        *,
+        turns: Turns,
     ) -> None:
         self.config = config
+        # The heavy steps of a request (its start, each batch of its answer, its
+        # end) take turns with every other request's (`edge.http.turns`).
+        self.turns = turns
         self.pool = pool
         self.metrics = metrics
         self.on_outcome = on_outcome
         self.admission = Admission(pool, config.admission, metrics)
-        self.runs = Runs(pool, config.timeouts, metrics, self.admission)
+        self.runs = Runs(pool, config.timeouts, metrics, self.admission, turns)
         self.failover = Failover(self.runs, config.routing)
         # Request parsing runs in worker threads (schema checks cost ms per KiB);
         # few at once, so the loop thread waits little for the GIL.
@@ -129,6 +135,7 @@ class ChatService:
         `session_id` is the caller's X-Session-Id (routing affinity; else `user`).
         """
         self.admission.shed_if_full()
+        await self.turns.turn()
         # Schema checks of declared tools cost milliseconds per KiB: off the
         # loop, so a large request never stalls other streams.
         request = await trio.to_thread.run_sync(parse_chat_request, body, limiter=self.parsing)
@@ -152,15 +159,16 @@ class ChatService:
         run = committed.run
         if not request.stream:
             return await _complete(
-                committed, response_id, created, scope.request_id, logprobs=request.logprobs
-            )
+                committed, response_id, created, scope.request_id, self.turns,
+                logprobs=request.logprobs,
+            )  # fmt: skip
         if committed.error is not None:
             await run.end()
             return _error_answer(committed.error, scope.request_id)
         encoder = SSEEncoder(response_id, created, request.model,
                              include_usage=request.include_usage)  # fmt: skip
         labels = self.metrics.inter_chunk.labels(request.model, run.info.node)
-        sse = SSEBody(run, encoder, observe_gap=labels.observe,
+        sse = SSEBody(run, encoder, self.turns, observe_gap=labels.observe,
                       observe_added=self.metrics.added_latency.observe,
                       first=committed.first, keepalive=committed.keepalive)  # fmt: skip
         response = Response(sse, status=200, headers=SSE_HEADERS)
@@ -186,6 +194,7 @@ async def _complete(
     response_id: str,
     created: int,
     request_id: str,
+    turns: Turns,
     *,
     logprobs: bool = False,
 ) -> Response:
@@ -203,6 +212,7 @@ async def _complete(
             if batch != "keepalive":
                 builder.add(batch)
         builder.add(session.drain())
+        await turns.turn()
     finally:
         await run.end()
     if builder.error is not None:
@@ -224,6 +234,7 @@ class SSEBody(ResponseBody):
         self,
         run: Run,
         encoder: SSEEncoder,
+        turns: Turns,
         *,
         observe_gap: Callable[[float], None],
         observe_added: Callable[[float], None],
@@ -235,6 +246,7 @@ class SSEBody(ResponseBody):
         self._first = first
         self._keepalive = keepalive
         self._encoder = encoder
+        self._turns = turns
         self._observe_gap = observe_gap
         self._observe_added = observe_added
         self._last_write: float | None = None
@@ -281,4 +293,7 @@ class SSEBody(ResponseBody):
         tb: TracebackType | None,
     ) -> None:
         # Ended here, the outcome is counted before quart sends the last byte.
-        await self._run.end()
+        try:
+            await self._turns.turn()  # if cancelled meanwhile, end at once all the same
+        finally:
+            await self._run.end()

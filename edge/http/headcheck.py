@@ -196,9 +196,11 @@ class _State(enum.Enum):
 class HeadScanner:
     """Follows one connection's request framing; checks and rewrites each head."""
 
-    __slots__ = ("_buf", "_h2", "_h2_limits", "_left", "_max", "_scanned", "_state")
+    __slots__ = ("_buf", "_h2", "_h2_limits", "_left", "_max", "_scanned", "_state", "bodies")
 
     def __init__(self, max_head_bytes: int, h2_limits: H2Limits | None = None) -> None:
+        # HTTP/1.1 request heads seen that announced a body (the requests that cost).
+        self.bodies = 0
         self._max = max_head_bytes
         self._h2_limits = h2_limits
         self._h2: H2FrameWatch | None = None
@@ -349,11 +351,13 @@ class HeadScanner:
             )
         out.append(b"\n".join(kept))
         if chunked:
+            self.bodies += 1
             self._state = _State.CHUNK_SIZE
         elif lengths:
             if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
                 self._state = _State.PASSTHROUGH  # h11 answers 400 and closes
             elif (length := int(lengths[0])) > 0:
+                self.bodies += 1
                 self._state = _State.BODY
                 self._left = length
         return None

@@ -42,7 +42,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
+import os
 import resource
+import socket
 from dataclasses import dataclass
 
 import trio
@@ -65,6 +67,7 @@ from edge.http.refusals import (
     over_limit_response,
 )
 from edge.metrics import EdgeMetrics
+from edge.turns import Turns
 
 MAX_RECV = 2**16
 # A write is cut into pieces this big; each must go out within slow_client_s.
@@ -83,6 +86,8 @@ _REFUSE_DEADLINE_S = 0.25
 # scope, as the app's end of response, runs out its own deadline first.
 _HANDLER_GRACE_S = 1.0
 _ACCEPT_BACKOFF_S = (0.01, 1.0)
+# Connections taken from the listen queue per wakeup of the accept loop.
+_ACCEPT_BURST = 64
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # HTTP/2 limits (set on hypercorn's Config, and watched per frame by headcheck).
 # Streams one connection may have open at once (a request each; nginx allows 128).
@@ -131,7 +136,13 @@ class HttpServer:
     """One edge's HTTP server: listeners, connections, their limits and their drain."""
 
     def __init__(
-        self, app: Framework, config: HypercornConfig, limits: ServerLimits, metrics: EdgeMetrics
+        self,
+        app: Framework,
+        config: HypercornConfig,
+        limits: ServerLimits,
+        metrics: EdgeMetrics,
+        *,
+        turns: Turns,
     ) -> None:
         # The HTTP/2 limits are the server's: whatever the caller set is replaced.
         config.h2_max_concurrent_streams = H2_MAX_CONCURRENT_STREAMS
@@ -149,6 +160,8 @@ class HttpServer:
         # Past the drain deadline no write waits on its client any more.
         self.write_deadline = math.inf
         self.lifespan_state: LifespanState = {}
+        # A new request with a body takes a turn before the HTTP parser sees it.
+        self.turns = turns
 
     @property
     def open_connections(self) -> int:
@@ -195,32 +208,55 @@ class HttpServer:
             lifespan_nursery.cancel_scope.cancel()
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        backoff = _ACCEPT_BACKOFF_S[0]
-        while True:
-            try:
-                stream = await listener.accept()
-            except trio.ClosedResourceError:
-                return
-            except OSError as exc:
-                kind = "accept_fd_exhausted" if exc.errno in _FD_ERRNOS else "accept_error"
-                self.errors.record(kind, f"accept failed: {exc.strerror or exc}")
-                # Wait for a connection to end (or a short while) before trying again.
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, _ACCEPT_BACKOFF_S[1])
-                continue
+        # A second handle on the listening socket takes the connections already
+        # waiting without a pass of the scheduler each (trio's `accept` yields once
+        # per connection: behind a burst of connects, a probe would wait one full
+        # pass per connection ahead of it).
+        with socket.socket(fileno=os.dup(listener.socket.fileno())) as waiting:
+            waiting.setblocking(False)
             backoff = _ACCEPT_BACKOFF_S[0]
-            if len(self._connections) >= self.limits.max_connections:
-                self.errors.record("over_limit", f"{self.limits.max_connections} connections open")
-                if self._refusing < _MAX_REFUSING:
-                    self._refusing += 1
-                    nursery.start_soon(self._refuse, stream)
-                else:
-                    await stream.aclose()
-                continue
-            connection = _Connection(self, stream)
-            self._connections.add(connection)
-            self._gauge.inc()
-            nursery.start_soon(self._serve_connection, connection)
+            while True:
+                try:
+                    stream = await listener.accept()
+                except trio.ClosedResourceError:
+                    return
+                except OSError as exc:
+                    self._accept_failed(exc)
+                    # Wait for a connection to end (or a short while) before trying again.
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, _ACCEPT_BACKOFF_S[1])
+                    continue
+                backoff = _ACCEPT_BACKOFF_S[0]
+                await self._admit(stream, nursery)
+                for _ in range(_ACCEPT_BURST - 1):
+                    try:
+                        sock, _addr = waiting.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:
+                        self._accept_failed(exc)
+                        break
+                    stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+                    await self._admit(stream, nursery)
+
+    def _accept_failed(self, exc: OSError) -> None:
+        kind = "accept_fd_exhausted" if exc.errno in _FD_ERRNOS else "accept_error"
+        self.errors.record(kind, f"accept failed: {exc.strerror or exc}")
+
+    async def _admit(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        """Serve an accepted connection, or refuse it past `max_connections`."""
+        if len(self._connections) >= self.limits.max_connections:
+            self.errors.record("over_limit", f"{self.limits.max_connections} connections open")
+            if self._refusing < _MAX_REFUSING:
+                self._refusing += 1
+                nursery.start_soon(self._refuse, stream)
+            else:
+                await stream.aclose()
+            return
+        connection = _Connection(self, stream)
+        self._connections.add(connection)
+        self._gauge.inc()
+        nursery.start_soon(self._serve_connection, connection)
 
     async def _serve_connection(self, connection: _Connection) -> None:
         try:
@@ -339,6 +375,7 @@ class _Connection:
 
     async def _read_loop(self, protocol: ProtocolWrapper) -> None:
         body_timeout_s = self.server.limits.body_timeout_s
+        bodies = 0
         while not self._closed:
             started = trio.current_time()
             # Only time spent here, waiting on the client, counts against a body.
@@ -367,6 +404,9 @@ class _Connection:
             else:
                 forward, rejection = data, None
             if forward:
+                if self._scanner.bodies != bodies:  # a new request that costs: wait a turn
+                    bodies = self._scanner.bodies
+                    await self.server.turns.turn()
                 await protocol.handle(RawData(forward))
             if rejection is not None:
                 await self._reject(rejection)

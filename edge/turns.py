@@ -1,0 +1,99 @@
+"""Heavy steps take turns, so that light requests never wait behind a burst of them.
+
+trio runs every runnable task once per pass of its scheduler, in no order of
+importance: when 200 requests arrive at once, each pass runs a step of each of
+them, a pass takes tens of milliseconds, and a `/healthz` probe, which needs a
+handful of passes, waits hundreds (likewise when 200 clients vanish at once and
+their runs end together). No step is long; there are just too many in a pass.
+
+`Turns` bounds that: the CPU-heavy steps of a request (handing a new request
+with a body to the HTTP parser, parsing and starting it, encoding each batch of
+its answer, ending its run) each take a turn first, and at most `per_pass`
+turns are given in one pass. Past that, a step waits, in arrival order, for a
+later pass. Light work (a GET, an idle connection, the node connection's
+reads, timers) takes no turn and so runs every pass: a pass lasts at most
+`per_pass` heavy steps plus the light work, whatever the burst.
+
+Nothing is lost or reordered within a request: a waiting step only runs later.
+When the edge is not saturated, `turn()` returns at once without yielding;
+past saturation, total throughput is what it was (the same steps run), and the
+steps' extra wait is the fair share of a CPU that is full anyway.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import trio
+
+# At most this many heavy steps in one pass of the scheduler. A heavy step costs
+# ~0.1-0.5 ms, so a pass spends at most a few ms on them; measured on the hostile
+# mix's 200 stalled readers (BENCHMARKS.md): /healthz p99 385 ms -> under 100 ms.
+PER_PASS = 4
+
+
+class _Waiter:
+    __slots__ = ("event", "gone")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.gone = False  # cancelled while waiting: its turn goes to the next one
+
+
+class Turns:
+    """At most `per_pass` heavy steps per scheduler pass; the rest wait in order.
+
+    `run()` must run (in a nursery that outlives the users) for waiting steps to
+    get their turns.
+    """
+
+    __slots__ = ("_used", "_waiting", "_wake", "deferred", "per_pass")
+
+    def __init__(self, per_pass: int = PER_PASS) -> None:
+        if per_pass < 1:
+            raise ValueError("per_pass must be at least 1")
+        self.per_pass = per_pass
+        self._used = 0  # turns given since the pacer last ran (one pass)
+        self._waiting: deque[_Waiter] = deque()
+        self._wake = trio.Event()  # wakes the pacer from its idle wait
+        self.deferred = 0  # steps that had to wait for a later pass, in all
+
+    @property
+    def waiting(self) -> int:
+        """Steps waiting for their turn now (including ones cancelled meanwhile)."""
+        return len(self._waiting)
+
+    async def turn(self) -> None:
+        """Return when this step may run: at once, or in a later pass, in order."""
+        if self._used < self.per_pass and not self._waiting:
+            self._used += 1
+            self._wake.set()
+            return
+        waiter = _Waiter()
+        self._waiting.append(waiter)
+        self.deferred += 1
+        self._wake.set()
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            waiter.gone = True
+            raise
+
+    async def run(self) -> None:
+        """The pacer: once per pass while turns are asked for, start a new budget and
+        hand it to the steps waiting, first come first; idle (no wakeups) otherwise."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            while True:
+                await trio.lowlevel.checkpoint()  # runs once in each pass of the scheduler
+                busy = self._used > 0
+                self._used = 0
+                waiting = self._waiting
+                while waiting and self._used < self.per_pass:
+                    waiter = waiting.popleft()
+                    if not waiter.gone:
+                        self._used += 1
+                        waiter.event.set()
+                if not waiting and not busy:
+                    break
