@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import httpx
 import openai
@@ -25,6 +26,7 @@ from tests.integration.conftest import (
     start_edge,
     stop_edge,
 )
+from tests.integration.edgeproc import edge_process
 
 CHAT = "/v1/chat/completions"
 KEYS = (
@@ -222,3 +224,32 @@ async def test_unknown_keys_are_refused_and_the_key_is_never_a_label(
     metrics = (await client.get("/metrics")).text
     assert 'iop_edge_key_requests_total{key="free"} 1.0' in metrics
     assert not any(k.secret in metrics for k in KEYS)
+
+
+async def test_workers_of_one_edge_share_limits_through_the_shared_dir(
+    tmp_path: Path, sim: SimProcess
+) -> None:
+    """Two edge processes given one IOP_EDGE_SHARED_DIR (as the supervisor gives its
+    workers) count one rpm = 3 between them: the 4th request, on either, is 429."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    toml = (
+        '[server]\nlisten = "127.0.0.1:0"\nkeepalive_s = 0\n'
+        f'[[nodes]]\nname = "sim"\naddress = "{sim.address}"\n'
+        '[[keys]]\nname = "w"\nkey = "sk-workers"\nrpm = 3\n'
+    )
+    env = {"IOP_EDGE_SHARED_DIR": str(shared)}
+    async with (
+        edge_process(tmp_path, toml, env=env, name="w1") as w1,
+        edge_process(tmp_path, toml, env=env, name="w2") as w2,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        statuses = []
+        for i in range(5):
+            url = (w1, w2)[i % 2].url + CHAT
+            answer = await http.post(
+                url, json=chat_body("sim-echo", "x"), headers=_auth("sk-workers")
+            )
+            statuses.append(answer.status_code)
+        assert statuses == [200, 200, 200, 429, 429]
+        await w1.wait_line("counted in shared")
