@@ -425,6 +425,8 @@ def _keys(source: str, raw_keys: list[Any], api_keys: tuple[str, ...]) -> tuple[
             raise r.fail("name", "missing (a name for logs and metrics)")
         if not _KEY_NAME.match(name):
             raise r.fail("name", "expected 1 to 64 of A-Z a-z 0-9 . _ -")
+        if name == "api_keys":
+            raise r.fail("name", "'api_keys' names the keys of [server] api_keys; pick another")
         given = [k for k in ("key", "key_env", "key_file") if k in r.table]
         if len(given) != 1:
             raise r.fail("key", "give exactly one of key, key_env, key_file")

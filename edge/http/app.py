@@ -141,7 +141,7 @@ class _HTTPConnection(TrioASGIHTTPConnection):
             return
         chat: ChatService = self.app.extensions["chat"]
         scope = ChatScope(chat.metrics, chat.on_outcome)
-        gate = Gate(self.app.extensions["limiter"])
+        gate = Gate(self.app.extensions["limiter"], chat.metrics)
 
         async def send_noting_status(message: ASGISendEvent) -> None:
             if message["type"] == "http.response.start":

@@ -219,10 +219,11 @@ def model_not_found(model: str) -> NotFoundError:
 class Gate:
     """One chat request's key and limits: check the model, admit, end once."""
 
-    __slots__ = ("_admitted", "_ended", "_lease", "_limiter", "headers", "key")
+    __slots__ = ("_admitted", "_ended", "_lease", "_limiter", "_metrics", "headers", "key")
 
-    def __init__(self, limiter: Limiter | None) -> None:
+    def __init__(self, limiter: Limiter | None, metrics: EdgeMetrics) -> None:
         self._limiter = limiter
+        self._metrics = metrics
         self.key: Key | None = None
         self._lease = secrets.token_hex(8)
         self._admitted = False
@@ -234,8 +235,7 @@ class Gate:
         """A model the key may not use is answered like one that does not exist."""
         key = self.key
         if key is not None and not key.allows(model):
-            if self._limiter is not None:
-                self._limiter.metrics.key_rejections.labels(key.name, "model").inc()
+            self._metrics.key_rejections.labels(key.name, "model").inc()
             raise model_not_found(model)
 
     async def admit(self) -> None:
@@ -255,8 +255,7 @@ class Gate:
                 self.headers = rate_headers(key.limits, decision)
             if key.limits.max_streams is not None:
                 limiter.metrics.key_streams.labels(key.name).inc()
-        if limiter is not None:
-            limiter.metrics.key_requests.labels(key.name).inc()
+        self._metrics.key_requests.labels(key.name).inc()
 
     async def end(self, outcome: Outcome | None) -> None:
         """The request's run is over, or its cycle (whichever comes first; once): give its
@@ -265,17 +264,17 @@ class Gate:
             return
         self._ended = True
         key, limiter = self.key, self._limiter
-        if key is None or limiter is None:
+        if key is None:
             return
         usage = outcome.usage if outcome is not None and outcome.usage_sample else None
         input_tokens = usage.input_tokens if usage is not None else 0
         output_tokens = usage.output_tokens if usage is not None else 0
-        metrics = limiter.metrics
+        metrics = self._metrics
         if input_tokens:
             metrics.key_tokens.labels(key.name, "input").inc(input_tokens)
         if output_tokens:
             metrics.key_tokens.labels(key.name, "output").inc(output_tokens)
-        if not self._admitted:
+        if not self._admitted or limiter is None:
             return
         if key.limits.max_streams is not None:
             metrics.key_streams.labels(key.name).dec()

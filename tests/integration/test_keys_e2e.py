@@ -253,3 +253,37 @@ async def test_workers_of_one_edge_share_limits_through_the_shared_dir(
             statuses.append(answer.status_code)
         assert statuses == [200, 200, 200, 429, 429]
         await w1.wait_line("counted in shared")
+
+
+async def test_keys_without_limits_are_counted_by_name(
+    nursery: trio.Nursery, sim: SimProcess
+) -> None:
+    """An edge whose keys have no limits (so no store): the allow-list still applies, and
+    requests and tokens are counted by key name; no rate-limit headers are sent."""
+    config = Config(
+        server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0, api_keys=("sk-legacy",)),
+        nodes=(NodeConfig("sim", sim.address),),
+        keys=(KeyConfig("only-models", "sk-m", models=("sim-echo",)),),
+    )
+    running = await start_edge(nursery, config)
+    try:
+        async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+            refused = await http.post(
+                CHAT, json=chat_body("sim-script", "{}"), headers=_auth("sk-m")
+            )
+            assert refused.status_code == 404
+            ok = await http.post(CHAT, json=chat_body("sim-echo", "a b"), headers=_auth("sk-m"))
+            assert ok.status_code == 200
+            assert not any(h in ok.headers for h in RATE_HEADERS)
+            legacy = await http.post(
+                CHAT, json=chat_body("sim-echo", "a"), headers=_auth("sk-legacy")
+            )
+            assert legacy.status_code == 200
+        assert _sample(running, "iop_edge_key_requests_total", key="only-models") == 1
+        assert _sample(running, "iop_edge_key_requests_total", key="api_keys") == 1
+        assert _sample(running, "iop_edge_key_tokens_total", key="only-models", type="output") == 2
+        assert (
+            _sample(running, "iop_edge_key_rejections_total", key="only-models", limit="model") == 1
+        )
+    finally:
+        await stop_edge(running)

@@ -220,6 +220,7 @@ key_prefix = "edge:"
         ('name = "a"\nkey_file = "missing.key"', "cannot read missing.key"),
         ('name = "a"\nkey = "x"\nrpm = 0', "keys[0].rpm: must be between 1"),
         ('name = "a"\nkey = "x"\nburst = 3', "unknown key keys[0].burst"),
+        ('name = "api_keys"\nkey = "x"', "keys[0].name: 'api_keys' names the keys of"),
     ],
 )
 def test_key_mistakes_are_one_line_naming_the_setting(entry: str, message: str) -> None:
