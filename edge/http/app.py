@@ -9,6 +9,12 @@ Paths are matched as sent: a target that is not byte for byte one of the
 edge's routes (`//`, a trailing slash, percent-encoding, `..`, an absolute
 URL) is the JSON 404, never a redirect (werkzeug would otherwise answer
 `//` with a 308 whose Location is built from the Host header).
+
+API keys: `KeyRing` (edge.limits.limiter) tells which key a `/v1/` request
+holds. A chat request's `Gate` (its key's allow-list and limits) is opened
+with its HTTP cycle, admits it in the handler once the model is known, puts
+the rate-limit headers on whatever answer goes out, and is ended once: with
+its run, else when the cycle ends, however it ends.
 """
 
 from __future__ import annotations

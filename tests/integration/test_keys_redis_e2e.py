@@ -36,7 +36,7 @@ def _toml(sim: SimProcess, redis: RedisServer, key_source: str, *, fail_open: bo
         f'[[nodes]]\nname = "sim"\naddress = "{sim.address}"\n'
         f'[[keys]]\nname = "shared"\n{key_source}\nrpm = {rpm}\ntpm = 1000000\n{extra}'
         f'[limits]\nredis_url = "{redis.url}"\nfail_open = {str(fail_open).lower()}\n'
-        'key_prefix = "e2e:"\nredis_timeout_s = 0.5\n'
+        'key_prefix = "e2e:"\nredis_timeout_s = 2\n'
     )
 
 
