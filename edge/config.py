@@ -7,7 +7,10 @@ knows nothing of the daemon that uses it.
 
 from __future__ import annotations
 
+import hmac
 import math
+import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -94,6 +97,46 @@ class AdmissionConfig:
     queue_timeout_s: float = 30.0
 
 
+# A key's name is a metric label and a log field: short, plain.
+_KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyConfig:
+    """One API key (`[[keys]]`): its name, its secret and its limits (None: no limit).
+
+    The secret is kept out of `repr` (a config printed or logged never shows it).
+    """
+
+    name: str
+    secret: str = field(repr=False)
+    # Requests and tokens per minute, streams (requests in flight) at once.
+    rpm: int | None = None
+    tpm: int | None = None
+    max_streams: int | None = None
+    # The models this key may use; None: every model.
+    models: tuple[str, ...] | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether any counted limit applies (and so the rate-limit headers are sent)."""
+        return self.rpm is not None or self.tpm is not None or self.max_streams is not None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Where the keys' counters live (`[limits]`): Redis, else this edge's workers."""
+
+    # redis://HOST:PORT/DB (or rediss://, unix://): limits shared by every edge using it.
+    redis_url: str | None = None
+    # Redis down or slow: true lets requests through, false answers 503.
+    fail_open: bool = True
+    # Prefix of every Redis key the edge writes.
+    key_prefix: str = "iop-edge:"
+    # Deadline of one Redis call.
+    redis_timeout_s: float = 0.25
+
+
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     name: str
@@ -151,6 +194,8 @@ class Config:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     nodes: tuple[NodeConfig, ...] = (NodeConfig("embedded", "embedded"),)
     models: Mapping[str, ModelConfig] = field(default_factory=dict)
+    keys: tuple[KeyConfig, ...] = ()
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     source: str = "<defaults>"
 
     def model(self, name: str) -> ModelConfig:
@@ -322,6 +367,9 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
                 raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
             nodes.append(NodeConfig(name=name, address=address, max_runs=max_runs))
 
+    keys = _keys(source, root.get("keys", list, []), server.api_keys)
+    limits = _limits(source, root.get("limits", dict, {}))
+
     models: dict[str, ModelConfig] = {}
     for name, raw in root.get("models", dict, {}).items():
         r = TableReader(source, f"models.{name}", raw)
@@ -358,8 +406,89 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         admission=admission,
         nodes=tuple(nodes) if raw_nodes is not None else Config().nodes,
         models=models,
+        keys=keys,
+        limits=limits,
         source=source,
     )
+
+
+def _keys(source: str, raw_keys: list[Any], api_keys: tuple[str, ...]) -> tuple[KeyConfig, ...]:
+    """`[[keys]]`: each with a name and exactly one of key, key_env, key_file.
+
+    Messages name the entry and the setting, never the secret.
+    """
+    keys: list[KeyConfig] = []
+    for i, raw in enumerate(raw_keys):
+        r = TableReader(source, f"keys[{i}]", raw)
+        name = r.get("name", str, None)
+        if name is None:
+            raise r.fail("name", "missing (a name for logs and metrics)")
+        if not _KEY_NAME.match(name):
+            raise r.fail("name", "expected 1 to 64 of A-Z a-z 0-9 . _ -")
+        if name == "api_keys":
+            raise r.fail("name", "'api_keys' names the keys of [server] api_keys; pick another")
+        given = [k for k in ("key", "key_env", "key_file") if k in r.table]
+        if len(given) != 1:
+            raise r.fail("key", "give exactly one of key, key_env, key_file")
+        secret = _secret(source, r, given[0])
+        if any(not 1 <= ord(c) < 127 or c.isspace() for c in secret):
+            raise r.fail(given[0], "the key must be printable ASCII without spaces")
+        rpm, tpm, streams = (
+            r.integer(k, 0, minimum=1, maximum=1_000_000_000) if k in r.table else None
+            for k in ("rpm", "tpm", "max_streams")
+        )
+        models = r.strings("models", ()) if "models" in r.table else None
+        r.done()
+        if any(k.name == name for k in keys):
+            raise ConfigError(f"{source}: keys[{i}].name: duplicate key name {name!r}")
+        if any(hmac_equal(k.secret, secret) for k in keys) or secret in api_keys:
+            raise ConfigError(f"{source}: keys[{i}].{given[0]}: the same key is configured twice")
+        keys.append(KeyConfig(name, secret, rpm, tpm, streams, models))
+    return tuple(keys)
+
+
+def hmac_equal(a: str, b: str) -> bool:
+    """Whether two secrets are equal, in time that does not tell where they differ."""
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _secret(source: str, r: TableReader, how: str) -> str:
+    """The secret of a `[[keys]]` entry, from the config, the environment or a file."""
+    value: str = r.get(how, str, "")
+    if how == "key_env":
+        secret = os.environ.get(value, "").strip()
+        if not secret:
+            raise r.fail(how, f"the environment variable {value!r} is not set or empty")
+        return secret
+    if how == "key_file":
+        base = Path(source).parent if source != "<defaults>" else Path(".")
+        try:
+            secret = (base / value).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise r.fail(how, f"cannot read {value}: {exc.strerror or exc}") from None
+        if not secret:
+            raise r.fail(how, f"{value} holds no key")
+        return secret
+    if not value.strip():
+        raise r.fail(how, "an empty key would let anyone in")
+    return value.strip()
+
+
+def _limits(source: str, raw: object) -> LimitsConfig:
+    lim = LimitsConfig()
+    r = TableReader(source, "limits", raw)
+    limits = LimitsConfig(
+        redis_url=r.get("redis_url", str, None),
+        fail_open=r.get("fail_open", bool, lim.fail_open),
+        key_prefix=r.get("key_prefix", str, lim.key_prefix),
+        redis_timeout_s=r.number("redis_timeout_s", lim.redis_timeout_s, minimum=0.001, maximum=60),
+    )
+    if limits.redis_url is not None:
+        scheme = urlsplit(limits.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise r.fail("redis_url", "expected redis://HOST:PORT/DB, rediss://... or unix://...")
+    r.done()
+    return limits
 
 
 def _tool_validation(r: TableReader, default: ToolValidation | None) -> ToolValidation | None:

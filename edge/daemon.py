@@ -142,6 +142,8 @@ async def serve(
                 chat, max_body_bytes=config.server.max_body_bytes,
                 api_keys=config.server.api_keys,
             )  # fmt: skip
+            if (limiter := app.extensions["limiter"]) is not None:
+                stack.push_async_callback(limiter.aclose)  # inside the asyncio loop
             http_done = trio.Event()
             server = HttpServer(
                 app, _hypercorn_config(config), _server_limits(config), metrics, turns=turns

@@ -38,6 +38,9 @@ SHED_REASONS = (
     "queue_full",  # no free node slot and the queue holds [admission] max_queue already
     "queue_timeout",  # waited [admission] queue_timeout_s for a slot
 )
+# Why a key's request was refused: over rpm, over tpm, at max_streams, a model outside its
+# allow-list (answered 404), the limits store down with fail_open = false (503).
+KEY_REJECTIONS = ("requests", "tokens", "streams", "model", "store")
 # Seconds a request waited for a node slot (most wait none: the first bucket).
 _QUEUE_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
@@ -143,6 +146,32 @@ class EdgeMetrics:
             "(a TCP probe, a client that left or reset before its request was read).",
             registry=r,
         )
+
+        # API keys and their limits (issue 16), by key name: never the key itself.
+        self.key_requests = Counter(
+            "iop_edge_key_requests", "Chat requests admitted, by API key name.",
+            ["key"], registry=r,
+        )  # fmt: skip
+        self.key_tokens = Counter(
+            "iop_edge_key_tokens", "Tokens of the runs of each API key, by type: input, output.",
+            ["key", "type"], registry=r,
+        )  # fmt: skip
+        self.key_rejections = Counter(
+            "iop_edge_key_rejections",
+            "Chat requests refused by their API key's limits, by limit: "
+            + ", ".join(KEY_REJECTIONS) + ".",
+            ["key", "limit"], registry=r,
+        )  # fmt: skip
+        self.key_streams = Gauge(
+            "iop_edge_key_streams",
+            "Requests in flight of each API key with max_streams, in this process.",
+            ["key"], registry=r,
+        )  # fmt: skip
+        self.limits_store_errors = Counter(
+            "iop_edge_limits_store_errors",
+            "Calls to the limits store (redis) that failed or missed their deadline.",
+            ["store"], registry=r,
+        )  # fmt: skip
 
     def request(self, model: str, node: str, stream: bool, outcome: Outcome) -> None:
         """One chat request that ran (or began to), by its outcome; called once per request."""

@@ -9,15 +9,21 @@ Paths are matched as sent: a target that is not byte for byte one of the
 edge's routes (`//`, a trailing slash, percent-encoding, `..`, an absolute
 URL) is the JSON 404, never a redirect (werkzeug would otherwise answer
 `//` with a 308 whose Location is built from the Host header).
+
+API keys: `KeyRing` (edge.limits.limiter) tells which key a `/v1/` request
+holds. A chat request's `Gate` (its key's allow-list and limits) is opened
+with its HTTP cycle, admits it in the handler once the model is known, puts
+the rate-limit headers on whatever answer goes out, and is ended once: with
+its run, else when the cycle ends, however it ends.
 """
 
 from __future__ import annotations
 
-import hmac
 import re
 import secrets
 import time
 from collections.abc import Sequence
+from contextvars import ContextVar
 
 import msgspec
 import trio
@@ -42,6 +48,8 @@ from edge.errors import (
 from edge.http.chat import ChatService
 from edge.http.scope import CHAT_PATH, ChatScope
 from edge.http.scope import CURRENT as CURRENT_SCOPE
+from edge.limits.limiter import Gate, KeyRing, Limiter, RateLimitedError
+from edge.limits.store import open_store
 from edge.log import REQUEST_ID
 from edge.metrics import CONTENT_TYPE
 
@@ -56,8 +64,10 @@ def _json_response(value: object, status: int = 200) -> Response:
 
 def _error_response(error: EdgeError) -> Response:
     response = _json_response(error.to_dict(), error.status)
-    if isinstance(error, OverloadedError):
+    if isinstance(error, OverloadedError | RateLimitedError):
         response.headers["Retry-After"] = str(error.retry_after_s)
+    if isinstance(error, RateLimitedError):
+        response.headers.update(error.headers)
     return response
 
 
@@ -137,6 +147,7 @@ class _HTTPConnection(TrioASGIHTTPConnection):
             return
         chat: ChatService = self.app.extensions["chat"]
         scope = ChatScope(chat.metrics, chat.on_outcome)
+        gate = Gate(self.app.extensions["limiter"], chat.metrics)
 
         async def send_noting_status(message: ASGISendEvent) -> None:
             if message["type"] == "http.response.start":
@@ -144,39 +155,47 @@ class _HTTPConnection(TrioASGIHTTPConnection):
             await send(message)
 
         token = CURRENT_SCOPE.set(scope)
+        gate_token = CURRENT_GATE.set(gate)
         try:
             await super().__call__(receive, send_noting_status)
         finally:
+            CURRENT_GATE.reset(gate_token)
             CURRENT_SCOPE.reset(token)
             scope.finish()
+            # Usually ended with its run already (edge.http.chat); else here, once.
+            run = scope.run
+            await gate.end(run.outcome if run is not None else None)
 
 
-class ApiKeys:
-    """The accepted bearer keys, compared in constant time."""
+# The key and limits of the chat request the current task serves (None: not a chat request).
+CURRENT_GATE: ContextVar[Gate | None] = ContextVar("iop_chat_gate", default=None)
 
-    def __init__(self, keys: Sequence[str]) -> None:
-        self._keys = [k.encode() for k in keys if k]
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self._keys)
-
-    def accepts(self, header: str | None) -> bool:
-        """Whether `header` is `Bearer <key>` for an accepted key.
-
-        The scheme is matched case-insensitively (RFC 9110, section 11.1), so
-        `bearer` and `BEARER` work; the key itself is compared exactly.
-        """
-        if header is None:
-            return False
-        scheme, _, credentials = header.strip().partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        offered = credentials.strip().encode()
-        ok = False
-        for key in self._keys:  # no early exit: time does not tell which key matched
-            ok |= hmac.compare_digest(offered, key)
-        return ok
+def _limiter(chat: ChatService, keys: KeyRing) -> Limiter | None:
+    """The limiter of the keys with limits (None when no key has one)."""
+    config = chat.config
+    limited = [(k.name, k.limits) for k in keys.keys if k.limited]
+    if not limited:
+        return None
+    # A stream lease outlives any request: queued, run to its total deadline, drained.
+    lease_s = (
+        config.timeouts.total_s + config.admission.queue_timeout_s
+        + config.server.drain_timeout_s + 60
+    )  # fmt: skip
+    store = open_store(
+        limited,
+        redis_url=config.limits.redis_url,
+        key_prefix=config.limits.key_prefix,
+        timeout_s=config.limits.redis_timeout_s,
+        lease_ms=int(lease_s * 1000),
+    )
+    logger.info(
+        "API key limits: {} key(s) with limits, counted in {} ({})",
+        len(limited), store.kind,
+        {"redis": "shared by every edge using it", "shared": "shared by this edge's workers",
+         "memory": "this process only"}[store.kind],
+    )  # fmt: skip
+    return Limiter(store, fail_open=config.limits.fail_open, metrics=chat.metrics)
 
 
 def create_app(
@@ -191,7 +210,8 @@ def create_app(
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     # Routes match as written: `//` is not merged into `/` by a redirect.
     app.url_map.merge_slashes = False
-    keys = ApiKeys(api_keys)
+    keys = KeyRing(chat.config.keys, api_keys)
+    app.extensions["limiter"] = _limiter(chat, keys)
     state = {"draining": False}
 
     @app.before_request
@@ -205,16 +225,23 @@ def create_app(
         g.started = time.perf_counter()
         if not _is_route_path() or isinstance(request.routing_exception, RequestRedirect):
             raise _not_found()
-        needs_key = keys.enabled and request.path.startswith("/v1/")
-        if needs_key and not keys.accepts(request.headers.get("Authorization")):
-            raise AuthenticationError(
-                "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
-                code="invalid_api_key",
-            )
+        g.key = None
+        if keys.enabled and request.path.startswith("/v1/"):
+            g.key = keys.identify(request.headers.get("Authorization"))
+            if g.key is None:
+                raise AuthenticationError(
+                    "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+                    code="invalid_api_key",
+                )
+            if (gate := CURRENT_GATE.get()) is not None:
+                gate.key = g.key
 
     @app.after_request
     async def after(response: Response) -> Response:
         response.headers.setdefault("X-Request-Id", g.get("request_id", ""))
+        if (gate := CURRENT_GATE.get()) is not None:
+            for name, value in gate.headers.items():  # a limited key's, success or not
+                response.headers.setdefault(name, value)
         # Chat requests are logged by their scope, once their cycle is over.
         if CURRENT_SCOPE.get() is None:
             logger.bind(
@@ -248,15 +275,17 @@ def create_app(
         scope = CURRENT_SCOPE.get()
         assert scope is not None  # the chat route always runs in its scope
         session_id = request.headers.get("X-Session-Id") or None
-        response = await chat.handle(body, scope, session_id=session_id)
+        response = await chat.handle(body, scope, session_id=session_id, gate=CURRENT_GATE.get())
         response.timeout = None
         return response
 
     @app.get("/v1/models")
     async def models() -> Response:
+        key = g.get("key")
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "iop"}
             for m in chat.pool.models()
+            if key is None or key.allows(m)
         ]
         return _json_response({"object": "list", "data": data})
 

@@ -37,6 +37,7 @@ from edge.config import Config
 from edge.errors import error_object, status_of
 from edge.failover import Committed, Failover
 from edge.http.scope import ChatScope
+from edge.limits.limiter import Gate
 from edge.metrics import EdgeMetrics
 from edge.node.pool import NodePool
 from edge.run import OutcomeHook, Run, Runs
@@ -128,11 +129,19 @@ class ChatService:
         return result.request
 
     async def handle(
-        self, body: bytes, scope: ChatScope, *, session_id: str | None = None
+        self,
+        body: bytes,
+        scope: ChatScope,
+        *,
+        session_id: str | None = None,
+        gate: Gate | None = None,
     ) -> Response:
         """Answer one chat request; errors before the first byte raise an EdgeError.
 
         `session_id` is the caller's X-Session-Id (routing affinity; else `user`).
+        `gate` is the request's API key: its allow-list is checked and its limits
+        admit the request once the model is known, before any node is asked; it is
+        ended with the run (stream given back, tokens counted) before the last byte.
         """
         self.admission.shed_if_full()
         await self.turns.turn()
@@ -140,6 +149,9 @@ class ChatService:
         # loop, so a large request never stalls other streams.
         request = await trio.to_thread.run_sync(parse_chat_request, body, limiter=self.parsing)
         scope.stream = request.stream
+        if gate is not None:
+            gate.check_model(request.model)
+            await gate.admit()
         if request.model in self.pool.models():  # metric labels: only models nodes serve
             scope.model = request.model
         request = self.forwarded(request)
@@ -160,17 +172,20 @@ class ChatService:
         if not request.stream:
             return await _complete(
                 committed, response_id, created, scope.request_id, self.turns,
-                logprobs=request.logprobs,
+                logprobs=request.logprobs, gate=gate,
             )  # fmt: skip
         if committed.error is not None:
             await run.end()
+            if gate is not None:
+                await gate.end(run.outcome)
             return _error_answer(committed.error, scope.request_id)
         encoder = SSEEncoder(response_id, created, request.model,
                              include_usage=request.include_usage)  # fmt: skip
         labels = self.metrics.inter_chunk.labels(request.model, run.info.node)
         sse = SSEBody(run, encoder, self.turns, observe_gap=labels.observe,
                       observe_added=self.metrics.added_latency.observe,
-                      first=committed.first, keepalive=committed.keepalive)  # fmt: skip
+                      first=committed.first, keepalive=committed.keepalive,
+                      gate=gate)  # fmt: skip
         response = Response(sse, status=200, headers=SSE_HEADERS)
         response.headers["X-Request-Id"] = scope.request_id
         return response
@@ -197,10 +212,12 @@ async def _complete(
     turns: Turns,
     *,
     logprobs: bool = False,
+    gate: Gate | None = None,
 ) -> Response:
     """The non-streaming answer: the run's whole output folded into one JSON body.
 
-    The run is left before the answer goes out, so its outcome is counted first.
+    The run is left before the answer goes out, so its outcome is counted first
+    (and its key's stream given back, its tokens counted).
     """
     run = committed.run
     builder = ResponseBuilder(logprobs=logprobs)
@@ -215,6 +232,8 @@ async def _complete(
         await turns.turn()
     finally:
         await run.end()
+        if gate is not None:
+            await gate.end(run.outcome)
     if builder.error is not None:
         return _error_answer(builder.error, request_id)
     body = builder.response(response_id, created, run.info.model)
@@ -240,8 +259,10 @@ class SSEBody(ResponseBody):
         observe_added: Callable[[float], None],
         first: list[OutEvent] | None = None,
         keepalive: bool = False,
+        gate: Gate | None = None,
     ) -> None:
         self._run = run
+        self._gate = gate
         # What the handler took up to the commit point, written first.
         self._first = first
         self._keepalive = keepalive
@@ -297,3 +318,5 @@ class SSEBody(ResponseBody):
             await self._turns.turn()  # if cancelled meanwhile, end at once all the same
         finally:
             await self._run.end()
+            if self._gate is not None:
+                await self._gate.end(self._run.outcome)

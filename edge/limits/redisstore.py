@@ -1,0 +1,144 @@
+"""The counters in Redis: limits that hold across every edge (and worker) using it.
+
+redis-py's asyncio client, awaited through the edge's one trio-asyncio
+bridge (`edge.node.bridge.call_asyncio`), on the asyncio loop the edge
+already hosts for grpclib: no thread per call, one connection pool per
+process, and a trio cancel (the request's deadline, the client leaving)
+cancels the Redis call itself. (The sync client in `trio.to_thread` would
+cost a thread hop per request, and a call past its deadline would go on in
+its thread, abandoned, holding a connection.)
+
+Each update is one Lua script (EVALSHA, loaded again on NOSCRIPT by
+redis-py's Script), so check and count are atomic across edges; it reads
+Redis's own clock (TIME), so edges on different hosts share one. The
+window is `edge.limits.window`'s, in a hash `<prefix>w:<name>` (start, req,
+tok) that expires after two windows; a key's streams are a sorted set
+`<prefix>s:<name>` of leases scored by their expiry, so the streams of an
+edge that died are given back once their lease (the longest a request may
+live) is over.
+
+Every call has a deadline (`timeout_s`); a Redis error or a missed deadline
+is `StoreUnavailable`, translated here and only here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import redis.asyncio as aioredis
+import trio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from edge.limits.store import StoreUnavailable
+from edge.limits.window import OVER, WINDOW_MS, Decision, Limits
+from edge.node.bridge import call_asyncio
+
+# Mirrors edge.limits.window.admit; limits of 0 are "no limit".
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[1])
+local rpm, tpm, maxs = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local start = tonumber(redis.call('HGET', KEYS[1], 'start') or '-1')
+local req, tok = 0, 0
+if start < 0 or now >= start + window or now < start then
+  start = now
+  redis.call('HSET', KEYS[1], 'start', start, 'req', 0, 'tok', 0)
+  redis.call('PEXPIRE', KEYS[1], window * 2)
+else
+  req = tonumber(redis.call('HGET', KEYS[1], 'req') or '0')
+  tok = tonumber(redis.call('HGET', KEYS[1], 'tok') or '0')
+end
+local streams = 0
+if maxs > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  streams = redis.call('ZCARD', KEYS[2])
+end
+local over = 0
+if rpm > 0 and req >= rpm then over = 1
+elseif tpm > 0 and tok >= tpm then over = 2
+elseif maxs > 0 and streams >= maxs then over = 3
+else
+  req = redis.call('HINCRBY', KEYS[1], 'req', 1)
+  if maxs > 0 then
+    local lease = tonumber(ARGV[6])
+    redis.call('ZADD', KEYS[2], now + lease, ARGV[5])
+    redis.call('PEXPIRE', KEYS[2], lease)
+    streams = streams + 1
+  end
+end
+return {over, req, tok, streams, start + window - now}
+"""
+
+# Mirrors edge.limits.window.add_tokens.
+_ADD_TOKENS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[1])
+local start = tonumber(redis.call('HGET', KEYS[1], 'start') or '-1')
+if start < 0 or now >= start + window or now < start then
+  redis.call('HSET', KEYS[1], 'start', now, 'req', 0, 'tok', 0)
+  redis.call('PEXPIRE', KEYS[1], window * 2)
+end
+return redis.call('HINCRBY', KEYS[1], 'tok', tonumber(ARGV[2]))
+"""
+
+
+class RedisStore:
+    """Limits shared through one Redis (see the module doc)."""
+
+    kind = "redis"
+
+    def __init__(self, url: str, *, prefix: str, timeout_s: float, lease_ms: int) -> None:
+        self._prefix = prefix
+        self._timeout_s = timeout_s
+        self._lease_ms = lease_ms
+        # No retries inside redis-py: the deadline is ours, and a retry would hide an outage.
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+        )
+        self._admit = self._redis.register_script(_ADMIT)
+        self._add_tokens = self._redis.register_script(_ADD_TOKENS)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        with trio.move_on_after(self._timeout_s) as deadline:
+            try:
+                return await call_asyncio(fn, *args, **kwargs)
+            except (RedisError, OSError) as exc:
+                raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        assert deadline.cancelled_caught
+        raise StoreUnavailable(f"no answer within {self._timeout_s}s")
+
+    async def admit(self, key: str, limits: Limits, lease: str) -> Decision:
+        keys = [f"{self._prefix}w:{key}", f"{self._prefix}s:{key}"]
+        args = [
+            WINDOW_MS, limits.rpm or 0, limits.tpm or 0, limits.max_streams or 0,
+            lease, self._lease_ms,
+        ]  # fmt: skip
+        over, requests, tokens, streams, reset_ms = await self._call(
+            self._admit, keys=keys, args=args
+        )
+        return Decision(
+            OVER[over - 1] if over else None, int(requests), int(tokens), int(streams),
+            max(0, int(reset_ms)),
+        )  # fmt: skip
+
+    async def release(self, key: str, lease: str) -> None:
+        await self._call(self._redis.zrem, f"{self._prefix}s:{key}", lease)
+
+    async def add_tokens(self, key: str, tokens: int) -> None:
+        if tokens > 0:
+            await self._call(
+                self._add_tokens, keys=[f"{self._prefix}w:{key}"], args=[WINDOW_MS, tokens]
+            )
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(self._timeout_s), contextlib.suppress(RedisError, OSError):
+            await call_asyncio(self._redis.aclose)

@@ -1,0 +1,161 @@
+"""The counters of one edge's workers: fixed slots in a file they all map.
+
+Without Redis, the workers of one edge (`IOP_EDGE_SHARED_DIR`, a directory
+of that edge run) share one file of fixed slots, one slot per limited key,
+in the order of the sorted key names (the workers read the same config, so
+they agree on it). A slot holds the key's window (start, requests, tokens)
+and up to `PID_ENTRIES` (pid, streams) pairs: each worker counts the
+streams it holds under its own pid, so a worker that died (and was
+restarted under another pid) leaves streams no live process holds; they
+are given back when the key reaches `max_streams` and the pid is gone.
+
+Each operation takes the slot's byte range with `fcntl.lockf` (between
+processes; held for a few microseconds, no await inside, so tasks of one
+process never interleave in it), reads, runs `edge.limits.window`, writes.
+The clock is CLOCK_MONOTONIC, one for every process of the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import mmap
+import os
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from edge.limits.store import monotonic_ms
+from edge.limits.window import Decision, Limits, Window, add_tokens, admit
+
+PID_ENTRIES = 64
+_WINDOW = struct.Struct("<qqq")
+_ENTRY = struct.Struct("<qq")
+SLOT_BYTES = _WINDOW.size + PID_ENTRIES * _ENTRY.size
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SharedFileStore:
+    """Exact limits across the processes that open the same file (see the module doc)."""
+
+    kind = "shared"
+
+    def __init__(
+        self,
+        directory: Path,
+        keys: list[tuple[str, Limits]],
+        *,
+        clock: Callable[[], int] = monotonic_ms,
+    ) -> None:
+        names = sorted(name for name, _ in keys)
+        self._slots = {name: i for i, name in enumerate(names)}
+        # Another config (another edge in the same directory) gets another file.
+        digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+        self.path = directory / f"limits-{digest}.slots"
+        self._clock = clock
+        size = max(1, len(names)) * SLOT_BYTES
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)  # new bytes read as zeros: empty slots
+            finally:
+                fcntl.lockf(fd, fcntl.LOCK_UN)
+            self._map = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    @contextlib.contextmanager
+    def _slot(self, key: str) -> Iterator[int]:
+        """The offset of `key`'s slot, its byte range locked against the other workers."""
+        offset = self._slots[key] * SLOT_BYTES
+        fcntl.lockf(self._fd, fcntl.LOCK_EX, SLOT_BYTES, offset)
+        try:
+            yield offset
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, SLOT_BYTES, offset)
+
+    def _window(self, offset: int) -> Window:
+        start, requests, tokens = _WINDOW.unpack_from(self._map, offset)
+        # A zeroed slot (start 0) is a window that ended long ago: roll() starts one.
+        return Window(start if start else -1, requests, tokens)
+
+    def _put_window(self, offset: int, window: Window) -> None:
+        _WINDOW.pack_into(self._map, offset, window.start_ms, window.requests, window.tokens)
+
+    def _entries(self, offset: int) -> list[tuple[int, int]]:
+        base = offset + _WINDOW.size
+        return [_ENTRY.unpack_from(self._map, base + i * _ENTRY.size) for i in range(PID_ENTRIES)]
+
+    def _put_entry(self, offset: int, i: int, pid: int, streams: int) -> None:
+        _ENTRY.pack_into(self._map, offset + _WINDOW.size + i * _ENTRY.size, pid, streams)
+
+    def _reclaim(self, offset: int, entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Give back the streams of processes that are gone."""
+        me = os.getpid()
+        for i, (pid, streams) in enumerate(entries):
+            if streams and pid != me and not _alive(pid):
+                self._put_entry(offset, i, 0, 0)
+        return self._entries(offset)
+
+    def _own_entry(self, entries: list[tuple[int, int]]) -> int | None:
+        me = os.getpid()
+        for i, (pid, _) in enumerate(entries):
+            if pid == me:
+                return i
+        for i, (_, streams) in enumerate(entries):
+            if not streams:
+                return i
+        return None
+
+    async def admit(self, key: str, limits: Limits, lease: str) -> Decision:
+        with self._slot(key) as offset:
+            window = self._window(offset)
+            entries = self._entries(offset)
+            held = sum(s for _, s in entries)
+            counted = limits.max_streams is not None
+            if counted and limits.max_streams is not None and held >= limits.max_streams:
+                entries = self._reclaim(offset, entries)
+                held = sum(s for _, s in entries)
+            own = self._own_entry(entries) if counted else None
+            if counted and own is None:
+                entries = self._reclaim(offset, entries)
+                own = self._own_entry(entries)
+            if counted and own is None:  # every entry held by a live process: full
+                held = max(held, limits.max_streams or 0)
+            decision = admit(window, held, limits, self._clock())
+            self._put_window(offset, window)
+            if decision.admitted and own is not None:
+                self._put_entry(offset, own, os.getpid(), entries[own][1] + 1)
+            return decision
+
+    async def release(self, key: str, lease: str) -> None:
+        with self._slot(key) as offset:
+            me = os.getpid()
+            for i, (pid, streams) in enumerate(self._entries(offset)):
+                if pid == me and streams > 0:
+                    self._put_entry(offset, i, me, streams - 1)
+                    return
+
+    async def add_tokens(self, key: str, tokens: int) -> None:
+        with self._slot(key) as offset:
+            window = self._window(offset)
+            add_tokens(window, tokens, self._clock())
+            self._put_window(offset, window)
+
+    async def aclose(self) -> None:
+        self._map.close()
+        os.close(self._fd)
