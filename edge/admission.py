@@ -28,7 +28,6 @@ import math
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import NoReturn
 
 import trio
 from loguru import logger
@@ -79,10 +78,17 @@ class Admission:
         free slot: whatever its model, it could only queue. Answering before the parse
         (milliseconds, in a worker thread behind other parses) keeps a shed answer fast
         when shedding matters most."""
+        if (error := self.shed_now()) is not None:
+            raise error
+
+    def shed_now(self) -> OverloadedError | None:
+        """The error a new request gets at once (counted and logged as shed), or None
+        when it could be queued or served (see `shed_if_full`)."""
         if len(self._waiters) >= self._config.max_queue and not any(
             state.has_slot() for state in self._pool.nodes
         ):
-            self._shed_full()
+            return self._shed_full()
+        return None
 
     async def acquire(
         self,
@@ -109,7 +115,7 @@ class Admission:
             node.in_flight += 1
             return node
         if len(self._waiters) >= self._config.max_queue:
-            self._shed_full()
+            raise self._shed_full()
         waiter = _Waiter(model, logprobs, exclude, affinity_key)
         if first:
             self._waiters.appendleft(waiter)
@@ -132,7 +138,7 @@ class Admission:
         if waiter.error is not None:
             raise waiter.error
         if waiter.node is None:
-            self._shed(
+            raise self._shed(
                 "queue_timeout",
                 f"no node slot was free within {self._config.queue_timeout_s:g}s",
             )
@@ -181,10 +187,10 @@ class Admission:
         if handed:
             self._metrics.queue_depth.set(len(waiters))
 
-    def _shed_full(self) -> NoReturn:
-        self._shed("queue_full", f"all node slots are taken and {self.depth} requests wait")
+    def _shed_full(self) -> OverloadedError:
+        return self._shed("queue_full", f"all node slots are taken and {self.depth} requests wait")
 
-    def _shed(self, reason: str, why: str) -> NoReturn:
+    def _shed(self, reason: str, why: str) -> OverloadedError:
         self._metrics.shed.labels(reason).inc()
         # Shedding comes in bursts: one line a second at most, with the count.
         self._shed_unlogged += 1
@@ -195,7 +201,7 @@ class Admission:
             )
             self._shed_unlogged = 0
             self._shed_logged_at = now
-        raise OverloadedError(
+        return OverloadedError(
             f"The edge is overloaded ({why}); retry after {RETRY_AFTER_S}s.",
             retry_after_s=RETRY_AFTER_S,
         )

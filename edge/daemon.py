@@ -146,8 +146,9 @@ async def serve(
                 stack.push_async_callback(limiter.aclose)  # inside the asyncio loop
             http_done = trio.Event()
             server = HttpServer(
-                app, _hypercorn_config(config), _server_limits(config), metrics, turns=turns
-            )
+                app, _hypercorn_config(config), _server_limits(config), metrics, turns=turns,
+                shed=chat.shed_at_once,
+            )  # fmt: skip
             binds = await root.start(_serve_http, server, config, shutdown, http_done)
             url = binds[0]
             logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))

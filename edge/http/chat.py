@@ -36,7 +36,8 @@ from edge.api.request import ChatRequest, parse_chat_request
 from edge.config import Config
 from edge.errors import error_object, status_of
 from edge.failover import Committed, Failover
-from edge.http.scope import ChatScope
+from edge.http.refusals import overloaded_response
+from edge.http.scope import CHAT_PATH, ChatScope
 from edge.limits.limiter import Gate
 from edge.metrics import EdgeMetrics
 from edge.node.pool import NodePool
@@ -46,6 +47,7 @@ from edge.stream.session import SessionSettings, StreamSession
 from edge.stream.toolcheck import tool_validation_mode
 from edge.turns import Turns
 
+_CHAT_PATH = CHAT_PATH.encode()
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -189,6 +191,18 @@ class ChatService:
         response = Response(sse, status=200, headers=SSE_HEADERS)
         response.headers["X-Request-Id"] = scope.request_id
         return response
+
+    def shed_at_once(self, request_line: bytes) -> bytes | None:
+        """For the HTTP server, before it parses a request: the whole HTTP/1.1 answer
+        to a `POST /v1/chat/completions` that `shed_if_full` would shed, or None. The
+        same 503 `overloaded` with Retry-After, in a few scheduler passes instead of
+        the request's whole way through the HTTP stack."""
+        method, _, rest = request_line.partition(b" ")
+        path = rest.rpartition(b" ")[0].partition(b"?")[0]
+        if method != b"POST" or path != _CHAT_PATH:
+            return None
+        error = self.admission.shed_now()
+        return overloaded_response(error) if error is not None else None
 
     def shutdown_streams(self) -> int:
         """Drain deadline: end every run still in flight, with a notice. Returns how many."""

@@ -196,11 +196,16 @@ class _State(enum.Enum):
 class HeadScanner:
     """Follows one connection's request framing; checks and rewrites each head."""
 
-    __slots__ = ("_buf", "_h2", "_h2_limits", "_left", "_max", "_scanned", "_state", "bodies")
+    __slots__ = (
+        "_buf", "_h2", "_h2_limits", "_left", "_max", "_scanned", "_state", "bodies",
+        "body_request_line",
+    )  # fmt: skip
 
     def __init__(self, max_head_bytes: int, h2_limits: H2Limits | None = None) -> None:
-        # HTTP/1.1 request heads seen that announced a body (the requests that cost).
+        # HTTP/1.1 request heads seen that announced a body (the requests that cost),
+        # and the request line of the last one (`POST /v1/chat/completions HTTP/1.1`).
         self.bodies = 0
+        self.body_request_line = b""
         self._max = max_head_bytes
         self._h2_limits = h2_limits
         self._h2: H2FrameWatch | None = None
@@ -351,16 +356,20 @@ class HeadScanner:
             )
         out.append(b"\n".join(kept))
         if chunked:
-            self.bodies += 1
+            self._has_body(request_line)
             self._state = _State.CHUNK_SIZE
         elif lengths:
             if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
                 self._state = _State.PASSTHROUGH  # h11 answers 400 and closes
             elif (length := int(lengths[0])) > 0:
-                self.bodies += 1
+                self._has_body(request_line)
                 self._state = _State.BODY
                 self._left = length
         return None
+
+    def _has_body(self, request_line: bytes) -> None:
+        self.bodies += 1
+        self.body_request_line = request_line
 
     def _incomplete(
         self, src: bytes | bytearray, base: int, end: int, out: list[bytes], *, head: bool

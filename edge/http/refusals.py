@@ -11,21 +11,33 @@ import json
 import trio
 from loguru import logger
 
-from edge.errors import error_object
+from edge.errors import OverloadedError, error_object
 from edge.metrics import EdgeMetrics
 
 _LOG_INTERVAL_S = 1.0
 _GOAWAY = 0x7
 
 
-def error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
+def error_response(
+    status: int, reason: str, message: str, code: str, err_type: str, *, retry_after_s: int = 0
+) -> bytes:
     """A complete HTTP/1.1 answer with an OpenAI-shaped body, closing the connection."""
     body = json.dumps(error_object(err_type, message, code=code)).encode()
+    retry = f"retry-after: {retry_after_s}\r\n" if retry_after_s > 0 else ""
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"content-length: {len(body)}\r\n{retry}connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+def overloaded_response(error: OverloadedError) -> bytes:
+    """The app's 503 `overloaded` answer (same body, same Retry-After), written by the
+    server itself for a request it sheds before parsing it."""
+    return error_response(
+        error.status, REASONS[503], error.message, error.code or error.type, error.type,
+        retry_after_s=error.retry_after_s,
+    )  # fmt: skip
 
 
 def goaway_frame(last_stream_id: int, error_code: int, debug: bytes) -> bytes:
@@ -36,6 +48,7 @@ def goaway_frame(last_stream_id: int, error_code: int, debug: bytes) -> bytes:
 
 REASONS = {
     400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
 }  # fmt: skip
 
 

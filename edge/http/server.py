@@ -45,6 +45,7 @@ import math
 import os
 import resource
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -86,6 +87,10 @@ _REFUSE_DEADLINE_S = 0.25
 # scope, as the app's end of response, runs out its own deadline first.
 _HANDLER_GRACE_S = 1.0
 _ACCEPT_BACKOFF_S = (0.01, 1.0)
+# A shed request's connection: how long, and how much of the rest of the request,
+# is read and dropped after the answer before the close (so it is not a reset).
+_LINGER_S = 0.5
+_LINGER_BYTES = 2**20
 # Connections taken from the listen queue per wakeup of the accept loop.
 _ACCEPT_BURST = 64
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -143,6 +148,7 @@ class HttpServer:
         metrics: EdgeMetrics,
         *,
         turns: Turns,
+        shed: Callable[[bytes], bytes | None] | None = None,
     ) -> None:
         # The HTTP/2 limits are the server's: whatever the caller set is replaced.
         config.h2_max_concurrent_streams = H2_MAX_CONCURRENT_STREAMS
@@ -160,8 +166,11 @@ class HttpServer:
         # Past the drain deadline no write waits on its client any more.
         self.write_deadline = math.inf
         self.lifespan_state: LifespanState = {}
-        # A new request with a body takes a turn before the HTTP parser sees it.
+        # A new request with a body takes a turn before the HTTP parser sees it...
         self.turns = turns
+        # ...unless `shed(request_line)` answers it at once (an overloaded edge's 503):
+        # then that answer is written and the connection closes, nothing parsed.
+        self.shed = shed
 
     @property
     def open_connections(self) -> int:
@@ -404,14 +413,41 @@ class _Connection:
             else:
                 forward, rejection = data, None
             if forward:
-                if self._scanner.bodies != bodies:  # a new request that costs: wait a turn
+                if self._scanner.bodies != bodies:  # a new request that costs
                     bodies = self._scanner.bodies
+                    answer = self._shed_answer(forward)
+                    if answer is not None:
+                        await self._answer_and_close(answer)
+                        break
                     await self.server.turns.turn()
                 await protocol.handle(RawData(forward))
             if rejection is not None:
                 await self._reject(rejection)
                 break
         await protocol.handle(Closed())
+
+    def _shed_answer(self, forward: bytes) -> bytes | None:
+        """The server's own answer to the request whose head starts `forward`, if the
+        app sheds it now; only on a connection with nothing else in progress."""
+        shed = self.server.shed
+        line = self._scanner.body_request_line
+        if shed is None or not self._idle or not forward.startswith(line):
+            return None
+        return shed(line)
+
+    async def _answer_and_close(self, answer: bytes) -> None:
+        """Write `answer`, then close without a reset: what the client still sends of
+        the request is read and dropped for a moment (bounded), so the answer is read."""
+        async with self._send_lock:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await self._write(answer)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await self.stream.send_eof()
+            with trio.move_on_after(_LINGER_S):
+                left = _LINGER_BYTES
+                while left > 0 and (data := await self.stream.receive_some(MAX_RECV)):
+                    left -= len(data)
+        await self._close()
 
     async def _timed_out(self, body_deadline: float) -> None:
         """A receive's deadline passed: a normal idle close, or a request sent too slowly."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,4 +175,71 @@ async def test_a_wait_past_the_queue_timeout_answers_503(
         holders.cancel_scope.cancel()
     assert _sample(edge, "iop_edge_shed_total", reason="queue_timeout") == 2
     assert edge.edge.chat.admission.depth == 0
+    await stop_edge(edge)
+
+
+async def _full(
+    nursery: trio.Nursery,
+    node: SimProcess,
+    http: httpx.AsyncClient,
+    waiting: trio.Nursery,
+    holders: trio.Nursery,
+) -> RunningEdge:
+    """An edge whose two slots are held and whose queue of three is full."""
+    edge = await _edge(nursery, node, queue_timeout_s=60)
+    held: list[str] = []
+    http.base_url = httpx.URL(edge.url)
+    for _ in range(2):
+        holders.start_soon(_hold, http, held)
+    await _poll(lambda: len(held) == 2)
+    for _ in range(3):
+        waiting.start_soon(partial(http.post, CHAT, json=chat_body("sim-echo", "after the wait")))
+    await _poll(lambda: edge.edge.chat.admission.depth == 3)
+    return edge
+
+
+async def test_a_full_queue_sheds_at_the_connection_before_reading_the_body(
+    nursery: trio.Nursery, node: SimProcess
+) -> None:
+    """With the queue full, the server answers a new HTTP/1.1 request 503 overloaded from
+    its head alone: the 1 MiB body is never parsed, and the answer (with Retry-After, the
+    app's own body) is read in full, not cut by a reset, then the connection closes. An
+    HTTP/2 request, which the server does not look into, gets the same answer from the
+    app."""
+    async with (
+        httpx.AsyncClient(timeout=WAIT_S) as http,
+        trio.open_nursery() as waiting,
+        trio.open_nursery() as holders,
+    ):
+        edge = await _full(nursery, node, http, waiting, holders)
+        body = json.dumps(chat_body("sim-echo", "x" * 2**20)).encode()
+        head = (
+            f"POST {CHAT} HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        host, port = edge.url.removeprefix("http://").rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(head + body[:1000])  # the rest of the body never goes
+            answer = b""
+            with trio.fail_after(WAIT_S):
+                while data := await stream.receive_some(65536):
+                    answer += data
+        status, _, rest = answer.partition(b"\r\n")
+        assert status == b"HTTP/1.1 503 Service Unavailable"
+        headers, _, payload = rest.partition(b"\r\n\r\n")
+        assert b"retry-after: 1" in headers.lower()
+        assert b"connection: close" in headers.lower()
+        error = json.loads(payload)["error"]
+        assert (error["type"], error["code"]) == ("overloaded", "overloaded")
+        async with httpx.AsyncClient(
+            base_url=edge.url, http1=False, http2=True, timeout=WAIT_S
+        ) as h2:
+            response = await h2.post(CHAT, json=chat_body("sim-echo", "over h2"))
+            assert response.http_version == "HTTP/2"
+            _assert_overloaded(response)
+        assert edge.edge.chat.admission.depth == 3
+        assert _sample(edge, "iop_edge_shed_total", reason="queue_full") == 2
+        holders.cancel_scope.cancel()
+    await edge.wait_idle()
     await stop_edge(edge)

@@ -217,3 +217,19 @@ def test_h2_frames_on_a_stream_the_client_ended_count_as_resets() -> None:
     assert rejection.kind == "h2_reset_flood"
     open_stream = _headers(9) + b"".join(_frame(0x0, 9, b"more") for _ in range(10))
     assert _scan_h2(PREFACE + open_stream, [])[:2] == (PREFACE + open_stream, None)
+
+
+def test_heads_with_a_body_are_counted_with_their_request_line() -> None:
+    """The server sheds or paces a request by its head alone: the scanner counts the
+    heads that announce a body (Content-Length > 0 or chunked) and keeps the last one's
+    request line; bodyless requests (a GET, a zero length) are not counted."""
+    scanner = HeadScanner(MAX)
+    scanner.feed(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    scanner.feed(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert (scanner.bodies, scanner.body_request_line) == (0, b"")
+    scanner.feed(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+    assert (scanner.bodies, scanner.body_request_line) == (
+        1, b"POST /v1/chat/completions HTTP/1.1",
+    )  # fmt: skip
+    scanner.feed(b"POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    assert (scanner.bodies, scanner.body_request_line) == (2, b"POST /b HTTP/1.1")
