@@ -192,17 +192,18 @@ class ChatService:
         response.headers["X-Request-Id"] = scope.request_id
         return response
 
-    def shed_at_once(self, request_line: bytes) -> bytes | None:
+    def shed_at_once(self, request_line: bytes, *, close: bool) -> bytes | None:
         """For the HTTP server, before it parses a request: the whole HTTP/1.1 answer
         to a `POST /v1/chat/completions` that `shed_if_full` would shed, or None. The
         same 503 `overloaded` with Retry-After, in a few scheduler passes instead of
-        the request's whole way through the HTTP stack."""
+        the request's whole way through the HTTP stack; `close`: the answer closes
+        the connection."""
         method, _, rest = request_line.partition(b" ")
         path = rest.rpartition(b" ")[0].partition(b"?")[0]
         if method != b"POST" or path != _CHAT_PATH:
             return None
         error = self.admission.shed_now()
-        return overloaded_response(error) if error is not None else None
+        return overloaded_response(error, close=close) if error is not None else None
 
     def shutdown_streams(self) -> int:
         """Drain deadline: end every run still in flight, with a notice. Returns how many."""

@@ -197,7 +197,15 @@ class HeadScanner:
     """Follows one connection's request framing; checks and rewrites each head."""
 
     __slots__ = (
-        "_buf", "_h2", "_h2_limits", "_left", "_max", "_scanned", "_state", "bodies",
+        "_buf",
+        "_h2",
+        "_h2_limits",
+        "_left",
+        "_max",
+        "_scanned",
+        "_state",
+        "bodies",
+        "body_length",
         "body_request_line",
     )  # fmt: skip
 
@@ -206,6 +214,7 @@ class HeadScanner:
         # and the request line of the last one (`POST /v1/chat/completions HTTP/1.1`).
         self.bodies = 0
         self.body_request_line = b""
+        self.body_length = 0  # that request's Content-Length; -1: chunked
         self._max = max_head_bytes
         self._h2_limits = h2_limits
         self._h2: H2FrameWatch | None = None
@@ -356,20 +365,21 @@ class HeadScanner:
             )
         out.append(b"\n".join(kept))
         if chunked:
-            self._has_body(request_line)
+            self._has_body(request_line, -1)
             self._state = _State.CHUNK_SIZE
         elif lengths:
             if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
                 self._state = _State.PASSTHROUGH  # h11 answers 400 and closes
             elif (length := int(lengths[0])) > 0:
-                self._has_body(request_line)
+                self._has_body(request_line, length)
                 self._state = _State.BODY
                 self._left = length
         return None
 
-    def _has_body(self, request_line: bytes) -> None:
+    def _has_body(self, request_line: bytes, length: int) -> None:
         self.bodies += 1
         self.body_request_line = request_line
+        self.body_length = length
 
     def _incomplete(
         self, src: bytes | bytearray, base: int, end: int, out: list[bytes], *, head: bool

@@ -19,24 +19,33 @@ _GOAWAY = 0x7
 
 
 def error_response(
-    status: int, reason: str, message: str, code: str, err_type: str, *, retry_after_s: int = 0
+    status: int,
+    reason: str,
+    message: str,
+    code: str,
+    err_type: str,
+    *,
+    retry_after_s: int = 0,
+    close: bool = True,
 ) -> bytes:
-    """A complete HTTP/1.1 answer with an OpenAI-shaped body, closing the connection."""
+    """A complete HTTP/1.1 answer with an OpenAI-shaped body, closing the connection
+    (unless `close` is False)."""
     body = json.dumps(error_object(err_type, message, code=code)).encode()
     retry = f"retry-after: {retry_after_s}\r\n" if retry_after_s > 0 else ""
+    closing = "connection: close\r\n" if close else ""
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n{retry}connection: close\r\n\r\n"
+        f"content-length: {len(body)}\r\n{retry}{closing}\r\n"
     )
     return head.encode("ascii") + body
 
 
-def overloaded_response(error: OverloadedError) -> bytes:
+def overloaded_response(error: OverloadedError, *, close: bool) -> bytes:
     """The app's 503 `overloaded` answer (same body, same Retry-After), written by the
     server itself for a request it sheds before parsing it."""
     return error_response(
         error.status, REASONS[503], error.message, error.code or error.type, error.type,
-        retry_after_s=error.retry_after_s,
+        retry_after_s=error.retry_after_s, close=close,
     )  # fmt: skip
 
 

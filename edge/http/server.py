@@ -45,8 +45,8 @@ import math
 import os
 import resource
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -137,6 +137,13 @@ class ServerLimits:
     body_timeout_s: float = 60.0
 
 
+class Shed(Protocol):
+    """Answers a new HTTP/1.1 request from its request line alone, or None (see
+    `HttpServer`); `close`: the answer must close the connection."""
+
+    def __call__(self, request_line: bytes, *, close: bool) -> bytes | None: ...
+
+
 class HttpServer:
     """One edge's HTTP server: listeners, connections, their limits and their drain."""
 
@@ -148,7 +155,7 @@ class HttpServer:
         metrics: EdgeMetrics,
         *,
         turns: Turns,
-        shed: Callable[[bytes], bytes | None] | None = None,
+        shed: Shed | None = None,
     ) -> None:
         # The HTTP/2 limits are the server's: whatever the caller set is replaced.
         config.h2_max_concurrent_streams = H2_MAX_CONCURRENT_STREAMS
@@ -168,8 +175,8 @@ class HttpServer:
         self.lifespan_state: LifespanState = {}
         # A new request with a body takes a turn before the HTTP parser sees it...
         self.turns = turns
-        # ...unless `shed(request_line)` answers it at once (an overloaded edge's 503):
-        # then that answer is written and the connection closes, nothing parsed.
+        # ...unless `shed(request_line, close=...)` answers it at once (an overloaded
+        # edge's 503): then that answer is written, nothing parsed.
         self.shed = shed
 
     @property
@@ -415,8 +422,16 @@ class _Connection:
             if forward:
                 if self._scanner.bodies != bodies:  # a new request that costs
                     bodies = self._scanner.bodies
-                    answer = self._shed_answer(forward)
-                    if answer is not None:
+                    shed = self._shed(forward)
+                    if shed is not None:
+                        answer, whole = shed
+                        if whole:  # the request ended in this read: the connection goes on
+                            async with self._send_lock:
+                                try:
+                                    await self._write(answer)
+                                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                                    break
+                            continue
                         await self._answer_and_close(answer)
                         break
                     await self.server.turns.turn()
@@ -426,14 +441,25 @@ class _Connection:
                 break
         await protocol.handle(Closed())
 
-    def _shed_answer(self, forward: bytes) -> bytes | None:
-        """The server's own answer to the request whose head starts `forward`, if the
-        app sheds it now; only on a connection with nothing else in progress."""
+    def _shed(self, forward: bytes) -> tuple[bytes, bool] | None:
+        """The server's own answer to the request whose head starts `forward` if the app
+        sheds it now (only on a connection with nothing else in progress), and whether
+        `forward` is that whole request and nothing more (then the connection is kept:
+        the answer is written and the request dropped; else it closes after it)."""
         shed = self.server.shed
-        line = self._scanner.body_request_line
+        scanner = self._scanner
+        line = scanner.body_request_line
         if shed is None or not self._idle or not forward.startswith(line):
             return None
-        return shed(line)
+        head_end = forward.find(b"\r\n\r\n") + 4
+        whole = (
+            scanner.body_length > 0
+            and head_end >= 4
+            and len(forward) == head_end + scanner.body_length
+            and not scanner.in_body
+        )
+        answer = shed(line, close=not whole)
+        return None if answer is None else (answer, whole)
 
     async def _answer_and_close(self, answer: bytes) -> None:
         """Write `answer`, then close without a reset: what the client still sends of

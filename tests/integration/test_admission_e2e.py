@@ -178,6 +178,22 @@ async def test_a_wait_past_the_queue_timeout_answers_503(
     await stop_edge(edge)
 
 
+async def _read_answer(stream: trio.SocketStream) -> bytes:
+    """One HTTP/1.1 answer with a Content-Length, read whole."""
+    data = b""
+    with trio.fail_after(WAIT_S):
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive_some(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )  # fmt: skip
+        while len(body) < length:
+            body += await stream.receive_some(65536)
+    return head + b"\r\n\r\n" + body
+
+
 async def _full(
     nursery: trio.Nursery,
     node: SimProcess,
@@ -203,9 +219,9 @@ async def test_a_full_queue_sheds_at_the_connection_before_reading_the_body(
 ) -> None:
     """With the queue full, the server answers a new HTTP/1.1 request 503 overloaded from
     its head alone: the 1 MiB body is never parsed, and the answer (with Retry-After, the
-    app's own body) is read in full, not cut by a reset, then the connection closes. An
-    HTTP/2 request, which the server does not look into, gets the same answer from the
-    app."""
+    app's own body) is read in full, not cut by a reset, then the connection closes. A
+    request that arrived whole is answered and its connection kept. An HTTP/2 request,
+    which the server does not look into, gets the same answer from the app."""
     async with (
         httpx.AsyncClient(timeout=WAIT_S) as http,
         trio.open_nursery() as waiting,
@@ -232,6 +248,20 @@ async def test_a_full_queue_sheds_at_the_connection_before_reading_the_body(
         assert b"connection: close" in headers.lower()
         error = json.loads(payload)["error"]
         assert (error["type"], error["code"]) == ("overloaded", "overloaded")
+        # A whole request in one read is dropped and answered; the connection goes on.
+        small = json.dumps(chat_body("sim-echo", "small")).encode()
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(
+                f"POST {CHAT} HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(small)}\r\n\r\n".encode()
+                + small
+            )
+            kept = await _read_answer(stream)
+            assert kept.startswith(b"HTTP/1.1 503 ")
+            assert b"connection: close" not in kept.lower()
+            await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n")
+            assert (await _read_answer(stream)).startswith(b"HTTP/1.1 200 ")
         async with httpx.AsyncClient(
             base_url=edge.url, http1=False, http2=True, timeout=WAIT_S
         ) as h2:
@@ -239,7 +269,7 @@ async def test_a_full_queue_sheds_at_the_connection_before_reading_the_body(
             assert response.http_version == "HTTP/2"
             _assert_overloaded(response)
         assert edge.edge.chat.admission.depth == 3
-        assert _sample(edge, "iop_edge_shed_total", reason="queue_full") == 2
+        assert _sample(edge, "iop_edge_shed_total", reason="queue_full") == 3
         holders.cancel_scope.cancel()
     await edge.wait_idle()
     await stop_edge(edge)
