@@ -331,6 +331,15 @@ class _Connection:
 
     async def run(self) -> None:
         sock = self.stream.socket
+        # Nothing of hypercorn's is built for a connection until it sends something:
+        # a flood of idle connections costs an accept and a wait each.
+        self._read_scope = trio.CancelScope(
+            deadline=trio.current_time() + self.server.limits.idle_timeout_s
+        )
+        with self._read_scope:
+            await trio.lowlevel.wait_readable(sock)
+        if self._read_scope.cancelled_caught:
+            return  # idle past idle_timeout_s, or the edge is draining
         try:
             client = parse_socket_addr(sock.family, sock.getpeername())
             server = parse_socket_addr(sock.family, sock.getsockname())
