@@ -60,9 +60,9 @@ def holder(pids: list[int], client_port: int, edge_port: int) -> int | None:
     """The pid among `pids` whose socket is the server end of the client's connection."""
     for pid in pids:
         for conn in psutil.Process(pid).net_connections(kind="tcp"):
-            if conn.laddr and conn.laddr.port == edge_port and conn.raddr:
-                if conn.raddr.port == client_port:
-                    return pid
+            ends = (conn.laddr and conn.laddr.port, conn.raddr and conn.raddr.port)
+            if ends == (edge_port, client_port):
+                return pid
     return None
 
 
@@ -226,9 +226,7 @@ async def test_sd_notify_speaks_for_every_worker_and_sigterm_drains_a_stream(
     assert edge.stderr.count('"supervisor gone') == 0
 
 
-async def test_workers_drain_when_the_supervisor_is_killed(
-    sim: SimProcess, tmp_path: Path
-) -> None:
+async def test_workers_drain_when_the_supervisor_is_killed(sim: SimProcess, tmp_path: Path) -> None:
     """kill -9 of the supervisor: each worker sees its end of the control socket close,
     drains and exits (no orphan keeps serving)."""
     async with two_workers(tmp_path, sim_toml(sim, server="drain_timeout_s = 2")) as edge:
