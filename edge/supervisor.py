@@ -16,11 +16,17 @@ socket pair, in sd_notify's own words (READY=1, WATCHDOG=1, STOPPING=1;
 sees the end of that socket and drains. Workers run in a session of their
 own, so a terminal's Ctrl-C reaches the supervisor only, which forwards it.
 
-Listen modes (measured in BENCHMARKS.md, "Worker processes"): `reuseport`
-(the default) binds one SO_REUSEPORT socket per worker slot, all held by the
-supervisor: the kernel spreads connections evenly over the slots, and a
-slot whose worker is being restarted keeps its queue for the next one.
-`shared` binds one socket that every worker accepts from.
+Listen modes (measured in BENCHMARKS.md, "Worker processes"; chosen by
+$IOP_EDGE_LISTEN_MODE, for measurements): `reuseport` (the default) binds
+one SO_REUSEPORT listening socket per worker slot, plus one bound socket per
+address that never listens and holds the port for the edge's lifetime. The
+kernel spreads new connections evenly over the listening sockets by their
+addresses, whichever worker is idle. When a worker dies its slot's socket is
+closed at once (the connections it had not accepted yet are reset, as they
+would be if a single process died), so new connections go to the live
+workers only, and its replacement gets a new socket. `shared` binds one
+socket that every worker accepts from: whichever worker wakes first takes
+the connection, and nothing is lost when one dies.
 """
 
 from __future__ import annotations
@@ -35,9 +41,9 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 from loguru import logger
@@ -76,39 +82,72 @@ class WorkerStartError(Exception):
     """A worker ended before the edge was serving: the edge does not start."""
 
 
-def bind_listeners(listen: str, copies: int) -> list[list[socket.socket]]:
-    """Listening sockets for `listen` (HOST:PORT), `copies` sets of them.
+def _listener(
+    family: int, kind: int, proto: int, address: Any, *, reuse_port: bool, listen: bool
+) -> socket.socket:
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        if listen:
+            sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
-    One set: plain sockets, as the single process binds. More: each address is
-    bound `copies` times with SO_REUSEPORT on the same port (port 0: the port the
-    first one got). Raises OSError when an address cannot be bound.
+
+def bind_listeners(
+    listen: str, copies: int
+) -> tuple[list[list[socket.socket]], list[socket.socket]]:
+    """Listening sockets for `listen` (HOST:PORT): (`copies` sets of them, port holders).
+
+    One set: plain sockets, as the single process binds, and no holder. More:
+    per address, first a holder (SO_REUSEPORT, bound, never listening: it keeps
+    the port for the edge while every listening socket of the address may be
+    closed), then `copies` listening sockets with SO_REUSEPORT on its port (port 0:
+    the port the holder got). Raises OSError when an address cannot be bound.
     """
     host, port = split_address(listen)
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     groups: list[list[socket.socket]] = [[] for _ in range(copies)]
+    holders: list[socket.socket] = []
     seen: set[tuple[int, object]] = set()
+    reuse_port = copies > 1
     try:
         for family, kind, proto, _, address in infos:
             if (family, address) in seen:
                 continue
             seen.add((family, address))
+            if reuse_port:
+                holder = _listener(family, kind, proto, address, reuse_port=True, listen=False)
+                holders.append(holder)
+                address = holder.getsockname()
             for group in groups:
-                sock = socket.socket(family, kind, proto)
-                group.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if copies > 1:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind(address)
-                address = sock.getsockname()  # port 0: the others take the same port
-                sock.listen(LISTEN_BACKLOG)
+                group.append(
+                    _listener(family, kind, proto, address, reuse_port=reuse_port, listen=True)
+                )
     except OSError:
-        for group in groups:
-            for sock in group:
-                sock.close()
+        for sock in [*holders, *(s for g in groups for s in g)]:
+            sock.close()
         raise
-    return groups
+    return groups, holders
+
+
+Address = tuple[int, int, int, Any]  # family, type, proto, socket address
+
+
+def addresses(sockets: Sequence[socket.socket]) -> list[Address]:
+    return [(s.family, s.type, s.proto, s.getsockname()) for s in sockets]
+
+
+def rebind(where: Sequence[Address]) -> list[socket.socket]:
+    """New SO_REUSEPORT listening sockets on `where` (a worker slot's, again)."""
+    return [_listener(f, t, p, a, reuse_port=True, listen=True) for f, t, p, a in where]
 
 
 def _url(sock: socket.socket) -> str:
@@ -122,6 +161,10 @@ class _Slot:
 
     index: int
     sockets: list[socket.socket]
+    # reuseport: the slot's own sockets, closed while it has no worker (so the kernel
+    # sends new connections to the live workers), bound again for the next one.
+    own: bool = False
+    addresses: list[Address] = field(default_factory=list)
     process: trio.Process | None = None
     # Its current process said READY=1 (and has not ended).
     serving: bool = False
@@ -164,9 +207,13 @@ class Supervisor:
         os.environ[SHARED_DIR_ENV] = str(self._shared)
         os.environ[METRICS_ENV] = str(self._shared / "metrics")
         copies = self.workers if self.listen_mode == "reuseport" else 1
-        groups = bind_listeners(self.config.server.listen, copies)
-        self._all_sockets = [s for g in groups for s in g]
-        self.slots = [_Slot(i + 1, groups[i % len(groups)]) for i in range(self.workers)]
+        groups, holders = bind_listeners(self.config.server.listen, copies)
+        self._all_sockets = [*holders, *(s for g in groups for s in g)]
+        own = copies > 1
+        self.slots = [
+            _Slot(i + 1, groups[i % len(groups)], own, addresses(groups[i % len(groups)]))
+            for i in range(self.workers)
+        ]
         from edge.metrics import SupervisorMetrics
 
         self._metrics = SupervisorMetrics()
@@ -240,6 +287,13 @@ class Supervisor:
 
     async def _run_once(self, slot: _Slot) -> tuple[int, float]:
         """One process of the slot, from start to exit: (exit code, seconds served)."""
+        if slot.own and not slot.sockets:
+            try:
+                slot.sockets = rebind(slot.addresses)
+            except OSError as exc:  # the fd limit, say: try again after the backoff
+                logger.error("worker {}: cannot listen again: {}", slot.index, exc)
+                return 255, 0.0
+            self._all_sockets += slot.sockets
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fds = [s.fileno() for s in slot.sockets]
         argv = [
@@ -256,6 +310,10 @@ class Supervisor:
                 argv, pass_fds=[*fds, theirs.fileno()], env=env,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
+        except OSError as exc:
+            logger.error("worker {}: cannot start: {}", slot.index, exc)
+            mine.close()
+            return 255, 0.0
         finally:
             theirs.close()
         slot.process = process
@@ -274,6 +332,11 @@ class Supervisor:
             control.close()
             self._metrics.workers.dec()
             slot.serving = False
+            if slot.own:  # what its queue holds is lost with it; new connections go on
+                for sock in slot.sockets:
+                    self._all_sockets.remove(sock)
+                    sock.close()
+                slot.sockets = []
             from prometheus_client import multiprocess
 
             multiprocess.mark_process_dead(process.pid)  # type: ignore[no-untyped-call]

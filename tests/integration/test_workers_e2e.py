@@ -90,13 +90,15 @@ async def ask(url: str, text: str = "hello there") -> None:
     assert response.json()["choices"][0]["message"]["content"] == text
 
 
+@pytest.mark.parametrize("mode", ["reuseport", "shared"])
 async def test_both_workers_serve_and_one_scrape_counts_every_request(
-    sim: SimProcess, tmp_path: Path
+    sim: SimProcess, tmp_path: Path, mode: str
 ) -> None:
-    """16 client connections land on both workers (the kernel says which holds each); any
-    worker's /metrics counts all 16 requests exactly once, and every log line carries the
-    id of the process that wrote it (0: the supervisor)."""
-    async with two_workers(tmp_path, sim_toml(sim)) as edge:
+    """16 client connections land on both workers (the kernel says which holds each), in
+    either listen mode; any worker's /metrics counts all 16 requests exactly once, and
+    every log line carries the id of the process that wrote it (0: the supervisor)."""
+    env = {"IOP_EDGE_LISTEN_MODE": mode}
+    async with two_workers(tmp_path, sim_toml(sim), env=env) as edge:
         port = int(edge.url.rsplit(":", 1)[1])
         pids = [p.pid for p in workers(edge)]
         assert len(pids) == 2
@@ -123,20 +125,22 @@ async def test_both_workers_serve_and_one_scrape_counts_every_request(
     assert {line.get("worker") for line in logged} == {0, 1, 2}
 
 
+@pytest.mark.parametrize("mode", ["reuseport", "shared"])
 async def test_a_killed_worker_is_restarted_and_the_edge_keeps_answering(
-    sim: SimProcess, tmp_path: Path
+    sim: SimProcess, tmp_path: Path, mode: str
 ) -> None:
-    """kill -9 of one worker: requests are still answered, the supervisor logs the death
-    and starts a new worker in its place, counts the restart, and the dead worker's
-    requests stay counted."""
-    async with two_workers(tmp_path, sim_toml(sim)) as edge:
+    """kill -9 of one worker (either listen mode): once the supervisor has seen it die,
+    new requests are answered by the survivor while a new worker starts in its place;
+    the restart is counted, and the dead worker's requests stay counted."""
+    env = {"IOP_EDGE_LISTEN_MODE": mode}
+    async with two_workers(tmp_path, sim_toml(sim), env=env) as edge:
         for i in range(6):
             await ask(edge.url, f"before {i}")
         victim = workers(edge)[0]
         victim.kill()
-        for i in range(6):  # on the survivor, or queued for the new worker
-            await ask(edge.url, f"after {i}")
         await edge.wait_line(r"worker \d exited with signal SIGKILL: restarting it in")
+        for i in range(6):
+            await ask(edge.url, f"after {i}")
         await edge.wait_line(r"worker \d is serving again")
         now = [p.pid for p in workers(edge)]
         assert len(now) == 2
