@@ -52,7 +52,7 @@ class WorkerSettings:
     counts: tuple[int, ...] = (1, 2)
     # Each round runs every configuration once, in turn (so drift hits all alike).
     rounds: int = 2
-    modes: tuple[str, ...] = ("reuseport", "shared")
+    modes: tuple[str, ...] = ("shared", "reuseport")
     # Closed-loop connections per load-generator process, and seconds per run.
     conns: int = 32
     seconds: float = 6.0

@@ -17,16 +17,19 @@ sees the end of that socket and drains. Workers run in a session of their
 own, so a terminal's Ctrl-C reaches the supervisor only, which forwards it.
 
 Listen modes (measured in BENCHMARKS.md, "Worker processes"; chosen by
-$IOP_EDGE_LISTEN_MODE, for measurements): `reuseport` (the default) binds
+$IOP_EDGE_LISTEN_MODE, for measurements). `shared` (the default) binds one
+socket per address that every worker accepts from: whichever worker wakes
+first takes the connection, and nothing is lost or kept waiting when one
+dies (the queue is the kernel's, not the worker's). `reuseport` binds
 one SO_REUSEPORT listening socket per worker slot, plus one bound socket per
 address that never listens and holds the port for the edge's lifetime. The
 kernel spreads new connections evenly over the listening sockets by their
 addresses, whichever worker is idle. When a worker dies its slot's socket is
 closed at once (the connections it had not accepted yet are reset, as they
 would be if a single process died), so new connections go to the live
-workers only, and its replacement gets a new socket. `shared` binds one
-socket that every worker accepts from: whichever worker wakes first takes
-the connection, and nothing is lost when one dies.
+workers only, and its replacement gets a new socket. Measured on 2 workers,
+both spread the load alike and serve alike; `shared` is the default for
+what happens when a worker dies.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # The listen queue of every listening socket (single process and workers alike).
 LISTEN_BACKLOG = 2048
 LISTEN_MODE_ENV = "IOP_EDGE_LISTEN_MODE"
-LISTEN_MODES = ("reuseport", "shared")
+LISTEN_MODES = ("shared", "reuseport")
 # A worker that died is started again after base * 2**(deaths in a row), at most cap.
 RESTART_BACKOFF_S = (0.1, 30.0)
 # A worker that served this long since it was ready resets its deaths in a row.
@@ -178,7 +181,7 @@ class Supervisor:
     """Runs `workers` worker processes of one edge until told to stop."""
 
     def __init__(
-        self, config: Config, worker_argv: Sequence[str], *, listen_mode: str = "reuseport"
+        self, config: Config, worker_argv: Sequence[str], *, listen_mode: str = "shared"
     ) -> None:
         self.config = config
         self.workers = config.server.workers
@@ -443,9 +446,9 @@ def serve_workers(config: Config, worker_argv: Sequence[str], hard_stop_s: float
 
     Raises OSError when the listen address cannot be bound.
     """
-    mode = os.environ.get(LISTEN_MODE_ENV, "reuseport")
+    mode = os.environ.get(LISTEN_MODE_ENV, LISTEN_MODES[0])
     if mode not in LISTEN_MODES:
-        mode = "reuseport"
+        mode = LISTEN_MODES[0]
     supervisor = Supervisor(config, worker_argv, listen_mode=mode)
     try:
         url = supervisor.prepare()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -115,12 +116,17 @@ async def test_both_workers_serve_and_one_scrape_counts_every_request(
                 client_port = stream.get_extra_info("client_addr")[1]
                 holders.append(holder(pids, client_port, port))
         assert set(holders) == set(pids), holders
+        # One shared directory for the edge, the same in every worker; gone after exit.
+        shared = {Path(p.environ()["IOP_EDGE_SHARED_DIR"]) for p in workers(edge)}
+        assert len(shared) == 1
+        assert all(d.is_dir() for d in shared)
         for _ in range(4):  # whichever worker answers, it sees the whole edge
             text = await scrape(edge.url)
             assert total(text, "iop_edge_requests_total", status="success") == 16
             assert total(text, "iop_edge_workers") == 2
         edge.signal(signal.SIGTERM)
         assert await edge.wait_exit() == 0
+    assert not any(d.exists() for d in shared)
     logged = edge.json_lines()
     assert {line.get("worker") for line in logged} == {0, 1, 2}
 
@@ -235,12 +241,15 @@ async def test_workers_drain_when_the_supervisor_is_killed(sim: SimProcess, tmp_
     drains and exits (no orphan keeps serving)."""
     async with two_workers(tmp_path, sim_toml(sim, server="drain_timeout_s = 2")) as edge:
         children = workers(edge)
+        shared = {Path(p.environ()["IOP_EDGE_SHARED_DIR"]) for p in children}
         edge.process.kill()
         _, alive = await trio.to_thread.run_sync(lambda: psutil.wait_procs(children, 15))
         assert not alive
         await edge.wait_exit()  # and its stderr, which the workers shared, read to the end
     assert edge.stderr.count("supervisor gone: draining") == 2
     assert edge.stderr.count("iop-edge stopped") == 2  # each worker's drain ran to its end
+    for directory in shared:  # a killed supervisor cannot remove it: the test does
+        shutil.rmtree(directory)
 
 
 # --- configuration ---------------------------------------------------------------------
@@ -278,3 +287,13 @@ def test_bad_workers_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         cli_main(["--workers", "0"])
     assert exited.value.code == 2
     assert "--workers: must be between 1 and 256" in capsys.readouterr().err
+
+
+def test_shared_dir_is_none_in_a_single_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`edge.supervisor.shared_dir()`: None without a supervisor, else its directory."""
+    from edge.supervisor import SHARED_DIR_ENV, shared_dir
+
+    monkeypatch.delenv(SHARED_DIR_ENV, raising=False)
+    assert shared_dir() is None
+    monkeypatch.setenv(SHARED_DIR_ENV, "/somewhere/iop-edge-x")
+    assert shared_dir() == Path("/somewhere/iop-edge-x")
