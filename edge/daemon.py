@@ -36,13 +36,13 @@ from edge.config import Config, split_address, upstream_url
 from edge.http.app import create_app
 from edge.http.chat import ChatService
 from edge.http.server import HttpServer, ServerLimits, default_max_connections, raise_fd_limit
+from edge.listeners import LISTEN_BACKLOG
 from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
 from edge.node.embedded import embedded_node
 from edge.node.pool import NodePool
 from edge.run import OutcomeHook
-from edge.supervisor import LISTEN_BACKLOG
 from edge.upstream.embedded import embedded_upstream_node
 
 # After the drain deadline: time for the notice frames to go out before
