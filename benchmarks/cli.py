@@ -7,7 +7,8 @@ Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--cl
 (the paced workload's sizes), `--overload-only` / `--no-overload` (the overload curve,
 `benchmarks.overload`; with `--ab REV` the curve on both sides), `--peers` (also run
 the peer tool with LiteLLM and SMG; it installs both into ~/.cache) and `--ab REV`
-(A/B against a git revision).
+(A/B against a git revision), `--workers-only` / `--no-workers` (throughput by worker
+count, `benchmarks.workers`).
 """
 
 from __future__ import annotations
@@ -142,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         "writes results/overload.json",
     )
     p.add_argument("--no-overload", action="store_true", help="leave the overload curve out")
+    p.add_argument(
+        "--workers-only",
+        action="store_true",
+        help="only throughput by worker count (1 and 2 workers); writes results/workers.json",
+    )
+    p.add_argument("--no-workers", action="store_true", help="leave the worker-count run out")
     return p
 
 
@@ -693,6 +700,33 @@ def main_overload(args: argparse.Namespace) -> int:
     return 0
 
 
+def workers_run(args: argparse.Namespace, tmp: Path, clients: int) -> dict[str, Any]:
+    """Throughput by worker count, on stacks of its own, with `clients` load generators."""
+    from benchmarks.workers import QUICK, WorkerSettings, measure_workers
+
+    pool = Pool(clients)
+    try:
+        return measure_workers(pool, tmp, QUICK if args.quick else WorkerSettings())
+    finally:
+        pool.close()
+
+
+def main_workers(args: argparse.Namespace, settings: Settings) -> int:
+    """`--workers-only`: throughput by worker count; writes workers.json."""
+    from benchmarks.workers import render_workers
+
+    out = args.out or DEFAULT_OUT.parent / "workers.json"
+    started = time.monotonic()
+    with _workdir("iop-bench-workers-", args.keep) as tmp:
+        result: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+        result["workers"] = workers_run(args, tmp, settings.clients)
+        result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    _write(out, result, started)
+    print("\n".join(render_workers(result["workers"])))
+    print(f"\nwritten: {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from(args)
@@ -707,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.overload_only:
         return main_overload(args)
+    if args.workers_only:
+        return main_workers(args, settings)
     if args.ab:
         return main_ab(args, settings)
     if args.peers_only:
@@ -728,11 +764,17 @@ def main(argv: list[str] | None = None) -> int:
         result["goals"] = goal_rows(result["summary"])
         if not args.no_overload:
             result["overload"] = overload_run(args, tmp)
+        if not args.no_workers:
+            result["workers"] = workers_run(args, tmp, settings.clients)
         if args.peers or args.litellm:
             result["peers"] = peers(args, settings, tmp)
     _write(args.out, result, started)
     print(render(result))
     if "overload" in result:
         print("\n" + "\n".join(render_overload(result["overload"])))
+    if "workers" in result:
+        from benchmarks.workers import render_workers
+
+        print("\n" + "\n".join(render_workers(result["workers"])))
     print(f"\nwritten: {args.out}")
     return 0

@@ -394,7 +394,61 @@ def job_rate(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
     return asyncio.run(_rate(**kwargs))
 
 
+async def _closed(
+    host: str,
+    port: int,
+    request: bytes,
+    conns: int,
+    seconds: float,
+    start_at: float,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Closed loop: `conns` keep-alive connections, each sending its next request as soon
+    as the last one was answered, for `seconds`; a throughput, not a latency, figure."""
+    opened = [await AioConnection.open(host, port) for _ in range(conns)]
+    done = errors = 0
+    first_error: str | None = None
+    await _sleep_until(start_at)
+    c0, t0 = cpu(), mono()
+    stop = t0 + seconds
+
+    async def loop(conn: AioConnection) -> None:
+        nonlocal done, errors, first_error
+        while mono() < stop:
+            try:
+                reader = await asyncio.wait_for(conn.request(request, ResponseReader()), timeout_s)
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                errors += 1
+                first_error = first_error or repr(exc)[:200]
+                return
+            if reader.status != 200:
+                errors += 1
+                first_error = first_error or f"HTTP {reader.status}"
+            else:
+                done += 1
+            if reader.close:
+                return
+
+    await asyncio.gather(*(loop(conn) for conn in opened))
+    t1, c1 = mono(), cpu()
+    for conn in opened:
+        conn.close()
+    return {
+        "t_start": t0,
+        "t_end": t1,
+        "cpu_s": c1 - c0,
+        "requests": done,
+        "errors": errors,
+        "first_error": first_error,
+    }
+
+
+def job_closed(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
+    return asyncio.run(_closed(**kwargs))
+
+
 AIO_JOBS: dict[str, JobFn] = {
+    "closed": job_closed,
     "streams": job_streams,
     "open_streams": job_open_streams,
     "rate": job_rate,

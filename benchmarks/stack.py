@@ -255,13 +255,16 @@ class Stack:
         *,
         node_keys: str = "",
         extra_config: str = "",
+        server_keys: str = "",
     ) -> None:
         """`node_keys` are TOML lines added to the node's `[[nodes]]` table, `extra_config`
-        tables added after it (the overload workload's `max_runs` and `[admission]`)."""
+        tables added after it (the overload workload's `max_runs` and `[admission]`),
+        `server_keys` lines added to `[server]` (the worker count)."""
         self.tmp = tmp
         self.edge_source = edge_source or EdgeSource()
         self.node_keys = node_keys
         self.extra_config = extra_config
+        self.server_keys = server_keys
         self.sim: subprocess.Popen[bytes] | None = None
         self.edge: subprocess.Popen[bytes] | None = None
         self.runs_log = RunsLog(tmp / "runs.fifo")
@@ -311,7 +314,7 @@ class Stack:
         config = self.tmp / "config.toml"
         text = EDGE_CONFIG.format(
             port=self.edge_port, name="sim", node=f"127.0.0.1:{self.node_port}"
-        )
+        ).replace("\n\n[log]", f"\n{self.server_keys}\n\n[log]", 1)
         config.write_text(text + self.node_keys + self.extra_config)
         source = self.edge_source
         command = list(source.command) or [venv_script("iop-edge")]
@@ -330,6 +333,12 @@ class Stack:
         else:
             raise SystemExit(f"iop-edge was not ready in time: {self.edge_log()[-800:]}")
         self.edge_probe = Probe(self.edge.pid)
+
+    def edge_processes(self) -> list[Probe]:
+        """The edge's processes: the one process, or the supervisor and its workers."""
+        assert self.edge is not None
+        children = psutil.Process(self.edge.pid).children()
+        return [Probe(self.edge.pid), *(Probe(c.pid) for c in children)]
 
     def edge_log(self) -> str:
         path = self.tmp / "edge.log"

@@ -6,6 +6,13 @@ SIGUSR1 and SIGUSR2, whose default action would end the process on the spot
 reload, and a stray `kill -HUP` or a closed terminal must not cut streams.
 SIGPIPE stays ignored as Python sets it at start: a write to a socket the
 peer closed fails for that connection only.
+
+`--workers N` (`[server] workers`) above 1 runs a supervisor (`edge.supervisor`)
+that owns these signals and starts N worker processes: this same command with
+the hidden `--worker-*` arguments. In a worker SIGTERM drains (a repeat is
+ignored: systemd may send it to every process of the service as well as the
+supervisor forwarding it), SIGINT (the supervisor's second signal) exits at
+once, and the end of the supervisor's socket drains too.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import replace
@@ -30,6 +38,7 @@ from edge.config import (
     ServerConfig,
     check_node_address,
     load_config,
+    parse_workers,
     split_address,
 )
 from edge.log import setup_logging
@@ -58,6 +67,17 @@ def _node_address(value: str) -> str:
     return value
 
 
+def _workers(value: str) -> int:
+    try:
+        return parse_workers(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fds(value: str) -> list[int]:
+    return [int(fd) for fd in value.split(",") if fd]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="iop-edge", description="OpenAI-compatible chat completions in front of nodes."
@@ -80,6 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])
     parser.add_argument("--runs-log", type=Path, help="runs log of embedded simulated nodes")
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        metavar="N|auto",
+        help='worker processes serving the listen address ("auto": one per CPU; default 1)',
+    )
+    # A worker process, as the supervisor starts it (edge.supervisor).
+    parser.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-fds", type=_fds, default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--worker-control", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-heartbeat-s", type=float, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -94,6 +125,8 @@ def resolve_config(args: argparse.Namespace) -> Config:
     server = config.server
     if args.listen:
         server = replace(server, listen=args.listen)
+    if args.workers is not None:
+        server = replace(server, workers=args.workers)
     log = LogConfig(
         level=args.log_level or config.log.level, format=args.log_format or config.log.format
     )
@@ -130,6 +163,38 @@ async def _signals(shutdown: trio.Event, hard_stop_s: float) -> None:
             timer.start()
 
 
+async def _worker_signals(
+    shutdown: trio.Event, *, control: socket.socket, hard_stop_s: float
+) -> None:
+    """A worker's signals (see the module's docstring), and its supervisor's end."""
+
+    def drain(why: str) -> None:
+        if shutdown.is_set():
+            return
+        logger.info("{}: draining", why)
+        shutdown.set()
+        timer = threading.Timer(hard_stop_s, _hard_stop, args=(hard_stop_s,))
+        timer.daemon = True
+        timer.start()
+
+    async def watch_supervisor() -> None:
+        await trio.lowlevel.wait_readable(control)  # it never writes: this is its end
+        logger.warning("the supervisor is gone")
+        drain("supervisor gone")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_supervisor)
+        with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
+            async for signum in signals:
+                if signum == signal.SIGINT:
+                    logger.warning("SIGINT from the supervisor: exiting now")
+                    _exit_now(1)
+                elif signum == signal.SIGTERM:
+                    drain("SIGTERM")
+                else:
+                    logger.info("{}: ignored", signal.Signals(signum).name)
+
+
 def _hard_stop(after_s: float) -> None:
     logger.error("still running {}s after the shutdown signal: exiting", after_s)
     _exit_now(1)
@@ -149,11 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"iop-edge: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.log.level, config.log.format)
+    hard_stop_s = config.server.drain_timeout_s + HARD_STOP_GRACE_S
+    if args.worker_id is not None:
+        return _worker_main(args, config, hard_stop_s)
+    setup_logging(
+        config.log.level, config.log.format, worker=0 if config.server.workers > 1 else None
+    )
+    if config.server.workers > 1:
+        return _supervisor_main(argv, config, hard_stop_s)
     from edge.daemon import run_forever
 
     try:
-        hard_stop_s = config.server.drain_timeout_s + HARD_STOP_GRACE_S
         run_forever(config, partial(_signals, hard_stop_s=hard_stop_s), runs_log=args.runs_log)
     except KeyboardInterrupt:
         return 130
@@ -168,6 +239,39 @@ def main(argv: list[str] | None = None) -> int:
         if group.subgroup(SystemExit) is None:
             raise
         return 1
+    return 0
+
+
+def _supervisor_main(argv: list[str] | None, config: Config, hard_stop_s: float) -> int:
+    from edge.supervisor import serve_workers
+
+    try:
+        return serve_workers(config, sys.argv[1:] if argv is None else argv, hard_stop_s)
+    except OSError as error:
+        print(f"iop-edge: cannot listen on {config.server.listen}: {error}", file=sys.stderr)
+        return 1
+
+
+def _worker_main(args: argparse.Namespace, config: Config, hard_stop_s: float) -> int:
+    """A worker process: the single-process daemon on the supervisor's sockets."""
+    from edge import systemd
+
+    setup_logging(config.log.level, config.log.format, worker=args.worker_id)
+    if args.worker_control is None or not args.worker_fds:
+        print("iop-edge: a worker needs --worker-control and --worker-fds", file=sys.stderr)
+        return 2
+    # SIGINT is the supervisor's "exit now"; until the daemon's receiver runs, a
+    # terminal's Ctrl-C does not reach a worker (its own session) anyway.
+    control = systemd.attach_supervisor(args.worker_control, args.worker_heartbeat_s)
+    sockets = [socket.socket(fileno=fd) for fd in args.worker_fds]
+    from edge.daemon import run_forever
+
+    run_forever(
+        config,
+        partial(_worker_signals, control=control, hard_stop_s=hard_stop_s),
+        runs_log=args.runs_log,
+        listen_sockets=sockets,
+    )
     return 0
 
 

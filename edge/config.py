@@ -50,6 +50,8 @@ class ServerConfig:
     idle_timeout_s: float = 5.0
     # Time the edge waits on the client for one HTTP/1.1 request body: past it, 408.
     body_timeout_s: float = 60.0
+    # Worker processes serving the listen address (edge.supervisor); 1 = one process.
+    workers: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +301,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         max_connections=r.integer("max_connections", srv.max_connections),
         idle_timeout_s=r.number("idle_timeout_s", srv.idle_timeout_s, minimum=0.01, maximum=3600),
         body_timeout_s=r.number("body_timeout_s", srv.body_timeout_s, minimum=0.01, maximum=3600),
+        workers=_workers(r),
     )
     _check(r, "listen", split_address, server.listen)
     if any(not key.strip() for key in server.api_keys):
@@ -489,6 +492,32 @@ def _limits(source: str, raw: object) -> LimitsConfig:
             raise r.fail("redis_url", "expected redis://HOST:PORT/DB, rediss://... or unix://...")
     r.done()
     return limits
+
+
+MAX_WORKERS = 256
+
+
+def parse_workers(value: object) -> int:
+    """`workers`: a count from 1 to MAX_WORKERS, or "auto" (the CPUs this process may use)."""
+    if value == "auto":
+        return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f'expected a number of processes or "auto", got {value!r}')
+    if not 1 <= value <= MAX_WORKERS:
+        raise ValueError(f"must be between 1 and {MAX_WORKERS}, got {value}")
+    return value
+
+
+def _workers(r: TableReader) -> int:
+    if "workers" not in r.table:
+        return 1
+    raw = r.table.pop("workers")
+    try:
+        return parse_workers(raw)
+    except ValueError as exc:
+        raise r.fail("workers", str(exc)) from None
 
 
 def _tool_validation(r: TableReader, default: ToolValidation | None) -> ToolValidation | None:

@@ -10,13 +10,18 @@ Shutdown drains: stop accepting, answer new requests 503, let streams in
 flight finish within `drain_timeout_s`, then end what is left through the
 one cancel path (each stream gets a notice frame, each run a CancelRun),
 and let the server close the connections.
+
+A worker process (`edge.supervisor`) runs the same `serve`, on listening
+sockets its supervisor bound (`listen_sockets`), and its sd_notify lines go
+to the supervisor (`edge.systemd.attach_supervisor`).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,6 +36,7 @@ from edge.config import Config, split_address, upstream_url
 from edge.http.app import create_app
 from edge.http.chat import ChatService
 from edge.http.server import HttpServer, ServerLimits, default_max_connections, raise_fd_limit
+from edge.listeners import LISTEN_BACKLOG
 from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
@@ -60,7 +66,7 @@ class Edge:
 def _hypercorn_config(config: Config) -> HypercornConfig:
     """Settings of hypercorn's protocol classes, as `edge.http.server` runs them."""
     hc = HypercornConfig()
-    hc.backlog = 2048
+    hc.backlog = LISTEN_BACKLOG
     hc.graceful_timeout = config.server.drain_timeout_s + _CLOSE_GRACE_S
     hc.accesslog = None
     # Hand hypercorn a stdlib logger (routed into loguru), or it writes to stderr itself.
@@ -93,9 +99,14 @@ async def serve(
     runs_log: Path | None = None,
     on_outcome: OutcomeHook | None = None,
     shutdown: trio.Event | None = None,
+    listen_sockets: Sequence[socket.socket] = (),
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the edge until its `shutdown` event is set, then drain and return."""
+    """Run the edge until its `shutdown` event is set, then drain and return.
+
+    `listen_sockets`: serve these (bound and listening already) instead of binding
+    `server.listen`.
+    """
     if shutdown is None:
         shutdown = trio.Event()
     metrics = EdgeMetrics()
@@ -135,6 +146,8 @@ async def serve(
             interval = systemd.watchdog_interval()
             if interval is not None:
                 root.start_soon(systemd.watchdog_loop, interval)
+            if metrics.multiproc_dir is not None:
+                root.start_soon(_sync_metrics, metrics, config.server.node_refresh_s)
             turns = Turns()
             root.start_soon(turns.run)
             chat = ChatService(config, pool, metrics, on_outcome, turns=turns)
@@ -149,7 +162,9 @@ async def serve(
                 app, _hypercorn_config(config), _server_limits(config), metrics, turns=turns,
                 shed=chat.shed_at_once,
             )  # fmt: skip
-            binds = await root.start(_serve_http, server, config, shutdown, http_done)
+            binds = await root.start(
+                _serve_http, server, config, shutdown, http_done, listen_sockets
+            )
             url = binds[0]
             logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
             systemd.notify("READY=1\nSTATUS=serving")
@@ -183,14 +198,22 @@ async def _serve_http(
     config: Config,
     shutdown: trio.Event,
     done: trio.Event,
+    sockets: Sequence[socket.socket],
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     host, port = split_address(config.server.listen)
     try:
-        await server.serve(host, port, shutdown, task_status=task_status)
+        await server.serve(host, port, shutdown, sockets=sockets, task_status=task_status)
     finally:
         done.set()
+
+
+async def _sync_metrics(metrics: EdgeMetrics, every_s: float) -> None:
+    """Worker processes: the values other workers' scrapes read, kept current."""
+    while True:
+        metrics.sync()
+        await trio.sleep(every_s)
 
 
 def run_forever(
@@ -198,6 +221,7 @@ def run_forever(
     signals: Callable[[trio.Event], Awaitable[None]],
     *,
     runs_log: Path | None = None,
+    listen_sockets: Sequence[socket.socket] = (),
 ) -> None:
     """Serve until `signals` sets the shutdown event; returns once drained."""
 
@@ -217,7 +241,7 @@ def run_forever(
         shutdown = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(signals, shutdown)
-            await serve(config, shutdown=shutdown, runs_log=runs_log)
+            await serve(config, shutdown=shutdown, runs_log=runs_log, listen_sockets=listen_sockets)
             nursery.cancel_scope.cancel()
 
     trio.run(main)

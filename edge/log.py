@@ -12,6 +12,9 @@ JSON escapes them by construction.
 `REQUEST_ID` holds the id of the HTTP request the current task serves; every
 record logged while it is set carries it as `request_id`. Tasks started from
 a request's task (its run) inherit it, since trio copies the context.
+
+With worker processes (`edge.supervisor`) every record of a worker carries
+`worker` (1..N), and the supervisor's records `worker = 0`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -47,6 +51,14 @@ def _bind_request_id(record: Record) -> None:
     request_id = REQUEST_ID.get()
     if request_id is not None:
         record["extra"].setdefault("request_id", request_id)
+
+
+def _worker_patcher(worker: int) -> Callable[[Record], None]:
+    def patch(record: Record) -> None:
+        record["extra"].setdefault("worker", worker)
+        _bind_request_id(record)
+
+    return patch
 
 
 def _json_sink(message: Message) -> None:
@@ -138,9 +150,10 @@ class _TextSink:
         sys.stderr.write(line + "\n")
 
 
-def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+def setup_logging(level: str = "INFO", fmt: str = "text", *, worker: int | None = None) -> None:
+    """Sinks for `level` and `fmt`; `worker`: the process's worker id (None: one process)."""
     logger.remove()
-    logger.configure(patcher=_bind_request_id)
+    logger.configure(patcher=_bind_request_id if worker is None else _worker_patcher(worker))
     if fmt == "json":
         logger.add(
             _json_sink,

@@ -5,14 +5,25 @@ collide). Label values are bounded: models are the ones nodes serve (anything
 else is "unknown"), nodes are configured names, statuses and kinds are fixed
 sets. Work here happens per request or per write batch, never per chunk.
 Chat requests are counted in one place, `edge.http.scope.ChatScope.finish`.
+
+Worker processes (`edge.supervisor`): with $PROMETHEUS_MULTIPROC_DIR set when
+the process starts, prometheus-client keeps every value in a file of that
+directory, and `render` (on any worker) merges the files of all of them, so
+one scrape sees the whole edge: counters and histograms summed over the
+workers (a dead worker's counts stay), gauges of load summed over the live
+workers, and `iop_edge_node_state` labelled by `pid` (each worker has its own
+node connections, so its own view of each node). The supervisor counts the
+restarts of workers in the same directory (`SupervisorMetrics`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from edge.stream.output import Outcome
 from edge.stream.toolcall import VIOLATION_RULES
@@ -48,6 +59,10 @@ _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0
 
 class EdgeMetrics:
     def __init__(self) -> None:
+        # Decided when prometheus-client was imported: the variable is set before the
+        # process starts (by the supervisor), never changed after.
+        self.multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        self._node_states: list[tuple[str, Callable[[], float]]] = []
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -76,7 +91,9 @@ class EdgeMetrics:
             "From a node event's arrival to its bytes handed to the HTTP server.",
             buckets=_FAST_BUCKETS, registry=r,
         )  # fmt: skip
-        self.active_streams = Gauge("iop_edge_active_streams", "Runs in flight.", registry=r)
+        self.active_streams = Gauge(
+            "iop_edge_active_streams", "Runs in flight.", registry=r, multiprocess_mode="livesum"
+        )
         self.node_cancels = Counter(
             "iop_edge_node_cancels", "CancelRun RPCs sent to nodes.", ["node"], registry=r
         )
@@ -94,7 +111,7 @@ class EdgeMetrics:
             "iop_edge_node_state",
             "Each node's state: 0 down (unreachable), 1 up, 2 half_open (circuit breaker lets"
             " one probe run through), 3 open (circuit breaker: no new runs).",
-            ["node"], registry=r,
+            ["node"], registry=r, multiprocess_mode="liveall",
         )  # fmt: skip
         self.retries = Counter(
             "iop_edge_retries",
@@ -103,8 +120,9 @@ class EdgeMetrics:
             ["node", "reason"], registry=r,
         )  # fmt: skip
         self.queue_depth = Gauge(
-            "iop_edge_queue_depth", "Requests waiting for a free node slot.", registry=r
-        )
+            "iop_edge_queue_depth", "Requests waiting for a free node slot.", registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
         self.queue_seconds = Histogram(
             "iop_edge_queue_seconds",
             "Time requests waited for a free node slot (admitted and shed alike).",
@@ -138,8 +156,9 @@ class EdgeMetrics:
         for kind in CONNECTION_ERROR_KINDS:
             self.connection_errors.labels(kind)
         self.open_connections = Gauge(
-            "iop_edge_open_connections", "HTTP connections being served.", registry=r
-        )
+            "iop_edge_open_connections", "HTTP connections being served.", registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
         self.connections_without_request = Counter(
             "iop_edge_connections_without_request",
             "Client connections that ended before any request on them reached the app "
@@ -164,8 +183,8 @@ class EdgeMetrics:
         )  # fmt: skip
         self.key_streams = Gauge(
             "iop_edge_key_streams",
-            "Requests in flight of each API key with max_streams, in this process.",
-            ["key"], registry=r,
+            "Requests in flight of each API key with max_streams (summed over workers).",
+            ["key"], registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
         self.limits_store_errors = Counter(
             "iop_edge_limits_store_errors",
@@ -196,9 +215,43 @@ class EdgeMetrics:
             self.reasoning_chars.labels(model, node).inc(outcome.reasoning_chars)
 
     def watch_nodes(self, nodes: Iterable[tuple[str, Callable[[], float]]]) -> None:
-        """`iop_edge_node_state{node}` read from each node's state when scraped."""
+        """`iop_edge_node_state{node}` read from each node's state when scraped.
+
+        Across workers a value is read when another process scrapes: `sync` writes
+        them (at each scrape of this worker, and every node refresh).
+        """
         for name, value in nodes:
-            self.node_state.labels(name).set_function(value)
+            if self.multiproc_dir is None:
+                self.node_state.labels(name).set_function(value)
+            else:
+                self._node_states.append((name, value))
+        self.sync()
+
+    def sync(self) -> None:
+        """Write the values read from functions (worker processes only)."""
+        for name, value in self._node_states:
+            self.node_state.labels(name).set(value())
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiproc_dir is None:
+            return generate_latest(self.registry)
+        self.sync()
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.multiproc_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(merged)
+
+
+class SupervisorMetrics:
+    """What the supervisor of worker processes counts, into the shared directory."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.restarts = Counter(
+            "iop_edge_worker_restarts",
+            "Worker processes that ended on their own (crashed, killed) and were started again.",
+            registry=r,
+        )
+        self.workers = Gauge(
+            "iop_edge_workers", "Worker processes running.", registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip

@@ -1,7 +1,13 @@
-"""sd_notify: READY=1, STOPPING=1 and watchdog pings on $NOTIFY_SOCKET.
+"""sd_notify: READY=1, STOPPING=1 and watchdog pings on $NOTIFY_SOCKET, or to the supervisor.
 
 A few lines over an AF_UNIX datagram socket ("@" = the abstract namespace),
 so no libsystemd is needed. Without $NOTIFY_SOCKET every call is a no-op.
+
+A worker process (`iop-edge --workers N`, `edge.supervisor`) never talks to
+systemd: `attach_supervisor` points the same calls at the worker's end of
+a socket pair it inherited, so READY=1, STOPPING=1 and the watchdog pings
+(at the pace the supervisor asked for) go to the supervisor, which speaks to
+systemd for the whole edge.
 """
 
 from __future__ import annotations
@@ -10,6 +16,21 @@ import os
 import socket
 
 import trio
+
+_supervisor: socket.socket | None = None
+_heartbeat_s: float | None = None
+
+
+def attach_supervisor(fd: int, heartbeat_s: float | None) -> socket.socket:
+    """This process is a worker: notifications go over `fd` (a SOCK_SEQPACKET) from now on.
+
+    `heartbeat_s`: how often to send WATCHDOG=1 (None: the supervisor needs no pings).
+    """
+    global _supervisor, _heartbeat_s
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
+    _supervisor, _heartbeat_s = sock, heartbeat_s
+    return sock
 
 
 def _address() -> str | None:
@@ -22,7 +43,13 @@ def _address() -> str | None:
 
 
 def notify(message: str) -> bool:
-    """Send one state line to systemd; False when not under systemd (or it failed)."""
+    """Send one state line to systemd (or the supervisor); False when nobody listens."""
+    if _supervisor is not None:
+        try:  # non-blocking: a supervisor that stopped reading never stalls the loop
+            _supervisor.send(message.encode())
+        except OSError:
+            return False
+        return True
     address = _address()
     if address is None:
         return False
@@ -36,7 +63,12 @@ def notify(message: str) -> bool:
 
 
 def watchdog_interval() -> float | None:
-    """Half of $WATCHDOG_USEC in seconds, when systemd asks for pings (and they are for us)."""
+    """Half of $WATCHDOG_USEC in seconds, when systemd asks for pings (and they are for us).
+
+    In a worker: the supervisor's heartbeat interval.
+    """
+    if _supervisor is not None:
+        return _heartbeat_s
     usec = os.environ.get("WATCHDOG_USEC")
     pid = os.environ.get("WATCHDOG_PID")
     if not usec or not usec.isdigit() or (pid and pid != str(os.getpid())):

@@ -45,6 +45,7 @@ import math
 import os
 import resource
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -189,17 +190,29 @@ class HttpServer:
         port: int,
         shutdown: trio.Event,
         *,
+        sockets: Sequence[socket.socket] = (),
         task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve until `shutdown` is set, then drain within `graceful_timeout`."""
+        """Serve until `shutdown` is set, then drain within `graceful_timeout`.
+
+        `sockets`: listening sockets bound already (a worker process gets its
+        supervisor's); `host` and `port` are then not bound. The drain closes them
+        (this process's descriptors: another process's copies stay open).
+        """
         lifespan = Lifespan(self.app, self.config, self.lifespan_state)
         async with trio.open_nursery() as lifespan_nursery:
             await lifespan_nursery.start(lifespan.handle_lifespan)
             await lifespan.wait_for_startup()
             async with trio.open_nursery() as connections:
-                listeners = await trio.open_tcp_listeners(
-                    port, host=host, backlog=self.config.backlog
-                )
+                if sockets:
+                    listeners = [
+                        trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+                        for sock in sockets
+                    ]
+                else:
+                    listeners = await trio.open_tcp_listeners(
+                        port, host=host, backlog=self.config.backlog
+                    )
                 binds = [
                     f"http://{repr_socket_addr(lst.socket.family, lst.socket.getsockname())}"
                     for lst in listeners

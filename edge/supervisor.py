@@ -1,0 +1,383 @@
+"""The supervisor of worker processes: `iop-edge --workers N` (`[server] workers`).
+
+Owns: the listening sockets (bound once here, inherited by every worker), the
+worker processes (started, watched, restarted with backoff when one dies),
+the signals of the edge (SIGTERM and SIGINT drain every worker; a second one
+ends them at once), sd_notify for the whole edge, and the edge's shared
+directory (`IOP_EDGE_SHARED_DIR`, with the metrics of every process in it).
+It serves no HTTP, opens no node connection, and knows nothing of requests.
+
+A worker is `python -m edge <the same arguments> --worker-id I ...`: a fresh
+interpreter (no fork of a process that holds threads or an event loop) that
+reads the same config and runs the single-process daemon on the inherited
+sockets. It tells the supervisor it is ready and alive over a SOCK_SEQPACKET
+socket pair, in sd_notify's own words (READY=1, WATCHDOG=1, STOPPING=1;
+`edge.systemd.attach_supervisor`); when the supervisor goes away the worker
+sees the end of that socket and drains. Workers run in a session of their
+own, so a terminal's Ctrl-C reaches the supervisor only, which forwards it.
+
+Listen modes (measured in BENCHMARKS.md, "Worker processes"; chosen by
+$IOP_EDGE_LISTEN_MODE, for measurements). `shared` (the default) binds one
+socket per address that every worker accepts from: whichever worker wakes
+first takes the connection, and nothing is lost or kept waiting when one
+dies (the queue is the kernel's, not the worker's). `reuseport` binds
+one SO_REUSEPORT listening socket per worker slot, plus one bound socket per
+address that never listens and holds the port for the edge's lifetime. The
+kernel spreads new connections evenly over the listening sockets by their
+addresses, whichever worker is idle. When a worker dies its slot's socket is
+closed at once (the connections it had not accepted yet are reset, as they
+would be if a single process died), so new connections go to the live
+workers only, and its replacement gets a new socket. Measured on 2 workers,
+both spread the load alike and serve alike; `shared` is the default for
+what happens when a worker dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+from loguru import logger
+
+from edge import systemd
+from edge.config import Config
+from edge.listeners import Address, addresses, bind_listeners, rebind, url_of
+
+if TYPE_CHECKING:
+    from edge.metrics import SupervisorMetrics
+
+# CONTRACT with the per-edge limit state (edge.limits): the variable's name and meaning.
+SHARED_DIR_ENV = "IOP_EDGE_SHARED_DIR"
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LISTEN_MODE_ENV = "IOP_EDGE_LISTEN_MODE"
+LISTEN_MODES = ("shared", "reuseport")
+# A worker that died is started again after base * 2**(deaths in a row), at most cap.
+RESTART_BACKOFF_S = (0.1, 30.0)
+# A worker that served this long since it was ready resets its deaths in a row.
+STABLE_S = 30.0
+# After the drain deadline and the workers' own hard stop: then they are killed.
+_KILL_MARGIN_S = 5.0
+# Environment a worker must not see: systemd speaks to the supervisor only.
+_SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
+
+
+def shared_dir() -> Path | None:
+    """This edge's shared directory (one per run, every worker sees the same); None
+    in a single-process edge."""
+    value = os.environ.get(SHARED_DIR_ENV)
+    return Path(value) if value else None
+
+
+class WorkerStartError(Exception):
+    """A worker ended before the edge was serving: the edge does not start."""
+
+
+@dataclass
+class _Slot:
+    """Worker I: its sockets, its current process, and how it has fared."""
+
+    index: int
+    sockets: list[socket.socket]
+    # reuseport: the slot's own sockets, closed while it has no worker (so the kernel
+    # sends new connections to the live workers), bound again for the next one.
+    own: bool = False
+    addresses: list[Address] = field(default_factory=list)
+    process: trio.Process | None = None
+    # Its current process said READY=1 (and has not ended).
+    serving: bool = False
+    # Some process of this slot has been ready once (the edge started).
+    started: bool = False
+    last_seen: float = 0.0
+    deaths: int = 0  # in a row, without STABLE_S of service between them
+
+
+class Supervisor:
+    """Runs `workers` worker processes of one edge until told to stop."""
+
+    def __init__(
+        self, config: Config, worker_argv: Sequence[str], *, listen_mode: str = "shared"
+    ) -> None:
+        self.config = config
+        self.workers = config.server.workers
+        self.worker_argv = list(worker_argv)
+        self.listen_mode = listen_mode
+        self.stopping = trio.Event()
+        self.slots: list[_Slot] = []
+        self.failed = False
+        self._heartbeat_s: float | None = None
+        self._metrics: SupervisorMetrics | None = None
+        self._shared: Path | None = None
+        self._all_sockets: list[socket.socket] = []
+        self._nursery: trio.Nursery | None = None
+        self._url = ""
+
+    # --- lifetime ---------------------------------------------------------------------
+
+    def prepare(self) -> str:
+        """The shared directory and the listening sockets; returns the edge's URL.
+
+        Before anything imports prometheus-client: its multiprocess mode is chosen
+        from the environment at import.
+        """
+        self._shared = Path(tempfile.mkdtemp(prefix="iop-edge-"))
+        (self._shared / "metrics").mkdir()
+        os.environ[SHARED_DIR_ENV] = str(self._shared)
+        os.environ[METRICS_ENV] = str(self._shared / "metrics")
+        copies = self.workers if self.listen_mode == "reuseport" else 1
+        groups, holders = bind_listeners(self.config.server.listen, copies)
+        self._all_sockets = [*holders, *(s for g in groups for s in g)]
+        own = copies > 1
+        self.slots = [
+            _Slot(i + 1, groups[i % len(groups)], own, addresses(groups[i % len(groups)]))
+            for i in range(self.workers)
+        ]
+        from edge.metrics import SupervisorMetrics
+
+        self._metrics = SupervisorMetrics()
+        return url_of(groups[0][0])
+
+    def cleanup(self) -> None:
+        self._close_sockets()
+        if self._shared is not None:
+            shutil.rmtree(self._shared, ignore_errors=True)
+
+    def _close_sockets(self) -> None:
+        for sock in self._all_sockets:
+            sock.close()
+
+    async def run(self, url: str, hard_stop_s: float) -> int:
+        """Serve with every worker until a stop signal, then drain them; the exit code."""
+        self._url = url
+        interval = systemd.watchdog_interval()
+        if interval is not None:
+            self._heartbeat_s = interval / 2
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._signals, hard_stop_s)
+            async with trio.open_nursery() as running:
+                for slot in self.slots:
+                    running.start_soon(self._keep, slot)
+            nursery.cancel_scope.cancel()
+        logger.info("iop-edge stopped ({} workers)", self.workers)
+        return 1 if self.failed else 0
+
+    def _started(self, slot: _Slot) -> None:
+        """Slot's first READY=1; once every slot has said it, the edge is ready."""
+        slot.started = True
+        if self.stopping.is_set() or not all(s.started for s in self.slots):
+            return
+        logger.info("iop-edge serving on {} ({} workers)", self._url, self.workers)
+        systemd.notify(f"READY=1\nSTATUS=serving ({self.workers} workers)")
+        interval = systemd.watchdog_interval()
+        if interval is not None and self._nursery is not None:
+            self._nursery.start_soon(self._watchdog, interval)
+
+    # --- one worker slot --------------------------------------------------------------
+
+    async def _keep(self, slot: _Slot) -> None:
+        """Run slot's worker, and again after it dies (with backoff), until stopping."""
+        while not self.stopping.is_set():
+            code, lived_s = await self._run_once(slot)
+            if self.stopping.is_set():
+                if code != 0:
+                    self.failed = True
+                    logger.warning("worker {} exited with {}", slot.index, _describe(code))
+                return
+            if not slot.started:
+                logger.error(
+                    "worker {} exited with {} before it was ready: stopping",
+                    slot.index, _describe(code),
+                )  # fmt: skip
+                self.failed = True
+                self.stop()
+                return
+            slot.deaths = 0 if lived_s >= STABLE_S else slot.deaths + 1
+            delay = min(RESTART_BACKOFF_S[0] * 2 ** max(0, slot.deaths - 1), RESTART_BACKOFF_S[1])
+            assert self._metrics is not None
+            self._metrics.restarts.inc()
+            logger.error(
+                "worker {} exited with {}: restarting it in {:g}s",
+                slot.index, _describe(code), delay,
+            )  # fmt: skip
+            with trio.move_on_after(delay):
+                await self.stopping.wait()
+
+    async def _run_once(self, slot: _Slot) -> tuple[int, float]:
+        """One process of the slot, from start to exit: (exit code, seconds served)."""
+        if slot.own and not slot.sockets:
+            try:
+                slot.sockets = rebind(slot.addresses)
+            except OSError as exc:  # the fd limit, say: try again after the backoff
+                logger.error("worker {}: cannot listen again: {}", slot.index, exc)
+                return 255, 0.0
+            self._all_sockets += slot.sockets
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fds = [s.fileno() for s in slot.sockets]
+        argv = [
+            sys.executable, "-m", "edge", *self.worker_argv,
+            "--worker-id", str(slot.index),
+            "--worker-fds", ",".join(map(str, fds)),
+            "--worker-control", str(theirs.fileno()),
+        ]  # fmt: skip
+        if self._heartbeat_s is not None:
+            argv += ["--worker-heartbeat-s", f"{self._heartbeat_s:g}"]
+        env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_ENV}
+        try:
+            process = await trio.lowlevel.open_process(
+                argv, pass_fds=[*fds, theirs.fileno()], env=env,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            logger.error("worker {}: cannot start: {}", slot.index, exc)
+            mine.close()
+            return 255, 0.0
+        finally:
+            theirs.close()
+        slot.process = process
+        if self.stopping.is_set():  # stopped while it was being started
+            process.send_signal(signal.SIGTERM)
+        assert self._metrics is not None
+        self._metrics.workers.inc()
+        ready_at: list[float] = []
+        control = trio.socket.from_stdlib_socket(mine)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._listen, slot, control, ready_at)
+                code = await process.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            control.close()
+            self._metrics.workers.dec()
+            slot.serving = False
+            if slot.own:  # what its queue holds is lost with it; new connections go on
+                for sock in slot.sockets:
+                    self._all_sockets.remove(sock)
+                    sock.close()
+                slot.sockets = []
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(process.pid)  # type: ignore[no-untyped-call]
+        lived_s = trio.current_time() - ready_at[0] if ready_at else 0.0
+        return code, lived_s
+
+    async def _listen(
+        self, slot: _Slot, control: trio.socket.SocketType, ready_at: list[float]
+    ) -> None:
+        """The worker's sd_notify lines: READY=1 (once), WATCHDOG=1 (each heartbeat)."""
+        while True:
+            try:
+                data = await control.recv(4096)
+            except OSError:
+                return
+            if not data:
+                return
+            now = trio.current_time()
+            lines = data.decode(errors="replace").splitlines()
+            if "READY=1" in lines and not ready_at:
+                ready_at.append(now)
+                slot.last_seen = now
+                slot.serving = True
+                if slot.started:
+                    logger.info("worker {} is serving again", slot.index)
+                else:
+                    self._started(slot)
+            if "WATCHDOG=1" in lines:
+                slot.last_seen = now
+
+    # --- the edge as a whole ------------------------------------------------------------
+
+    def alive(self, within_s: float) -> bool:
+        """Every worker runs, has said READY=1, and was heard from within `within_s`."""
+        now = trio.current_time()
+        return all(
+            s.process is not None and s.process.returncode is None and s.serving
+            and now - s.last_seen <= within_s
+            for s in self.slots
+        )  # fmt: skip
+
+    async def _watchdog(self, interval: float) -> None:
+        """WATCHDOG=1 to systemd while every worker is alive and pinging."""
+        while True:
+            if self.alive(2 * interval):
+                systemd.notify("WATCHDOG=1")
+            await trio.sleep(interval)
+
+    def stop(self) -> None:
+        """Drain: no more restarts, SIGTERM to every worker; the sockets here are closed."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        systemd.notify("STOPPING=1\nSTATUS=draining")
+        self._close_sockets()
+        self._send(signal.SIGTERM)
+
+    def _send(self, signum: int) -> None:
+        for slot in self.slots:
+            if slot.process is not None and slot.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    slot.process.send_signal(signum)
+
+    async def _signals(self, hard_stop_s: float) -> None:
+        from edge.cli import IGNORED_SIGNALS, STOP_SIGNALS
+
+        with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if signum in IGNORED_SIGNALS:
+                    logger.info("{}: ignored (there is no reload; SIGTERM drains and stops)", name)
+                    continue
+                if self.stopping.is_set():
+                    logger.warning("second signal: stopping every worker now")
+                    self._send(signal.SIGINT)  # a worker's "exit now"
+                    self.failed = True
+                    continue
+                logger.info("{}: draining {} workers", name, self.workers)
+                self.stop()
+                timer = threading.Timer(hard_stop_s + _KILL_MARGIN_S, self._hard_stop)
+                timer.daemon = True
+                timer.start()
+
+    def _hard_stop(self) -> None:
+        """A worker outlived its own hard stop: kill what is left, and leave."""
+        logger.error("workers still running after the drain deadline: killing them")
+        self._send(signal.SIGKILL)
+        self.cleanup()
+        logger.complete()
+        os._exit(1)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def serve_workers(config: Config, worker_argv: Sequence[str], hard_stop_s: float) -> int:
+    """The supervisor's main: bind, start the workers, serve until stopped; the exit code.
+
+    Raises OSError when the listen address cannot be bound.
+    """
+    mode = os.environ.get(LISTEN_MODE_ENV, LISTEN_MODES[0])
+    if mode not in LISTEN_MODES:
+        mode = LISTEN_MODES[0]
+    supervisor = Supervisor(config, worker_argv, listen_mode=mode)
+    try:
+        url = supervisor.prepare()
+        return trio.run(supervisor.run, url, hard_stop_s)
+    finally:
+        supervisor.cleanup()
