@@ -7,10 +7,10 @@ handful of passes, waits hundreds (likewise when 200 clients vanish at once and
 their runs end together). No step is long; there are just too many in a pass.
 
 `Turns` bounds that: the CPU-heavy steps of a request (handing a new request
-with a body to the HTTP parser, parsing and starting it, encoding each batch of
-its answer, ending its run) each take a turn first, and at most `per_pass`
-turns are given in one pass. Past that, a step waits, in arrival order, for a
-later pass. Light work (a GET, an idle connection, the node connection's
+with a body to the HTTP parser, parsing and starting it, feeding each batch of
+node events to its session and encoding it, ending its run) each take a turn
+first, and at most `per_pass` turns are given in one pass. Past that, a step
+waits, in arrival order, for a later pass. Light work (a GET, an idle connection, the node connection's
 reads, timers) takes no turn and so runs every pass: a pass lasts at most
 `per_pass` heavy steps plus the light work, whatever the burst.
 
@@ -40,11 +40,15 @@ class _Waiter:
         self.gone = False  # cancelled while waiting: its turn goes to the next one
 
 
-class Turns:
+class Turns(trio.abc.Instrument):
     """At most `per_pass` heavy steps per scheduler pass; the rest wait in order.
 
-    `run()` must run (in a nursery that outlives the users) for waiting steps to
-    get their turns.
+    A trio instrument: each pass, once the scheduler has polled for I/O
+    (`after_io_wait`), the budget starts again and goes to the steps waiting,
+    first come first. `run()` must run (in a nursery that outlives the users): it
+    installs the instrument and, only while steps wait, keeps the scheduler
+    from sleeping in its I/O wait. When nothing waits, nothing runs per pass
+    but the budget's reset: an idle edge sleeps as before.
     """
 
     __slots__ = ("_used", "_waiting", "_wake", "deferred", "per_pass")
@@ -53,9 +57,9 @@ class Turns:
         if per_pass < 1:
             raise ValueError("per_pass must be at least 1")
         self.per_pass = per_pass
-        self._used = 0  # turns given since the pacer last ran (one pass)
+        self._used = 0  # turns given in this pass
         self._waiting: deque[_Waiter] = deque()
-        self._wake = trio.Event()  # wakes the pacer from its idle wait
+        self._wake = trio.Event()  # wakes run() when a step starts waiting
         self.deferred = 0  # steps that had to wait for a later pass, in all
 
     @property
@@ -67,7 +71,6 @@ class Turns:
         """Return when this step may run: at once, or in a later pass, in order."""
         if self._used < self.per_pass and not self._waiting:
             self._used += 1
-            self._wake.set()
             return
         waiter = _Waiter()
         self._waiting.append(waiter)
@@ -79,21 +82,25 @@ class Turns:
             waiter.gone = True
             raise
 
+    def after_io_wait(self, timeout: float) -> None:
+        """A new pass: a new budget, first for the steps waiting (they run in this pass)."""
+        self._used = 0
+        waiting = self._waiting
+        while waiting and self._used < self.per_pass:
+            waiter = waiting.popleft()
+            if not waiter.gone:
+                self._used += 1
+                waiter.event.set()
+
     async def run(self) -> None:
-        """The pacer: once per pass while turns are asked for, start a new budget and
-        hand it to the steps waiting, first come first; idle (no wakeups) otherwise."""
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
+        """Install the per-pass budget; while steps wait, keep a task runnable so that
+        the scheduler polls for I/O without sleeping and the next pass comes at once."""
+        trio.lowlevel.add_instrument(self)
+        try:
             while True:
-                await trio.lowlevel.checkpoint()  # runs once in each pass of the scheduler
-                busy = self._used > 0
-                self._used = 0
-                waiting = self._waiting
-                while waiting and self._used < self.per_pass:
-                    waiter = waiting.popleft()
-                    if not waiter.gone:
-                        self._used += 1
-                        waiter.event.set()
-                if not waiting and not busy:
-                    break
+                await self._wake.wait()
+                self._wake = trio.Event()
+                while self._waiting:
+                    await trio.lowlevel.checkpoint()
+        finally:
+            trio.lowlevel.remove_instrument(self)
