@@ -343,9 +343,14 @@ class Run:
         return "ok" if outcome.status == "success" else None
 
     def retire(self) -> None:
-        """The run's request is over, its read task too: the run is no longer in flight."""
+        """The run's request is over, its read task too: the run is no longer in flight.
+
+        Its start (which holds the request's nursery) is let go: kept, it would tie
+        the run, the request's scope and its tasks into a cycle only the garbage
+        collector frees."""
         if self._start is not None:
             self._start.runs.ended(self)
+            self._start = None
 
     # --- events under the deadlines ---------------------------------------------------
 

@@ -10,9 +10,10 @@ their runs end together). No step is long; there are just too many in a pass.
 with a body to the HTTP parser, parsing and starting it, feeding each batch of
 node events to its session and encoding it, ending its run) each take a turn
 first, and at most `per_pass` turns are given in one pass. Past that, a step
-waits, in arrival order, for a later pass. Light work (a GET, an idle connection, the node connection's
-reads, timers) takes no turn and so runs every pass: a pass lasts at most
-`per_pass` heavy steps plus the light work, whatever the burst.
+waits, in arrival order, for a later pass. Light work (a GET, an idle
+connection, the node connection's reads, timers) takes no turn and so runs
+every pass: a pass lasts at most `per_pass` heavy steps plus the light work,
+whatever the burst.
 
 Nothing is lost or reordered within a request: a waiting step only runs later.
 When the edge is not saturated, `turn()` returns at once without yielding;

@@ -84,8 +84,13 @@ class ChatScope:
                 async with self._stack:
                     yield
         finally:
+            self._nursery = None
             for run in self._attempts:  # their read tasks (and CancelRuns) are over
                 run.retire()
+                # Left in place, these references make the request's objects a
+                # reference cycle only the garbage collector frees: unlinked, they go
+                # when the request's last reference does.
+                run.on_end = None
 
     async def hold(self, run: Run) -> None:
         """Enter `run` (start it) for the rest of the request's cycle."""

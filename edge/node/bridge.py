@@ -100,7 +100,6 @@ class EventBuffer:
         # The read loop handed over the node's terminal event: the node ended the
         # run, whether or not the writer has taken the event yet.
         self.terminal = False
-        self._put: Callable[[Item], Awaitable[None]] = trio_asyncio.trio_as_aio(self._wait_put)
 
     @property
     def held_chars(self) -> int:
@@ -132,7 +131,10 @@ class EventBuffer:
         """
         if type(item) in _TERMINAL_EVENTS:
             self.terminal = True
-        return self._put(item)
+        # Wrapped per call (the slow path): a wrapper kept on the buffer would hold
+        # its bound method, a cycle only the garbage collector frees.
+        put: Awaitable[None] = trio_asyncio.trio_as_aio(self._wait_put)(item)
+        return put
 
     async def _wait_put(self, item: Item) -> None:
         size = len(item.text) if type(item) in _TEXT_EVENTS else _size(item)  # type: ignore[union-attr]
