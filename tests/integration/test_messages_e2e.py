@@ -251,3 +251,25 @@ async def test_x_api_key(keyed: RunningEdge) -> None:
             api_key="sk-wrong",
         )
     assert denied.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+
+
+async def test_disconnect_cancels_the_run_once(
+    edge: RunningEdge, http: httpx.AsyncClient, sim: SimProcess
+) -> None:
+    """A client that leaves mid-stream: the run is cancelled on the node exactly once."""
+    hang = script({"type": "delta", "delta": "partial"}, {"type": "hang"})
+    body = {"model": "sim-script", "max_tokens": 5, "stream": True, "messages": _user(hang)}
+    seen: list[dict[str, Any]] = []
+    async with http.stream("POST", MESSAGES, json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                seen.append(json.loads(line.removeprefix("data: ")))
+                if seen[-1]["type"] == "content_block_delta":
+                    break
+    assert seen[-1]["delta"] == {"type": "text_delta", "text": "partial"}
+    run_id = seen[0]["message"]["id"].removeprefix("msg_")
+    run = await sim.wait_run(run_id)
+    assert run["outcome"] == "cancelled"
+    assert run["cancel_rpcs"] == 1
+    await edge.wait_idle()
+    assert edge.outcome(run_id).status == "cancelled"

@@ -288,3 +288,25 @@ async def test_raw_stream_frames(http: httpx.AsyncClient) -> None:
         assert json.loads(data_line.removeprefix("data: "))["type"] == event_line.removeprefix(
             "event: "
         )
+
+
+async def test_disconnect_cancels_the_run_once(
+    edge: RunningEdge, http: httpx.AsyncClient, sim: SimProcess
+) -> None:
+    """A client that leaves mid-stream: the run is cancelled on the node exactly once."""
+    body = {"model": "sim-script", "stream": True,
+            "input": script({"type": "delta", "delta": "partial"}, {"type": "hang"})}  # fmt: skip
+    seen: list[dict[str, Any]] = []
+    async with http.stream("POST", RESPONSES, json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                seen.append(json.loads(line.removeprefix("data: ")))
+                if seen[-1]["type"] == "response.output_text.delta":
+                    break
+    assert seen[-1]["delta"] == "partial"
+    run_id = seen[0]["response"]["id"].removeprefix("resp_")
+    run = await sim.wait_run(run_id)
+    assert run["outcome"] == "cancelled"
+    assert run["cancel_rpcs"] == 1
+    await edge.wait_idle()
+    assert edge.outcome(run_id).status == "cancelled"
