@@ -273,3 +273,25 @@ async def test_disconnect_cancels_the_run_once(
     assert run["cancel_rpcs"] == 1
     await edge.wait_idle()
     assert edge.outcome(run_id).status == "cancelled"
+
+
+async def test_ping_while_waiting(nursery: trio.Nursery, sim: SimProcess) -> None:
+    """While the first token is slow, the stream carries `ping` events after message_start,
+    then the answer."""
+    config = edge_config(sim)
+    config = type(config)(
+        server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0.05),
+        timeouts=config.timeouts,
+        nodes=config.nodes,
+    )
+    running = await start_edge(nursery, config)
+    # 1 s against 0.05 s: pings are due many times over, however loaded the machine.
+    slow = script({"sleep_ms": 1000}, {"type": "delta", "delta": "late"}, {"type": "complete"})
+    body = {"model": "sim-script", "max_tokens": 5, "stream": True, "messages": _user(slow)}
+    async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
+        text = (await client.post(MESSAGES, json=body)).text
+    assert text.startswith("event: message_start\n")
+    assert 'event: ping\ndata: {"type":"ping"}\n\n' in text
+    assert text.index("event: ping") < text.index('"text":"late"')
+    assert text.endswith('event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    await stop_edge(running)
