@@ -9,7 +9,8 @@ accumulator make of it, and the raw frames where the SDK hides them.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -24,8 +25,11 @@ from tests.integration.conftest import (
     edge_config,
     script,
     start_edge,
+    start_sim,
     stop_edge,
+    stop_process,
 )
+from tests.integration.test_admission_e2e import WAIT_S, _full
 
 MESSAGES = "/v1/messages"
 WEATHER = {
@@ -295,3 +299,42 @@ async def test_ping_while_waiting(nursery: trio.Nursery, sim: SimProcess) -> Non
     assert text.index("event: ping") < text.index('"text":"late"')
     assert text.endswith('event: message_stop\ndata: {"type":"message_stop"}\n\n')
     await stop_edge(running)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[SimProcess]:
+    sim = start_sim(tmp_path, "shed")
+    yield sim
+    stop_process(sim.process)
+
+
+async def test_shed_in_each_apis_shape(nursery: trio.Nursery, node: SimProcess) -> None:
+    """With every slot held and the queue full, a new request is shed at once in its API's
+    own error shape: Anthropic's 529 overloaded_error from the server (HTTP/1.1, before
+    the body is read) and from the app (HTTP/2); OpenAI's 503 overloaded for responses."""
+    async with (
+        httpx.AsyncClient(timeout=WAIT_S) as http,
+        trio.open_nursery() as waiting,
+        trio.open_nursery() as holders,
+    ):
+        edge = await _full(nursery, node, http, waiting, holders)
+        body = {"model": "sim-echo", "max_tokens": 5, "messages": _user("x")}
+        async with httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S) as h1:
+            shed = await h1.post(MESSAGES, json=body)
+            assert shed.status_code == 529
+            assert int(shed.headers["retry-after"]) >= 1
+            assert shed.json()["type"] == "error"
+            assert shed.json()["error"]["type"] == "overloaded_error"
+            other = await h1.post("/v1/responses", json={"model": "sim-echo", "input": "x"})
+            assert other.status_code == 503
+            assert other.json()["error"]["type"] == "overloaded"
+        async with httpx.AsyncClient(
+            base_url=edge.url, http1=False, http2=True, timeout=WAIT_S
+        ) as h2:
+            response = await h2.post(MESSAGES, json=body)
+            assert response.http_version == "HTTP/2"
+            assert response.status_code == 529
+            assert response.json()["error"]["type"] == "overloaded_error"
+        holders.cancel_scope.cancel()
+        waiting.cancel_scope.cancel()
+    await stop_edge(edge)
