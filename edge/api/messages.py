@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from edge.api.request import ChatRequest, chat_request_from, decode_object
+from edge.api.request import TOO_DEEP, ChatRequest, chat_request_from, decode_object
 from edge.errors import RequestError
 
 _ROLES: Final = frozenset({"user", "assistant", "system"})
@@ -48,6 +48,13 @@ def parse_messages_request(body: bytes) -> MessagesRequest:
     Raises:
         RequestError: the body breaks a rule of the API (or of chat requests).
     """
+    try:
+        return _parse(body)
+    except RecursionError:
+        raise RequestError(TOO_DEEP) from None
+
+
+def _parse(body: bytes) -> MessagesRequest:
     obj = decode_object(body)
     if obj.get("max_tokens") is None:
         raise RequestError("max_tokens: Field required", param="max_tokens")

@@ -217,10 +217,10 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     try:
         return _parse(body)
     except RecursionError:
-        raise RequestError(_TOO_DEEP) from None
+        raise RequestError(TOO_DEEP) from None
 
 
-_TOO_DEEP: Final = "The JSON body of your request is nested too deeply."
+TOO_DEEP: Final = "The JSON body of your request is nested too deeply."
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
@@ -234,7 +234,7 @@ def decode_object(body: bytes) -> dict[str, Any]:
     except msgspec.DecodeError:
         raise RequestError(_MALFORMED) from None
     except RecursionError:
-        raise RequestError(_TOO_DEEP) from None
+        raise RequestError(TOO_DEEP) from None
     if not isinstance(value, dict):
         got = _TYPE_WORDS.get(_json_type(value), "a value")
         raise RequestError(f"The request body must be a JSON object, but got {got}.")
@@ -263,11 +263,11 @@ def chat_request_from(obj: dict[str, Any]) -> ChatRequest:
     except msgspec.ValidationError as exc:
         raise _translate(str(exc)) from None
     except RecursionError:
-        raise RequestError(_TOO_DEEP) from None
+        raise RequestError(TOO_DEEP) from None
     try:
         return _build(wire)
     except RecursionError:
-        raise RequestError(_TOO_DEEP) from None
+        raise RequestError(TOO_DEEP) from None
 
 
 def _parse(body: bytes) -> ChatRequest:
