@@ -100,6 +100,7 @@ class Api:
 
 
 class _ChatStreamer(SSEEncoder):
+    __slots__ = ()
     keepalive = KEEPALIVE
 
 
