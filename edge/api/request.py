@@ -217,10 +217,57 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     try:
         return _parse(body)
     except RecursionError:
-        raise RequestError(_TOO_DEEP) from None
+        raise RequestError(TOO_DEEP) from None
 
 
-_TOO_DEEP: Final = "The JSON body of your request is nested too deeply."
+TOO_DEEP: Final = "The JSON body of your request is nested too deeply."
+
+
+def decode_object(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object (the first step of the other APIs' parsers).
+
+    Raises:
+        RequestError: the body is not JSON, or not an object.
+    """
+    try:
+        value = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        raise RequestError(_MALFORMED) from None
+    except RecursionError:
+        raise RequestError(TOO_DEEP) from None
+    if not isinstance(value, dict):
+        got = _TYPE_WORDS.get(_json_type(value), "a value")
+        raise RequestError(f"The request body must be a JSON object, but got {got}.")
+    return value
+
+
+def _json_type(value: object) -> str:
+    for kind, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"),
+                       (list, "array"), (type(None), "null")):  # fmt: skip
+        if isinstance(value, kind):
+            return name
+    return "object"
+
+
+def chat_request_from(obj: dict[str, Any]) -> ChatRequest:
+    """Validate a chat completions request already decoded into JSON values.
+
+    The other APIs (`edge.api.responses`, `edge.api.messages`) translate their
+    requests into this shape, so every rule and limit of a chat request is theirs.
+
+    Raises:
+        RequestError: as `parse_chat_request`.
+    """
+    try:
+        wire = msgspec.convert(obj, _WireRequest)
+    except msgspec.ValidationError as exc:
+        raise _translate(str(exc)) from None
+    except RecursionError:
+        raise RequestError(TOO_DEEP) from None
+    try:
+        return _build(wire)
+    except RecursionError:
+        raise RequestError(TOO_DEEP) from None
 
 
 def _parse(body: bytes) -> ChatRequest:
@@ -232,7 +279,10 @@ def _parse(body: bytes) -> ChatRequest:
         raise (_translate(str(exc)) if _is_json(body) else RequestError(_MALFORMED)) from None
     except msgspec.DecodeError:
         raise RequestError(_MALFORMED) from None
+    return _build(wire)
 
+
+def _build(wire: _WireRequest) -> ChatRequest:
     if not wire.model:
         raise _invalid("model", "must be a non-empty string")
     _check_chars(wire.model, "model", limits.MAX_MODEL_CHARS)

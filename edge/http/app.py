@@ -10,8 +10,13 @@ edge's routes (`//`, a trailing slash, percent-encoding, `..`, an absolute
 URL) is the JSON 404, never a redirect (werkzeug would otherwise answer
 `//` with a 308 whose Location is built from the Host header).
 
+The three APIs (`/v1/chat/completions`, `/v1/responses`, `/v1/messages`)
+are one handler (`edge.http.chat`); an error of a `/v1/messages` request,
+whatever raised it, is rendered in Anthropic's shape instead.
+
 API keys: `KeyRing` (edge.limits.limiter) tells which key a `/v1/` request
-holds. A chat request's `Gate` (its key's allow-list and limits) is opened
+holds, sent as `Authorization: Bearer <key>` or (Anthropic's way) `x-api-key`.
+A chat request's `Gate` (its key's allow-list and limits) is opened
 with its HTTP cycle, admits it in the handler once the model is known, puts
 the rate-limit headers on whatever answer goes out, and is ended once: with
 its run, else when the cycle ends, however it ends.
@@ -35,6 +40,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import RequestRedirect
 
+from edge.api.surfaces import APIS, CHAT, MESSAGES, RESPONSES, Api
 from edge.errors import (
     AuthenticationError,
     EdgeError,
@@ -46,8 +52,8 @@ from edge.errors import (
     ShuttingDownError,
 )
 from edge.http.chat import ChatService
-from edge.http.scope import CHAT_PATH, ChatScope
 from edge.http.scope import CURRENT as CURRENT_SCOPE
+from edge.http.scope import ChatScope
 from edge.limits.limiter import Gate, KeyRing, Limiter, RateLimitedError
 from edge.limits.store import open_store
 from edge.log import REQUEST_ID
@@ -63,7 +69,12 @@ def _json_response(value: object, status: int = 200) -> Response:
 
 
 def _error_response(error: EdgeError) -> Response:
-    response = _json_response(error.to_dict(), error.status)
+    api = APIS.get(request.path) if request else None
+    if api is MESSAGES:
+        status, body = api.error(error.status, error.type, error.message)
+        response = _json_response(body, status)
+    else:
+        response = _json_response(error.to_dict(), error.status)
     if isinstance(error, OverloadedError | RateLimitedError):
         response.headers["Retry-After"] = str(error.retry_after_s)
     if isinstance(error, RateLimitedError):
@@ -142,11 +153,12 @@ class _HTTPConnection(TrioASGIHTTPConnection):
             await super().handle_request(nursery, request, send_end_shielded)
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        if self.scope["path"] != CHAT_PATH:
+        path = self.scope["path"]
+        if path not in APIS:
             await super().__call__(receive, send)
             return
         chat: ChatService = self.app.extensions["chat"]
-        scope = ChatScope(chat.metrics, chat.on_outcome)
+        scope = ChatScope(chat.metrics, chat.on_outcome, path)
         gate = Gate(self.app.extensions["limiter"], chat.metrics)
 
         async def send_noting_status(message: ASGISendEvent) -> None:
@@ -228,9 +240,12 @@ def create_app(
         g.key = None
         if keys.enabled and request.path.startswith("/v1/"):
             g.key = keys.identify(request.headers.get("Authorization"))
+            if g.key is None and (api_key := request.headers.get("x-api-key")) is not None:
+                g.key = keys.identify(f"Bearer {api_key}")
             if g.key is None:
                 raise AuthenticationError(
-                    "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+                    "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' "
+                    "or 'x-api-key: <key>'.",
                     code="invalid_api_key",
                 )
             if (gate := CURRENT_GATE.get()) is not None:
@@ -266,18 +281,31 @@ def create_app(
         logger.opt(exception=exc).error("unhandled error in {} {}", request.method, request.path)
         return _error_response(EdgeError("The server had an error while processing your request."))
 
-    @app.post(CHAT_PATH)
-    async def chat_completions() -> Response:
+    async def answer(api: Api) -> Response:
         if state["draining"]:
             raise ShuttingDownError("The server is shutting down; retry on another instance.")
         body = await request.get_data(cache=False)
         assert isinstance(body, bytes)
         scope = CURRENT_SCOPE.get()
-        assert scope is not None  # the chat route always runs in its scope
+        assert scope is not None  # the API routes always run in their scope
         session_id = request.headers.get("X-Session-Id") or None
-        response = await chat.handle(body, scope, session_id=session_id, gate=CURRENT_GATE.get())
+        response = await chat.handle(
+            body, scope, session_id=session_id, gate=CURRENT_GATE.get(), api=api
+        )
         response.timeout = None
         return response
+
+    @app.post(CHAT.path)
+    async def chat_completions() -> Response:
+        return await answer(CHAT)
+
+    @app.post(RESPONSES.path)
+    async def responses() -> Response:
+        return await answer(RESPONSES)
+
+    @app.post(MESSAGES.path)
+    async def messages() -> Response:
+        return await answer(MESSAGES)
 
     @app.get("/v1/models")
     async def models() -> Response:

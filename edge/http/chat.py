@@ -1,4 +1,10 @@
-"""POST /v1/chat/completions: parse, start the answer, render its output.
+"""POST /v1/chat/completions, /v1/responses, /v1/messages: parse, start the answer,
+render its output.
+
+The three APIs are one path here: each parses its body into the one run
+request and renders the one session's output its own way
+(`edge.api.surfaces.Api`); the run, the session and every guarantee are
+shared.
 
 The handler only parses and renders: the run's life (node, slot, accept,
 deadlines, CancelRun, outcome) is `edge.run.Run`'s, the attempts on other
@@ -31,13 +37,12 @@ from quart.wrappers.response import ResponseBody
 
 from edge.admission import Admission
 from edge.api.policy import apply_policy
-from edge.api.render import KEEPALIVE, ResponseBuilder, SSEEncoder
-from edge.api.request import ChatRequest, parse_chat_request
+from edge.api.request import ChatRequest
+from edge.api.surfaces import APIS, CHAT, MESSAGES, Answer, Api, Folder, Streamer
 from edge.config import Config
-from edge.errors import error_object, status_of
 from edge.failover import Committed, Failover
-from edge.http.refusals import overloaded_response
-from edge.http.scope import CHAT_PATH, ChatScope
+from edge.http.refusals import REASONS, overloaded_response
+from edge.http.scope import ChatScope
 from edge.limits.limiter import Gate
 from edge.metrics import EdgeMetrics
 from edge.node.pool import NodePool
@@ -47,7 +52,7 @@ from edge.stream.session import SessionSettings, StreamSession
 from edge.stream.toolcheck import tool_validation_mode
 from edge.turns import Turns
 
-_CHAT_PATH = CHAT_PATH.encode()
+_API_PATHS = {path.encode(): api for path, api in APIS.items()}
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -137,8 +142,9 @@ class ChatService:
         *,
         session_id: str | None = None,
         gate: Gate | None = None,
+        api: Api = CHAT,
     ) -> Response:
-        """Answer one chat request; errors before the first byte raise an EdgeError.
+        """Answer one request of `api`; errors before the first byte raise an EdgeError.
 
         `session_id` is the caller's X-Session-Id (routing affinity; else `user`).
         `gate` is the request's API key: its allow-list is checked and its limits
@@ -149,7 +155,12 @@ class ChatService:
         await self.turns.turn()
         # Schema checks of declared tools cost milliseconds per KiB: off the
         # loop, so a large request never stalls other streams.
-        request = await trio.to_thread.run_sync(parse_chat_request, body, limiter=self.parsing)
+        parsed = await trio.to_thread.run_sync(api.parse, body, limiter=self.parsing)
+        request = parsed.chat
+        if parsed.dropped:
+            logger.bind(model=request.model, api=api.name).info(
+                "not used (the edge cannot run them): {}", ", ".join(parsed.dropped)
+            )
         scope.stream = request.stream
         if gate is not None:
             gate.check_model(request.model)
@@ -165,24 +176,20 @@ class ChatService:
 
         keepalive_s = self.config.server.keepalive_s if request.stream else 0.0
         created = int(time.time())
-        response_id = f"chatcmpl-{run_id}"
         committed = await self.failover.start(
             scope, request, new_session, keepalive_s=keepalive_s,
-            affinity_key=session_id or request.user,
+            affinity_key=session_id or parsed.affinity_key or request.user,
         )  # fmt: skip
         run = committed.run
         if not request.stream:
-            return await _complete(
-                committed, response_id, created, scope.request_id, self.turns,
-                logprobs=request.logprobs, gate=gate,
-            )  # fmt: skip
+            folder = api.folder(parsed, Answer(run_id, created, run.info.model))
+            return await _complete(committed, api, folder, scope.request_id, self.turns, gate=gate)
         if committed.error is not None:
             await run.end()
             if gate is not None:
                 await gate.end(run.outcome)
-            return _error_answer(committed.error, scope.request_id)
-        encoder = SSEEncoder(response_id, created, request.model,
-                             include_usage=request.include_usage)  # fmt: skip
+            return _error_answer(api, committed.error, scope.request_id)
+        encoder = api.streamer(parsed, Answer(run_id, created, request.model))
         labels = self.metrics.inter_chunk.labels(request.model, run.info.node)
         sse = SSEBody(run, encoder, self.turns, observe_gap=labels.observe,
                       observe_added=self.metrics.added_latency.observe,
@@ -194,39 +201,55 @@ class ChatService:
 
     def shed_at_once(self, request_line: bytes, *, close: bool) -> bytes | None:
         """For the HTTP server, before it parses a request: the whole HTTP/1.1 answer
-        to a `POST /v1/chat/completions` that `shed_if_full` would shed, or None. The
-        same 503 `overloaded` with Retry-After, in a few scheduler passes instead of
-        the request's whole way through the HTTP stack; `close`: the answer closes
-        the connection."""
+        to a `POST` of one of the APIs that `shed_if_full` would shed, or None. The
+        same `overloaded` answer with Retry-After (in the API's own error shape), in a
+        few scheduler passes instead of the request's whole way through the HTTP
+        stack; `close`: the answer closes the connection."""
         method, _, rest = request_line.partition(b" ")
         path = rest.rpartition(b" ")[0].partition(b"?")[0]
-        if method != b"POST" or path != _CHAT_PATH:
+        api = _API_PATHS.get(path) if method == b"POST" else None
+        if api is None:
             return None
         error = self.admission.shed_now()
-        return overloaded_response(error, close=close) if error is not None else None
+        if error is None:
+            return None
+        if api is not MESSAGES:
+            return overloaded_response(error, close=close)
+        status, body = api.error(error.status, error.type, error.message)
+        return _http_answer(status, msgspec.json.encode(body), error.retry_after_s, close=close)
 
     def shutdown_streams(self) -> int:
         """Drain deadline: end every run still in flight, with a notice. Returns how many."""
         return self.runs.shut_down(SHUTDOWN_NOTICE)
 
 
-def _error_answer(error: ErrorOut, request_id: str) -> Response:
-    """A run's error as the whole answer: its status and OpenAI error object."""
-    body = error_object(error.type, error.message)
-    response = Response(msgspec.json.encode(body), status=status_of(error.type),
-                        content_type="application/json")  # fmt: skip
+def _http_answer(status: int, body: bytes, retry_after_s: int, *, close: bool) -> bytes:
+    """A whole HTTP/1.1 JSON answer, written by the server itself."""
+    reason = REASONS.get(status, "Overloaded" if status == 529 else "Error")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: {retry_after_s}\r\n"
+        + ("connection: close\r\n" if close else "")
+        + "\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+def _error_answer(api: Api, error: ErrorOut, request_id: str) -> Response:
+    """A run's error as the whole answer: its status and the API's error object."""
+    status, body = api.run_error(error)
+    response = Response(msgspec.json.encode(body), status=status, content_type="application/json")
     response.headers["X-Request-Id"] = request_id
     return response
 
 
 async def _complete(
     committed: Committed,
-    response_id: str,
-    created: int,
+    api: Api,
+    builder: Folder,
     request_id: str,
     turns: Turns,
     *,
-    logprobs: bool = False,
     gate: Gate | None = None,
 ) -> Response:
     """The non-streaming answer: the run's whole output folded into one JSON body.
@@ -235,7 +258,6 @@ async def _complete(
     (and its key's stream given back, its tokens counted).
     """
     run = committed.run
-    builder = ResponseBuilder(logprobs=logprobs)
     builder.add(committed.first)
     session = run.session
     try:
@@ -250,8 +272,8 @@ async def _complete(
         if gate is not None:
             await gate.end(run.outcome)
     if builder.error is not None:
-        return _error_answer(builder.error, request_id)
-    body = builder.response(response_id, created, run.info.model)
+        return _error_answer(api, builder.error, request_id)
+    body = builder.body()
     response = Response(msgspec.json.encode(body), status=200, content_type="application/json")
     response.headers["X-Request-Id"] = request_id
     return response
@@ -267,7 +289,7 @@ class SSEBody(ResponseBody):
     def __init__(
         self,
         run: Run,
-        encoder: SSEEncoder,
+        encoder: Streamer,
         turns: Turns,
         *,
         observe_gap: Callable[[float], None],
@@ -299,14 +321,14 @@ class SSEBody(ResponseBody):
             first, self._first = self._first, None
             data = self._encoder.encode(first) if first else b""
             if self._keepalive:
-                data += KEEPALIVE
+                data += self._encoder.keepalive
             if data:
                 self._last_write = trio.current_time()
                 return data
         while True:
             batch = await run.next_batch()
             if batch == "keepalive":
-                return KEEPALIVE
+                return self._encoder.keepalive
             if not batch:
                 # Nothing to write: a filter held the text back, or (the session
                 # terminated) everything was taken.

@@ -31,11 +31,12 @@ from contextvars import ContextVar
 import trio
 from loguru import logger
 
+from edge.api.surfaces import CHAT_PATH
 from edge.metrics import EdgeMetrics
 from edge.run import OutcomeHook, Run
 from edge.stream.output import Outcome
 
-CHAT_PATH = "/v1/chat/completions"
+__all__ = ["CHAT_PATH", "CURRENT", "ChatScope"]
 
 
 class ChatScope:
@@ -51,13 +52,17 @@ class ChatScope:
         "_started",
         "http_status",
         "model",
+        "path",
         "request_id",
         "run",
         "stream",
     )
 
-    def __init__(self, metrics: EdgeMetrics, on_outcome: OutcomeHook | None = None) -> None:
+    def __init__(
+        self, metrics: EdgeMetrics, on_outcome: OutcomeHook | None = None, path: str = CHAT_PATH
+    ) -> None:
         self._metrics = metrics
+        self.path = path  # which API: chat completions, responses or messages
         self._on_outcome = on_outcome
         self._nursery: trio.Nursery | None = None
         self._stack = AsyncExitStack()
@@ -129,7 +134,7 @@ class ChatScope:
                 request_id=info.request_id, run_id=info.run_id, model=info.model,
                 node=info.node, stream=info.stream, status=outcome.status,
                 finish_reason=outcome.finish_reason, error_type=outcome.error_type,
-                node_finish_reason=outcome.node_finish_reason,
+                node_finish_reason=outcome.node_finish_reason, path=self.path,
                 duration_ms=round(duration * 1000, 2),
             ).info("chat completion {}", outcome.status)  # fmt: skip
         _log_violations(info.request_id, info.run_id, info.model, outcome)
@@ -139,9 +144,9 @@ class ChatScope:
     def _log_request(self, status: int) -> None:
         """The line of a request that ran nothing: its status (0: the client left first)."""
         logger.bind(
-            request_id=self.request_id, method="POST", path=CHAT_PATH, status=status,
+            request_id=self.request_id, method="POST", path=self.path, status=status,
             duration_ms=round((time.perf_counter() - self._started) * 1000, 2),
-        ).info("POST {} {}", CHAT_PATH, status or "(client left)")  # fmt: skip
+        ).info("POST {} {}", self.path, status or "(client left)")  # fmt: skip
 
 
 # A called tool's name is model output: logged up to this many characters.

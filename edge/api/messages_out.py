@@ -1,0 +1,212 @@
+"""Output events rendered as Anthropic's Messages API: stream events, or one Message.
+
+The session's output events become content blocks: reasoning a `thinking`
+block, visible text a `text` block, each tool call a `tool_use` block whose
+input streams as one `input_json_delta`. A block stays open while its kind
+of text keeps coming. The stream opens with `message_start` and ends with
+`message_delta` (`stop_reason`, usage) and `message_stop`, or with one
+`event: error` carrying Anthropic's error object. Errors before the first
+byte are HTTP errors in Anthropic's shape (`anthropic_error`), with the
+status Anthropic gives their type.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+import msgspec
+
+from edge.stream.events import Usage
+from edge.stream.output import (
+    ContentOut,
+    ErrorOut,
+    FinishOut,
+    OutEvent,
+    ReasoningOut,
+    ToolCallsOut,
+)
+
+_encode = msgspec.json.encode
+PING: Final = b'event: ping\ndata: {"type":"ping"}\n\n'
+# finish_reason -> stop_reason.
+STOP_REASONS: Final = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "content_filter": "refusal",
+    "stop_sequence": "stop_sequence",
+}
+# The edge's HTTP status -> Anthropic's error type and status.
+_BY_STATUS: Final = {
+    400: ("invalid_request_error", 400),
+    401: ("authentication_error", 401),
+    403: ("permission_error", 403),
+    404: ("not_found_error", 404),
+    405: ("invalid_request_error", 405),
+    413: ("request_too_large", 413),
+    422: ("invalid_request_error", 422),
+    429: ("rate_limit_error", 429),
+}
+
+
+def anthropic_error(status: int, edge_type: str, message: str) -> tuple[int, dict[str, Any]]:
+    """An edge error as Anthropic's (status, body): `{"type": "error", "error": {...}}`.
+
+    `overloaded` (every node slot taken) is Anthropic's 529 `overloaded_error`;
+    other server-side errors keep the edge's status as `api_error`. The message
+    names the edge's own error type, so nothing of it is lost.
+    """
+    if edge_type == "overloaded":
+        kind, status = "overloaded_error", 529
+    elif status in _BY_STATUS:
+        kind, status = _BY_STATUS[status]
+    else:
+        kind = "api_error"
+    text = message if edge_type in ("invalid_request_error", "") else f"{edge_type}: {message}"
+    return status, {"type": "error", "error": {"type": kind, "message": text}}
+
+
+def messages_usage(usage: Usage | None) -> dict[str, Any]:
+    u = usage or Usage()
+    return {
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "cache_read_input_tokens": u.cached_input_tokens,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+class MessagesRenderer:
+    """One answer's Messages rendering; `encode` for a stream, `add` + `response` for JSON."""
+
+    keepalive: Final = PING
+
+    def __init__(self, run_id: str, model: str, *, status_of: Callable[[str], int]) -> None:
+        self.message_id = f"msg_{run_id}"
+        self._model = model
+        self._status_of = status_of  # error type -> the edge's HTTP status
+        self._blocks: list[dict[str, Any]] = []
+        self._open: str | None = None  # "text" | "thinking" while a block is open
+        self._text: list[str] = []
+        self._frames: list[bytes] | None = None
+        self._started = False
+        self.finish: FinishOut | None = None
+        self.error: ErrorOut | None = None
+
+    def encode(self, events: Iterable[OutEvent]) -> bytes:
+        self._frames = []
+        self.add(events)
+        frames, self._frames = self._frames, None
+        return b"".join(frames)
+
+    def add(self, events: Iterable[OutEvent]) -> None:
+        for event in events:
+            if not self._started:
+                self._started = True
+                start = self._message(stop_reason=None, usage=messages_usage(None))
+                self._emit("message_start", message=start)
+            if isinstance(event, ContentOut):
+                if event.text:
+                    self._delta("text", event.text)
+            elif isinstance(event, ReasoningOut):
+                if event.text:
+                    self._delta("thinking", event.text)
+            elif isinstance(event, ToolCallsOut):
+                self._close()
+                for call in event.calls:
+                    self._tool_use(call.id, call.name, call.arguments)
+            elif isinstance(event, FinishOut):
+                self._close()
+                self.finish = event
+                usage = messages_usage(event.usage)
+                self._emit("message_delta",
+                           delta={"stop_reason": self.stop_reason, "stop_sequence": None},
+                           usage=usage)  # fmt: skip
+                self._emit("message_stop")
+            elif isinstance(event, ErrorOut):
+                self.error = event
+                _, body = anthropic_error(self._status_of(event.type), event.type, event.message)
+                self._emit("error", error=body["error"])
+
+    @property
+    def stop_reason(self) -> str | None:
+        if self.finish is None:
+            return None
+        return STOP_REASONS.get(self.finish.finish_reason, "end_turn")
+
+    def response(self) -> dict[str, Any]:
+        """The whole Message (after a finish)."""
+        finish = self.finish
+        return self._message(
+            stop_reason=self.stop_reason,
+            usage=messages_usage(finish.usage if finish is not None else None),
+            content=self._blocks,
+        )
+
+    def _message(
+        self, *, stop_reason: str | None, usage: dict[str, Any],
+        content: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": content or [],
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+
+    def _delta(self, kind: str, text: str) -> None:
+        if self._open != kind:
+            self._close()
+            self._open = kind
+            block: dict[str, Any] = (
+                {"type": "text", "text": ""} if kind == "text"
+                else {"type": "thinking", "thinking": "", "signature": ""}
+            )  # fmt: skip
+            self._blocks.append(block)
+            self._emit("content_block_start", index=len(self._blocks) - 1, content_block=block)
+        self._text.append(text)
+        delta = {"type": "text_delta", "text": text} if kind == "text" else {
+            "type": "thinking_delta", "thinking": text}  # fmt: skip
+        self._emit("content_block_delta", index=len(self._blocks) - 1, delta=delta)
+
+    def _close(self) -> None:
+        kind = self._open
+        if kind is None:
+            return
+        self._open = None
+        text = "".join(self._text)
+        self._text = []
+        block = {"type": "text", "text": text} if kind == "text" else {
+            "type": "thinking", "thinking": text, "signature": ""}  # fmt: skip
+        self._blocks[-1] = block
+        self._emit("content_block_stop", index=len(self._blocks) - 1)
+
+    def _tool_use(self, call_id: str, name: str, arguments: str) -> None:
+        try:
+            value = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            value = {}
+        tool_input = value if isinstance(value, dict) else {}
+        if not isinstance(value, dict):  # an input is an object (report/off validation modes)
+            arguments = "{}"
+        index = len(self._blocks)
+        self._blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": tool_input})
+        start = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        self._emit("content_block_start", index=index, content_block=start)
+        self._emit("content_block_delta", index=index,
+                   delta={"type": "input_json_delta", "partial_json": arguments})  # fmt: skip
+        self._emit("content_block_stop", index=index)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self._frames is None:
+            return
+        data = {"type": kind, **fields}
+        self._frames.append(b"event: " + kind.encode() + b"\ndata: " + _encode(data) + b"\n\n")

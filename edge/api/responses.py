@@ -1,0 +1,332 @@
+"""Decode a `POST /v1/responses` body into the one request every API runs: `ChatRequest`.
+
+OpenAI's Responses API is translated, field by field, into a chat
+completions request (input items -> messages, `instructions` -> a system
+message, `text.format` -> `response_format`, ...), which `chat_request_from`
+then validates: every rule and limit of a chat request holds here too, and
+the run, the session and its guarantees are the same. What the Response
+object repeats of the request (`echo`) is kept for the renderer
+(`edge.api.responses_out`).
+
+The edge keeps no state: `previous_response_id`, `conversation` and
+`item_reference` items are refused with a 400 saying so; `store` is
+accepted and nothing is stored. Hosted tools the edge cannot run
+(`web_search`, `file_search`, ...) are dropped (`dropped` says which).
+
+Pure: bytes in, values out (or a `RequestError`). No HTTP, no trio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from edge.api.request import TOO_DEEP, ChatRequest, chat_request_from, decode_object
+from edge.errors import RequestError
+
+STATELESS: Final = (
+    "This edge keeps no state between requests: '{param}' is not supported. Send the "
+    "whole conversation in 'input' instead."
+)
+# Roles of input messages, as chat roles.
+_ROLES: Final = frozenset({"user", "assistant", "system", "developer"})
+_TEXT_PARTS: Final = frozenset({"input_text", "output_text", "text", "summary_text",
+                                "reasoning_text"})  # fmt: skip
+# Reasoning efforts beyond chat's four, as the nearest of them (None: send none).
+_EFFORTS: Final[dict[str, str | None]] = {"none": None, "xhigh": "high"}
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesRequest:
+    """A validated Responses request: the run's request, and what the answer repeats."""
+
+    chat: ChatRequest
+    echo: dict[str, Any] = field(default_factory=dict)
+    # prompt_cache_key: routes the conversation to the node that served it before.
+    affinity_key: str | None = None
+    # Accepted but not used (hosted tools), for a log line.
+    dropped: tuple[str, ...] = ()
+
+
+def parse_responses_request(body: bytes) -> ResponsesRequest:
+    """Decode, translate and validate a Responses request body.
+
+    Raises:
+        RequestError: the body breaks a rule of the API (or of chat requests).
+    """
+    try:
+        return _parse(body)
+    except RecursionError:
+        raise RequestError(TOO_DEEP) from None
+
+
+def _parse(body: bytes) -> ResponsesRequest:
+    obj = decode_object(body)
+    for param in ("previous_response_id", "conversation"):
+        if obj.get(param) is not None:
+            raise RequestError(STATELESS.format(param=param), param=param)
+    if obj.get("background") is True:
+        raise RequestError(
+            "Background responses are not supported: this edge keeps no state.",
+            param="background",
+        )
+    dropped: list[str] = []
+    chat: dict[str, Any] = {"model": obj.get("model")}
+    messages: list[dict[str, Any]] = []
+    instructions = obj.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise _type("instructions", "a string")
+        messages.append({"role": "system", "content": instructions})
+    if "input" not in obj:
+        raise RequestError("Missing required parameter: 'input'.", param="input")
+    messages.extend(_input(obj["input"]))
+    chat["messages"] = messages
+    for name in ("stream", "temperature", "top_p", "metadata", "parallel_tool_calls"):
+        if obj.get(name) is not None:
+            chat[name] = obj[name]
+    if obj.get("max_output_tokens") is not None:
+        chat["max_tokens"] = obj["max_output_tokens"]
+    user = obj.get("user", obj.get("safety_identifier"))
+    if user is not None:
+        chat["user"] = user
+    tools = obj.get("tools")
+    if tools is not None:
+        chat["tools"] = _tools(tools, dropped)
+    if obj.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(obj["tool_choice"])
+    text = obj.get("text")
+    if text is not None:
+        if not isinstance(text, dict):
+            raise _type("text", "an object")
+        fmt = _text_format(text.get("format"))
+        if fmt is not None:
+            chat["response_format"] = fmt
+    reasoning = obj.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise _type("reasoning", "an object")
+        effort = reasoning.get("effort")
+        effort = _EFFORTS.get(effort, effort) if isinstance(effort, str) else effort
+        if effort is not None:
+            chat["reasoning_effort"] = effort
+    key = obj.get("prompt_cache_key")
+    request = chat_request_from(chat)
+    return ResponsesRequest(
+        chat=request,
+        echo=_echo(obj, chat.get("tools", [])),
+        affinity_key=key if isinstance(key, str) and key else None,
+        dropped=tuple(dropped),
+    )
+
+
+def _echo(obj: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The request fields a Response object repeats, with OpenAI's defaults."""
+    reasoning = obj["reasoning"] if isinstance(obj.get("reasoning"), dict) else {}
+    text = obj["text"] if isinstance(obj.get("text"), dict) else {}
+    return {
+        "instructions": obj.get("instructions"),
+        "max_output_tokens": obj.get("max_output_tokens"),
+        "metadata": obj.get("metadata") or {},
+        "parallel_tool_calls": obj.get("parallel_tool_calls", True),
+        "previous_response_id": None,
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "store": False,
+        "temperature": obj.get("temperature", 1.0),
+        "text": {"format": text.get("format") or {"type": "text"}},
+        "tool_choice": obj.get("tool_choice", "auto"),
+        "tools": [{"type": "function", **t["function"]} for t in tools],
+        "top_p": obj.get("top_p", 1.0),
+        "truncation": "disabled",
+        "user": obj.get("user"),
+    }
+
+
+# --- input items -> messages ----------------------------------------------------
+
+
+def _input(value: object) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise _type("input", "a string or an array of items")
+    if not value:
+        raise RequestError("Invalid value for 'input': must not be empty.", param="input")
+    messages: list[dict[str, Any]] = []
+    reasoning: list[str] = []  # reasoning items, for the next assistant message
+    for i, item in enumerate(value):
+        at = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise _type(at, "an object")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            message = _message(item, at)
+            if message["role"] == "assistant" and reasoning:
+                message["reasoning_content"] = "".join(reasoning)
+                reasoning.clear()
+            messages.append(message)
+        elif kind == "function_call":
+            call = {
+                "id": _string(item, "call_id", at),
+                "type": "function",
+                "function": {
+                    "name": _string(item, "name", at),
+                    "arguments": _string(item, "arguments", at),
+                },
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # one turn: text, then calls
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                message = {"role": "assistant", "content": None, "tool_calls": [call]}
+                if reasoning:
+                    message["reasoning_content"] = "".join(reasoning)
+                    reasoning.clear()
+                messages.append(message)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            content: object = output
+            if isinstance(output, list):
+                content = _parts(output, f"{at}.output")
+            elif not isinstance(output, str):
+                raise _type(f"{at}.output", "a string or an array of content parts")
+            messages.append(
+                {"role": "tool", "tool_call_id": _string(item, "call_id", at), "content": content}
+            )
+        elif kind == "reasoning":
+            reasoning.append(_reasoning_text(item, at))
+        elif kind == "item_reference":
+            raise RequestError(STATELESS.format(param=f"{at}.type"), param=f"{at}.type")
+        else:
+            raise RequestError(
+                f"Invalid value for '{at}.type': {kind!r}; supported input items are "
+                "'message', 'function_call', 'function_call_output' and 'reasoning'.",
+                param=f"{at}.type",
+            )
+    return messages
+
+
+def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in _ROLES:
+        expected = ", ".join(repr(r) for r in sorted(_ROLES))
+        raise RequestError(
+            f"Invalid value for '{at}.role': {role!r}; expected one of {expected}.",
+            param=f"{at}.role",
+        )
+    content = item.get("content")
+    if isinstance(content, list):
+        return {"role": role, "content": _parts(content, f"{at}.content")}
+    if not isinstance(content, str):
+        raise _type(f"{at}.content", "a string or an array of content parts")
+    return {"role": role, "content": content}
+
+
+def _parts(parts: list[Any], at: str) -> list[dict[str, Any]]:
+    """Responses content parts as chat content parts (images as `image_url`)."""
+    out: list[dict[str, Any]] = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise _type(f"{at}[{j}]", "an object")
+        kind = part.get("type")
+        if kind in _TEXT_PARTS:
+            out.append({"type": "text", "text": _string(part, "text", f"{at}[{j}]")})
+        elif kind == "refusal":
+            out.append({"type": "text", "text": _string(part, "refusal", f"{at}[{j}]")})
+        elif kind == "input_image":
+            image: dict[str, Any] = {"url": part.get("image_url") or part.get("file_id")}
+            if part.get("detail") is not None:
+                image["detail"] = part["detail"]
+            out.append({"type": "image_url", "image_url": image})
+        else:
+            out.append(part)  # passed to the node as sent (input_file, input_audio, ...)
+    return out
+
+
+def _reasoning_text(item: dict[str, Any], at: str) -> str:
+    texts: list[str] = []
+    for name in ("content", "summary"):
+        parts = item.get(name)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise _type(f"{at}.{name}", "an array")
+        texts.extend(
+            p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+        if texts:
+            break  # the full text when present, else its summary
+    return "".join(texts)
+
+
+# --- tools, tool_choice, text.format ---------------------------------------------
+
+
+def _tools(tools: object, dropped: list[str]) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise _type("tools", "an array")
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise _type(f"tools[{i}]", "an object")
+        kind = tool.get("type")
+        if kind == "function":
+            out.append(_function_tool(tool))
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            # A group of function tools (Codex CLI): declared one by one.
+            out.extend(_function_tool(t) for t in tool["tools"]
+                       if isinstance(t, dict) and t.get("type") == "function")  # fmt: skip
+        else:
+            dropped.append(f"tools[{i}] (type {kind!r}: not a function tool)")
+    return out
+
+
+def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict")
+                if tool.get(k) is not None}  # fmt: skip
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: object) -> object:
+    if isinstance(choice, str):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise RequestError(
+        "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
+        '{"type": "function", "name": ...}; hosted tools are not supported.',
+        param="tool_choice",
+    )
+
+
+def _text_format(fmt: object) -> dict[str, Any] | None:
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise _type("text.format", "an object")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise RequestError(
+        f"Invalid value for 'text.format.type': {kind!r}; expected 'text', 'json_object' "
+        "or 'json_schema'.",
+        param="text.format.type",
+    )
+
+
+def _string(obj: dict[str, Any], name: str, at: str) -> str:
+    value = obj.get(name)
+    if not isinstance(value, str):
+        if value is None:
+            raise RequestError(f"Missing required parameter: '{at}.{name}'.", param=f"{at}.{name}")
+        raise _type(f"{at}.{name}", "a string")
+    return value
+
+
+def _type(param: str, wanted: str) -> RequestError:
+    return RequestError(f"Invalid type for '{param}': expected {wanted}.", param=param)

@@ -1,0 +1,165 @@
+"""The three APIs over one run: how each parses its request and renders the answer.
+
+An `Api` is what differs between `/v1/chat/completions`, `/v1/responses`
+and `/v1/messages`: the parser that turns its body into the one run request
+(`ChatRequest`), the renderer that turns the one session's output events
+into its stream (`Streamer`) or its whole answer (`Folder`), and the shape
+of its errors. Everything else (sentinels, reasoning policy, tool calls,
+validation, strict output, the terminal, cancel, admission, failover,
+metrics) is the run's and the session's, the same for all three.
+
+Pure: no I/O, no HTTP framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from edge.api.messages import parse_messages_request
+from edge.api.messages_out import MessagesRenderer, anthropic_error
+from edge.api.render import KEEPALIVE, ResponseBuilder, SSEEncoder
+from edge.api.request import ChatRequest, parse_chat_request
+from edge.api.responses import parse_responses_request
+from edge.api.responses_out import ResponsesRenderer
+from edge.errors import error_object, status_of
+from edge.stream.output import ErrorOut, OutEvent
+
+CHAT_PATH = "/v1/chat/completions"
+RESPONSES_PATH = "/v1/responses"
+MESSAGES_PATH = "/v1/messages"
+
+
+class Streamer(Protocol):
+    """Renders one stream's output events as bytes, batch by batch."""
+
+    @property
+    def keepalive(self) -> bytes: ...
+
+    def encode(self, events: Iterable[OutEvent]) -> bytes: ...
+
+
+class Folder(Protocol):
+    """Folds one answer's output events into one JSON body."""
+
+    @property
+    def error(self) -> ErrorOut | None: ...
+
+    def add(self, events: Iterable[OutEvent]) -> None: ...
+
+    def body(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequest:
+    """A request of any API, as the run sees it, and what its renderer needs."""
+
+    chat: ChatRequest
+    affinity_key: str | None = None
+    # Accepted but not used (hosted or server tools), for a log line.
+    dropped: tuple[str, ...] = ()
+    echo: dict[str, Any] = field(default_factory=dict)
+    thinking: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the answer is about: its run, when it began, the model it names."""
+
+    run_id: str
+    created: int
+    model: str
+
+
+class Api:
+    """One API's parser, renderers and error shape (chat completions: the base)."""
+
+    name: ClassVar[str] = "chat"
+    path: ClassVar[str] = CHAT_PATH
+
+    def parse(self, body: bytes) -> ApiRequest:
+        return ApiRequest(parse_chat_request(body))
+
+    def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
+        return _ChatStreamer(
+            f"chatcmpl-{answer.run_id}", answer.created, answer.model,
+            include_usage=request.chat.include_usage,
+        )  # fmt: skip
+
+    def folder(self, request: ApiRequest, answer: Answer) -> Folder:
+        return _ChatFolder(answer, logprobs=request.chat.logprobs)
+
+    def error(self, status: int, error_type: str, message: str) -> tuple[int, dict[str, Any]]:
+        """An error as this API's (status, body)."""
+        return status, error_object(error_type, message)
+
+    def run_error(self, error: ErrorOut) -> tuple[int, dict[str, Any]]:
+        """A run's error as the whole answer: its status and this API's body."""
+        return self.error(status_of(error.type), error.type, error.message)
+
+
+class _ChatStreamer(SSEEncoder):
+    __slots__ = ()
+    keepalive = KEEPALIVE
+
+
+class _ChatFolder(ResponseBuilder):
+    __slots__ = ("_answer",)
+
+    def __init__(self, answer: Answer, *, logprobs: bool) -> None:
+        super().__init__(logprobs=logprobs)
+        self._answer = answer
+
+    def body(self) -> dict[str, Any]:
+        a = self._answer
+        return self.response(f"chatcmpl-{a.run_id}", a.created, a.model)
+
+
+class ResponsesApi(Api):
+    name = "responses"
+    path = RESPONSES_PATH
+
+    def parse(self, body: bytes) -> ApiRequest:
+        parsed = parse_responses_request(body)
+        return ApiRequest(parsed.chat, parsed.affinity_key, parsed.dropped, parsed.echo)
+
+    def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
+        return _ResponsesOut(answer.run_id, answer.created, answer.model, request.echo)
+
+    def folder(self, request: ApiRequest, answer: Answer) -> Folder:
+        return _ResponsesOut(answer.run_id, answer.created, answer.model, request.echo)
+
+
+class _ResponsesOut(ResponsesRenderer):
+    def body(self) -> dict[str, Any]:
+        return self.response()
+
+
+class MessagesApi(Api):
+    name = "messages"
+    path = MESSAGES_PATH
+
+    def parse(self, body: bytes) -> ApiRequest:
+        parsed = parse_messages_request(body)
+        return ApiRequest(parsed.chat, dropped=parsed.dropped, thinking=parsed.thinking)
+
+    def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
+        return _MessagesOut(answer.run_id, answer.model, status_of=status_of)
+
+    def folder(self, request: ApiRequest, answer: Answer) -> Folder:
+        return _MessagesOut(answer.run_id, answer.model, status_of=status_of)
+
+    def error(self, status: int, error_type: str, message: str) -> tuple[int, dict[str, Any]]:
+        return anthropic_error(status, error_type, message)
+
+
+class _MessagesOut(MessagesRenderer):
+    def body(self) -> dict[str, Any]:
+        return self.response()
+
+
+CHAT = Api()
+RESPONSES = ResponsesApi()
+MESSAGES = MessagesApi()
+APIS: dict[str, Api] = {api.path: api for api in (CHAT, RESPONSES, MESSAGES)}

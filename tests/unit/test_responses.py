@@ -1,0 +1,342 @@
+"""The Responses API over the one stream core: request translation, rendering, and the
+property that chat, responses and messages renderings of any session agree.
+
+Pure and synchronous: request bodies in, `ChatRequest`s out; session output in, wire
+events out. What goes over sockets is in tests/integration/test_responses_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge.api.messages_out import STOP_REASONS, MessagesRenderer
+from edge.api.render import ResponseBuilder, SSEEncoder
+from edge.api.responses import parse_responses_request
+from edge.api.responses_out import ResponsesRenderer
+from edge.errors import RequestError, status_of
+from edge.stream.events import Complete, NodeEvent, Usage
+from edge.stream.output import ContentOut, ErrorOut, FinishOut, ReasoningOut, RoleOut, ToolCallsOut
+from edge.stream.session import SessionSettings, StreamSession
+from edge.stream.toolcall import ToolCall
+from tests.unit.test_session import _end, endings, node_events, session_settings
+
+RUN = "run1"
+
+
+def parse(body: dict[str, Any]) -> Any:
+    return parse_responses_request(json.dumps(body).encode())
+
+
+# --- request translation -----------------------------------------------------------
+
+
+def test_string_input_and_instructions() -> None:
+    """A string input is one user message; instructions a system message before it."""
+    request = parse({"model": "m", "input": "hi", "instructions": "Be brief."}).chat
+    assert [(m.role, m.text()) for m in request.messages] == [
+        ("system", "Be brief."),
+        ("user", "hi"),
+    ]
+
+
+def test_items_become_messages() -> None:
+    """Messages, a reasoning item, function calls and their outputs: the chat conversation
+    they stand for (calls on one assistant message, reasoning on it, outputs as tool
+    messages); developer is kept as a role; images become image_url parts."""
+    parsed = parse({"model": "m", "input": [
+        {"type": "message", "role": "developer", "content": "rules"},
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "look"},
+            {"type": "input_image", "image_url": "data:image/png;base64,AA"},
+        ]},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "hmm"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "g", "arguments": '{"a":1}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        {"type": "function_call_output", "call_id": "c2", "output": "two"},
+    ]})  # fmt: skip
+    messages = parsed.chat.messages
+    assert [m.role for m in messages] == ["developer", "user", "assistant", "tool", "tool"]
+    assert messages[1].parts[1].raw == {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64,AA"},
+    }
+    assistant = messages[2]
+    assert [c.id for c in assistant.tool_calls] == ["c1", "c2"]
+    assert assistant.reasoning_content == "hmm"
+    assert [(m.tool_call_id, m.text()) for m in messages[3:]] == [("c1", "one"), ("c2", "two")]
+
+
+def test_tools_choice_format_effort() -> None:
+    """Function tools (namespaces flattened, hosted tools dropped and said), tool_choice,
+    text.format json_schema, reasoning.effort and max_output_tokens reach the run."""
+    parsed = parse({
+        "model": "m", "input": "x", "max_output_tokens": 7,
+        "tools": [
+            {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True},
+            {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "g"}]},
+            {"type": "web_search"},
+        ],
+        "tool_choice": {"type": "function", "name": "g"},
+        "text": {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}}},
+        "reasoning": {"effort": "xhigh", "summary": "auto"},
+        "store": False, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+    })  # fmt: skip
+    chat = parsed.chat
+    assert [t.name for t in chat.tools.tools] == ["f", "g"]
+    assert chat.tools.tools[0].strict is True
+    assert (chat.tools.choice.mode, chat.tools.choice.name) == ("function", "g")
+    assert chat.response_format == {
+        "type": "json_schema",
+        "json_schema": {"name": "out", "schema": {"type": "object"}},
+    }
+    assert chat.reasoning_effort == "high"
+    assert chat.max_tokens == 7
+    assert parsed.affinity_key == "k"
+    assert parsed.dropped == ("tools[2] (type 'web_search': not a function tool)",)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m", "input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"model": "m", "input": "x", "conversation": "conv_1"}, "conversation"),
+        ({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        ({"model": "m"}, "input"),
+        ({"model": "m", "input": 3}, "input"),
+        ({"model": "m", "input": []}, "input"),
+        ({"model": "m", "input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
+        ({"model": "m", "input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        ({"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+        ({"model": "m", "input": "x", "tool_choice": {"type": "web_search"}}, "tool_choice"),
+        ({"model": "m", "input": "x", "temperature": 9}, "temperature"),
+        ({"model": "", "input": "x"}, "model"),
+    ],
+)
+def test_refused_requests(body: dict[str, Any], param: str) -> None:
+    """Each refused request is a 400 naming the parameter (stateless ones saying why)."""
+    with pytest.raises(RequestError) as refused:
+        parse(body)
+    assert refused.value.param == param
+    assert refused.value.status == 400
+
+
+def test_not_json_is_400() -> None:
+    with pytest.raises(RequestError, match="could not parse"):
+        parse_responses_request(b"{nope")
+    with pytest.raises(RequestError, match="JSON object"):
+        parse_responses_request(b"[1]")
+
+
+# --- rendering -----------------------------------------------------------------------
+
+
+def _responses_events(raw: bytes) -> list[dict[str, Any]]:
+    events = []
+    for frame in raw.decode().split("\n\n")[:-1]:
+        event_line, data_line = frame.split("\n")
+        data = json.loads(data_line.removeprefix("data: "))
+        assert data["type"] == event_line.removeprefix("event: ")
+        events.append(data)
+    return events
+
+
+def test_render_order_and_items() -> None:
+    """Reasoning, then text, then a call: three items, each opened and closed in order,
+    sequence numbers 0..n-1, one response.completed carrying all three."""
+    renderer = ResponsesRenderer(RUN, 1, "m", {})
+    call = ToolCall(id="call_1", name="f", arguments='{"a":1}')
+    raw = renderer.encode([RoleOut(), ReasoningOut("r1"), ReasoningOut("r2")])
+    raw += renderer.encode([ContentOut("t1"), ContentOut("t2")])
+    raw += renderer.encode([ToolCallsOut((call,)), FinishOut("tool_calls", Usage(1, 2, 1, 0))])
+    events = _responses_events(raw)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed",
+    ]  # fmt: skip
+    final = events[-1]["response"]
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call"]
+    assert final["output"][1]["content"][0]["text"] == "t1t2"
+    assert final["output"][2]["call_id"] == "call_1"
+    assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == 1
+    assert renderer.response() == final
+
+
+def test_error_is_response_failed() -> None:
+    """An error: response.failed with the error; the open item is incomplete."""
+    renderer = ResponsesRenderer(RUN, 1, "m", {})
+    events = _responses_events(
+        renderer.encode([RoleOut(), ContentOut("part"), ErrorOut("run_error", "boom")])
+    )
+    assert events[-1]["type"] == "response.failed"
+    final = events[-1]["response"]
+    assert final["status"] == "failed"
+    assert final["error"] == {"code": "run_error", "message": "boom"}
+    assert final["output"][0]["status"] == "incomplete"
+    assert final["output"][0]["content"][0]["text"] == "part"
+
+
+# --- the property: three renderings of one session agree ----------------------------
+
+
+def _chat_view(raw: bytes) -> tuple[Any, ...]:
+    text, reasoning, calls, end = "", "", [], None
+    for frame in raw.decode().split("\n\n")[:-1]:
+        payload = frame.removeprefix("data: ")
+        if payload == "[DONE]":
+            continue
+        data = json.loads(payload)
+        if "error" in data:
+            end = ("error", data["error"]["type"], data["error"]["message"])
+            continue
+        if not data["choices"]:
+            continue  # the usage chunk
+        choice = data["choices"][0]
+        delta = choice["delta"]
+        text += delta.get("content") or ""
+        reasoning += delta.get("reasoning_content") or ""
+        calls += [(c["id"], c["function"]["name"], c["function"]["arguments"])
+                  for c in delta.get("tool_calls") or ()]  # fmt: skip
+        if choice["finish_reason"] is not None:
+            end = ("finish", choice["finish_reason"])
+    return text, reasoning, calls, end
+
+
+def _responses_view(raw: bytes) -> tuple[Any, ...]:
+    text, reasoning, calls, end = "", "", [], None
+    for event in _responses_events(raw):
+        kind = event["type"]
+        if kind == "response.output_text.delta":
+            text += event["delta"]
+        elif kind == "response.reasoning_text.delta":
+            reasoning += event["delta"]
+        elif kind == "response.output_item.done" and event["item"]["type"] == "function_call":
+            item = event["item"]
+            calls.append((item["call_id"], item["name"], item["arguments"]))
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            assert end is None, "one terminal"
+            end = event["response"]
+    return text, reasoning, calls, end
+
+
+def _messages_view(raw: bytes) -> tuple[Any, ...]:
+    text, reasoning, calls, end = "", "", [], None
+    blocks: dict[int, dict[str, Any]] = {}
+    for frame in raw.decode().split("\n\n")[:-1]:
+        event_line, data_line = frame.split("\n")
+        data = json.loads(data_line.removeprefix("data: "))
+        kind = data["type"]
+        assert kind == event_line.removeprefix("event: ")
+        if kind == "content_block_start":
+            blocks[data["index"]] = dict(data["content_block"], partial="")
+        elif kind == "content_block_delta":
+            delta = data["delta"]
+            if delta["type"] == "text_delta":
+                text += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                reasoning += delta["thinking"]
+            else:
+                blocks[data["index"]]["partial"] += delta["partial_json"]
+        elif kind == "content_block_stop":
+            block = blocks[data["index"]]
+            if block["type"] == "tool_use":
+                calls.append((block["id"], block["name"], json.loads(block["partial"])))
+        elif kind in ("message_delta", "error"):
+            assert end is None, "one terminal"
+            end = data
+    return text, reasoning, calls, end
+
+
+def _parsed(arguments: str) -> Any:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+@given(
+    cfg=session_settings(),
+    events=st.lists(node_events, max_size=10),
+    ending=endings,
+    run_ended=st.booleans(),
+)
+def test_property_three_renderings_agree(
+    cfg: SessionSettings, events: list[NodeEvent], ending: str, run_ended: bool
+) -> None:
+    """For any node event sequence and any ending, the chat, responses and messages
+    renderings of the one session (fed batch by batch, as the HTTP layer does) agree on
+    the text, the reasoning, the tool calls (ids, names, arguments) and how the answer
+    ended; each non-streaming fold agrees with its stream."""
+    session = StreamSession(cfg)
+    chat = SSEEncoder("chatcmpl-" + RUN, 1, "m", include_usage=True)
+    responses = ResponsesRenderer(RUN, 1, "m", {})
+    messages = MessagesRenderer(RUN, "m", status_of=status_of)
+    folds = (ResponseBuilder(), ResponsesRenderer(RUN, 1, "m", {}),
+             MessagesRenderer(RUN, "m", status_of=status_of))  # fmt: skip
+    raw = [b"", b"", b""]
+
+    def take() -> None:
+        batch = session.drain()
+        for i, renderer in enumerate((chat, responses, messages)):
+            raw[i] += renderer.encode(batch)
+        for fold in folds:
+            fold.add(batch)
+
+    take()
+    for event in [*events, Complete(Usage(1, 2))] if run_ended else events:
+        session.feed(event)
+        take()
+    _end(session, ending)
+    take()
+
+    c_text, c_reasoning, c_calls, c_end = _chat_view(raw[0])
+    r_text, r_reasoning, r_calls, r_end = _responses_view(raw[1])
+    m_text, m_reasoning, m_calls, m_end = _messages_view(raw[2])
+    assert c_text == r_text == m_text
+    assert c_reasoning == r_reasoning == m_reasoning
+    assert c_calls == r_calls
+    assert [(i, n, _parsed(a)) for i, n, a in c_calls] == m_calls
+
+    if c_end is None:  # cancelled without a notice: no terminal in any rendering
+        assert r_end is None
+        assert m_end is None
+        return
+    if c_end[0] == "finish":
+        finish_reason = c_end[1]
+        incomplete = finish_reason in ("length", "content_filter")
+        assert r_end["status"] == ("incomplete" if incomplete else "completed")
+        assert m_end["type"] == "message_delta"
+        assert m_end["delta"]["stop_reason"] == STOP_REASONS.get(finish_reason, "end_turn")
+        # The whole answers agree with the streams.
+        chat_body = folds[0].response("chatcmpl-" + RUN, 1, "m")
+        assert (chat_body["choices"][0]["message"]["content"] or "") == c_text
+        assert folds[1].response() == r_end
+        whole = folds[2].response()
+        assert "".join(b["text"] for b in whole["content"] if b["type"] == "text") == m_text
+        assert [(b["id"], b["name"], b["input"]) for b in whole["content"]
+                if b["type"] == "tool_use"] == m_calls  # fmt: skip
+    else:
+        _, error_type, message = c_end
+        assert r_end["status"] == "failed"
+        assert r_end["error"] == {"code": error_type, "message": message}
+        assert m_end["type"] == "error"
+        assert message in m_end["error"]["message"]
+        assert folds[0].error == folds[1].error == folds[2].error == ErrorOut(error_type, message)
