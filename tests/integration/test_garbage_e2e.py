@@ -59,22 +59,33 @@ def _edge_garbage() -> Counter[str]:
     return found
 
 
+def _body(path: str, stream: bool) -> dict[str, object]:
+    text = "no cycles please"
+    if path == "/v1/responses":
+        return {"model": "sim-echo", "input": text, "stream": stream}
+    if path == "/v1/messages":
+        return {"model": "sim-echo", "max_tokens": 64, "stream": stream,
+                "messages": [{"role": "user", "content": text}]}  # fmt: skip
+    return chat_body("sim-echo", text, stream=stream)
+
+
 @pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
 async def test_a_finished_request_leaves_no_cycle_of_edge_objects(
-    nursery: trio.Nursery, node: SimProcess, stream: bool
+    nursery: trio.Nursery, node: SimProcess, path: str, stream: bool
 ) -> None:
     config = Config(
         server=ServerConfig(listen="127.0.0.1:0"), nodes=(NodeConfig("sim", node.address),)
     )
     edge = await start_edge(nursery, config)
-    body = chat_body("sim-echo", "no cycles please", stream=stream)
+    body = _body(path, stream)
     async with httpx.AsyncClient(base_url=edge.url, timeout=20) as http:
         for _ in range(3):  # warm: what is made once per process is not per request
-            assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
+            assert (await http.post(path, json=body)).status_code == 200
         await edge.wait_idle()
         _edge_garbage()
         for _ in range(REQUESTS):
-            assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
+            assert (await http.post(path, json=body)).status_code == 200
         await edge.wait_idle()
         # An edge stopped by an earlier test may still leave its own objects (one of
         # each), and the outcomes its test recorded (RunInfo, Outcome, Usage; see
