@@ -226,13 +226,13 @@ def run_forever(
     """Serve until `signals` sets the shutdown event; returns once drained."""
 
     # The objects made at startup live as long as the process: keep them out of
-    # the collector's way. Each request leaves ~90 objects in reference cycles
-    # (trio's tasks, nurseries and cancel scopes among them) that only the
-    # collector frees, and a collection's pause grows with what it scans: young
-    # collections are kept small and frequent (2,000: pauses of 1-4 ms, where
+    # the collector's way. A collection's pause grows with what it scans: young
+    # collections are kept small and frequent (2,000: pauses of 1-5 ms, where
     # 50,000 paused 30-50 ms), and the middle generation is collected every 5 of
-    # them, before it grows (pauses of 5-11 ms). Measured on the overload curve
-    # (BENCHMARKS.md): the shed answer's p99 at 4x capacity 37.7 -> 9.8 ms.
+    # them, before it grows (pauses of 5-11 ms). Requests leave no reference
+    # cycles of their own (tests/integration/test_garbage_e2e.py), so what is
+    # left to collect is mostly libraries' (werkzeug's router, trio's). Measured
+    # on the overload curve (BENCHMARKS.md).
     gc.collect()
     gc.freeze()
     gc.set_threshold(2_000, 5, 20)
