@@ -66,12 +66,14 @@ class EdgeMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "iop_edge_requests", "Chat completion requests by how they ended.",
-            ["model", "node", "stream", "status"], registry=r,
+            "iop_edge_requests",
+            "Requests that start runs (chat completions, responses, messages) by how they"
+            " ended.",
+            ["model", "node", "stream", "status", "api"], registry=r,
         )  # fmt: skip
         self.tokens = Counter(
             "iop_edge_tokens", "Tokens reported by nodes for successful runs.",
-            ["model", "node", "type"], registry=r,
+            ["model", "node", "type", "api"], registry=r,
         )  # fmt: skip
         self.reasoning_chars = Counter(
             "iop_edge_reasoning_chars", "Characters of reasoning produced.",
@@ -192,9 +194,13 @@ class EdgeMetrics:
             ["store"], registry=r,
         )  # fmt: skip
 
-    def request(self, model: str, node: str, stream: bool, outcome: Outcome) -> None:
-        """One chat request that ran (or began to), by its outcome; called once per request."""
-        self.requests.labels(model, node, "true" if stream else "false", outcome.status).inc()
+    def request(
+        self, model: str, node: str, stream: bool, outcome: Outcome, api: str = "chat"
+    ) -> None:
+        """One request that ran (or began to), by its outcome; called once per request.
+        `api`: `chat`, `responses` or `messages` (the API it came in by)."""
+        stream_label = "true" if stream else "false"
+        self.requests.labels(model, node, stream_label, outcome.status, api).inc()
         if outcome.status == "error" and outcome.error_type == "run_error" and outcome.usage_sample:
             # The node reported the failure itself (an `error` event); a broken
             # stream (no usage sample) is counted as "stream_broken" by the caller.
@@ -208,7 +214,7 @@ class EdgeMetrics:
                 ("cached_input", u.cached_input_tokens),
             ):
                 if value:
-                    self.tokens.labels(model, node, kind).inc(value)
+                    self.tokens.labels(model, node, kind, api).inc(value)
         for violation in outcome.tool_violations:
             self.tool_violations.labels(model, violation.rule).inc()
         if outcome.reasoning_chars and outcome.usage_sample:

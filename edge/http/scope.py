@@ -31,7 +31,7 @@ from contextvars import ContextVar
 import trio
 from loguru import logger
 
-from edge.api.surfaces import CHAT_PATH
+from edge.api.surfaces import APIS, CHAT_PATH
 from edge.metrics import EdgeMetrics
 from edge.run import OutcomeHook, Run
 from edge.stream.output import Outcome
@@ -74,6 +74,11 @@ class ChatScope:
         self.run: Run | None = None  # the run that answers the request (adopted)
         self._attempts: list[Run] = []
         self.http_status = 0  # the status sent; 0 while none was
+
+    @property
+    def api(self) -> str:
+        """The API the request came in by, as the metrics' `api` label says it."""
+        return _API_LABELS.get(self.path, "chat")
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -119,12 +124,12 @@ class ChatScope:
         if run is None or outcome is None:
             status = "error" if self.http_status >= 400 else "cancelled"
             self._metrics.requests.labels(
-                self.model, "none", "true" if self.stream else "false", status
+                self.model, "none", "true" if self.stream else "false", status, self.api
             ).inc()
             self._log_request(self.http_status)
             return
         info = run.info
-        self._metrics.request(info.model, info.node, info.stream, outcome)
+        self._metrics.request(info.model, info.node, info.stream, outcome, self.api)
         if run.start_error is not None and not run.reached_node:
             # Its status is the error's (answered next); the run's warning says why.
             self._log_request(run.start_error.status)
@@ -164,4 +169,5 @@ def _log_violations(request_id: str, run_id: str, model: str, outcome: Outcome) 
 
 
 # The scope of the chat request the current task serves (None: not a chat request).
+_API_LABELS = {path: api.name for path, api in APIS.items()}
 CURRENT: ContextVar[ChatScope | None] = ContextVar("iop_chat_scope", default=None)

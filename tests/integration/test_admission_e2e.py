@@ -150,7 +150,7 @@ async def test_a_queued_client_that_leaves_never_starts_a_run(
     assert {r["run_id"] for r in runs} == {h.removeprefix("chatcmpl-") for h in held}
     assert _sample(
         edge, "iop_edge_requests_total", model="sim-echo", node="none", stream="false",
-        status="cancelled",
+        status="cancelled", api="chat",
     ) == 1  # fmt: skip
     await stop_edge(edge)
 
