@@ -193,7 +193,9 @@ def check(agent: Agent, proxy: RecordingProxy, edge: EdgeServer, sim: SimProcess
     before_runs = len(sim.runs())
     before_posts = len(proxy.posts(agent.path))
     before_exchanges = len(proxy.exchanges)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
+    # No key, server or setting of the caller's own agents leaks in: the edge is the only server.
+    own = ("OPENAI_", "ANTHROPIC_", "CODEX_", "CLAUDE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     try:
         done = subprocess.run(
             agent.argv,
