@@ -10,7 +10,7 @@ INSTRUCTOR_REQS := tests/clients/instructor-requirements.txt
 PROTO_OUT := edge/node/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 
-.PHONY: setup redis-server proto proto-check run sim test clients-js chaos hostile bench lint format typecheck check clean
+.PHONY: setup redis-server proto proto-check run sim test clients-js agents chaos hostile bench lint format typecheck check clean
 
 setup: $(STAMP) $(INSTRUCTOR_STAMP) redis-server
 
@@ -70,6 +70,13 @@ test: $(STAMP) $(INSTRUCTOR_STAMP)
 clients-js: $(STAMP)
 	cd tests/clients/js && npm ci
 	$(BIN)/python -m tests.clients.run_js
+
+# The command-line agents (Codex CLI, Claude Code; pinned in tests/agents, installed there by
+# npm ci: large downloads, so not part of `make test`), each doing a scripted tool call and a
+# final answer against a real edge and sim node (AGENTS_ARGS="--only codex").
+agents: $(STAMP)
+	cd tests/agents && npm ci --no-audit --no-fund
+	$(BIN)/python -m tests.agents.run_agents $(AGENTS_ARGS)
 
 # The chaos suite, then the hostile mix; fails if either failed (both always run).
 chaos: $(STAMP)
