@@ -40,6 +40,8 @@ STOP_REASONS: Final = {
     "content_filter": "refusal",
     "stop_sequence": "stop_sequence",
 }
+# Node finish reasons that mean a stop sequence matched (chat says `stop` for them).
+_STOP_SEQUENCE: Final = frozenset({"stop_sequence"})
 # The edge's HTTP status -> Anthropic's error type and status.
 _BY_STATUS: Final = {
     400: ("invalid_request_error", 400),
@@ -134,9 +136,12 @@ class MessagesRenderer:
 
     @property
     def stop_reason(self) -> str | None:
-        if self.finish is None:
+        finish = self.finish
+        if finish is None:
             return None
-        return STOP_REASONS.get(self.finish.finish_reason, "end_turn")
+        if finish.finish_reason == "stop" and finish.node_reason.strip().lower() in _STOP_SEQUENCE:
+            return "stop_sequence"  # told apart only by the node's own reason
+        return STOP_REASONS.get(finish.finish_reason, "end_turn")
 
     def response(self) -> dict[str, Any]:
         """The whole Message (after a finish)."""

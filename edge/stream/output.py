@@ -6,7 +6,7 @@ into one non-streaming response. Nothing here knows about bytes or HTTP.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from edge.stream.events import Usage
@@ -43,10 +43,14 @@ class ToolCallsOut:
 
 @dataclass(frozen=True, slots=True)
 class FinishOut:
-    """Terminal success: the finish chunk, the usage chunk if asked, `[DONE]`."""
+    """Terminal success: the finish chunk, the usage chunk if asked, `[DONE]`.
+
+    `node_reason`: the node's own finish reason, as it sent it (an API that tells
+    more reasons apart than chat's five reads it, e.g. Anthropic's `stop_sequence`)."""
 
     finish_reason: str
     usage: Usage | None
+    node_reason: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -456,7 +456,7 @@ class StreamSession:
                 "reasoning_len": self._reasoning_chars(),
             },
         )
-        self.out.append(FinishOut(finish_reason, event.usage))
+        self.out.append(FinishOut(finish_reason, event.usage, finish.node_reason))
 
     def _resolve_tool_calls(self, event: Complete) -> tuple[tuple[ToolCall, ...], bool]:
         """The completion's tool calls and whether they were native.

@@ -192,6 +192,23 @@ async def test_max_tokens_stop_reason(edge: RunningEdge) -> None:
     assert message.stop_reason == "max_tokens"
 
 
+async def test_stop_sequence_stop_reason(edge: RunningEdge) -> None:
+    """A node that says its stop sequence matched: `stop_sequence` (chat says `stop`)."""
+    body = script(
+        {"type": "delta", "delta": "up to the"},
+        {"type": "complete", "metadata": {"finish_reason": "stop_sequence"}},
+    )
+
+    def call(c: anthropic.Anthropic) -> tuple[Any, Any]:
+        created = c.messages.create(model="sim-script", max_tokens=64, messages=_user(body))
+        with c.messages.stream(model="sim-script", max_tokens=64, messages=_user(body)) as s:
+            streamed = s.get_final_message()
+        return created, streamed
+
+    created, streamed = await _in_thread(edge, call)
+    assert created.stop_reason == streamed.stop_reason == "stop_sequence"
+
+
 async def test_errors_are_sdk_exceptions(edge: RunningEdge, http: httpx.AsyncClient) -> None:
     """Refused requests in Anthropic's shape and statuses; a mid-stream error is an
     `event: error` the SDK raises."""
