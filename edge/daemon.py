@@ -35,7 +35,13 @@ from edge import systemd
 from edge.config import Config, split_address, upstream_url
 from edge.http.app import create_app
 from edge.http.chat import ChatService
-from edge.http.server import HttpServer, ServerLimits, default_max_connections, raise_fd_limit
+from edge.http.server import (
+    ACCEPT_BURST,
+    HttpServer,
+    ServerLimits,
+    default_max_connections,
+    raise_fd_limit,
+)
 from edge.listeners import LISTEN_BACKLOG
 from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
@@ -43,6 +49,7 @@ from edge.node.client import GrpcNodeClient, NodeClient
 from edge.node.embedded import embedded_node
 from edge.node.pool import NodePool
 from edge.run import OutcomeHook
+from edge.supervisor import listen_mode
 from edge.turns import Turns
 from edge.upstream.embedded import embedded_upstream_node
 
@@ -158,9 +165,12 @@ async def serve(
             if (limiter := app.extensions["limiter"]) is not None:
                 stack.push_async_callback(limiter.aclose)  # inside the asyncio loop
             http_done = trio.Event()
+            # Workers accepting from one shared socket take one connection per wakeup
+            # each (as nginx's multi_accept off), so that none takes the others' share.
+            shared = bool(listen_sockets) and listen_mode() == "shared"
             server = HttpServer(
                 app, _hypercorn_config(config), _server_limits(config), metrics, turns=turns,
-                shed=chat.shed_at_once,
+                shed=chat.shed_at_once, accept_burst=1 if shared else ACCEPT_BURST,
             )  # fmt: skip
             binds = await root.start(
                 _serve_http, server, config, shutdown, http_done, listen_sockets

@@ -73,6 +73,13 @@ _KILL_MARGIN_S = 5.0
 _SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 
 
+def listen_mode() -> str:
+    """How workers listen (`$IOP_EDGE_LISTEN_MODE`): `shared` (default) or `reuseport`.
+    Workers inherit the variable, so the supervisor and its workers agree."""
+    mode = os.environ.get(LISTEN_MODE_ENV, LISTEN_MODES[0])
+    return mode if mode in LISTEN_MODES else LISTEN_MODES[0]
+
+
 def shared_dir() -> Path | None:
     """This edge's shared directory (one per run, every worker sees the same); None
     in a single-process edge."""
@@ -372,10 +379,7 @@ def serve_workers(config: Config, worker_argv: Sequence[str], hard_stop_s: float
 
     Raises OSError when the listen address cannot be bound.
     """
-    mode = os.environ.get(LISTEN_MODE_ENV, LISTEN_MODES[0])
-    if mode not in LISTEN_MODES:
-        mode = LISTEN_MODES[0]
-    supervisor = Supervisor(config, worker_argv, listen_mode=mode)
+    supervisor = Supervisor(config, worker_argv, listen_mode=listen_mode())
     try:
         url = supervisor.prepare()
         return trio.run(supervisor.run, url, hard_stop_s)

@@ -93,7 +93,7 @@ _ACCEPT_BACKOFF_S = (0.01, 1.0)
 _LINGER_S = 0.5
 _LINGER_BYTES = 2**20
 # Connections taken from the listen queue per wakeup of the accept loop.
-_ACCEPT_BURST = 64
+ACCEPT_BURST = 64
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # HTTP/2 limits (set on hypercorn's Config, and watched per frame by headcheck).
 # Streams one connection may have open at once (a request each; nginx allows 128).
@@ -157,6 +157,7 @@ class HttpServer:
         *,
         turns: Turns,
         shed: Shed | None = None,
+        accept_burst: int = ACCEPT_BURST,
     ) -> None:
         # The HTTP/2 limits are the server's: whatever the caller set is replaced.
         config.h2_max_concurrent_streams = H2_MAX_CONCURRENT_STREAMS
@@ -176,6 +177,9 @@ class HttpServer:
         self.lifespan_state: LifespanState = {}
         # A new request with a body takes a turn before the HTTP parser sees it...
         self.turns = turns
+        # Connections taken per wakeup of the accept loop: 1 where other processes
+        # accept from the same socket (a burst would take their share too).
+        self.accept_burst = accept_burst
         # ...unless `shed(request_line, close=...)` answers it at once (an overloaded
         # edge's 503): then that answer is written, nothing parsed.
         self.shed = shed
@@ -257,7 +261,7 @@ class HttpServer:
                     continue
                 backoff = _ACCEPT_BACKOFF_S[0]
                 await self._admit(stream, nursery)
-                for _ in range(_ACCEPT_BURST - 1):
+                for _ in range(self.accept_burst - 1):
                     try:
                         sock, _addr = waiting.accept()
                     except (BlockingIOError, InterruptedError):
