@@ -155,7 +155,7 @@ async def serve(
                 root.start_soon(systemd.watchdog_loop, interval)
             if metrics.multiproc_dir is not None:
                 root.start_soon(_sync_metrics, metrics, config.server.node_refresh_s)
-            turns = Turns()
+            turns = Turns(on_defer=metrics.deferred_steps.inc)
             root.start_soon(turns.run)
             chat = ChatService(config, pool, metrics, on_outcome, turns=turns)
             app = create_app(

@@ -93,6 +93,12 @@ class EdgeMetrics:
             "From a node event's arrival to its bytes handed to the HTTP server.",
             buckets=_FAST_BUCKETS, registry=r,
         )  # fmt: skip
+        self.deferred_steps = Counter(
+            "iop_edge_deferred_steps",
+            "Heavy steps of requests that waited for a later scheduler pass: the edge's"
+            " CPU was saturated (edge.turns).",
+            registry=r,
+        )  # fmt: skip
         self.active_streams = Gauge(
             "iop_edge_active_streams", "Runs in flight.", registry=r, multiprocess_mode="livesum"
         )

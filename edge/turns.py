@@ -24,6 +24,7 @@ steps' extra wait is the fair share of a CPU that is full anyway.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import trio
 
@@ -52,9 +53,12 @@ class Turns(trio.abc.Instrument):
     but the budget's reset: an idle edge sleeps as before.
     """
 
-    __slots__ = ("_used", "_waiting", "_wake", "deferred", "per_pass")
+    __slots__ = ("_on_defer", "_used", "_waiting", "_wake", "deferred", "per_pass")
 
-    def __init__(self, per_pass: int = PER_PASS) -> None:
+    def __init__(
+        self, per_pass: int = PER_PASS, *, on_defer: Callable[[], object] | None = None
+    ) -> None:
+        """`on_defer` is called for each step that has to wait (a metric's `inc`)."""
         if per_pass < 1:
             raise ValueError("per_pass must be at least 1")
         self.per_pass = per_pass
@@ -62,6 +66,7 @@ class Turns(trio.abc.Instrument):
         self._waiting: deque[_Waiter] = deque()
         self._wake = trio.Event()  # wakes run() when a step starts waiting
         self.deferred = 0  # steps that had to wait for a later pass, in all
+        self._on_defer = on_defer
 
     @property
     def waiting(self) -> int:
@@ -76,6 +81,8 @@ class Turns(trio.abc.Instrument):
         waiter = _Waiter()
         self._waiting.append(waiter)
         self.deferred += 1
+        if self._on_defer is not None:
+            self._on_defer()
         self._wake.set()
         try:
             await waiter.event.wait()

@@ -134,3 +134,20 @@ async def test_the_pacer_sleeps_when_nobody_asks_for_turns() -> None:
             await trio.testing.wait_all_tasks_blocked()
         assert turns.waiting == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_each_step_that_waits_is_reported() -> None:
+    """`on_defer` (the edge's iop_edge_deferred_steps_total) hears of every wait."""
+    reported: list[None] = []
+    turns = Turns(1, on_defer=lambda: reported.append(None))
+    await turns.turn()  # the budget is spent, and no pacer renews it yet
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(turns.turn)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(reported) == turns.deferred == 3
+        nursery.start_soon(turns.run)
+        with trio.fail_after(5):
+            while turns.waiting:  # the scheduler's passes drain it
+                await trio.lowlevel.checkpoint()
+        nursery.cancel_scope.cancel()
