@@ -53,7 +53,7 @@ class Turns(trio.abc.Instrument):
     but the budget's reset: an idle edge sleeps as before.
     """
 
-    __slots__ = ("_on_defer", "_used", "_waiting", "_wake", "deferred", "per_pass")
+    __slots__ = ("_on_defer", "_used", "_waiting", "_wake", "per_pass")
 
     def __init__(
         self, per_pass: int = PER_PASS, *, on_defer: Callable[[], object] | None = None
@@ -65,7 +65,6 @@ class Turns(trio.abc.Instrument):
         self._used = 0  # turns given in this pass
         self._waiting: deque[_Waiter] = deque()
         self._wake = trio.Event()  # wakes run() when a step starts waiting
-        self.deferred = 0  # steps that had to wait for a later pass, in all
         self._on_defer = on_defer
 
     @property
@@ -80,7 +79,6 @@ class Turns(trio.abc.Instrument):
             return
         waiter = _Waiter()
         self._waiting.append(waiter)
-        self.deferred += 1
         if self._on_defer is not None:
             self._on_defer()
         self._wake.set()

@@ -11,13 +11,15 @@ import trio.testing
 from edge.turns import Turns
 
 
-async def _pass_marker(passes: list[int], stop: trio.Event) -> None:
-    """Counts scheduler passes: runs once in each (it is always runnable)."""
-    n = 0
-    while not stop.is_set():
-        n += 1
-        passes.append(n)
-        await trio.lowlevel.checkpoint()
+class _Passes(trio.abc.Instrument):
+    """Counts scheduler passes exactly: trio calls `after_io_wait` once per pass, before
+    any task of that pass runs."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.n += 1
 
 
 def test_per_pass_must_be_positive() -> None:
@@ -32,37 +34,39 @@ async def test_a_turn_under_the_budget_returns_without_yielding() -> None:
         with trio.testing.assert_no_checkpoints():
             await turns.turn()
             await turns.turn()
-        assert turns.deferred == 0
+        assert turns.waiting == 0
         nursery.cancel_scope.cancel()
 
 
-async def test_at_most_per_pass_turns_in_one_pass_the_rest_in_arrival_order() -> None:
-    turns = Turns(3)
-    got_at: dict[int, int] = {}
-    passes: list[int] = []
-    stop = trio.Event()
+async def test_at_most_per_pass_turns_in_one_pass() -> None:
+    """30 steps runnable in the same pass get their turns 3 per pass, none lost."""
+    deferred: list[None] = []
+    turns = Turns(3, on_defer=lambda: deferred.append(None))
+    passes = _Passes()
+    got_in: dict[int, int] = {}
 
     async def step(i: int) -> None:
         await turns.turn()
-        got_at[i] = passes[-1]
+        got_in[i] = passes.n
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(turns.run)
-        nursery.start_soon(_pass_marker, passes, stop)
-        await trio.lowlevel.checkpoint()
-        async with trio.open_nursery() as steps:
-            for i in range(30):  # all runnable in the same pass
-                steps.start_soon(step, i)
-        stop.set()
-        nursery.cancel_scope.cancel()
-    assert len(got_at) == 30
-    assert turns.deferred >= 30 - 2 * turns.per_pass
+    trio.lowlevel.add_instrument(passes)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turns.run)
+            await trio.lowlevel.checkpoint()
+            async with trio.open_nursery() as steps:
+                for i in range(30):  # all runnable in the same pass
+                    steps.start_soon(step, i)
+            nursery.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(passes)
+    assert len(got_in) == 30
+    assert len(deferred) == 30 - turns.per_pass  # the first pass's budget, then waits
     given: dict[int, int] = {}
-    for at in got_at.values():
+    for at in got_in.values():
         given[at] = given.get(at, 0) + 1
-    # Never more than the pass's own budget plus the waiting steps it woke.
-    assert max(given.values()) <= 2 * turns.per_pass
-    assert len(given) >= 30 // (2 * turns.per_pass)
+    assert max(given.values()) == turns.per_pass
+    assert len(given) == 30 // turns.per_pass
 
 
 async def test_waiting_steps_get_their_turns_first_come_first_served() -> None:
@@ -122,8 +126,9 @@ async def _in_scope(
         await fn(*args)
 
 
-async def test_the_pacer_sleeps_when_nobody_asks_for_turns() -> None:
-    """Idle, the pacer waits on an event: the scheduler can block (no busy loop)."""
+async def test_run_sleeps_when_nobody_waits() -> None:
+    """With no step waiting, `run()` waits on an event: the scheduler can block in its
+    I/O wait (no task runnable every pass, no busy loop)."""
     turns = Turns(2)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(turns.run)
@@ -145,7 +150,7 @@ async def test_each_step_that_waits_is_reported() -> None:
         for _ in range(3):
             nursery.start_soon(turns.turn)
         await trio.testing.wait_all_tasks_blocked()
-        assert len(reported) == turns.deferred == 3
+        assert len(reported) == turns.waiting == 3
         nursery.start_soon(turns.run)
         with trio.fail_after(5):
             while turns.waiting:  # the scheduler's passes drain it
