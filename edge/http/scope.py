@@ -78,7 +78,7 @@ class ChatScope:
     @property
     def api(self) -> str:
         """The API the request came in by, as the metrics' `api` label says it."""
-        return _API_LABELS.get(self.path, "chat")
+        return APIS[self.path].name
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -169,5 +169,4 @@ def _log_violations(request_id: str, run_id: str, model: str, outcome: Outcome) 
 
 
 # The scope of the chat request the current task serves (None: not a chat request).
-_API_LABELS = {path: api.name for path, api in APIS.items()}
 CURRENT: ContextVar[ChatScope | None] = ContextVar("iop_chat_scope", default=None)

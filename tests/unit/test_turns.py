@@ -79,7 +79,7 @@ async def test_waiting_steps_get_their_turns_first_come_first_served() -> None:
         order.append(i)
 
     async with trio.open_nursery() as nursery:
-        await turns.turn()  # the budget is spent, and no pacer renews it yet: all wait
+        await turns.turn()  # the budget is spent, and run() is not renewing it yet: all wait
         async with trio.open_nursery() as steps:
             for i in range(6):
                 ready = trio.Event()
@@ -102,7 +102,7 @@ async def test_a_step_cancelled_while_waiting_gives_its_turn_to_the_next() -> No
         done.append(name)
 
     async with trio.open_nursery() as nursery:
-        await turns.turn()  # the budget is spent, and no pacer renews it yet: both wait
+        await turns.turn()  # the budget is spent, and run() is not renewing it yet: both wait
         async with trio.open_nursery() as steps:
             gone = trio.CancelScope()
             ready = trio.Event()
@@ -134,7 +134,7 @@ async def test_run_sleeps_when_nobody_waits() -> None:
         nursery.start_soon(turns.run)
         for _ in range(5):
             await turns.turn()
-        # wait_all_tasks_blocked returns only once every task (the pacer too) waits.
+        # wait_all_tasks_blocked returns only once every task (run() too) waits.
         with trio.fail_after(5):
             await trio.testing.wait_all_tasks_blocked()
         assert turns.waiting == 0
@@ -145,7 +145,7 @@ async def test_each_step_that_waits_is_reported() -> None:
     """`on_defer` (the edge's iop_edge_deferred_steps_total) hears of every wait."""
     reported: list[None] = []
     turns = Turns(1, on_defer=lambda: reported.append(None))
-    await turns.turn()  # the budget is spent, and no pacer renews it yet
+    await turns.turn()  # the budget is spent, and run() is not renewing it yet
     async with trio.open_nursery() as nursery:
         for _ in range(3):
             nursery.start_soon(turns.turn)
