@@ -12,31 +12,13 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-import trio
 
-from edge.config import Config, NodeConfig, ServerConfig
-from tests.integration.conftest import (
-    SimProcess,
-    chat_body,
-    start_edge,
-    start_sim,
-    stop_edge,
-    stop_process,
-)
+from tests.integration.conftest import RunningEdge, chat_body
 
 REQUESTS = 20
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[SimProcess]:
-    sim = start_sim(tmp_path, "garbage")
-    yield sim
-    stop_process(sim.process)
 
 
 def _edge_objects() -> Counter[str]:
@@ -62,12 +44,8 @@ def _body(path: str, stream: bool) -> dict[str, object]:
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
 async def test_a_finished_request_leaves_no_cycle_of_edge_objects(
-    nursery: trio.Nursery, node: SimProcess, path: str, stream: bool
+    edge: RunningEdge, path: str, stream: bool
 ) -> None:
-    config = Config(
-        server=ServerConfig(listen="127.0.0.1:0"), nodes=(NodeConfig("sim", node.address),)
-    )
-    edge = await start_edge(nursery, config)
     body = _body(path, stream)
     async with httpx.AsyncClient(base_url=edge.url, timeout=20) as http:
         for _ in range(3):  # warm: what is made once per process is not per request
@@ -94,4 +72,3 @@ async def test_a_finished_request_leaves_no_cycle_of_edge_objects(
         grown = after - before - kept
         per_request = {k: n for k, n in grown.items() if n >= REQUESTS // 2}
         assert per_request == {}, per_request
-    await stop_edge(edge)
