@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from edge.api.request import TOO_DEEP, ChatRequest, chat_request_from, decode_object
+from edge.api.request import ChatRequest, chat_request_from, decode_object, deep_is_refused
 from edge.errors import RequestError
 
 _ROLES: Final = frozenset({"user", "assistant", "system"})
@@ -42,19 +42,13 @@ class MessagesRequest:
     dropped: tuple[str, ...] = ()
 
 
+@deep_is_refused
 def parse_messages_request(body: bytes) -> MessagesRequest:
     """Decode, translate and validate a Messages request body.
 
     Raises:
         RequestError: the body breaks a rule of the API (or of chat requests).
     """
-    try:
-        return _parse(body)
-    except RecursionError:
-        raise RequestError(TOO_DEEP) from None
-
-
-def _parse(body: bytes) -> MessagesRequest:
     obj = decode_object(body)
     if obj.get("max_tokens") is None:
         raise RequestError("max_tokens: Field required", param="max_tokens")

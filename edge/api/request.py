@@ -13,10 +13,11 @@ in, values out (or a `RequestError`). No trio, quart, grpclib or asyncio.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, cast, get_args
+from typing import Any, Final, Literal, TypeVar, cast, get_args
 
 import msgspec
 
@@ -207,6 +208,25 @@ _DECODER: Final = msgspec.json.Decoder(_WireRequest)
 # --- parsing -----------------------------------------------------------------
 
 
+TOO_DEEP: Final = "The JSON body of your request is nested too deeply."
+_Parsed = TypeVar("_Parsed")
+
+
+def deep_is_refused(parse: Callable[[bytes], _Parsed]) -> Callable[[bytes], _Parsed]:
+    """A body parser whose too deeply nested input (Python's recursion limit, met in
+    the decoder or in a walk over the values) is a 400 naming it, never a 500."""
+
+    @functools.wraps(parse)
+    def guarded(body: bytes) -> _Parsed:
+        try:
+            return parse(body)
+        except RecursionError:
+            raise RequestError(TOO_DEEP) from None
+
+    return guarded
+
+
+@deep_is_refused
 def parse_chat_request(body: bytes) -> ChatRequest:
     """Decode and validate a chat completions request body.
 
@@ -214,17 +234,12 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         RequestError: the body is not JSON, not an object, or breaks a rule of
             the API; `param` names the offending field (e.g. "messages[0].role").
     """
-    try:
-        return _parse(body)
-    except RecursionError:
-        raise RequestError(TOO_DEEP) from None
-
-
-TOO_DEEP: Final = "The JSON body of your request is nested too deeply."
+    return _parse(body)
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
-    """A request body as a JSON object (the first step of the other APIs' parsers).
+    """A request body as a JSON object (the first step of the other APIs' parsers,
+    which are `deep_is_refused`).
 
     Raises:
         RequestError: the body is not JSON, or not an object.
@@ -233,8 +248,6 @@ def decode_object(body: bytes) -> dict[str, Any]:
         value = msgspec.json.decode(body)
     except msgspec.DecodeError:
         raise RequestError(_MALFORMED) from None
-    except RecursionError:
-        raise RequestError(TOO_DEEP) from None
     if not isinstance(value, dict):
         got = _TYPE_WORDS.get(_json_type(value), "a value")
         raise RequestError(f"The request body must be a JSON object, but got {got}.")
@@ -254,6 +267,7 @@ def chat_request_from(obj: dict[str, Any]) -> ChatRequest:
 
     The other APIs (`edge.api.responses`, `edge.api.messages`) translate their
     requests into this shape, so every rule and limit of a chat request is theirs.
+    Called inside their `deep_is_refused` parsers (a deep input is their 400).
 
     Raises:
         RequestError: as `parse_chat_request`.
@@ -262,12 +276,7 @@ def chat_request_from(obj: dict[str, Any]) -> ChatRequest:
         wire = msgspec.convert(obj, _WireRequest)
     except msgspec.ValidationError as exc:
         raise _translate(str(exc)) from None
-    except RecursionError:
-        raise RequestError(TOO_DEEP) from None
-    try:
-        return _build(wire)
-    except RecursionError:
-        raise RequestError(TOO_DEEP) from None
+    return _build(wire)
 
 
 def _parse(body: bytes) -> ChatRequest:

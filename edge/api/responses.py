@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from edge.api.request import TOO_DEEP, ChatRequest, chat_request_from, decode_object
+from edge.api.request import ChatRequest, chat_request_from, decode_object, deep_is_refused
 from edge.errors import RequestError
 
 STATELESS: Final = (
@@ -48,19 +48,13 @@ class ResponsesRequest:
     dropped: tuple[str, ...] = ()
 
 
+@deep_is_refused
 def parse_responses_request(body: bytes) -> ResponsesRequest:
     """Decode, translate and validate a Responses request body.
 
     Raises:
         RequestError: the body breaks a rule of the API (or of chat requests).
     """
-    try:
-        return _parse(body)
-    except RecursionError:
-        raise RequestError(TOO_DEEP) from None
-
-
-def _parse(body: bytes) -> ResponsesRequest:
     obj = decode_object(body)
     for param in ("previous_response_id", "conversation"):
         if obj.get(param) is not None:

@@ -8,14 +8,17 @@ events out. What goes over sockets is in tests/integration/test_responses_e2e.py
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge.api.messages import parse_messages_request
 from edge.api.messages_out import STOP_REASONS, MessagesRenderer
 from edge.api.render import ResponseBuilder, SSEEncoder
+from edge.api.request import TOO_DEEP, parse_chat_request
 from edge.api.responses import parse_responses_request
 from edge.api.responses_out import ResponsesRenderer
 from edge.errors import RequestError, status_of
@@ -340,3 +343,17 @@ def test_property_three_renderings_agree(
         assert m_end["type"] == "error"
         assert message in m_end["error"]["message"]
         assert folds[0].error == folds[1].error == folds[2].error == ErrorOut(error_type, message)
+
+
+@pytest.mark.parametrize(
+    "parse", [parse_chat_request, parse_responses_request, parse_messages_request]
+)
+def test_a_body_nested_too_deeply_is_a_400_in_every_api(
+    parse: Callable[[bytes], object],
+) -> None:
+    """Past Python's recursion limit in the JSON decoder, each API's parser answers the
+    same 400 (`deep_is_refused`), never a 500."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(RequestError) as raised:
+        parse(b'{"model": "m", "nested": ' + deep + b"}")
+    assert raised.value.message == TOO_DEEP
