@@ -86,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=1000, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--raw", type=Path, default=None, help="keep the collapsed stacks here")
+    parser.add_argument(
+        "--blocking",
+        action="store_true",
+        help="pause the target for each sample (whole stacks; slows the target a little)",
+    )
     args = parser.parse_args(argv)
     spy_bin = Path(sys.executable).parent / "py-spy"
     if not spy_bin.exists():
@@ -101,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                 bench.warm_up()
                 pid = bench.edge.pid if args.target == "edge" else bench.node.pid
                 cmd = [str(spy_bin), "record", "--pid", str(pid), "--rate", str(args.rate)]
-                cmd += ["--format", "raw", "--output", str(raw), "--nonblocking"]
+                cmd += ["--format", "raw", "--output", str(raw)]
+                if not args.blocking:
+                    cmd.append("--nonblocking")
                 spy = subprocess.Popen(
                     cmd,
                     stdout=subprocess.DEVNULL,

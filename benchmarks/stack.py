@@ -256,10 +256,12 @@ class Stack:
         node_keys: str = "",
         extra_config: str = "",
         server_keys: str = "",
+        node_port: int = 0,
     ) -> None:
         """`node_keys` are TOML lines added to the node's `[[nodes]]` table, `extra_config`
         tables added after it (the overload workload's `max_runs` and `[admission]`),
-        `server_keys` lines added to `[server]` (the worker count)."""
+        `server_keys` lines added to `[server]` (the worker count). With `node_port` the
+        edge uses the simulated node already listening there (another stack's)."""
         self.tmp = tmp
         self.edge_source = edge_source or EdgeSource()
         self.node_keys = node_keys
@@ -268,7 +270,8 @@ class Stack:
         self.sim: subprocess.Popen[bytes] | None = None
         self.edge: subprocess.Popen[bytes] | None = None
         self.runs_log = RunsLog(tmp / "runs.fifo")
-        self.node_port = 0
+        self.node_port = node_port
+        self._own_node = not node_port
         self.edge_port = 0
         self.edge_probe: Probe | None = None
         self.node_probe: Probe | None = None
@@ -285,6 +288,12 @@ class Stack:
         self.close()
 
     def _start(self) -> None:
+        deadline = mono() + STARTUP_TIMEOUT_S
+        if self._own_node:
+            self._start_node(deadline)
+        self._start_edge(deadline)
+
+    def _start_node(self, deadline: float) -> None:
         self.runs_log.open()
         sim_out = self.tmp / "sim.log"
         self.sim = _spawn(
@@ -297,7 +306,6 @@ class Stack:
             ],
             sim_out,
         )
-        deadline = mono() + STARTUP_TIMEOUT_S
         while mono() < deadline:
             text = sim_out.read_text(errors="replace")
             if "listening on" in text:
@@ -310,6 +318,7 @@ class Stack:
             raise SystemExit("iop-sim-node did not start in time")
         self.node_probe = Probe(self.sim.pid)
 
+    def _start_edge(self, deadline: float) -> None:
         self.edge_port = free_port()
         config = self.tmp / "config.toml"
         text = EDGE_CONFIG.format(
@@ -346,5 +355,6 @@ class Stack:
 
     def close(self) -> None:
         stop_process(self.edge)
-        stop_process(self.sim)
-        self.runs_log.close()
+        if self._own_node:
+            stop_process(self.sim)
+            self.runs_log.close()
