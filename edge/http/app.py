@@ -278,6 +278,7 @@ def create_app(
     async def on_edge_error(error: EdgeError) -> Response:
         if (chat_scope := CURRENT_SCOPE.get()) is not None and chat_scope.trace is not None:
             chat_scope.trace.error_type = error.type
+            chat_scope.trace.error_code = error.code
         return _error_response(error)
 
     @app.errorhandler(HTTPException)

@@ -61,14 +61,17 @@ def _capped(text: str) -> str:
 class RequestTrace:
     """The span of one API request (see the module doc)."""
 
-    __slots__ = ("_output", "_reasoning", "_tools", "api", "capture", "error_type", "span")
+    __slots__ = (
+        "_output", "_reasoning", "_tools", "api", "capture", "error_code", "error_type", "span",
+    )  # fmt: skip
 
     def __init__(self, span: Span, api: str, *, capture: bool) -> None:
         self.span = span
         self.api = api
         self.capture = capture
-        # The EdgeError type the request was answered with (set by the app).
+        # The EdgeError type and code the request was answered with (set by the app).
         self.error_type: str | None = None
+        self.error_code: str | None = None
         self._output: list[str] = []
         self._reasoning: list[str] = []
         self._tools: list[dict[str, Any]] = []
@@ -193,6 +196,8 @@ class RequestTrace:
         if http_status:
             span.set_attribute("http.response.status_code", http_status)
         span.set_attribute("iop.attempts", attempts)
+        if self.error_code:
+            span.set_attribute("iop.error.code", self.error_code)
         outcome = run.outcome if run is not None else None
         if run is None or outcome is None:
             if http_status >= 400 or http_status == 0:
