@@ -8,7 +8,8 @@ Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--cl
 `benchmarks.overload`; with `--ab REV` the curve on both sides), `--peers` (also run
 the peer tool with LiteLLM and SMG; it installs both into ~/.cache) and `--ab REV`
 (A/B against a git revision), `--workers-only` / `--no-workers` (throughput by worker
-count, `benchmarks.workers`).
+count, `benchmarks.workers`), `--tracing-only` / `--no-tracing` (the edge's CPU per
+request and per chunk with tracing off and on, `benchmarks.tracing`).
 """
 
 from __future__ import annotations
@@ -149,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="only throughput by worker count (1 and 2 workers); writes results/workers.json",
     )
     p.add_argument("--no-workers", action="store_true", help="leave the worker-count run out")
+    p.add_argument(
+        "--tracing-only",
+        action="store_true",
+        help="only the tracing cost (off and on, side by side); writes results/tracing.json",
+    )
+    p.add_argument("--no-tracing", action="store_true", help="leave the tracing cost run out")
     return p
 
 
@@ -727,6 +734,33 @@ def main_workers(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def tracing_run(args: argparse.Namespace, tmp: Path, clients: int) -> dict[str, Any]:
+    """The tracing cost, on stacks of its own, with `clients` load generators."""
+    from benchmarks.tracing import QUICK, TracingSettings, measure_tracing
+
+    pool = Pool(clients)
+    try:
+        return measure_tracing(pool, tmp, QUICK if args.quick else TracingSettings())
+    finally:
+        pool.close()
+
+
+def main_tracing(args: argparse.Namespace, settings: Settings) -> int:
+    """`--tracing-only`: the tracing cost; writes tracing.json."""
+    from benchmarks.tracing import render_tracing
+
+    out = args.out or DEFAULT_OUT.parent / "tracing.json"
+    started = time.monotonic()
+    with _workdir("iop-bench-tracing-", args.keep) as tmp:
+        result: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+        result["tracing"] = tracing_run(args, tmp, settings.clients)
+        result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    _write(out, result, started)
+    print("\n".join(render_tracing(result["tracing"])))
+    print(f"\nwritten: {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from(args)
@@ -743,6 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         return main_overload(args)
     if args.workers_only:
         return main_workers(args, settings)
+    if args.tracing_only:
+        return main_tracing(args, settings)
     if args.ab:
         return main_ab(args, settings)
     if args.peers_only:
@@ -766,6 +802,8 @@ def main(argv: list[str] | None = None) -> int:
             result["overload"] = overload_run(args, tmp)
         if not args.no_workers:
             result["workers"] = workers_run(args, tmp, settings.clients)
+        if not args.no_tracing:
+            result["tracing"] = tracing_run(args, tmp, settings.clients)
         if args.peers or args.litellm:
             result["peers"] = peers(args, settings, tmp)
     _write(args.out, result, started)
@@ -776,5 +814,9 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.workers import render_workers
 
         print("\n" + "\n".join(render_workers(result["workers"])))
+    if "tracing" in result:
+        from benchmarks.tracing import render_tracing
+
+        print("\n" + "\n".join(render_tracing(result["tracing"])))
     print(f"\nwritten: {args.out}")
     return 0

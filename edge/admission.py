@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import trio
@@ -98,6 +98,7 @@ class Admission:
         exclude: Collection[NodeState] = (),
         affinity_key: str | None = None,
         first: bool = False,
+        on_queue: Callable[[float], object] | None = None,
     ) -> NodeState:
         """A node for `model` with a slot taken for the caller (give it back with `release`).
 
@@ -105,7 +106,8 @@ class Admission:
         (NotFoundError, RequestError, NodeUnavailableError), and
         OverloadedError when the queue is full or the wait passed
         `queue_timeout_s`. `first` queues at the head (a retry of a request
-        that already waited its turn).
+        that already waited its turn). `on_queue` hears the (trio) time the
+        request joined the queue, if it had to.
         """
         pool = self._pool
         if self._waiters:
@@ -123,6 +125,8 @@ class Admission:
             self._waiters.append(waiter)
         self._metrics.queue_depth.set(len(self._waiters))
         queued_at = trio.current_time()
+        if on_queue is not None:
+            on_queue(queued_at)
         returned = False
         try:
             with trio.move_on_after(self._config.queue_timeout_s):

@@ -22,6 +22,7 @@ from edge.api.policy import DEFAULT_MAX_OUTPUT_TOKENS, MEDIA_SCHEMES, ForwardPol
 from edge.stream.sentinel import DEFAULT_SENTINELS
 from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolValidation
 from edge.stream.toolparse import DEFAULT_FORMATS, FORMATS
+from edge.tracing import EXPORTERS, TracingConfig
 
 REASONING_PARSERS = ("none", "think", "think_start")
 # The node protocol carries max_tokens as a uint32.
@@ -198,6 +199,7 @@ class Config:
     models: Mapping[str, ModelConfig] = field(default_factory=dict)
     keys: tuple[KeyConfig, ...] = ()
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     source: str = "<defaults>"
 
     def model(self, name: str) -> ModelConfig:
@@ -372,6 +374,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
 
     keys = _keys(source, root.get("keys", list, []), server.api_keys)
     limits = _limits(source, root.get("limits", dict, {}))
+    tracing = _tracing(source, root.get("tracing", dict, {}))
 
     models: dict[str, ModelConfig] = {}
     for name, raw in root.get("models", dict, {}).items():
@@ -411,6 +414,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         models=models,
         keys=keys,
         limits=limits,
+        tracing=tracing,
         source=source,
     )
 
@@ -492,6 +496,26 @@ def _limits(source: str, raw: object) -> LimitsConfig:
             raise r.fail("redis_url", "expected redis://HOST:PORT/DB, rediss://... or unix://...")
     r.done()
     return limits
+
+
+def _tracing(source: str, raw: object) -> TracingConfig:
+    """`[tracing]`: each key unset defers to the OTEL_* environment (edge.tracing)."""
+    r = TableReader(source, "tracing", raw)
+    tracing = TracingConfig(
+        enabled=r.get("enabled", bool, None),
+        exporter=r.choice("exporter", "otlp", EXPORTERS),
+        endpoint=r.get("endpoint", str, None),
+        sample_ratio=(
+            r.number("sample_ratio", 1.0, maximum=1.0) if "sample_ratio" in r.table else None
+        ),
+        capture_content=r.get("capture_content", bool, None),
+    )
+    if tracing.endpoint is not None:
+        parts = urlsplit(tracing.endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise r.fail("endpoint", "expected http://HOST:PORT (an OTLP/HTTP receiver)")
+    r.done()
+    return tracing
 
 
 MAX_WORKERS = 256

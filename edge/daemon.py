@@ -9,7 +9,8 @@ lives in its request's scope (`edge.http.scope`) and ends with it.
 Shutdown drains: stop accepting, answer new requests 503, let streams in
 flight finish within `drain_timeout_s`, then end what is left through the
 one cancel path (each stream gets a notice frame, each run a CancelRun),
-and let the server close the connections.
+and let the server close the connections. Then the spans still queued for
+export are flushed (tracing on: `edge.tracing`), off the loop.
 
 A worker process (`edge.supervisor`) runs the same `serve`, on listening
 sockets its supervisor bound (`listen_sockets`), and its sd_notify lines go
@@ -50,6 +51,7 @@ from edge.node.embedded import embedded_node
 from edge.node.pool import NodePool
 from edge.run import OutcomeHook
 from edge.supervisor import listen_mode
+from edge.tracing import Tracing, setup_tracing
 from edge.turns import Turns
 from edge.upstream.embedded import embedded_upstream_node
 
@@ -117,18 +119,42 @@ async def serve(
     if shutdown is None:
         shutdown = trio.Event()
     metrics = EdgeMetrics()
+    tracing = setup_tracing(config.tracing, service="iop-edge")
+    metrics.tracing.set(0 if tracing is None else 1)
+    try:
+        await _serve(config, metrics, tracing, shutdown, runs_log, on_outcome, listen_sockets,
+                     task_status)  # fmt: skip
+    finally:
+        if tracing is not None:  # the spans still queued go out (bounded by the exporter)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(tracing.shutdown)
+    logger.info("iop-edge stopped")
+
+
+async def _serve(
+    config: Config,
+    metrics: EdgeMetrics,
+    tracing: Tracing | None,
+    shutdown: trio.Event,
+    runs_log: Path | None,
+    on_outcome: OutcomeHook | None,
+    listen_sockets: Sequence[socket.socket],
+    task_status: trio.TaskStatus[Edge],
+) -> None:
     async with asyncio_loop(), AsyncExitStack() as stack:
         clients: list[NodeClient] = []
         embedded: list[object] = []
         for node in config.nodes:
             counter = metrics.node_cancels.labels(node.name).inc
             if node.embedded:
-                sim, port = await stack.enter_async_context(embedded_node(node.name, runs_log))
+                sim, port = await stack.enter_async_context(
+                    embedded_node(node.name, runs_log, tracing=tracing)
+                )
                 embedded.append(sim)
                 clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
             elif (url := upstream_url(node.address)) is not None:
                 served, port = await stack.enter_async_context(
-                    embedded_upstream_node(node.name, url)
+                    embedded_upstream_node(node.name, url, tracing=tracing)
                 )
                 embedded.append(served)
                 clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
@@ -157,7 +183,7 @@ async def serve(
                 root.start_soon(_sync_metrics, metrics, config.server.node_refresh_s)
             turns = Turns(on_defer=metrics.deferred_steps.inc)
             root.start_soon(turns.run)
-            chat = ChatService(config, pool, metrics, on_outcome, turns=turns)
+            chat = ChatService(config, pool, metrics, on_outcome, turns=turns, tracing=tracing)
             app = create_app(
                 chat, max_body_bytes=config.server.max_body_bytes,
                 api_keys=config.server.api_keys,
@@ -182,7 +208,6 @@ async def serve(
             await shutdown.wait()
             await _drain(config, app.extensions["start_draining"], chat, http_done)
             root.cancel_scope.cancel()
-    logger.info("iop-edge stopped")
 
 
 async def _drain(

@@ -32,7 +32,7 @@ a committed run into a response (`Committed.error`: a real status).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,6 +61,17 @@ class RequestScope(Protocol):
 
     @property
     def request_id(self) -> str: ...
+
+    @property
+    def api(self) -> str:
+        """The API the request came in by (a metrics label)."""
+
+    @property
+    def node_metadata(self) -> Mapping[str, str] | None:
+        """What goes with each Run call (the trace context; None: none)."""
+
+    def slot_wait(self, began: float, queued_at: float | None) -> None:
+        """The wait for the first node slot, from `began`; `queued_at`: when it was queued."""
 
     async def hold(self, run: Run) -> None:
         """Enter `run` for the rest of the request's cycle (left when the cycle ends)."""
@@ -123,16 +134,23 @@ class Failover:
         runs = self.runs
         admission = runs.admission
         retries = self.routing.retries
-        deadline = trio.current_time() + runs.timeouts.total_s
-        node = await admission.acquire(
-            request.model, logprobs=request.logprobs, affinity_key=affinity_key
-        )
+        began = trio.current_time()
+        deadline = began + runs.timeouts.total_s
+        queued: list[float] = []
+        try:
+            node = await admission.acquire(
+                request.model, logprobs=request.logprobs, affinity_key=affinity_key,
+                on_queue=queued.append,
+            )  # fmt: skip
+        finally:
+            scope.slot_wait(began, queued[0] if queued else None)
+        api, metadata = scope.api, scope.node_metadata
         tried: list[NodeState] = []
         for attempt in range(retries + 1):
             tried.append(node)
             run = runs.open(
                 node, scope.nursery, request, new_session(), request_id=scope.request_id,
-                keepalive_s=keepalive_s, deadline=deadline,
+                keepalive_s=keepalive_s, deadline=deadline, api=api, metadata=metadata,
             )  # fmt: skip
             first: list[OutEvent] = []
             following: NodeState | None = None  # the next attempt's node, its slot taken

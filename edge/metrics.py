@@ -54,6 +54,14 @@ SHED_REASONS = (
 KEY_REJECTIONS = ("requests", "tokens", "streams", "model", "store")
 # Seconds a request waited for a node slot (most wait none: the first bucket).
 _QUEUE_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Whole requests: from a few milliseconds to a long generation.
+_DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 900,
+)  # fmt: skip
+# Time per output token: from a fast small model (~1 ms) to a slow large one.
+_TOKEN_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5,
+)  # fmt: skip
 _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
 
 
@@ -82,7 +90,30 @@ class EdgeMetrics:
         self.ttft = Histogram(
             "iop_edge_time_to_first_token_seconds",
             "From dispatch to the node's first event.",
-            ["model", "node"], buckets=_LATENCY_BUCKETS, registry=r,
+            ["model", "node", "api"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        # What users chart per model, node and API (issue 18), observed once per request
+        # that ran (`edge.http.scope.ChatScope.finish`).
+        self.request_duration = Histogram(
+            "iop_edge_request_duration_seconds",
+            "From a request's arrival to its answer's outcome, for requests that ran.",
+            ["model", "node", "api"], buckets=_DURATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.time_per_output_token = Histogram(
+            "iop_edge_time_per_output_token_seconds",
+            "Successful runs: from the first event to the last, per output token after the"
+            " first (the node's output token count).",
+            ["model", "node", "api"], buckets=_TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.request_queue = Histogram(
+            "iop_edge_request_queue_seconds",
+            "Time each request that ran waited for its node slot (0: a slot was free).",
+            ["model", "node", "api"], buckets=_QUEUE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tracing = Gauge(
+            "iop_edge_tracing",
+            "1 when this edge exports OpenTelemetry trace spans, 0 when tracing is off.",
+            registry=r, multiprocess_mode="livemax",
         )  # fmt: skip
         self.inter_chunk = Histogram(
             "iop_edge_inter_chunk_seconds", "Between two writes of one stream.",

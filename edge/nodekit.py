@@ -39,10 +39,12 @@ from grpclib.const import Handler, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
+from opentelemetry.trace import Span
 
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.grpc import MAX_MESSAGE_BYTES
 from edge.node.routes import RUN_ROUTE
+from edge.tracing import NodeSpans, Tracing
 
 CANCEL_GRACE_S = 1.0
 # How long a node tries to tell a reading edge that CancelRun stopped its run.
@@ -246,9 +248,25 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
     task is stopped with `stop_task` (a subclass may stop it its own way).
     """
 
-    def __init__(self, name: str, runs_log: Path | None = None) -> None:
+    def __init__(
+        self, name: str, runs_log: Path | None = None, *, tracing: Tracing | None = None
+    ) -> None:
         self.name = name
         self.runs = RunsLog(runs_log)
+        # One span per run, continued from the edge's traceparent (None: tracing off).
+        self.spans = NodeSpans(tracing, name) if tracing is not None else None
+
+    def run_span(self, stream: Events, run: RunRecord) -> Span | None:
+        """The span of `run` (None: tracing is off), a child of the edge's span when the
+        Run call's metadata carries its `traceparent`."""
+        if self.spans is None:
+            return None
+        return self.spans.run_span(stream.metadata or {}, run.run_id, run.model)
+
+    @staticmethod
+    def end_span(span: Span | None, run: RunRecord) -> None:
+        if span is not None:
+            NodeSpans.end_run(span, run.outcome, run.events_sent)
 
     def __mapping__(self) -> dict[str, Handler]:
         """The generated mapping, with Run served at the stream level.

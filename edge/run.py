@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
@@ -74,6 +74,7 @@ class RunInfo:
     stream: bool
     started_at: float
     request_id: str = ""
+    api: str = "chat"  # the API the request came in by (a metrics label)
 
 
 OutcomeHook = Callable[[RunInfo, Outcome], None]
@@ -87,6 +88,8 @@ class _Start:
     node: NodeState
     request: ChatRequest
     nursery: trio.Nursery
+    # Sent with the Run call: the request's trace context (None: tracing is off).
+    metadata: Mapping[str, str] | None = None
 
 
 # What a run that did not start says of its node (the pool's `run_failed` reason).
@@ -211,6 +214,7 @@ class Run:
                 deadline=self.deadline,
                 slow_consumer_s=start.runs.timeouts.slow_client_s,
                 accept_s=self._first_event_s,
+                metadata=start.metadata,
             )
         except EdgeError as exc:
             self.start_error = exc
@@ -277,7 +281,7 @@ class Run:
             metrics = start.runs.metrics
             metrics.active_streams.dec()
             if self.first_event_at is not None:
-                metrics.ttft.labels(self.info.model, self.info.node).observe(
+                metrics.ttft.labels(self.info.model, self.info.node, self.info.api).observe(
                     self.first_event_at - self.info.started_at
                 )
             if session.outcome.status == "error" and not session.outcome.usage_sample:
@@ -503,19 +507,22 @@ class Runs:
         request_id: str = "",
         keepalive_s: float = 0.0,
         deadline: float | None = None,
+        api: str = "chat",
+        metadata: Mapping[str, str] | None = None,
     ) -> Run:
         """A run of `request` on `node`, whose slot the caller took; enter it to start.
 
         `nursery` is the request's own: the run's read task lives and ends there.
         `deadline` is the request's total deadline (default: total_s from now).
-        Set the run's `on_end` to hear when its outcome is fixed.
+        Set the run's `on_end` to hear when its outcome is fixed. `api` is the
+        request's API (a metrics label); `metadata` goes with the Run call.
         """
         run_id = session.settings.run_id
         started_at = trio.current_time()
         info = RunInfo(
-            run_id, request.model, node.client.name, request.stream, started_at, request_id
+            run_id, request.model, node.client.name, request.stream, started_at, request_id, api
         )
-        start = _Start(self, node, request, nursery)
+        start = _Start(self, node, request, nursery, metadata)
         return Run(
             info, session, self.timeouts, keepalive_s=keepalive_s, start=start, deadline=deadline,
             turns=self.turns,

@@ -54,6 +54,7 @@ from edge.errors import (
 from edge.http.chat import ChatService
 from edge.http.scope import CURRENT as CURRENT_SCOPE
 from edge.http.scope import ChatScope
+from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate, KeyRing, Limiter, RateLimitedError
 from edge.limits.store import open_store
 from edge.log import REQUEST_ID
@@ -159,6 +160,8 @@ class _HTTPConnection(TrioASGIHTTPConnection):
             return
         chat: ChatService = self.app.extensions["chat"]
         scope = ChatScope(chat.metrics, chat.on_outcome, path)
+        if chat.tracing is not None:  # the request's span: from here to the cycle's end
+            scope.trace = RequestTrace.begin(chat.tracing, self.scope, APIS[path].name)
         gate = Gate(self.app.extensions["limiter"], chat.metrics)
 
         async def send_noting_status(message: ASGISendEvent) -> None:
@@ -176,7 +179,10 @@ class _HTTPConnection(TrioASGIHTTPConnection):
             scope.finish()
             # Usually ended with its run already (edge.http.chat); else here, once.
             run = scope.run
-            await gate.end(run.outcome if run is not None else None)
+            try:
+                await gate.end(run.outcome if run is not None else None)
+            finally:
+                scope.end_trace()
 
 
 # The key and limits of the chat request the current task serves (None: not a chat request).
@@ -270,6 +276,9 @@ def create_app(
 
     @app.errorhandler(EdgeError)
     async def on_edge_error(error: EdgeError) -> Response:
+        if (chat_scope := CURRENT_SCOPE.get()) is not None and chat_scope.trace is not None:
+            chat_scope.trace.error_type = error.type
+            chat_scope.trace.error_code = error.code
         return _error_response(error)
 
     @app.errorhandler(HTTPException)

@@ -50,6 +50,7 @@ from edge.run import OutcomeHook, Run, Runs
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
 from edge.stream.toolcheck import tool_validation_mode
+from edge.tracing import Tracing
 from edge.turns import Turns
 
 _API_PATHS = {path.encode(): api for path, api in APIS.items()}
@@ -81,8 +82,11 @@ class ChatService:
         on_outcome: OutcomeHook | None = None,
         *,
         turns: Turns,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
+        # This edge's tracer (edge.tracing); None: tracing is off.
+        self.tracing = tracing
         # The heavy steps of a request (its start, each batch of its answer, its
         # end) take turns with every other request's (`edge.http.turns`).
         self.turns = turns
@@ -162,6 +166,9 @@ class ChatService:
                 "not used (the edge cannot run them): {}", ", ".join(parsed.dropped)
             )
         scope.stream = request.stream
+        trace = scope.trace
+        if trace is not None:
+            trace.request(request)
         if gate is not None:
             gate.check_model(request.model)
             await gate.admit()
@@ -183,6 +190,8 @@ class ChatService:
         run = committed.run
         if not request.stream:
             folder = api.folder(parsed, Answer(run_id, created, run.info.model))
+            if trace is not None and trace.capture:
+                folder = trace.capturing_folder(folder)
             return await _complete(committed, api, folder, scope.request_id, self.turns, gate=gate)
         if committed.error is not None:
             await run.end()
@@ -190,6 +199,8 @@ class ChatService:
                 await gate.end(run.outcome)
             return _error_answer(api, committed.error, scope.request_id)
         encoder = api.streamer(parsed, Answer(run_id, created, request.model))
+        if trace is not None and trace.capture:
+            encoder = trace.capturing_streamer(encoder)
         labels = self.metrics.inter_chunk.labels(request.model, run.info.node)
         sse = SSEBody(run, encoder, self.turns, observe_gap=labels.observe,
                       observe_added=self.metrics.added_latency.observe,

@@ -18,7 +18,10 @@ for another node is not the request's outcome): when that run's outcome is
 fixed (before the answer's last byte, so a client that read the whole
 answer finds it counted), else when the
 cycle ends, from the HTTP status sent (an error status: "error"; none:
-"cancelled").
+"cancelled"). It also observes what users chart per model, node and API
+(request duration, queue time, time per output token), and, with tracing
+on, holds the request's span (`trace`, an `edge.http.spans.RequestTrace`;
+None when tracing is off, and then nothing of it costs anything).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import trio
 from loguru import logger
 
 from edge.api.surfaces import APIS, CHAT_PATH
+from edge.http.spans import RequestTrace
 from edge.metrics import EdgeMetrics
 from edge.run import OutcomeHook, Run
 from edge.stream.output import Outcome
@@ -53,9 +57,11 @@ class ChatScope:
         "http_status",
         "model",
         "path",
+        "queue_s",
         "request_id",
         "run",
         "stream",
+        "trace",
     )
 
     def __init__(
@@ -74,6 +80,8 @@ class ChatScope:
         self.run: Run | None = None  # the run that answers the request (adopted)
         self._attempts: list[Run] = []
         self.http_status = 0  # the status sent; 0 while none was
+        self.queue_s = 0.0  # how long the request waited for its node slot
+        self.trace: RequestTrace | None = None  # its span, when tracing is on
 
     @property
     def api(self) -> str:
@@ -102,10 +110,37 @@ class ChatScope:
                 # when the request's last reference does.
                 run.on_end = None
 
+    @property
+    def node_metadata(self) -> dict[str, str] | None:
+        """What goes with each Run call: the trace context (None: tracing is off)."""
+        return None if self.trace is None else self.trace.node_metadata
+
+    def slot_wait(self, began: float, queued_at: float | None) -> None:
+        """The wait for the first node slot, from `began` (trio time); `queued_at`: when
+        the request joined the admission queue (None: a slot was free at once)."""
+        self.queue_s = trio.current_time() - began
+        if queued_at is not None and self.trace is not None:
+            self.trace.queued(queued_at)
+
     async def hold(self, run: Run) -> None:
         """Enter `run` (start it) for the rest of the request's cycle."""
         self._attempts.append(run)
-        await self._stack.enter_async_context(run)
+        trace = self.trace
+        if trace is None:
+            await self._stack.enter_async_context(run)
+            return
+        trace.attempt(self._attempts)
+        try:
+            await self._stack.enter_async_context(run)
+        except BaseException as exc:
+            trace.start_failed(run, exc)
+            raise
+        trace.accepted(run)
+
+    def end_trace(self) -> None:
+        """The request's cycle is over: its span (if any) ends, with its outcome."""
+        if self.trace is not None:
+            self.trace.end(self.http_status, self.run, len(self._attempts))
 
     def adopt(self, run: Run) -> None:
         """`run` answers the request: its outcome is counted as the request's, once."""
@@ -129,7 +164,17 @@ class ChatScope:
             self._log_request(self.http_status)
             return
         info = run.info
-        self._metrics.request(info.model, info.node, info.stream, outcome, self.api)
+        metrics = self._metrics
+        metrics.request(info.model, info.node, info.stream, outcome, self.api)
+        if run.reached_node:
+            labels = (info.model, info.node, self.api)
+            metrics.request_duration.labels(*labels).observe(time.perf_counter() - self._started)
+            metrics.request_queue.labels(*labels).observe(self.queue_s)
+            usage, first = outcome.usage, run.first_event_at
+            tokens = usage.output_tokens if usage is not None and outcome.status == "success" else 0
+            if first is not None and tokens > 1:
+                per_token = (trio.current_time() - first) / (tokens - 1)
+                metrics.time_per_output_token.labels(*labels).observe(per_token)
         if run.start_error is not None and not run.reached_node:
             # Its status is the error's (answered next); the run's warning says why.
             self._log_request(run.start_error.status)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -120,6 +120,7 @@ class NodeClient(Protocol):
         deadline: float,
         slow_consumer_s: float = math.inf,
         accept_s: float = math.inf,
+        metadata: Mapping[str, str] | None = None,
     ) -> RunHandle: ...
 
     async def describe(self) -> NodeDescription: ...
@@ -158,8 +159,11 @@ class GrpcNodeClient:
         deadline: float,
         slow_consumer_s: float = math.inf,
         accept_s: float = math.inf,
+        metadata: Mapping[str, str] | None = None,
     ) -> RunHandle:
         """Start `request` in `nursery`; return once the node accepted it.
+
+        `metadata` goes with the Run call (the trace context: `edge.tracing`).
 
         A request over the nodes' gRPC message limit is refused at once
         (PayloadTooLargeError, a 413): the node would refuse it anyway.
@@ -182,7 +186,7 @@ class GrpcNodeClient:
             max_events=EVENT_BUFFER, max_chars=EVENT_BUFFER_CHARS, limit_s=slow_consumer_s
         )
         handle = RunHandle(request.run_id, self.name, events, deadline=deadline)
-        nursery.start_soon(self._run, handle, request, events)
+        nursery.start_soon(self._run, handle, request, events, metadata)
         try:
             try:
                 with trio.move_on_after(accept_s) as waiting:
@@ -218,6 +222,7 @@ class GrpcNodeClient:
         handle: RunHandle,
         request: pb.RunRequest | EncodedRunRequest,
         events: EventBuffer,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         """The run's read task: node events into `events`, then CancelRun if needed.
 
@@ -228,7 +233,7 @@ class GrpcNodeClient:
         try:
             with handle._scope:
                 try:
-                    await call_asyncio(self._grpc.read_run, request, events)
+                    await call_asyncio(self._grpc.read_run, request, events, metadata)
                 except EdgeError as exc:
                     handle.error = exc
                 except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -16,14 +16,16 @@ import trio
 from edge.node.bridge import call_asyncio
 from edge.nodekit import start_server, stop_server
 from edge.sim.server import SimNode
+from edge.tracing import Tracing
 
 
 @asynccontextmanager
 async def embedded_node(
-    name: str, runs_log: Path | None = None
+    name: str, runs_log: Path | None = None, *, tracing: Tracing | None = None
 ) -> AsyncIterator[tuple[SimNode, int]]:
-    """Serve a simulated node for the duration of the block; yields (node, port)."""
-    node = SimNode(name=name, runs_log=runs_log)
+    """Serve a simulated node for the duration of the block; yields (node, port).
+    With `tracing`, its runs' spans go out with the edge's."""
+    node = SimNode(name=name, runs_log=runs_log, tracing=tracing)
     server, port = await call_asyncio(start_server, node, "127.0.0.1", 0)
     try:
         yield node, port

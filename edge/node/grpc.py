@@ -8,7 +8,7 @@ grpclib/OS error is translated here, once, into the edge's error tree.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -149,8 +149,15 @@ class GrpcNode:
                 self._channels.remove(pooled)
                 pooled.channel.close()
 
-    async def read_run(self, request: pb.RunRequest | EncodedRunRequest, sink: EventSink) -> None:
+    async def read_run(
+        self,
+        request: pb.RunRequest | EncodedRunRequest,
+        sink: EventSink,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
         """Run `request` on the node, putting ACCEPTED and then each event into `sink`.
+
+        `metadata` goes with the Run call (the trace context's `traceparent`).
 
         Returns once the node sent its terminal event (complete, error,
         cancelled). Raises an EdgeError when the node cannot be reached, the
@@ -161,8 +168,9 @@ class GrpcNode:
         terminal = False
         try:
             async with pooled.channel.request(
-                RUN_ROUTE, Cardinality.UNARY_STREAM, type(request), RunEventDecoder
-            ) as stream:
+                RUN_ROUTE, Cardinality.UNARY_STREAM, type(request), RunEventDecoder,
+                metadata=metadata,
+            ) as stream:  # fmt: skip
                 await stream.send_message(request, end=True)
                 await stream.recv_initial_metadata()
                 accepted = True

@@ -10,6 +10,7 @@ from pathlib import Path
 from edge.config import split_address
 from edge.nodekit import start_server, stop_server, wait_for_stop_signal
 from edge.sim.server import SimNode
+from edge.tracing import setup_tracing
 
 
 def _parse_listen(value: str) -> tuple[str, int]:
@@ -20,11 +21,15 @@ def _parse_listen(value: str) -> tuple[str, int]:
 
 
 async def _serve(host: str, port: int, runs_log: Path | None, name: str) -> None:
-    node = SimNode(name=name, runs_log=runs_log)
+    # Tracing: the OTEL_* environment variables (edge.tracing), off by default.
+    tracing = setup_tracing(service="iop-sim-node")
+    node = SimNode(name=name, runs_log=runs_log, tracing=tracing)
     server, bound = await start_server(node, host, port)
     print(f"iop-sim-node listening on {host}:{bound}", flush=True)
     await wait_for_stop_signal()
     await stop_server(node, server)
+    if tracing is not None:
+        await asyncio.to_thread(tracing.shutdown)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,7 @@ from grpclib.exceptions import GRPCError
 from edge.node._proto.iop.node import v1 as pb
 from edge.nodekit import Encoded, Events, NodeService, RunRecord, send_cancelled
 from edge.sim.script import ScriptError, message_text, script_items
+from edge.tracing import Tracing
 
 MODELS = ("sim-echo", "sim-script")
 # A repeated event yields to the loop every this many messages.
@@ -175,8 +176,14 @@ def _accept_delay_s(request: pb.RunRequest, node: str) -> float:
 class SimNode(NodeService):
     """The NodeService of the simulated node."""
 
-    def __init__(self, name: str = "iop-sim-node", runs_log: Path | None = None) -> None:
-        super().__init__(name, runs_log)
+    def __init__(
+        self,
+        name: str = "iop-sim-node",
+        runs_log: Path | None = None,
+        *,
+        tracing: Tracing | None = None,
+    ) -> None:
+        super().__init__(name, runs_log, tracing=tracing)
 
     # --- RPCs -------------------------------------------------------------------
 
@@ -192,6 +199,7 @@ class SimNode(NodeService):
         assert request is not None
         run = self.runs.start(request.run_id, request.model)
         run.task = asyncio.current_task()
+        span = self.run_span(stream, run)
         try:
             delay_s = _accept_delay_s(request, self.name)
             if delay_s:
@@ -211,6 +219,7 @@ class SimNode(NodeService):
             if run.outcome is None:
                 run.outcome = "error"
             self.runs.ended(run)
+            self.end_span(span, run)
 
     async def _send(self, stream: Events, run: RunRecord, ev: pb.RunEvent) -> None:
         await stream.send_message(ev)

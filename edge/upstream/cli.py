@@ -24,6 +24,7 @@ from typing import Any
 
 from edge.config import ConfigError, TableReader, read_toml, split_address
 from edge.nodekit import start_server, stop_server, wait_for_stop_signal
+from edge.tracing import setup_tracing
 from edge.upstream.server import UpstreamNode, normalize_upstream
 
 DEFAULT_LISTEN = "127.0.0.1:50061"
@@ -137,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(settings: NodeSettings) -> None:
+    # Tracing: the OTEL_* environment variables (edge.tracing), off by default.
+    tracing = setup_tracing(service="iop-node")
     node = UpstreamNode(
         settings.upstream,
         name=settings.name,
@@ -145,12 +148,15 @@ async def _serve(settings: NodeSettings) -> None:
         runs_log=settings.runs_log,
         read_timeout_s=settings.read_timeout_s,
         logprobs=settings.logprobs,
+        tracing=tracing,
     )
     server, bound = await start_server(node, settings.host, settings.port)
     print(f"iop-node listening on {settings.host}:{bound}", flush=True)
     print(f"iop-node: runs go to {settings.upstream}", file=sys.stderr, flush=True)
     await wait_for_stop_signal()
     await stop_server(node, server)
+    if tracing is not None:
+        await asyncio.to_thread(tracing.shutdown)
 
 
 def main(argv: list[str] | None = None) -> int:

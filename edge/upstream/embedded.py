@@ -25,6 +25,7 @@ from pathlib import Path
 import trio
 
 from edge.nodekit import start_server, stop_server
+from edge.tracing import Tracing
 from edge.upstream.server import UpstreamNode
 
 # Starting (binding a port) and stopping (runs close their upstream requests,
@@ -94,13 +95,14 @@ class _NodeThread:
 
 @asynccontextmanager
 async def embedded_upstream_node(
-    name: str, upstream: str, runs_log: Path | None = None
+    name: str, upstream: str, runs_log: Path | None = None, *, tracing: Tracing | None = None
 ) -> AsyncIterator[tuple[UpstreamNode, int]]:
-    """Serve `upstream` as a node for the duration of the block; yields (node, port)."""
+    """Serve `upstream` as a node for the duration of the block; yields (node, port).
+    With `tracing`, its runs' spans go out with the edge's."""
     # httpx logs every request at INFO: in the edge's log that is one line per run
     # and per Describe. The node reports what matters through its events.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    host = _NodeThread(UpstreamNode(upstream, name=name, runs_log=runs_log))
+    host = _NodeThread(UpstreamNode(upstream, name=name, runs_log=runs_log, tracing=tracing))
     port = await trio.to_thread.run_sync(host.start, abandon_on_cancel=False)
     try:
         yield host.node, port

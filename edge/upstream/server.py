@@ -9,7 +9,10 @@ llama.cpp, Ollama and SGLang abort a request whose client went away.
 Describe lists the upstream's `/models` (or the configured models) and fails
 UNAVAILABLE while the upstream cannot be reached.
 
-The runs log is the simulated node's (`edge.nodekit.RunsLog`).
+The runs log is the simulated node's (`edge.nodekit.RunsLog`). With tracing
+on (`edge.tracing`), each run has a span continued from the edge's
+`traceparent`, and its upstream request a child span whose `traceparent`
+the upstream gets as a header.
 
 This module owns the HTTP and gRPC sides; the mapping of chunks is the
 adapter's. It knows nothing of trio or of the edge that calls it.
@@ -30,9 +33,11 @@ import httpx
 import msgspec
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from opentelemetry.trace import Span
 
 from edge.node._proto.iop.node import v1 as pb
 from edge.nodekit import Events, NodeService, send_cancelled
+from edge.tracing import Tracing, inject, set_error
 from edge.upstream.adapter import ChunkMapper, chat_request_body, error_message
 from edge.upstream.adapter import models_from_body as parse_models
 from edge.upstream.sse import SSEDecoder
@@ -88,8 +93,9 @@ class UpstreamNode(NodeService):
         runs_log: Path | None = None,
         read_timeout_s: float = 600.0,
         logprobs: bool = True,
+        tracing: Tracing | None = None,
     ) -> None:
-        super().__init__(name, runs_log)
+        super().__init__(name, runs_log, tracing=tracing)
         self._logprobs = logprobs
         self.upstream = normalize_upstream(upstream)
         self._chat_url = self.upstream + "/chat/completions"
@@ -167,6 +173,7 @@ class UpstreamNode(NodeService):
         assert request is not None
         await stream.send_initial_metadata()
         run = self.runs.start(request.run_id, request.model)
+        span = self.run_span(stream, run)
 
         async def emit(event: pb.RunEvent) -> None:
             await stream.send_message(event)
@@ -174,7 +181,7 @@ class UpstreamNode(NodeService):
             if event.type in _TERMINAL:
                 run.outcome = "complete" if event.type == "complete" else event.type
 
-        work = run.task = asyncio.create_task(self._relay(request, emit))
+        work = run.task = asyncio.create_task(self._relay(request, emit, span))
         self._work.add(work)
         work.add_done_callback(self._work.discard)
         try:
@@ -194,8 +201,9 @@ class UpstreamNode(NodeService):
             if run.outcome is None:
                 run.outcome = "error"
             self.runs.ended(run)
+            self.end_span(span, run)
 
-    async def _relay(self, request: pb.RunRequest, emit: Emit) -> None:
+    async def _relay(self, request: pb.RunRequest, emit: Emit, span: Span | None = None) -> None:
         """Serve `request` from the upstream, emitting its events and exactly one terminal."""
         mapper = ChunkMapper(id_prefix=request.run_id)
         try:
@@ -209,25 +217,48 @@ class UpstreamNode(NodeService):
             deadline = asyncio.get_running_loop().time() + remaining
         try:
             async with asyncio.timeout_at(deadline):
-                await self._stream_upstream(body, mapper, emit)
+                await self._traced_upstream(body, mapper, emit, span)
         except TimeoutError:
             if not mapper.terminated:
                 await emit(pb.RunEvent(type="cancelled", error="run deadline exceeded"))
 
-    async def _stream_upstream(self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit) -> None:
+    async def _traced_upstream(
+        self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit, run_span: Span | None
+    ) -> None:
+        """`_stream_upstream`, in a CLIENT span when the run has one (tracing on)."""
+        if run_span is None or self.spans is None:
+            await self._stream_upstream(body, mapper, emit)
+            return
+        span = self.spans.client_span(run_span, str(body.get("model", "")), self._chat_url)
+        try:
+            await self._stream_upstream(body, mapper, emit, span)
+        except BaseException as exc:
+            set_error(span, type(exc).__name__)
+            raise
+        else:
+            if mapper.outcome == "error":
+                set_error(span, "upstream_error")
+        finally:
+            span.end()
+
+    async def _stream_upstream(
+        self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit, span: Span | None = None
+    ) -> None:
         """One streaming POST; every HTTP failure becomes the terminal error event.
 
         Leaving the `client.stream` block before the body ends (cancellation,
         the deadline) closes the connection: the upstream's abort signal.
         """
         url = self._chat_url
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if span is not None:
+            headers.update(inject(span))  # the upstream continues the trace
         try:
             async with self._client.stream(
-                "POST",
-                url,
-                content=msgspec.json.encode(body),
-                headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+                "POST", url, content=msgspec.json.encode(body), headers=headers
             ) as response:
+                if span is not None:
+                    span.set_attribute("http.response.status_code", response.status_code)
                 if response.status_code >= 400:
                     raw = await _read_capped(response)
                     status, reason = response.status_code, response.reason_phrase

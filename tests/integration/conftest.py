@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,17 +59,20 @@ class SimProcess:
         return record
 
 
-def start_node_process(module: str, runs_log: Path, *args: str) -> SimProcess:
+def start_node_process(
+    module: str, runs_log: Path, *args: str, env: Mapping[str, str] | None = None
+) -> SimProcess:
     """A node (`python -m MODULE --listen 127.0.0.1:0 --runs-log ...`), once it listens.
 
     Node processes print "... listening on HOST:PORT" first; that line gives the port.
+    `env` is added to the process's environment.
     """
     command = [sys.executable, "-m", module, "--listen", "127.0.0.1:0"]
     process = subprocess.Popen(
         [*command, "--runs-log", str(runs_log), *args],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     assert process.stdout is not None
     deadline = time.monotonic() + STARTUP_TIMEOUT_S

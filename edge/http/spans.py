@@ -1,0 +1,293 @@
+"""The span of one API request at the edge: `RequestTrace`.
+
+Made only when tracing is on (`edge.tracing`): the request's scope
+(`edge.http.scope.ChatScope`) holds one, or None, and every hook below is
+called behind one `if` per request. Nothing here runs per chunk: the first
+token's time is read from the run when the span ends, and output text is
+kept only with `capture_content` (its streamer is wrapped for that).
+
+The span is a SERVER span named `{gen_ai.operation.name} {gen_ai.request.model}`
+(e.g. `chat sim-echo`) with the GenAI semantic conventions' attributes, the
+HTTP ones, and events, each at the time it happened:
+
+- `queued`: no node slot was free; the request waited in the admission queue.
+- `node picked` (`iop.node`, `iop.attempt`), and before each failover retry
+  `failover retry` (`iop.node`: the node given up, `iop.retry.reason`).
+- `run accepted` (the node took the run), or `run start failed` (`error.type`).
+- `first token`: the node's first event of the answering run.
+- `end` (`iop.end_cause`): the node ended the run (`node`), or the edge did:
+  `client_disconnected`, `timeout`, `slow_client`, `shutdown`, `stream_broken`.
+
+It continues the client's `traceparent` and gives its own to the node (the
+Run call's gRPC metadata): `node_metadata`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import trio
+from hypercorn.typing import HTTPScope
+from opentelemetry.trace import Span, SpanKind
+
+from edge.api.request import ChatRequest
+from edge.api.surfaces import Folder, Streamer
+from edge.run import Run
+from edge.stream.output import ContentOut, ErrorOut, OutEvent, ReasoningOut, ToolCallsOut
+from edge.tracing import OPERATION, PROVIDER, Tracing, extract, header_map, inject, set_error
+
+__all__ = ["RequestTrace"]
+
+# Captured prompt or completion text, per attribute, in characters (capture_content).
+MAX_CAPTURED_CHARS = 64 * 1024
+# The response id each API gives its answer, from the run id.
+_RESPONSE_ID = {"chat": "chatcmpl-{}", "responses": "resp_{}", "messages": "msg_{}"}
+# A model name in a span name, at most (it is the caller's string).
+_MAX_MODEL_CHARS = 128
+
+
+def _wall_ns(at: float) -> int:
+    """The wall-clock time (ns) of trio clock time `at`."""
+    return time.time_ns() - int((trio.current_time() - at) * 1e9)
+
+
+def _capped(text: str) -> str:
+    return text if len(text) <= MAX_CAPTURED_CHARS else text[:MAX_CAPTURED_CHARS] + "..."
+
+
+class RequestTrace:
+    """The span of one API request (see the module doc)."""
+
+    __slots__ = (
+        "_output", "_reasoning", "_tools", "api", "capture", "error_code", "error_type", "span",
+    )  # fmt: skip
+
+    def __init__(self, span: Span, api: str, *, capture: bool) -> None:
+        self.span = span
+        self.api = api
+        self.capture = capture
+        # The EdgeError type and code the request was answered with (set by the app).
+        self.error_type: str | None = None
+        self.error_code: str | None = None
+        self._output: list[str] = []
+        self._reasoning: list[str] = []
+        self._tools: list[dict[str, Any]] = []
+
+    @classmethod
+    def begin(cls, tracing: Tracing, scope: HTTPScope, api: str) -> RequestTrace:
+        """The span of the request `scope` describes, continuing its `traceparent`."""
+        headers = header_map(scope["headers"])
+        user_agent = ""
+        for name, value in scope["headers"]:
+            if name.lower() == b"user-agent":
+                user_agent = value.decode("latin-1")
+                break
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": OPERATION,
+            "gen_ai.provider.name": PROVIDER,
+            "http.request.method": scope["method"],
+            "http.route": scope["path"],
+            "url.path": scope["path"],
+            "url.scheme": scope.get("scheme", "http"),
+            "network.protocol.version": scope.get("http_version", "1.1"),
+            "iop.api": api,
+        }
+        if user_agent:
+            attributes["user_agent.original"] = user_agent
+        server = scope.get("server")
+        if server is not None and server[1] is not None:
+            attributes["server.address"], attributes["server.port"] = server
+        client = scope.get("client")
+        if client is not None:
+            attributes["client.address"], attributes["client.port"] = client
+        span = tracing.tracer.start_span(
+            OPERATION, context=extract(headers), kind=SpanKind.SERVER, attributes=attributes
+        )
+        return cls(span, api, capture=tracing.capture_content)
+
+    @property
+    def node_metadata(self) -> dict[str, str]:
+        """The trace context to send with the Run call: the node's span is our child."""
+        return inject(self.span)
+
+    # --- the request ----------------------------------------------------------------
+
+    def request(self, request: ChatRequest) -> None:
+        """The parsed request: the span's name, the model and the parameters set."""
+        model = request.model[:_MAX_MODEL_CHARS]
+        span = self.span
+        span.update_name(f"{OPERATION} {model}")
+        attributes: dict[str, Any] = {"gen_ai.request.model": model, "iop.stream": request.stream}
+        for key, value in (
+            ("gen_ai.request.max_tokens", request.max_tokens),
+            ("gen_ai.request.temperature", request.temperature),
+            ("gen_ai.request.top_p", request.top_p),
+            ("gen_ai.request.seed", request.seed),
+            ("gen_ai.request.presence_penalty", request.presence_penalty),
+            ("gen_ai.request.frequency_penalty", request.frequency_penalty),
+        ):
+            if value is not None:
+                attributes[key] = value
+        if request.stop:
+            attributes["gen_ai.request.stop_sequences"] = list(request.stop)
+        if self.capture:
+            messages = [
+                {"role": m.role, "parts": [{"type": "text", "content": m.text()}]}
+                for m in request.messages
+            ]
+            attributes["gen_ai.input.messages"] = _capped(json.dumps(messages, ensure_ascii=False))
+        span.set_attributes(attributes)
+
+    def queued(self, at: float) -> None:
+        """No node slot was free at trio time `at`: the request waited in the queue."""
+        self.span.add_event("queued", timestamp=_wall_ns(at))
+
+    # --- attempts -------------------------------------------------------------------
+
+    def attempt(self, attempts: Sequence[Run]) -> None:
+        """The last of `attempts` is about to start on its node."""
+        run = attempts[-1]
+        span = self.span
+        if len(attempts) > 1:
+            failed = attempts[-2]
+            span.add_event(
+                "failover retry",
+                {"iop.node": failed.info.node, "iop.retry.reason": failed.verdict or "unknown"},
+            )
+        span.add_event("node picked", {"iop.node": run.info.node, "iop.attempt": len(attempts)})
+
+    def accepted(self, run: Run) -> None:
+        self.span.add_event("run accepted", {"iop.node": run.info.node})
+
+    def start_failed(self, run: Run, error: BaseException) -> None:
+        error_type = getattr(error, "type", None) or type(error).__name__
+        self.span.add_event(
+            "run start failed", {"iop.node": run.info.node, "error.type": str(error_type)}
+        )
+
+    # --- output (capture_content only) ---------------------------------------------
+
+    def capturing_streamer(self, streamer: Streamer) -> Streamer:
+        return _CapturingStreamer(streamer, self)
+
+    def capturing_folder(self, folder: Folder) -> Folder:
+        return _CapturingFolder(folder, self)
+
+    def _take(self, events: Iterable[OutEvent]) -> None:
+        for event in events:
+            if isinstance(event, ContentOut):
+                self._output.append(event.text)
+            elif isinstance(event, ReasoningOut):
+                self._reasoning.append(event.text)
+            elif isinstance(event, ToolCallsOut):
+                self._tools.extend(
+                    {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}
+                    for c in event.calls
+                )
+
+    # --- the end ----------------------------------------------------------------------
+
+    def end(self, http_status: int, run: Run | None, attempts: int) -> None:
+        """The request's cycle is over: its outcome on the span, which ends."""
+        span = self.span
+        if http_status:
+            span.set_attribute("http.response.status_code", http_status)
+        span.set_attribute("iop.attempts", attempts)
+        if self.error_code:
+            span.set_attribute("iop.error.code", self.error_code)
+        outcome = run.outcome if run is not None else None
+        if run is None or outcome is None:
+            if http_status >= 400 or http_status == 0:
+                error = self.error_type or (str(http_status) if http_status else "cancelled")
+                set_error(span, error)
+            span.end()
+            return
+        info = run.info
+        attributes: dict[str, Any] = {
+            "gen_ai.response.model": info.model[:_MAX_MODEL_CHARS],
+            "gen_ai.response.id": _RESPONSE_ID.get(self.api, "{}").format(info.run_id),
+            "iop.node": info.node,
+            "iop.run_id": info.run_id,
+            "iop.outcome": outcome.status,
+        }
+        if outcome.finish_reason:
+            attributes["gen_ai.response.finish_reasons"] = [outcome.finish_reason]
+        if outcome.usage is not None and outcome.usage_sample:
+            attributes["gen_ai.usage.input_tokens"] = outcome.usage.input_tokens
+            attributes["gen_ai.usage.output_tokens"] = outcome.usage.output_tokens
+        if self.capture and (self._output or self._reasoning or self._tools):
+            parts: list[dict[str, Any]] = []
+            if self._reasoning:
+                parts.append({"type": "reasoning", "content": "".join(self._reasoning)})
+            if self._output:
+                parts.append({"type": "text", "content": "".join(self._output)})
+            parts.extend(self._tools)
+            message = {
+                "role": "assistant", "parts": parts, "finish_reason": outcome.finish_reason or "",
+            }  # fmt: skip
+            attributes["gen_ai.output.messages"] = _capped(
+                json.dumps([message], ensure_ascii=False)
+            )
+        span.set_attributes(attributes)
+        if run.first_event_at is not None:
+            span.add_event("first token", timestamp=_wall_ns(run.first_event_at))
+        handle = run.handle
+        if handle is not None:
+            cause = handle.cause
+            end_cause = str(cause) if cause is not None else "node"
+            if handle.error is not None and cause is None:
+                end_cause = "stream_broken"
+            span.add_event("end", {"iop.end_cause": end_cause})
+        if outcome.status != "success":
+            error = outcome.error_type or self.error_type or outcome.status
+            if outcome.status == "cancelled":
+                span.set_attribute("error.type", error)  # the caller left: not the edge's fault
+            else:
+                set_error(span, error)
+        elif http_status >= 500:
+            set_error(span, self.error_type or str(http_status))
+        span.end()
+
+
+class _CapturingStreamer:
+    """A streamer that also keeps the output text for the span (capture_content)."""
+
+    __slots__ = ("_inner", "_trace")
+
+    def __init__(self, inner: Streamer, trace: RequestTrace) -> None:
+        self._inner = inner
+        self._trace = trace
+
+    @property
+    def keepalive(self) -> bytes:
+        return self._inner.keepalive
+
+    def encode(self, events: Iterable[OutEvent]) -> bytes:
+        events = list(events)
+        self._trace._take(events)
+        return self._inner.encode(events)
+
+
+class _CapturingFolder:
+    """A folder that also keeps the output text for the span (capture_content)."""
+
+    __slots__ = ("_inner", "_trace")
+
+    def __init__(self, inner: Folder, trace: RequestTrace) -> None:
+        self._inner = inner
+        self._trace = trace
+
+    @property
+    def error(self) -> ErrorOut | None:
+        return self._inner.error
+
+    def add(self, events: Iterable[OutEvent]) -> None:
+        events = list(events)
+        self._trace._take(events)
+        self._inner.add(events)
+
+    def body(self) -> dict[str, Any]:
+        return self._inner.body()
