@@ -62,7 +62,8 @@ class RequestTrace:
     """The span of one API request (see the module doc)."""
 
     __slots__ = (
-        "_output", "_reasoning", "_tools", "api", "capture", "error_code", "error_type", "span",
+        "_kept", "_output", "_reasoning", "_tools", "api", "capture", "error_code",
+        "error_type", "span",
     )  # fmt: skip
 
     def __init__(self, span: Span, api: str, *, capture: bool) -> None:
@@ -75,6 +76,7 @@ class RequestTrace:
         self._output: list[str] = []
         self._reasoning: list[str] = []
         self._tools: list[dict[str, Any]] = []
+        self._kept = 0  # characters of output kept (capture_content)
 
     @classmethod
     def begin(cls, tracing: Tracing, scope: HTTPScope, api: str) -> RequestTrace:
@@ -177,16 +179,22 @@ class RequestTrace:
         return _CapturingFolder(folder, self)
 
     def _take(self, events: Iterable[OutEvent]) -> None:
+        # What is kept is bounded: past MAX_CAPTURED_CHARS the attribute is cut anyway.
         for event in events:
+            if self._kept >= MAX_CAPTURED_CHARS:
+                return
             if isinstance(event, ContentOut):
                 self._output.append(event.text)
+                self._kept += len(event.text)
             elif isinstance(event, ReasoningOut):
                 self._reasoning.append(event.text)
+                self._kept += len(event.text)
             elif isinstance(event, ToolCallsOut):
-                self._tools.extend(
-                    {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}
-                    for c in event.calls
-                )
+                for c in event.calls:
+                    self._tools.append(
+                        {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}
+                    )
+                    self._kept += len(c.arguments) + len(c.name)
 
     # --- the end ----------------------------------------------------------------------
 

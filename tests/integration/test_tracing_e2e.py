@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from edge.config import Config, NodeConfig, ServerConfig
+from edge.http.spans import MAX_CAPTURED_CHARS
 from edge.tracing import TracingConfig
 from tests.integration.conftest import (
     RunningEdge,
@@ -325,3 +326,23 @@ async def test_tracing_off_makes_no_exporter(
         assert "\niop_edge_tracing 0.0\n" in metrics
         await stop_edge(edge)
         assert receiver.requests == 0
+
+
+async def test_captured_output_is_bounded(traced: tuple[RunningEdge, OtlpReceiver]) -> None:
+    """A long answer with capture_content on: the span keeps at most MAX_CAPTURED_CHARS of
+    it, and the client gets all of it (what the edge holds meanwhile: tests/unit)."""
+    edge, receiver = traced
+    traceparent, trace_id, _ = _traceparent()
+    long = script(
+        {"type": "delta", "delta": "y" * 1000, "repeat": 100},
+        {"type": "complete", "metadata": {"finish_reason": "stop"}},
+    )
+    body = {"model": "sim-script", "messages": [{"role": "user", "content": long}]}
+    async with httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S) as client:
+        response = await client.post(CHAT, json=body, headers={"traceparent": traceparent})
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"][0]["message"]["content"]) == 100_000
+    (span,) = [s for s in await receiver.wait_spans(trace_id, 2) if "iop.api" in s.attributes]
+    captured = span.attributes["gen_ai.output.messages"]
+    assert MAX_CAPTURED_CHARS <= len(captured) <= MAX_CAPTURED_CHARS + 3
+    assert captured.endswith("...")

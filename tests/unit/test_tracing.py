@@ -90,3 +90,19 @@ def test_config_keys() -> None:
         enabled=True, endpoint="http://otel:4318", sample_ratio=0.1, capture_content=True
     )
     assert parse_config({}, "edge.toml").tracing == TracingConfig()
+
+
+def test_captured_output_is_bounded_while_it_streams() -> None:
+    """With capture_content, a request's span keeps at most MAX_CAPTURED_CHARS of the
+    answer (plus the event that crossed it), however long the answer is."""
+    from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan
+
+    from edge.http.spans import MAX_CAPTURED_CHARS, RequestTrace
+    from edge.stream.output import ContentOut, ReasoningOut
+
+    trace = RequestTrace(NonRecordingSpan(INVALID_SPAN_CONTEXT), "chat", capture=True)
+    chunk = "y" * 1000
+    for _ in range(1000):  # 2 MB of answer
+        trace._take([ContentOut(chunk), ReasoningOut(chunk)])
+    kept = sum(map(len, trace._output)) + sum(map(len, trace._reasoning))
+    assert MAX_CAPTURED_CHARS <= kept <= MAX_CAPTURED_CHARS + len(chunk)
