@@ -1,5 +1,6 @@
 # The edge's own HTTP serving loop: listeners, accept loop, one task per
-# connection, and the byte stream between each socket and hypercorn's protocol.
+# connection that has sent something, and the byte stream between each socket
+# and hypercorn's protocol.
 #
 # Owns: which connections exist (and how many may), what ends one (an
 # exception, a refused head, a write that cannot progress, idleness, a request
@@ -26,6 +27,12 @@ inside its own `except* Exception`, so whatever it raises closes it, is
 counted (`iop_edge_connection_errors_total{kind="exception"}`) and logged (a
 line per kind per second at most), and never reaches another connection.
 
+A connection that has sent nothing yet has no task: it waits in `_Waiting`
+(a selector of the server's own, watched through its one descriptor) until
+it sends, ends, or reaches `idle_timeout_s`; a flood of idle connections costs
+an accept and a registration each, and a request behind them is not kept
+waiting while tasks are made for them.
+
 Time limits on what a client sends (hypercorn's `read_timeout` is one
 deadline per read, so a client sending a byte just before each deadline
 holds a connection forever): a connection with no request in progress is
@@ -44,7 +51,9 @@ import errno
 import math
 import os
 import resource
+import selectors
 import socket
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -171,6 +180,9 @@ class HttpServer:
         self.app = wrap_app(app, config.wsgi_max_body_size, "asgi")
         self.context = WorkerContext(None)
         self._connections: set[_Connection] = set()
+        # Accepted connections that have sent nothing yet (see _accept_loop); None where
+        # the platform's selector cannot be waited on (each then waits in a task).
+        self._waiting = _Waiting.open()
         self._refusing = 0
         # Past the drain deadline no write waits on its client any more.
         self.write_deadline = math.inf
@@ -186,7 +198,8 @@ class HttpServer:
 
     @property
     def open_connections(self) -> int:
-        return len(self._connections)
+        waiting = len(self._waiting) if self._waiting is not None else 0
+        return len(self._connections) + waiting
 
     async def serve(
         self,
@@ -224,6 +237,8 @@ class HttpServer:
                 task_status.started(binds)
                 try:
                     async with trio.open_nursery() as accepting:
+                        if self._waiting is not None:
+                            accepting.start_soon(self._watch_waiting, self._waiting, connections)
                         for listener in listeners:
                             accepting.start_soon(self._accept_loop, listener, connections)
                         await shutdown.wait()
@@ -231,6 +246,11 @@ class HttpServer:
                 finally:
                     for listener in listeners:
                         listener.socket.close()
+                    if self._waiting is not None:
+                        # Draining: a connection that sent nothing is closed at once.
+                        for sock in self._waiting.take_all():
+                            self._unused(sock)
+                        self._waiting.close()
                 await self.context.terminated.set()
                 self.write_deadline = trio.current_time() + self.config.graceful_timeout
                 for connection in list(self._connections):
@@ -247,6 +267,9 @@ class HttpServer:
         # pass per connection ahead of it).
         with socket.socket(fileno=os.dup(listener.socket.fileno())) as waiting:
             waiting.setblocking(False)
+            if self._waiting is not None:
+                await self._accept_into_waiting(waiting, nursery)
+                return
             backoff = _ACCEPT_BACKOFF_S[0]
             while True:
                 try:
@@ -272,13 +295,78 @@ class HttpServer:
                     stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
                     await self._admit(stream, nursery)
 
+    async def _accept_into_waiting(self, listening: socket.socket, nursery: trio.Nursery) -> None:
+        """Accept up to `accept_burst` connections per wakeup straight into the waiting
+        set: an accept and a registration each, nothing else until the client sends."""
+        waiting = self._waiting
+        assert waiting is not None
+        idle_s = self.limits.idle_timeout_s
+        backoff = _ACCEPT_BACKOFF_S[0]
+        while True:
+            await trio.lowlevel.wait_readable(listening)
+            deadline = trio.current_time() + idle_s
+            for _ in range(self.accept_burst):
+                try:
+                    sock, _addr = listening.accept()
+                except (BlockingIOError, InterruptedError):
+                    break  # another process took it, or none is left
+                except OSError as exc:
+                    self._accept_failed(exc)
+                    # Wait for a connection to end (or a short while) before trying again.
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, _ACCEPT_BACKOFF_S[1])
+                    break
+                backoff = _ACCEPT_BACKOFF_S[0]
+                sock.setblocking(False)
+                if self.open_connections >= self.limits.max_connections:
+                    await self._admit(
+                        trio.SocketStream(trio.socket.from_stdlib_socket(sock)), nursery
+                    )
+                    continue
+                self._gauge.inc()
+                waiting.add(sock, deadline)
+
+    async def _watch_waiting(self, waiting: _Waiting, nursery: trio.Nursery) -> None:
+        """Start a connection's task once it sends; close it at idle_timeout_s if it does
+        not, or at once if all it sent was its end (FIN or RST)."""
+        selector = waiting.fileno()
+        while True:
+            with trio.CancelScope(deadline=waiting.next_deadline()) as scope:
+                waiting.wake = scope
+                await trio.lowlevel.wait_readable(selector)
+            waiting.wake = None
+            for sock in waiting.take_ready():
+                sent = True
+                try:
+                    if not sock.recv(1, socket.MSG_PEEK):
+                        self._unused(sock)  # its end (FIN), and nothing before it
+                        continue
+                except (BlockingIOError, InterruptedError):
+                    sent = False  # not readable after all: its task waits for it
+                except OSError:
+                    self._unused(sock)  # reset
+                    continue
+                connection = _Connection(
+                    self, trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+                )
+                self._connections.add(connection)
+                nursery.start_soon(self._serve_connection, connection, not sent)
+            for sock in waiting.take_expired(trio.current_time()):
+                self._unused(sock)
+
+    def _unused(self, sock: socket.socket) -> None:
+        """A connection closed without having carried a request."""
+        sock.close()
+        self._gauge.dec()
+        self._without_request.inc()
+
     def _accept_failed(self, exc: OSError) -> None:
         kind = "accept_fd_exhausted" if exc.errno in _FD_ERRNOS else "accept_error"
         self.errors.record(kind, f"accept failed: {exc.strerror or exc}")
 
     async def _admit(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         """Serve an accepted connection, or refuse it past `max_connections`."""
-        if len(self._connections) >= self.limits.max_connections:
+        if self.open_connections >= self.limits.max_connections:
             self.errors.record("over_limit", f"{self.limits.max_connections} connections open")
             if self._refusing < _MAX_REFUSING:
                 self._refusing += 1
@@ -291,9 +379,9 @@ class HttpServer:
         self._gauge.inc()
         nursery.start_soon(self._serve_connection, connection)
 
-    async def _serve_connection(self, connection: _Connection) -> None:
+    async def _serve_connection(self, connection: _Connection, wait: bool = True) -> None:
         try:
-            await connection.run()
+            await connection.run(wait)
         except* Exception as group:
             self.errors.record("exception", describe(group))
         finally:
@@ -324,6 +412,81 @@ class HttpServer:
             await stream.aclose()
 
 
+class _Waiting:
+    """Accepted connections that have sent nothing yet, without a task or an object each.
+
+    A flood of idle connections (or the connects of a burst of clients) costs an accept
+    and a registration in a selector of the server's own, whose one descriptor the
+    server waits on; a connection gets its task and its HTTP objects once it sends.
+    Linux's epoll and the BSDs' kqueue can be waited on that way; elsewhere `open`
+    says None and each connection waits in a task of its own.
+    """
+
+    __slots__ = ("_expiry", "_selector", "_socks", "wake")
+
+    def __init__(self, selector: selectors.BaseSelector) -> None:
+        self._selector = selector
+        self._socks: dict[int, socket.socket] = {}
+        # (deadline, descriptor, socket), in the order accepted: deadlines only grow.
+        self._expiry: deque[tuple[float, int, socket.socket]] = deque()
+        # The watcher's wait, to move its deadline when the first connection arrives.
+        self.wake: trio.CancelScope | None = None
+
+    @classmethod
+    def open(cls) -> _Waiting | None:
+        selector = selectors.DefaultSelector()
+        if not hasattr(selector, "fileno"):
+            selector.close()
+            return None
+        return cls(selector)
+
+    def __len__(self) -> int:
+        return len(self._socks)
+
+    def fileno(self) -> int:
+        return self._selector.fileno()  # type: ignore[attr-defined, no-any-return]
+
+    def add(self, sock: socket.socket, deadline: float) -> None:
+        fd = sock.fileno()
+        self._selector.register(fd, selectors.EVENT_READ)
+        self._socks[fd] = sock
+        self._expiry.append((deadline, fd, sock))
+        wake = self.wake
+        if wake is not None and wake.deadline > deadline:
+            wake.deadline = deadline
+
+    def next_deadline(self) -> float:
+        return self._expiry[0][0] if self._expiry else math.inf
+
+    def take_ready(self) -> list[socket.socket]:
+        """The connections that sent something (or their end), out of the set."""
+        ready = []
+        for key, _events in self._selector.select(0):
+            ready.append(self._take(key.fd))
+        return ready
+
+    def take_expired(self, now: float) -> list[socket.socket]:
+        expired = []
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now:
+            _, fd, sock = expiry.popleft()
+            if self._socks.get(fd) is sock:  # else it left the set already
+                expired.append(self._take(fd))
+        return expired
+
+    def take_all(self) -> list[socket.socket]:
+        everything = [self._take(fd) for fd in list(self._socks)]
+        self._expiry.clear()
+        return everything
+
+    def close(self) -> None:
+        self._selector.close()
+
+    def _take(self, fd: int) -> socket.socket:
+        self._selector.unregister(fd)
+        return self._socks.pop(fd)
+
+
 class _Connection:
     """One client connection: socket bytes in and out of hypercorn's protocol."""
 
@@ -346,17 +509,19 @@ class _Connection:
         self._closed = False
         self._write_scope: trio.CancelScope | None = None
 
-    async def run(self) -> None:
+    async def run(self, wait: bool = True) -> None:
+        """Serve the connection; `wait`: until it sends something first (else it has)."""
         sock = self.stream.socket
         # Nothing of hypercorn's is built for a connection until it sends something:
         # a flood of idle connections costs an accept and a wait each.
         self._read_scope = trio.CancelScope(
             deadline=trio.current_time() + self.server.limits.idle_timeout_s
         )
-        with self._read_scope:
-            await trio.lowlevel.wait_readable(sock)
-        if self._read_scope.cancelled_caught:
-            return  # idle past idle_timeout_s, or the edge is draining
+        if wait:
+            with self._read_scope:
+                await trio.lowlevel.wait_readable(sock)
+            if self._read_scope.cancelled_caught:
+                return  # idle past idle_timeout_s, or the edge is draining
         try:
             client = parse_socket_addr(sock.family, sock.getpeername())
             server = parse_socket_addr(sock.family, sock.getsockname())

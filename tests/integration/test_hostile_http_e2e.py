@@ -317,6 +317,53 @@ async def test_connections_that_carry_no_request_are_counted(edge: RunningEdge) 
     assert _without_request(edge) - before == 2
 
 
+async def test_idle_connections_wait_apart_count_and_close_at_the_idle_timeout(
+    nursery: trio.Nursery, sim: SimProcess
+) -> None:
+    """Connections that send nothing wait in the server's waiting set: a request on a
+    connection opened after 300 of them is served; they count as open connections (and
+    against max_connections: the next one past it gets 503); each is closed at
+    idle_timeout_s and counted as a connection without a request."""
+    edge = await start_edge(nursery, _config(sim, idle_timeout_s=1.0, max_connections=302))
+    before = _without_request(edge)
+    idle = [await _open(edge) for _ in range(300)]
+    async with httpx.AsyncClient(base_url=edge.url, timeout=BOUND_S) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        with trio.fail_after(BOUND_S):
+            while _open_connections(edge) < 301:  # noqa: ASYNC110 - a gauge, no event
+                await trio.sleep(0.01)
+        extra = await _open(edge)  # the 302nd
+        refused = await _open(edge)  # past the limit
+        async with refused:
+            await refused.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await _read_to_eof(refused)).startswith(b"HTTP/1.1 503 ")
+        await extra.aclose()
+    for stream in idle:
+        assert await _read_to_eof(stream) == b""  # closed by the edge, nothing sent
+        await stream.aclose()
+    with trio.fail_after(BOUND_S):
+        while _open_connections(edge) > 0:  # noqa: ASYNC110 - a gauge, no event
+            await trio.sleep(0.01)
+    assert _without_request(edge) - before == 301
+    await stop_edge(edge)
+
+
+async def test_the_drain_closes_connections_that_sent_nothing_at_once(
+    nursery: trio.Nursery, sim: SimProcess
+) -> None:
+    """Shutting down, the edge closes connections that never sent a request at once
+    (idle_timeout_s is an hour here)."""
+    edge = await start_edge(nursery, _config(sim, idle_timeout_s=3600.0))
+    idle = [await _open(edge) for _ in range(20)]
+    with trio.fail_after(BOUND_S):
+        while _open_connections(edge) < 20:  # noqa: ASYNC110 - a gauge, no event
+            await trio.sleep(0.01)
+    await stop_edge(edge)
+    for stream in idle:
+        assert await _read_to_eof(stream) == b""
+        await stream.aclose()
+
+
 @pytest.mark.parametrize("case", list(BAD_HEADS))
 async def test_bad_request_head_is_refused_and_the_connection_closed(
     edge: RunningEdge, case: str
