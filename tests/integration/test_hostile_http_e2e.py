@@ -632,6 +632,25 @@ async def test_h2_rapid_reset_closes_the_connection_and_others_are_served(
         assert (await client.get("/healthz")).status_code == 200
 
 
+async def test_h2_reads_handed_over_in_pieces_lose_nothing(edge: RunningEdge) -> None:
+    """HTTP/2 bytes go to the protocol a piece at a time (a read of many small frames is
+    not one step): a request body of ~300 KiB, read in 64 KiB reads cut into pieces,
+    arrives whole (the echo answers it back), and a PRIORITY flood is still contained."""
+    text = "".join(f"{i:07d} " for i in range(38_000))  # ~300 KB, no repeats to hide a loss
+    async with httpx.AsyncClient(
+        base_url=edge.url, http1=False, http2=True, timeout=BOUND_S, headers=AUTH
+    ) as client:
+        response = await client.post(CHAT, json=chat_body("sim-echo", text))
+        assert response.http_version == "HTTP/2"
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"] == text
+    before = _errors(edge, "exception")
+    await _h2_priority_flood(edge)
+    assert _errors(edge, "exception") == before + 1
+    async with httpx.AsyncClient(base_url=edge.url, timeout=BOUND_S) as client:
+        assert (await client.get("/healthz")).status_code == 200
+
+
 async def test_h2_frames_after_end_of_stream_count_as_resets(edge: RunningEdge) -> None:
     """ "MadeYouReset" (CVE-2025-8671): DATA on a stream the client ended makes h2
     reset it while its handler runs on. Past the reset rate such frames get GOAWAY
