@@ -326,7 +326,10 @@ class HttpServer:
                     )
                     continue
                 self._gauge.inc()
-                waiting.add(sock, deadline)
+                # A client that sent its request with its connect (most do) is served
+                # from here; one that sent nothing yet waits apart.
+                if not self._start_if_sent(sock, nursery):
+                    waiting.add(sock, deadline)
 
     async def _watch_waiting(self, waiting: _Waiting, nursery: trio.Nursery) -> None:
         """Start a connection's task once it sends; close it at idle_timeout_s if it does
@@ -338,23 +341,34 @@ class HttpServer:
                 await trio.lowlevel.wait_readable(selector)
             waiting.wake = None
             for sock in waiting.take_ready():
-                sent = True
-                try:
-                    if not sock.recv(1, socket.MSG_PEEK):
-                        self._unused(sock)  # its end (FIN), and nothing before it
-                        continue
-                except (BlockingIOError, InterruptedError):
-                    sent = False  # not readable after all: its task waits for it
-                except OSError:
-                    self._unused(sock)  # reset
-                    continue
-                connection = _Connection(
-                    self, trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-                )
-                self._connections.add(connection)
-                nursery.start_soon(self._serve_connection, connection, not sent)
+                if not self._start_if_sent(sock, nursery):
+                    # Not readable after all: its task waits for it.
+                    self._start(sock, b"", nursery)
             for sock in waiting.take_expired(trio.current_time()):
                 self._unused(sock)
+
+    def _start_if_sent(self, sock: socket.socket, nursery: trio.Nursery) -> bool:
+        """Start the connection's task with what its client sent, or close it if all it
+        sent was its end (FIN or RST); False when it has sent nothing yet."""
+        try:
+            first = sock.recv(MAX_RECV)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            first = b""  # reset
+        if not first:
+            self._unused(sock)
+        else:
+            self._start(sock, first, nursery)
+        return True
+
+    def _start(self, sock: socket.socket, first: bytes, nursery: trio.Nursery) -> None:
+        """The task of a connection (counted open already) whose client sent `first`
+        (b"": nothing yet, its task waits for it)."""
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        connection = _Connection(self, stream, first)
+        self._connections.add(connection)
+        nursery.start_soon(self._serve_connection, connection, not first)
 
     def _unused(self, sock: socket.socket) -> None:
         """A connection closed without having carried a request."""
@@ -492,9 +506,11 @@ class _Waiting:
 class _Connection:
     """One client connection: socket bytes in and out of hypercorn's protocol."""
 
-    def __init__(self, server: HttpServer, stream: trio.SocketStream) -> None:
+    def __init__(self, server: HttpServer, stream: trio.SocketStream, first: bytes = b"") -> None:
         self.server = server
         self.stream = stream
+        # What the client sent before the connection's task began (read by the server).
+        self._first = first
         self._send_lock = trio.Lock()
         self._scanner = HeadScanner(server.config.h11_max_incomplete_size, _H2_LIMITS)
         self._protocol: ProtocolWrapper | None = None
@@ -591,12 +607,13 @@ class _Connection:
             body_deadline = started + self._body_left if self._scanner.in_body else math.inf
             # A cancel scope enters once: each receive gets a fresh one.
             self._read_scope = trio.CancelScope(deadline=min(self._idle_deadline, body_deadline))
-            data = b""
-            with self._read_scope:
-                try:
-                    data = await self.stream.receive_some(MAX_RECV)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    break
+            data, self._first = self._first, b""
+            if not data:
+                with self._read_scope:
+                    try:
+                        data = await self.stream.receive_some(MAX_RECV)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        break
             if self._read_scope.cancelled_caught:
                 await self._timed_out(body_deadline)
                 break
