@@ -85,6 +85,19 @@ def window_gaps(stamps: Sequence[float], w0: float, w1: float) -> tuple[array[fl
     return gaps, frames
 
 
+def window_figures(
+    streams: Sequence[Sequence[float]], w0: float, w1: float
+) -> tuple[list[float], int]:
+    """Every stream's gaps that end in [w0, w1] (ms), and the frames in it."""
+    gaps: array[float] = array("d")
+    frames = 0
+    for stamps in streams:
+        g, n = window_gaps(stamps, w0, w1)
+        gaps.extend(g)
+        frames += n
+    return [g * 1e3 for g in gaps], frames
+
+
 def steady_window(streams: Sequence[Sequence[float]]) -> tuple[float, float] | None:
     """From the last stream's first frame to the first stream's last frame (or None).
 
@@ -332,13 +345,7 @@ def measure(bench: Bench, via: str, count: int, rate: float, seconds: float) -> 
         bench.log(f"  paced {via} {count}x{rate:g}: no moment had every stream live")
         return out
     w0, w1 = window
-    gaps: array[float] = array("d")
-    frames = 0
-    for stamps in streams:
-        g, n = window_gaps(stamps, w0, w1)
-        gaps.extend(g)
-        frames += n
-    ms = [g * 1e3 for g in gaps]
+    ms, frames = window_figures(streams, w0, w1)
     span = w1 - w0
     (e0, n0), (e1, n1) = _interpolate(samples, w0), _interpolate(samples, w1)
     out.update(

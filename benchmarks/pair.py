@@ -21,7 +21,6 @@ import json
 import sys
 import tempfile
 import time
-from array import array
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from benchmarks.paced import (
     _streams_of,
     paced_script,
     steady_window,
-    window_gaps,
+    window_figures,
 )
 from benchmarks.report import pct
 from benchmarks.stack import EdgeSource, Stack
@@ -83,14 +82,8 @@ def one_round(
             out.append({"failed": part.get("first_error") or "no steady window"})
             continue
         w0, w1 = window
-        gaps: array[float] = array("d")
-        frames = 0
-        for stamps in streams:
-            g, n = window_gaps(stamps, w0, w1)
-            gaps.extend(g)
-            frames += n
+        ms, frames = window_figures(streams, w0, w1)
         (e0, _), (e1, _) = _interpolate(samples[i], w0), _interpolate(samples[i], w1)
-        ms = [g * 1e3 for g in gaps]
         whole = samples[i][-1][1] - samples[i][0][1]
         out.append(
             {
