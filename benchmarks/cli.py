@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -722,14 +722,25 @@ def main_workers(args: argparse.Namespace, settings: Settings) -> int:
     """`--workers-only`: throughput by worker count; writes workers.json."""
     from benchmarks.workers import render_workers
 
-    out = args.out or DEFAULT_OUT.parent / "workers.json"
+    return _only(args, settings, "workers", workers_run, render_workers)
+
+
+def _only(
+    args: argparse.Namespace,
+    settings: Settings,
+    name: str,
+    run: Callable[[argparse.Namespace, Path, int], dict[str, Any]],
+    render: Callable[[dict[str, Any]], list[str]],
+) -> int:
+    """One workload alone (`--NAME-only`): run it, write NAME.json, print its table."""
+    out = args.out or DEFAULT_OUT.parent / f"{name}.json"
     started = time.monotonic()
-    with _workdir("iop-bench-workers-", args.keep) as tmp:
+    with _workdir(f"iop-bench-{name}-", args.keep) as tmp:
         result: dict[str, Any] = {"machine": machine(), "quick": args.quick}
-        result["workers"] = workers_run(args, tmp, settings.clients)
+        result[name] = run(args, tmp, settings.clients)
         result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     _write(out, result, started)
-    print("\n".join(render_workers(result["workers"])))
+    print("\n".join(render(result[name])))
     print(f"\nwritten: {out}")
     return 0
 
@@ -749,16 +760,7 @@ def main_tracing(args: argparse.Namespace, settings: Settings) -> int:
     """`--tracing-only`: the tracing cost; writes tracing.json."""
     from benchmarks.tracing import render_tracing
 
-    out = args.out or DEFAULT_OUT.parent / "tracing.json"
-    started = time.monotonic()
-    with _workdir("iop-bench-tracing-", args.keep) as tmp:
-        result: dict[str, Any] = {"machine": machine(), "quick": args.quick}
-        result["tracing"] = tracing_run(args, tmp, settings.clients)
-        result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    _write(out, result, started)
-    print("\n".join(render_tracing(result["tracing"])))
-    print(f"\nwritten: {out}")
-    return 0
+    return _only(args, settings, "tracing", tracing_run, render_tracing)
 
 
 def main(argv: list[str] | None = None) -> int:

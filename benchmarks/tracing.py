@@ -225,4 +225,6 @@ def render_tracing(r: dict[str, Any]) -> list[str]:
         f"added by tracing at ratio 1.0: {fmt(r['added_req_us_pct'])}% CPU per request, "
         f"{fmt(r['added_chunk_us_pct'])}% CPU per chunk (goal < 5% per chunk); "
         f"{r['sink']['exports']} exports, {r['sink']['bytes']:,} bytes received",
+        "(off and on run one after the other: a few percent is within this machine's drift;"
+        " `python -m benchmarks.pair --tracing` runs both at once)",
     ]
