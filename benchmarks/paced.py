@@ -29,6 +29,7 @@ import json
 import time
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.httpclient import AioConnection, ResponseReader
@@ -289,18 +290,38 @@ PACED_JOBS: dict[str, JobFn] = {"paced_edge": job_paced_edge, "paced_direct": jo
 # --- the orchestrator's side ----------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Plan:
+    """One paced run: its script, and when and how fast its streams start."""
+
+    tokens: int
+    script: str
+    ramp_s: float
+    start_at: float
+    timeout_s: float
+
+    @classmethod
+    def of(cls, count: int, rate: float, seconds: float) -> Plan:
+        tokens = max(2, round(rate * seconds))
+        lo, hi = RAMP_BOUNDS_S
+        ramp = min(max(lo, count * RAMP_PER_STREAM_S), hi, seconds / 3)
+        return cls(
+            tokens, paced_script(tokens, rate), ramp, mono() + START_DELAY_S, seconds * 3 + 30.0
+        )
+
+    def job_args(self, total: int) -> dict[str, Any]:
+        """What every load-generator job of the run gets (beside its share)."""
+        return {"total": total, "start_at": self.start_at, "ramp_s": self.ramp_s,
+                "timeout_s": self.timeout_s}  # fmt: skip
+
+
 def measure(bench: Bench, via: str, count: int, rate: float, seconds: float) -> dict[str, Any]:
     """`count` streams of `rate` tokens/s for `seconds`, via "edge" or "direct"."""
-
-    tokens = max(2, round(rate * seconds))
-    script = paced_script(tokens, rate)
-    lo, hi = RAMP_BOUNDS_S
-    ramp = min(max(lo, count * RAMP_PER_STREAM_S), hi, seconds / 3)
-    start_at = mono() + START_DELAY_S
-    timeout_s = seconds * 3 + 30.0
+    plan = Plan.of(count, rate, seconds)
+    tokens, script, ramp, timeout_s = plan.tokens, plan.script, plan.ramp_s, plan.timeout_s
     workers = min(bench.pool.size, max(1, count // 100))
     shares = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
-    common = {"total": count, "start_at": start_at, "ramp_s": ramp, "timeout_s": timeout_s}
+    common = plan.job_args(count)
     offset = 0
     for i, share in enumerate(shares):
         if via == "edge":
@@ -351,7 +372,7 @@ def measure(bench: Bench, via: str, count: int, rate: float, seconds: float) -> 
     out.update(
         {
             "window_s": span,
-            "window_start_after_s": w0 - start_at,
+            "window_start_after_s": w0 - plan.start_at,
             "window_chunks_per_s": frames / span,
             "gap_p50_ms": pct(ms, 50),
             "gap_p90_ms": pct(ms, 90),

@@ -28,13 +28,11 @@ from typing import Any
 from benchmarks.ab import checkout, edge_module_path, remove_checkout, tree_label
 from benchmarks.loadgen import Pool
 from benchmarks.paced import (
-    RAMP_BOUNDS_S,
-    RAMP_PER_STREAM_S,
     SAMPLE_EVERY_S,
     START_DELAY_S,
+    Plan,
     _interpolate,
     _streams_of,
-    paced_script,
     steady_window,
     window_figures,
 )
@@ -50,21 +48,16 @@ def one_round(
     benches: list[Bench], pool: Pool, count: int, rate: float, seconds: float
 ) -> list[dict[str, Any]]:
     """The same paced streams through every edge at once; per edge: CPU/chunk, gaps."""
-    tokens = max(2, round(rate * seconds))
-    script = paced_script(tokens, rate)
-    lo, hi = RAMP_BOUNDS_S
-    ramp = min(max(lo, count * RAMP_PER_STREAM_S), hi, seconds / 3)
-    start_at = mono() + START_DELAY_S
-    timeout_s = seconds * 3 + 30.0
+    plan = Plan.of(count, rate, seconds)
     for i, bench in enumerate(benches):
         pool.submit(
             i, "paced_edge", host=bench.host, port=bench.port,
-            request=bench.post(script, stream=True), count=count, offset=0, total=count,
-            start_at=start_at, ramp_s=ramp, timeout_s=timeout_s,
+            request=bench.post(plan.script, stream=True), count=count, offset=0,
+            **plan.job_args(count),
         )  # fmt: skip
     samples: list[list[tuple[float, float, float]]] = [[] for _ in benches]
     waiting = list(range(len(benches)))
-    limit = mono() + START_DELAY_S + timeout_s + 30
+    limit = mono() + START_DELAY_S + plan.timeout_s + 30
     while waiting and mono() < limit:
         for i, bench in enumerate(benches):
             samples[i].append((mono(), bench.edge.cpu(), 0.0))

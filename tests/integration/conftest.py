@@ -206,3 +206,17 @@ def script(*events: dict[str, Any]) -> str:
 
 def chat_body(model: str, content: str, **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+async def notify_lines(
+    sock: trio.socket.SocketType, wanted: str, within_s: float = 15.0
+) -> list[str]:
+    """sd_notify datagrams received until one holds the line `wanted` (the others are
+    returned too)."""
+    seen: list[str] = []
+    with trio.fail_after(within_s):
+        while True:
+            message = (await sock.recv(4096)).decode()
+            seen.append(message)
+            if wanted in message.splitlines():
+                return seen

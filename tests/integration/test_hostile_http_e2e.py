@@ -317,12 +317,12 @@ async def test_connections_that_carry_no_request_are_counted(edge: RunningEdge) 
     assert _without_request(edge) - before == 2
 
 
-async def test_idle_connections_wait_apart_count_and_close_at_the_idle_timeout(
+async def test_idle_connections_count_and_close_at_the_idle_timeout(
     nursery: trio.Nursery, sim: SimProcess
 ) -> None:
-    """Connections that send nothing wait in the server's waiting set: a request on a
-    connection opened after 300 of them is served; they count as open connections (and
-    against max_connections: the next one past it gets 503); each is closed at
+    """Connections that send nothing (they wait in the server's waiting set): a request
+    on a connection opened after 300 of them is served; they count as open connections
+    (and against max_connections: the next one past it gets 503); each is closed at
     idle_timeout_s and counted as a connection without a request."""
     edge = await start_edge(nursery, _config(sim, idle_timeout_s=1.0, max_connections=302))
     before = _without_request(edge)

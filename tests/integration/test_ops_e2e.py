@@ -29,6 +29,7 @@ from tests.integration.conftest import (
     SimProcess,
     chat_body,
     edge_config,
+    notify_lines,
     script,
     start_edge,
     stop_edge,
@@ -482,17 +483,6 @@ async def test_a_second_signal_exits_at_once(sim: SimProcess, tmp_path: Path) ->
 # --- systemd ----------------------------------------------------------------------
 
 
-async def _notice(sock: trio.socket.SocketType, wanted: str, within_s: float = 15.0) -> list[str]:
-    """Datagrams received until one holds the line `wanted` (skipping the others)."""
-    seen: list[str] = []
-    with trio.fail_after(within_s):
-        while True:
-            message = (await sock.recv(4096)).decode()
-            seen.append(message)
-            if wanted in message.splitlines():
-                return seen
-
-
 async def test_sd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
     """On a NOTIFY_SOCKET the test owns: READY=1 once listening, WATCHDOG=1 pings while
     serving (WATCHDOG_USEC set), STOPPING=1 after SIGTERM; then exit 0."""
@@ -505,11 +495,11 @@ async def test_sd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
         env = {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "200000", "WATCHDOG_PID": ""}
         toml = '[server]\nlisten = "127.0.0.1:0"\ndrain_timeout_s = 5\n'  # embedded node
         async with edge_process(tmp_path, toml, env=env) as edge:
-            ready = await _notice(sock, "READY=1")
+            ready = await notify_lines(sock, "READY=1")
             assert "STOPPING=1" not in "".join(ready)
-            await _notice(sock, "WATCHDOG=1")
+            await notify_lines(sock, "WATCHDOG=1")
             edge.signal(signal.SIGTERM)
-            await _notice(sock, "STOPPING=1")
+            await notify_lines(sock, "STOPPING=1")
             assert await edge.wait_exit() == 0
 
 

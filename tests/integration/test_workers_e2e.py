@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edge.cli import main as cli_main
 from edge.config import ConfigError, parse_config
-from tests.integration.conftest import SimProcess, chat_body, script
+from tests.integration.conftest import SimProcess, chat_body, notify_lines, script
 from tests.integration.edgeproc import EdgeProcess, edge_process
 
 CHAT = "/v1/chat/completions"
@@ -166,17 +166,6 @@ def _notify_path(tmp_path: Path) -> Path:
     return directory / "notify.sock"
 
 
-async def _until(sock: trio.socket.SocketType, wanted: str, within_s: float = 15.0) -> list[str]:
-    """Datagrams received until one holds the line `wanted` (the others are returned too)."""
-    seen: list[str] = []
-    with trio.fail_after(within_s):
-        while True:
-            message = (await sock.recv(4096)).decode()
-            seen.append(message)
-            if wanted in message.splitlines():
-                return seen
-
-
 async def _pings_stop(sock: trio.socket.SocketType, gap_s: float, within_s: float) -> None:
     """WATCHDOG=1 pings stop: a gap of `gap_s` without one, within `within_s`."""
     with trio.fail_after(within_s):
@@ -204,15 +193,15 @@ async def test_sd_notify_speaks_for_every_worker_and_sigterm_drains_a_stream(
         env = {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "200000", "WATCHDOG_PID": ""}
         toml = '[server]\nlisten = "127.0.0.1:0"\ndrain_timeout_s = 20\nworkers = 2\n'
         async with two_workers(tmp_path, toml, env=env) as edge:
-            first = await _until(sock, "READY=1")
-            await _until(sock, "WATCHDOG=1")
+            first = await notify_lines(sock, "READY=1")
+            await notify_lines(sock, "WATCHDOG=1")
             stopped = workers(edge)[1]
             stopped.suspend()
             try:
                 await _pings_stop(sock, gap_s=0.6, within_s=10)
             finally:
                 stopped.resume()
-            await _until(sock, "WATCHDOG=1")
+            await notify_lines(sock, "WATCHDOG=1")
             async with (
                 httpx.AsyncClient(base_url=edge.url, timeout=30) as http,
                 http.stream("POST", CHAT, json=body) as response,
@@ -222,7 +211,7 @@ async def test_sd_notify_speaks_for_every_worker_and_sigterm_drains_a_stream(
                     if line.startswith("data: ") and '"content":"a"' in line:
                         break
                 edge.signal(signal.SIGTERM)
-                rest = await _until(sock, "STOPPING=1")
+                rest = await notify_lines(sock, "STOPPING=1")
                 data = [line async for line in lines if line.startswith("data: ")]
             assert data[-1] == "data: [DONE]"
             text = "a" + "".join(
