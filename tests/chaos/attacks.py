@@ -24,10 +24,19 @@ import trio
 from tests.chaos.procs import EdgeProcess, SimNode
 from tests.hostile import payloads
 from tests.hostile.cases import KEY, KINDS, make_case
+from tests.hostile.h2 import stalled_streams
 from tests.hostile.triggers import triggers
 from tests.hostile.wire import send_case
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
+# A key over its rate limit at once (`THROTTLED_CONFIG`): every request of it gets a 429.
+THROTTLED_KEY = "sk-hostile-throttled-0123456789"
+THROTTLED_CONFIG = f"""
+[[keys]]
+name = "throttled"
+key = "{THROTTLED_KEY}"
+rpm = 1
+"""
 # No single request of the mix waits longer than this.
 REQUEST_LIMIT_S = 20.0
 # A stalled reader's receive buffer: small, so the answer waits in the edge, not the kernel.
@@ -57,6 +66,9 @@ class Sizes:
     tools: int = 2000
     brace_lines: int = 4000
     redos_a: int = 30
+    h2_conns: int = 8
+    h2_streams: int = 100  # per connection (the edge's HTTP/2 limit)
+    throttled: int = 4  # clients of the throttled key sending 4 MB bodies at once
     seed: int = 1234
 
 
@@ -93,6 +105,27 @@ async def _post(edge: EdgeProcess, body: dict[str, Any], tally: Tally) -> None:
                 ):
                     async for _ in response.aiter_bytes():
                         pass
+                    outcome = str(response.status_code)
+            except httpx.HTTPError as exc:
+                outcome = type(exc).__name__
+        if scope.cancelled_caught:
+            outcome = f"no answer within {REQUEST_LIMIT_S:g}s"
+    finally:
+        tally.outcomes[outcome] += 1
+
+
+async def _post_raw(
+    edge: EdgeProcess, path: str, data: bytes, tally: Tally, key: str = KEY
+) -> None:
+    """One POST of ready bytes (bodies a dict cannot hold: nesting past the recursion
+    limit); its status (or failure) goes into `tally`."""
+    outcome = "unanswered at the end"
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    try:
+        with trio.move_on_after(REQUEST_LIMIT_S) as scope:
+            try:
+                async with httpx.AsyncClient(base_url=edge.url, timeout=REQUEST_LIMIT_S) as c:
+                    response = await c.post(path, content=data, headers=headers)
                     outcome = str(response.status_code)
             except httpx.HTTPError as exc:
                 outcome = type(exc).__name__
@@ -205,6 +238,86 @@ async def one_packet(t: Target, tally: Tally) -> None:
             await t.restart()
 
 
+async def nested(t: Target, tally: Tally) -> None:
+    """975 levels of `[` in each free-form field that reaches the node, in turn (all APIs):
+    each must be refused, and give its node slot back."""
+    for i in range(1_000_000):
+        path, data = payloads.nested(i)
+        await _post_raw(t.edge, path, data, tally)
+        await trio.sleep(0.05)
+
+
+async def big_bodies(t: Target, tally: Tally) -> None:
+    """Bodies under every size limit that are costly to build a run from, in turn: ~150,000
+    one-character content parts, 4 MB of tool-call history, 16,000 messages."""
+    bodies = (payloads.tiny_parts(), payloads.tool_history(), payloads.many_messages())
+    for i in range(1_000_000):
+        await _post_raw(t.edge, "/v1/chat/completions", bodies[i % len(bodies)], tally)
+        await trio.sleep(0.05)
+
+
+async def log_flood(t: Target, tally: Tally) -> None:
+    """Eight at once, again and again: a Responses body whose dropped hosted tool carries
+    3.7 MB (the edge logs what it dropped)."""
+    data = payloads.hosted_tool()
+
+    async def one() -> None:
+        while True:
+            await _post_raw(t.edge, "/v1/responses", data, tally)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(one)
+
+
+async def big_delta(t: Target, tally: Tally) -> None:
+    """A node answer whose one delta is 3.8 MB of `<` (the stream filters' worst case)."""
+    await _repeat(payloads.big_delta)(t, tally)
+
+
+async def script_numbers(t: Target, tally: Tally) -> None:
+    """Scripts with numbers a node must refuse (`nan`, infinite, huge, negative sleeps and
+    repeats): the node's timers must keep serving everyone else."""
+    for i in range(1_000_000):
+        await _post(t.edge, payloads.bad_script(i), tally)
+        await trio.sleep(0.05)
+
+
+async def h2_stalled(t: Target, tally: Tally) -> None:
+    """`sizes.h2_conns` HTTP/2 connections of `sizes.h2_streams` streams each asking for a
+    1 MiB answer, with a stream window of 0 that is never opened; held until cancelled."""
+    data = json.dumps(payloads.big_answer(16)).encode()
+    preface = stalled_streams(KEY, data, t.sizes.h2_streams)
+    held: list[trio.SocketStream] = []
+    try:
+        for _ in range(t.sizes.h2_conns):
+            try:
+                stream = await trio.open_tcp_stream("127.0.0.1", t.edge.port)
+                held.append(stream)
+                await stream.send_all(preface)
+                tally.outcomes["opened"] += 1
+            except (OSError, trio.BrokenResourceError) as exc:
+                tally.outcomes[f"refused ({type(exc).__name__})"] += 1
+        await trio.sleep_forever()
+    finally:
+        for stream in held:
+            stream.socket.close()
+
+
+async def throttled(t: Target, tally: Tally) -> None:
+    """`sizes.throttled` clients of a key over its rate limit, each sending 4 MB bodies in
+    a loop: every one a 429, and no other key slowed by them."""
+    data = payloads.tool_history()
+
+    async def one() -> None:
+        while True:
+            await _post_raw(t.edge, "/v1/chat/completions", data, tally, key=THROTTLED_KEY)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(t.sizes.throttled):
+            nursery.start_soon(one)
+
+
 # Attacks that end on their own and get the time they need (the others run until cancelled).
 UNTIMED = frozenset({"one_packet"})
 ATTACKS: dict[str, Attack] = {
@@ -215,6 +328,13 @@ ATTACKS: dict[str, Attack] = {
     "redos": redos,
     "fuzz": fuzz,
     "one_packet": one_packet,
+    "nested": nested,
+    "big_bodies": big_bodies,
+    "log_flood": log_flood,
+    "big_delta": big_delta,
+    "script_numbers": script_numbers,
+    "h2_stalled": h2_stalled,
+    "throttled": throttled,
 }
 
 

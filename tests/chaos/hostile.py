@@ -6,12 +6,17 @@ One `iop-sim-node` and, per phase, a fresh `iop-edge` (API keys on, default
 timeouts), real processes on 127.0.0.1. Each phase runs one attack of
 `tests.chaos.attacks` (connection flood, stalled readers of 64 KiB deltas,
 tool flood, `{`-line model text, ReDoS schema, fuzzed frames, the known
-one-packet triggers), or all of them at once (`all`), for `--phase-s`
-seconds beside normal requests, while /healthz is probed every 100 ms and
-the edge's RSS sampled. It prints a table, then one JSON line with the
-figures and the goals: the process stayed alive; /healthz p99 < 100 ms;
-RSS peak < 256 MiB above idle; no normal request failed. Exits 0 when every
-goal holds, 1 otherwise. Bounded: each phase by `--phase-s` plus the normal
+one-packet triggers; and the second round: nesting past the recursion limit
+in every free-form field, bodies of tiny parts, tool history or many
+messages, hosted tools sized for the log, a 3.8 MB delta of `<`, script
+numbers a node must refuse, HTTP/2 streams whose window never opens, a
+throttled key sending 4 MB bodies), or all of them at once (`all`), for
+`--phase-s` seconds beside normal requests, while /healthz is probed every
+100 ms and the edge's RSS sampled. It prints a table, then one JSON line
+with the figures and the goals: the process stayed alive; /healthz p99 <
+100 ms; RSS peak < 256 MiB above idle; no normal request failed; every node
+slot came back once the phase ended. Exits 0 when every goal holds, 1
+otherwise. Bounded: each phase by `--phase-s` plus the normal
 requests' limit; the edge is killed past `--rss-cap-mib` (the machine is
 shared).
 """
@@ -30,12 +35,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 from tests.chaos.attacks import (
     ATTACKS,
     ENDED_THE_EDGE,
     KEY,
+    THROTTLED_CONFIG,
     UNTIMED,
     Normal,
     Sizes,
@@ -54,6 +61,8 @@ END_GRACE_S = 5.0
 LATE = frozenset({"fuzz", "one_packet"})
 RSS_EVERY_S = 0.1
 MIB = 2**20
+# After the phase: how long the node slots taken during it may take to come back.
+SLOTS_GRACE_S = 10.0
 
 
 @dataclass
@@ -68,6 +77,8 @@ class Phase:
     rss_capped: bool = False
     probe_ms: list[float] = field(default_factory=list)
     probe_errors: list[str] = field(default_factory=list)
+    # Node slots still taken once the phase ended and its grace passed (None: not read).
+    slots_left: int | None = None
     normal: Normal = field(default_factory=Normal)
     tallies: dict[str, Tally] = field(default_factory=dict)
 
@@ -113,6 +124,22 @@ async def _warm(edge: EdgeProcess) -> None:
     await trio.sleep(0.5)
 
 
+async def _slots_left(edge: EdgeProcess) -> int:
+    """The node slots still taken once everything of the phase is gone, read until they are
+    all back or SLOTS_GRACE_S passed (-1: the edge did not answer)."""
+    left = -1
+    with trio.move_on_after(SLOTS_GRACE_S):
+        while True:
+            try:
+                left = await edge.in_flight()
+            except httpx.HTTPError:
+                left = -1
+            if left == 0:
+                break
+            await trio.sleep(0.1)
+    return left
+
+
 async def run_phase(
     name: str, node: SimNode, workdir: Path, sizes: Sizes, seconds: float, cap: int
 ) -> Phase:
@@ -120,7 +147,7 @@ async def run_phase(
     phase = Phase(name)
     phase_dir = workdir / name
     await trio.to_thread.run_sync(phase_dir.mkdir)
-    edge = EdgeProcess(phase_dir, api_keys=(KEY,), timeouts=None)
+    edge = EdgeProcess(phase_dir, api_keys=(KEY,), timeouts=None, extra_config=THROTTLED_CONFIG)
     await edge.start([node])
     target = Target(edge, [node], sizes)
     attacks = list(ATTACKS) if name == "all" else [name]
@@ -150,6 +177,8 @@ async def run_phase(
         # RSS watch, sampling every RSS_EVERY_S, can miss: the tally has it.
         ended = sum(t.outcomes[ENDED_THE_EDGE] for t in phase.tallies.values())
         phase.alive = phase.alive and edge.alive() and not ended
+        if phase.alive:
+            phase.slots_left = await _slots_left(edge)
     finally:
         phase.exit_code = await edge.stop()
     return phase
@@ -170,6 +199,7 @@ def _figures(phases: list[Phase]) -> dict[str, Any]:
         "normal_requests": normal_n,
         "normal_errors": normal_err,
         "normal_error_rate": round(normal_err / normal_n, 4) if normal_n else None,
+        "slots_left": {p.name: p.slots_left for p in phases if p.slots_left},
     }
     figures["goals"] = {
         "alive": figures["alive"],
@@ -177,6 +207,7 @@ def _figures(phases: list[Phase]) -> dict[str, Any]:
         and not figures["healthz_failed"],
         "rss_below_256mib_above_idle": figures["rss_peak_above_idle_mib"] < RSS_GOAL_MIB,
         "no_normal_errors": normal_n > 0 and normal_err == 0,
+        "every_slot_back": all(p.slots_left == 0 for p in phases if p.alive),
     }
     figures["ok"] = all(figures["goals"].values())
     return figures
@@ -187,7 +218,7 @@ def report(phases: list[Phase], sizes: Sizes, seconds: float) -> str:
         f"hostile mix: {len(phases)} phases of {seconds:g}s, sizes {asdict(sizes)}",
         "",
         f"{'phase':<16}{'alive':>6}{'exit':>6}{'hz p50':>8}{'hz p99':>8}{'hz max':>8}{'hz fail':>8}"
-        f"{'rss idle':>10}{'peak':>8}{'+idle':>8}{'normal':>8}{'errors':>8}",
+        f"{'rss idle':>10}{'peak':>8}{'+idle':>8}{'normal':>8}{'errors':>8}{'slots':>6}",
     ]
     for p in phases:
         code = "-" if p.exit_code is None else str(p.exit_code)
@@ -197,6 +228,7 @@ def report(phases: list[Phase], sizes: Sizes, seconds: float) -> str:
             f"{max(p.probe_ms, default=float('nan')):>8.0f}{len(p.probe_errors):>8}"
             f"{p.rss_idle / MIB:>10.0f}{p.rss_peak / MIB:>8.0f}{p.above_idle_mib:>8.0f}"
             f"{p.normal.done + sum(p.normal.errors.values()):>8}{sum(p.normal.errors.values()):>8}"
+            f"{'-' if p.slots_left is None else p.slots_left:>6}"
             + ("  (killed at the RSS cap)" if p.rss_capped else "")
         )
     lines.append("")
@@ -250,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tools", type=int, default=d.tools)
     p.add_argument("--brace-lines", type=int, default=d.brace_lines)
     p.add_argument("--redos-a", type=int, default=d.redos_a, help="a's before the b")
+    p.add_argument("--h2-conns", type=int, default=d.h2_conns, help="HTTP/2 stalled connections")
+    p.add_argument("--h2-streams", type=int, default=d.h2_streams, help="streams per connection")
+    p.add_argument("--throttled", type=int, default=d.throttled, help="throttled key's clients")
     p.add_argument("--rss-cap-mib", type=float, default=3072.0, help="kill the edge past this RSS")
     p.add_argument("--keep-logs", action="store_true")
     return p
@@ -284,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             "healthz_failed": len(p.probe_errors),
             "rss_peak_above_idle_mib": round(p.above_idle_mib, 1),
             "normal_errors": sum(p.normal.errors.values()),
+            "slots_left": p.slots_left,
         }
         for p in done
     }

@@ -143,7 +143,9 @@ def edge_config(
     *,
     api_keys: tuple[str, ...] = (),
     timeouts: dict[str, float] | None = CHAOS_TIMEOUTS,
+    extra: str = "",
 ) -> str:
+    """The edge's config.toml; `extra` is appended as it is (more tables)."""
     lines = [
         "[server]",
         f'listen = "127.0.0.1:{port}"',
@@ -157,7 +159,7 @@ def edge_config(
         lines += ["", "[timeouts]", *(f"{k} = {v}" for k, v in timeouts.items())]
     for node in nodes:
         lines += ["", "[[nodes]]", f'name = "{node.name}"', f'address = "{node.address}"']
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + extra
 
 
 @dataclass
@@ -170,6 +172,8 @@ class EdgeProcess:
     log: Path = field(init=False)
     api_keys: tuple[str, ...] = ()
     timeouts: dict[str, float] | None = field(default_factory=lambda: dict(CHAOS_TIMEOUTS))
+    # More config tables, appended to the generated config.toml.
+    extra_config: str = ""
 
     def __post_init__(self) -> None:
         self.log = self.workdir / "edge.log"
@@ -184,7 +188,13 @@ class EdgeProcess:
             self.port = free_port()
             config = self.workdir / "edge.toml"
             config.write_text(
-                edge_config(self.port, nodes, api_keys=self.api_keys, timeouts=self.timeouts)
+                edge_config(
+                    self.port,
+                    nodes,
+                    api_keys=self.api_keys,
+                    timeouts=self.timeouts,
+                    extra=self.extra_config,
+                )
             )
             argv = [sys.executable, "-m", "edge", "--config", str(config)]
             self.process = await _open(argv, self.log)

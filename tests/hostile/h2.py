@@ -204,3 +204,23 @@ def h2_case(rng: random.Random, index: int, key: str) -> Case:
         else:
             parts[-1] += data
     return Case("h2", index, " + ".join(names), tuple(parts))
+
+
+def stalled_streams(key: str, body: bytes, count: int) -> bytes:
+    """One HTTP/2 connection's bytes: the preface, SETTINGS with a stream window of 0 (the
+    edge may send no DATA on any stream until the client opens it, which it never does),
+    then `count` POSTs of `body` to /v1/chat/completions."""
+    encoder = hpack.Encoder()
+    frames: list[Frame] = [SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 0})]
+    for i in range(count):
+        sid = 1 + 2 * i
+        block = encoder.encode(
+            [(":method", "POST"), (":scheme", "http"), (":authority", "edge"),
+             (":path", "/v1/chat/completions"), ("content-type", "application/json"),
+             ("authorization", f"Bearer {key}")]
+        )  # fmt: skip
+        frames.append(HeadersFrame(sid, block, flags=["END_HEADERS"]))
+        for at in range(0, len(body), 2**14):
+            flags = ["END_STREAM"] if at + 2**14 >= len(body) else []
+            frames.append(DataFrame(sid, body[at : at + 2**14], flags=flags))
+    return PREFACE + _ser(*frames)

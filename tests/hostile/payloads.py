@@ -107,3 +107,135 @@ def normal(i: int, *, stream: bool, pace_ms: int = 0) -> tuple[dict[str, Any], s
     for word in words.split():
         events += [{"type": "delta", "delta": word + " "}, {"sleep_ms": pace_ms}]
     return _scripted(stream, [], *events, _complete()), words
+
+
+# --- The second round: bodies that are valid JSON under every size limit, and costly. ---
+
+# Nesting past Python's recursion limit once a few frames are on the stack.
+NEST_DEPTH = 975
+# What a body of the second round aims to stay under (the edge's default max_body_bytes).
+BODY_BYTES = 4 * 1024 * 1024 - 4096
+
+
+def _nest(depth: int = NEST_DEPTH) -> str:
+    return "[" * depth + "]" * depth
+
+
+def nested(variant: int, depth: int = NEST_DEPTH) -> tuple[str, bytes]:
+    """(path, body): `depth` levels of `[` inside one free-form field that reaches the node,
+    one of six (by `variant`): a non-text content part, `response_format` extras,
+    `chat_template_kwargs`, a Messages `document` block, a Messages `tool_result` block,
+    a Responses `input_file` part."""
+    nest = _nest(depth)
+    user = '{"role": "user", "content": "hi"}'
+    bodies = [
+        (
+            "/v1/chat/completions",
+            '{"model": "sim-echo", "messages": [{"role": "user", "content": [{"type": "text", '
+            '"text": "hi"}, {"type": "image_url", "image_url": {"url": '
+            f'"data:image/png;base64,iVBORw0KGgo=", "extra": {nest}}}}}]}}]}}',
+        ),
+        (
+            "/v1/chat/completions",
+            f'{{"model": "sim-echo", "messages": [{user}], "response_format": {{"type": '
+            f'"json_schema", "json_schema": {{"name": "x", "schema": {{"type": "object"}}}}, '
+            f'"extra": {nest}}}}}',
+        ),
+        (
+            "/v1/chat/completions",
+            f'{{"model": "sim-echo", "messages": [{user}], "chat_template_kwargs": '
+            f'{{"extra": {nest}}}}}',
+        ),
+        (
+            "/v1/messages",
+            '{"model": "sim-echo", "max_tokens": 16, "messages": [{"role": "user", "content": '
+            '[{"type": "document", "source": {"type": "text", "media_type": "text/plain", '
+            f'"data": "hi"}}, "extra": {nest}}}, {{"type": "text", "text": "hi"}}]}}]}}',
+        ),
+        (
+            "/v1/messages",
+            '{"model": "sim-echo", "max_tokens": 16, "messages": [{"role": "user", "content": '
+            '"hi"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": '
+            '"f", "input": {}}]}, {"role": "user", "content": [{"type": "tool_result", '
+            f'"tool_use_id": "t1", "content": "ok", "extra": {nest}}}]}}]}}',
+        ),
+        (
+            "/v1/responses",
+            '{"model": "sim-echo", "input": [{"role": "user", "content": [{"type": "input_text", '
+            '"text": "hi"}, {"type": "input_file", "filename": "a.txt", "file_data": '
+            f'"data:text/plain;base64,aGk=", "extra": {nest}}}]}}]}}',
+        ),
+    ]
+    path, body = bodies[variant % len(bodies)]
+    return path, body.encode()
+
+
+def tiny_parts(budget: int = BODY_BYTES, per_message: int = 1000) -> bytes:
+    """A chat body of as many one-character text parts as fit in `budget` bytes, in user
+    messages of `per_message` parts (under the edge's parts-per-message limit)."""
+    part = '{"type":"text","text":"a"}'
+    message = '{"role":"user","content":[' + ",".join([part] * per_message) + "]}"
+    count = (budget - 200) // (len(message) + 1)
+    messages = ",".join([message] * count)
+    return ('{"model":"sim-echo","messages":[' + messages + "]}").encode()
+
+
+def tool_history(budget: int = BODY_BYTES, calls: int = 8000) -> bytes:
+    """A chat body of `budget` bytes of tool-call history: `calls` calls and their results
+    (under the edge's message-count limit), the arguments padded to fill the budget."""
+    bare = _tool_history(calls, 0)
+    return _tool_history(calls, max(0, (budget - len(bare)) // calls))
+
+
+def _tool_history(calls: int, pad: int) -> bytes:
+    turns: list[str] = []
+    for i in range(calls):
+        arguments = json.dumps({"q": i, "pad": "p" * pad})
+        call = json.dumps(
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type":
+             "function", "function": {"name": "lookup", "arguments": arguments}}]}
+        )  # fmt: skip
+        result = json.dumps({"role": "tool", "tool_call_id": f"c{i}", "content": "ok"})
+        turns += [call, result]
+    messages = ", ".join(['{"role": "user", "content": "go"}', *turns,
+                          '{"role": "user", "content": "and now?"}'])  # fmt: skip
+    return ('{"model": "sim-echo", "messages": [' + messages + "]}").encode()
+
+
+def many_messages(count: int = 16_000) -> bytes:
+    """A chat body of `count` short messages, user and assistant in turn."""
+    pair = '{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}'
+    messages = ", ".join([pair] * (count // 2))
+    return ('{"model": "sim-echo", "messages": [' + messages + ', {"role": "user", '
+            '"content": "last"}]}').encode()  # fmt: skip
+
+
+def hosted_tool(size: int = 3_900_000) -> bytes:
+    """A Responses body declaring a hosted tool whose type is `size` characters long (a
+    tool the edge drops, and logs that it dropped)."""
+    tools = json.dumps([{"type": "x" * size}])
+    return ('{"model": "sim-echo", "input": "hi", "tools": ' + tools + "}").encode()
+
+
+def big_delta(size: int = 3_800_000, char: str = "<") -> dict[str, Any]:
+    """A sim-script answer whose one delta is `size` copies of `char`."""
+    return _scripted(True, [], {"type": "delta", "delta": char * size}, _complete())
+
+
+# Script numbers a node must refuse cleanly (its timers and loop keep serving others).
+BAD_SCRIPT_EVENTS: tuple[dict[str, Any], ...] = (
+    {"sleep_ms": "nan"},
+    {"sleep_ms": "Infinity"},
+    {"sleep_ms": 1e308},
+    {"sleep_ms": -5},
+    {"sleep_ms": True},
+    {"type": "delta", "delta": "x", "repeat": 10**12},
+    {"type": "delta", "delta": "x", "repeat": -1},
+    {"type": "delta", "delta": "x", "repeat": "many"},
+)
+
+
+def bad_script(variant: int) -> dict[str, Any]:
+    """A sim-script request with one script number that a node must refuse (by `variant`)."""
+    event = BAD_SCRIPT_EVENTS[variant % len(BAD_SCRIPT_EVENTS)]
+    return _scripted(variant % 2 == 0, [], event, {"type": "delta", "delta": "x"}, _complete())
