@@ -80,7 +80,12 @@ def _fds(value: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="iop-edge", description="OpenAI-compatible chat completions in front of nodes."
+        prog="iop-edge",
+        description=(
+            "OpenAI-compatible APIs in front of inference nodes reached over gRPC:"
+            " chat completions (/v1/chat/completions), Responses (/v1/responses)"
+            " and Anthropic's Messages (/v1/messages)."
+        ),
     )
     parser.add_argument(
         "--config",
