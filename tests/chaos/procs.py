@@ -29,7 +29,7 @@ from tests.chaos.probe import EVERY_S, HEALTHZ_REQUEST
 START_TIMEOUT_S = 30.0
 # Our own probes close their connections: an idle keep-alive connection the
 # client closes stays open in hypercorn's trio worker until keep_alive_timeout
-# (see the README, "Chaos testing"), which would muddy the socket baseline.
+# (see docs/chaos.md), which would muddy the socket baseline.
 _CLOSE = {"Connection": "close"}
 STOP_TIMEOUT_S = 10.0
 

@@ -8,7 +8,7 @@ the ids involved and the command that replays the seed.
 
 The seeds hold no disconnect within 20 ms of a request: such a client can
 leave before the edge's handler runs, and the edge does not count those yet
-(README, "Chaos testing"). Keep-alive clients that close while idle are left
+(docs/chaos.md). Keep-alive clients that close while idle are left
 to `make chaos` for the same reason.
 """
 

@@ -234,7 +234,7 @@ def test_idle_and_body_timeouts_default_and_take_positive_seconds(tmp_path: Path
 
 
 def test_fleet_keys_default(tmp_path: Path) -> None:
-    """[routing], [admission] and [[nodes]] max_runs default as the README says."""
+    """[routing], [admission] and [[nodes]] max_runs default as docs/configuration.md says."""
     config = _load(tmp_path, '[[nodes]]\naddress = "10.0.0.1:1"\n')
     assert config.routing.policy == "least_loaded"
     assert config.routing.retries == 2

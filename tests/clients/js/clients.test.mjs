@@ -1,8 +1,8 @@
 // The client-conformance suite for JavaScript: the `openai` npm package and the
 // Vercel AI SDK (`ai` with `@ai-sdk/openai-compatible`) against a real edge and
 // simulated node. `make clients-js` starts both and sets EDGE_BASE_URL (".../v1").
-// The scripts are the simulated model's answers, turn by turn (see the README's
-// simulated node section); every case is one or two small requests.
+// The scripts are the simulated model's answers, turn by turn (see docs/simulated-node.md);
+// every case is one or two small requests.
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 

@@ -209,7 +209,7 @@ class RunEvent(betterproto2.Message):
     "logprobs": true, "top_logprobs": N): the log-probabilities of the
     tokens whose text is this delta's, in order. Their texts should add up
     to the delta; the edge places each token at the end of its text in the
-    delta (see the README's logprobs section). Empty otherwise.
+    delta (see docs/apis.md, Logprobs). Empty otherwise.
     """
 
 
