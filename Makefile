@@ -10,7 +10,7 @@ INSTRUCTOR_REQS := tests/clients/instructor-requirements.txt
 PROTO_OUT := edge/node/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 
-.PHONY: setup redis-server proto proto-check run sim test clients-js agents chaos hostile bench lint format typecheck check clean
+.PHONY: setup redis-server proto proto-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
 
 setup: $(STAMP) $(INSTRUCTOR_STAMP) redis-server
 
@@ -96,6 +96,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The import graph (pyproject.toml, [tool.importlinter]): each layer imports only the ones
+# below it, and no new import cycle (the known ones are listed there and print as warnings).
+imports: $(STAMP)
+	$(BIN)/lint-imports --no-cache --no-logo
+
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
@@ -103,7 +108,7 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-check: lint typecheck proto-check test
+check: lint imports typecheck proto-check test
 
 clean:
 	rm -rf $(VENV) $(INSTRUCTOR_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

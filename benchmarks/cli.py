@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loadgen import Pool, raise_nofile
+from benchmarks.jobs.base import raise_nofile
+from benchmarks.loadgen import Pool
 from benchmarks.overload import QUICK as OVERLOAD_QUICK
 from benchmarks.overload import OverloadSettings, measure_overload, render_overload
 from benchmarks.report import diff, dig, fmt, fmt_range, fold, goal_rows, med, ratio, sig, table

@@ -18,29 +18,26 @@ the edge milliseconds of CPU, which would swamp the per-token figure):
   processes against the same node), measured in the same run.
 
 Frames that arrive in one read share a time: a batched write shows as one long gap and
-short ones, which the p99 sees. The jobs below run in the load-generator processes
-(`benchmarks.loadgen`); `measure` is the orchestrator's side.
+short ones, which the p99 sees. The jobs run in the load-generator processes
+(`benchmarks.jobs.paced`); `measure`, here, is the orchestrator's side.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from benchmarks.httpclient import AioConnection, ResponseReader
-from benchmarks.loadgen import Ctl, JobFn
 from benchmarks.report import pct
 
 if TYPE_CHECKING:
-    from benchmarks.workloads import Bench
+    from benchmarks.loadgen import Pool
+    from benchmarks.stack import Probe, Stack
 
 mono = time.monotonic
-cpu = time.process_time
 START_DELAY_S = 0.5
 # Stream starts are spread over this much time per stream (opening a stream costs the
 # edge a few ms of CPU: 1,000 at once would delay the first tokens by seconds), within
@@ -112,35 +109,6 @@ def steady_window(streams: Sequence[Sequence[float]]) -> tuple[float, float] | N
     return (w0, w1) if w1 > w0 else None
 
 
-def _report(
-    t0: float,
-    t1: float,
-    c0: float,
-    c1: float,
-    count: int,
-    per_stream: list[list[float]],
-    ok: int,
-    errors: list[str],
-    unfinished: int,
-) -> dict[str, Any]:
-    flat: array[float] = array("d")
-    for stamps in per_stream:
-        flat.extend(stamps)
-    return {
-        "t_start": t0,
-        "t_end": t1,
-        "cpu_s": c1 - c0,
-        "streams": count,
-        "ok": ok,
-        "errors": len(errors),
-        "unfinished": unfinished,
-        "chunks": len(flat),
-        "stamps": flat.tobytes(),
-        "lengths": [len(s) for s in per_stream],
-        "first_error": errors[0] if errors else None,
-    }
-
-
 def _streams_of(part: dict[str, Any]) -> list[array[float]]:
     flat: array[float] = array("d")
     flat.frombytes(part["stamps"])
@@ -165,129 +133,22 @@ def _interpolate(samples: list[tuple[float, float, float]], t: float) -> tuple[f
     )
 
 
-# --- load-generator jobs ------------------------------------------------------------
+class Harness(Protocol):
+    """What `measure` uses of a run (`benchmarks.workloads.Bench` is one)."""
 
+    pool: Pool
+    stack: Stack
 
-async def _paced_edge(
-    host: str,
-    port: int,
-    request: bytes,
-    count: int,
-    offset: int,
-    total: int,
-    start_at: float,
-    ramp_s: float,
-    timeout_s: float,
-) -> dict[str, Any]:
-    """This worker's share of the paced streams through the edge (raw HTTP/1.1)."""
-    per_stream: list[list[float]] = []
-    errors: list[str] = []
-    ok = 0
-
-    async def one(i: int) -> None:
-        nonlocal ok
-        delay = start_at + ramp_s * (offset + i) / max(total, 1) - mono()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        try:
-            conn = await AioConnection.open(host, port)
-        except OSError as exc:
-            errors.append(repr(exc)[:200])
-            return
-        reader = ResponseReader(stamps=True)
-        try:
-            await conn.request(request, reader)
-        except ConnectionError as exc:
-            errors.append(repr(exc)[:200])
-        finally:
-            conn.close()
-            assert reader.stamps is not None
-            per_stream.append(reader.stamps)
-        if reader.status == 200 and reader.done and not reader.errors:
-            ok += 1
-        elif len(errors) < 3:
-            errors.append(f"HTTP {reader.status}: {b''.join(reader.body)[:200]!r}")
-
-    c0, t0 = cpu(), mono()
-    tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
-    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-    t1, c1 = mono(), cpu()
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    return _report(t0, t1, c0, c1, count, per_stream, ok, errors, len(pending))
-
-
-def job_paced_edge(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
-    return asyncio.run(_paced_edge(**kwargs))
-
-
-async def _paced_direct(
-    node_port: int,
-    script: str,
-    count: int,
-    offset: int,
-    total: int,
-    start_at: float,
-    ramp_s: float,
-    timeout_s: float,
-) -> dict[str, Any]:
-    """This worker's share of the paced streams through the node client (trio)."""
-    import trio
-
-    from benchmarks.direct import _start, run_request
-    from edge.node.client import GrpcNodeClient
-    from edge.stream.events import Complete, Delta
-
-    client = GrpcNodeClient("sim", "127.0.0.1", node_port)
-    per_stream: list[list[float]] = []
-    errors: list[str] = []
-    ok = 0
-    unfinished = 0
-    c0, t0 = cpu(), mono()
-    try:
-        async with trio.open_nursery() as nursery:
-
-            async def one(i: int) -> None:
-                nonlocal ok
-                await trio.sleep(max(0.0, start_at + ramp_s * (offset + i) / total - mono()))
-                stamps: list[float] = []
-                per_stream.append(stamps)
-                try:
-                    handle = await _start(client, nursery, run_request(script))
-                    async for event in handle.events:
-                        kind = type(event)
-                        if kind is Delta:
-                            stamps.append(mono())
-                        elif kind is Complete:
-                            ok += 1
-                except Exception as exc:
-                    errors.append(repr(exc)[:200])
-
-            with trio.move_on_after(max(1.0, start_at - mono()) + timeout_s) as scope:
-                async with trio.open_nursery() as streams:
-                    for i in range(count):
-                        streams.start_soon(one, i)
-            if scope.cancelled_caught:
-                unfinished = count - ok - len(errors)
-            nursery.cancel_scope.cancel()
-    finally:
-        await client.aclose()
-    t1, c1 = mono(), cpu()
-    return _report(t0, t1, c0, c1, count, per_stream, ok, errors, unfinished)
-
-
-def job_paced_direct(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
-    from benchmarks.direct import _in_loop
-
-    result: dict[str, Any] = _in_loop(_paced_direct, **kwargs)
-    return result
-
-
-PACED_JOBS: dict[str, JobFn] = {"paced_edge": job_paced_edge, "paced_direct": job_paced_direct}
-
-
-# --- the orchestrator's side ----------------------------------------------------------
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def edge(self) -> Probe: ...
+    @property
+    def node(self) -> Probe: ...
+    def log(self, text: str) -> None: ...
+    def post(self, text: str, *, stream: bool) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -315,7 +176,7 @@ class Plan:
                 "timeout_s": self.timeout_s}  # fmt: skip
 
 
-def measure(bench: Bench, via: str, count: int, rate: float, seconds: float) -> dict[str, Any]:
+def measure(bench: Harness, via: str, count: int, rate: float, seconds: float) -> dict[str, Any]:
     """`count` streams of `rate` tokens/s for `seconds`, via "edge" or "direct"."""
     plan = Plan.of(count, rate, seconds)
     tokens, script, ramp, timeout_s = plan.tokens, plan.script, plan.ramp_s, plan.timeout_s

@@ -42,12 +42,9 @@ from edge.config import (
     split_address,
 )
 from edge.log import setup_logging
+from edge.signals import HARD_STOP_GRACE_S, IGNORED_SIGNALS, STOP_SIGNALS
 
 DEFAULT_CONFIG = Path("config.toml")
-# After the drain deadline: time for the notices and the CancelRuns to go out.
-HARD_STOP_GRACE_S = 15.0
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-IGNORED_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _address(value: str) -> str:

@@ -43,14 +43,13 @@ from edge.http.server import (
     default_max_connections,
     raise_fd_limit,
 )
-from edge.listeners import LISTEN_BACKLOG
+from edge.listeners import LISTEN_BACKLOG, listen_mode
 from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
 from edge.node.embedded import embedded_node
 from edge.node.pool import NodePool
 from edge.run import OutcomeHook
-from edge.supervisor import listen_mode
 from edge.tracing import Tracing, setup_tracing
 from edge.turns import Turns
 from edge.upstream.embedded import embedded_upstream_node

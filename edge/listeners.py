@@ -8,6 +8,7 @@ the port. Knows nothing of processes (`edge.supervisor`) or HTTP.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +17,15 @@ from edge.config import split_address
 
 # The listen queue of every listening socket (single process and workers alike).
 LISTEN_BACKLOG = 2048
+LISTEN_MODE_ENV = "IOP_EDGE_LISTEN_MODE"
+LISTEN_MODES = ("shared", "reuseport")
+
+
+def listen_mode() -> str:
+    """How workers listen (`$IOP_EDGE_LISTEN_MODE`): `shared` (default) or `reuseport`.
+    Workers inherit the variable, so the supervisor and its workers agree."""
+    mode = os.environ.get(LISTEN_MODE_ENV, LISTEN_MODES[0])
+    return mode if mode in LISTEN_MODES else LISTEN_MODES[0]
 
 
 def _listener(

@@ -53,7 +53,7 @@ from loguru import logger
 
 from edge import systemd
 from edge.config import Config
-from edge.listeners import Address, addresses, bind_listeners, rebind, url_of
+from edge.listeners import Address, addresses, bind_listeners, listen_mode, rebind, url_of
 
 if TYPE_CHECKING:
     from edge.metrics import SupervisorMetrics
@@ -61,8 +61,6 @@ if TYPE_CHECKING:
 # CONTRACT with the per-edge limit state (edge.limits): the variable's name and meaning.
 SHARED_DIR_ENV = "IOP_EDGE_SHARED_DIR"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
-LISTEN_MODE_ENV = "IOP_EDGE_LISTEN_MODE"
-LISTEN_MODES = ("shared", "reuseport")
 # A worker that died is started again after base * 2**(deaths in a row), at most cap.
 RESTART_BACKOFF_S = (0.1, 30.0)
 # A worker that served this long since it was ready resets its deaths in a row.
@@ -71,13 +69,6 @@ STABLE_S = 30.0
 _KILL_MARGIN_S = 5.0
 # Environment a worker must not see: systemd speaks to the supervisor only.
 _SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
-
-
-def listen_mode() -> str:
-    """How workers listen (`$IOP_EDGE_LISTEN_MODE`): `shared` (default) or `reuseport`.
-    Workers inherit the variable, so the supervisor and its workers agree."""
-    mode = os.environ.get(LISTEN_MODE_ENV, LISTEN_MODES[0])
-    return mode if mode in LISTEN_MODES else LISTEN_MODES[0]
 
 
 def shared_dir() -> Path | None:
@@ -337,7 +328,7 @@ class Supervisor:
                     slot.process.send_signal(signum)
 
     async def _signals(self, hard_stop_s: float) -> None:
-        from edge.cli import IGNORED_SIGNALS, STOP_SIGNALS
+        from edge.signals import IGNORED_SIGNALS, STOP_SIGNALS
 
         with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
             async for signum in signals:

@@ -1,7 +1,8 @@
 """API keys' limits: requests and tokens per minute, streams at once, model allow-lists.
 
 `window` is the pure logic (one fixed window per key, the rate-limit
-headers); `memory`, `shared` and `redis` keep the counters (one process,
-the workers of one edge, every edge using one Redis); `limiter` ties a
-request to its key and its store, and owns the store-down policy.
+headers); `store.MemoryStore`, `shared` and `redisstore` keep the counters
+(one process, the workers of one edge, every edge using one Redis), and
+`store.open_store` picks one; `limiter` ties a request to its key and its
+store, and owns the store-down policy.
 """

@@ -2,7 +2,7 @@
 
 No I/O and no clock here: callers pass `now_ms` and keep the state where
 they like (a dict, a shared file, a Redis hash; the Redis Lua script in
-`edge.limits.redis` is this same logic, line for line).
+`edge.limits.redisstore` is this same logic, line for line).
 
 The window is fixed, and anchored on the key's first request after the last
 window ended, not on clock minutes: it lasts WINDOW_MS, counts requests as

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from benchmarks.httpclient import ResponseReader, TrioConnection
-from benchmarks.loadgen import Ctl, JobFn, max_backlog
+from benchmarks.jobs.base import Ctl, JobFn, max_backlog
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, RunHandle
@@ -38,9 +38,7 @@ def run_request(script: str) -> pb.RunRequest:
     )
 
 
-async def _start(
-    client: GrpcNodeClient, nursery: trio.Nursery, request: pb.RunRequest
-) -> RunHandle:
+async def start(client: GrpcNodeClient, nursery: trio.Nursery, request: pb.RunRequest) -> RunHandle:
     return await client.start_run(nursery, request, deadline=trio.current_time() + RUN_DEADLINE_S)
 
 
@@ -77,7 +75,7 @@ async def _sleep_until(when: float) -> None:
     await trio.sleep(max(0.0, when - mono()))
 
 
-def _in_loop(fn: Callable[..., Awaitable[Any]], **kwargs: Any) -> Any:
+def in_loop(fn: Callable[..., Awaitable[Any]], **kwargs: Any) -> Any:
     async def main() -> Any:
         async with asyncio_loop():
             return await fn(**kwargs)
@@ -116,7 +114,7 @@ async def _ttft(
             async def direct() -> float:
                 request = run_request(script)
                 t0 = perf()
-                handle = await _start(client, nursery, request)
+                handle = await start(client, nursery, request)
                 _, first, _ = await _count(handle, t0)
                 if first is None:
                     raise RuntimeError("the node sent no content")
@@ -138,7 +136,7 @@ async def _ttft(
 
 
 def job_ttft(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
-    result: dict[str, Any] = _in_loop(_ttft, **kwargs)
+    result: dict[str, Any] = in_loop(_ttft, **kwargs)
     return result
 
 
@@ -162,7 +160,7 @@ async def _direct_streams(
                 nonlocal chunks, ok
                 try:
                     started = perf()
-                    handle = await _start(client, nursery, run_request(script))
+                    handle = await start(client, nursery, run_request(script))
                     n, first, complete = await _count(handle, started)
                 except Exception as exc:
                     errors.append(repr(exc)[:200])
@@ -201,7 +199,7 @@ async def _direct_streams(
 
 
 def job_direct_streams(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
-    result: dict[str, Any] = _in_loop(_direct_streams, **kwargs)
+    result: dict[str, Any] = in_loop(_direct_streams, **kwargs)
     return result
 
 
@@ -223,7 +221,7 @@ async def _direct_rate(
 
             async def one(due: float) -> None:
                 try:
-                    handle = await _start(client, nursery, run_request(script))
+                    handle = await start(client, nursery, run_request(script))
                     _, _, complete = await _count(handle, perf())
                 except Exception as exc:
                     errors.append(repr(exc)[:200])
@@ -262,7 +260,7 @@ async def _direct_rate(
 
 
 def job_direct_rate(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
-    result: dict[str, Any] = _in_loop(_direct_rate, **kwargs)
+    result: dict[str, Any] = in_loop(_direct_rate, **kwargs)
     return result
 
 
@@ -301,7 +299,7 @@ async def _disconnects(
 
             async def via_client() -> None:
                 request = run_request(script)
-                handle = await _start(client, nursery, request)
+                handle = await start(client, nursery, request)
                 async for event in handle.events:
                     if type(event) is Delta:
                         break
@@ -323,7 +321,7 @@ async def _disconnects(
 
 
 def job_disconnects(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
-    result: dict[str, Any] = _in_loop(_disconnects, **kwargs)
+    result: dict[str, Any] = in_loop(_disconnects, **kwargs)
     return result
 
 

@@ -1,0 +1,1 @@
+"""The project's own development tools (not part of the edge)."""
