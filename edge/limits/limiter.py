@@ -47,6 +47,7 @@ from edge.config import KeyConfig
 from edge.errors import EdgeError, NotFoundError
 from edge.limits.store import LimitStore, StoreUnavailable
 from edge.limits.window import Decision, Limits, rate_headers, retry_after_s
+from edge.log import REQUEST_ID
 from edge.metrics import EdgeMetrics
 from edge.stream.output import Outcome
 
@@ -257,10 +258,13 @@ class Limiter:
         self._unreleased[(name, lease)] = None
         if self._retrier is None:
             self._retrier = trio.CancelScope()
-            # A system task: it outlives the request, which never waits for it.
+            # A system task: it outlives the request, which never waits for it. In a copy
+            # of this context (the store's asyncio bridge lives there), minus the request.
+            context = contextvars.copy_context()
+            context.run(REQUEST_ID.set, None)
             trio.lowlevel.spawn_system_task(
                 self._retry_releases, self._retrier, name="limits: retry releases",
-                context=contextvars.Context(),
+                context=context,
             )  # fmt: skip
 
     async def _retry_releases(self, scope: trio.CancelScope) -> None:
@@ -289,12 +293,14 @@ class Limiter:
             self._retrier = None
 
     async def heartbeat(self) -> None:
-        """A request's, while it holds a lease: every `renew_s`, renew this process's
-        leases unless another request's heartbeat just did (within half a period), so
-        each lease is renewed at least every 1.5 periods (`lease_s` >= 2 periods)."""
+        """A request's, while it holds a lease: renew this process's leases on each tick
+        of `renew_s` (the ticks of every heartbeat fall together, on multiples of
+        `renew_s`: the first one due renews, the others see it done), so each lease is
+        renewed once a period (`lease_s` is at least two), in one store call."""
+        period = self.renew_s
         while True:
-            await trio.sleep(self.renew_s)
-            if trio.current_time() - self._renewed_at < self.renew_s / 2:
+            await trio.sleep_until((math.floor(trio.current_time() / period) + 1) * period)
+            if trio.current_time() - self._renewed_at < period / 2:
                 continue
             self._renewed_at = trio.current_time()
             leases = {name: frozenset(held) for name, held in self._live.items()}
