@@ -138,6 +138,12 @@ class LimitsConfig:
     key_prefix: str = "iop-edge:"
     # Deadline of one Redis call.
     redis_timeout_s: float = 0.25
+    # A `max_streams` lease (Redis, the workers' shared file) expires this long after it
+    # was last renewed: a stream whose release failed (Redis unreachable) or whose
+    # process hangs is given back within it. A live request renews its lease every
+    # `lease_renew_s` (one store call per process per renewal, for all its leases).
+    lease_s: float = 10.0
+    lease_renew_s: float = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,7 +495,11 @@ def _limits(source: str, raw: object) -> LimitsConfig:
         fail_open=r.get("fail_open", bool, lim.fail_open),
         key_prefix=r.get("key_prefix", str, lim.key_prefix),
         redis_timeout_s=r.number("redis_timeout_s", lim.redis_timeout_s, minimum=0.001, maximum=60),
+        lease_s=r.number("lease_s", lim.lease_s, minimum=0.05, maximum=3600),
+        lease_renew_s=r.number("lease_renew_s", lim.lease_renew_s, minimum=0.01, maximum=3600),
     )
+    if limits.lease_renew_s * 2 > limits.lease_s:
+        raise r.fail("lease_renew_s", "must be at most half of lease_s (a renewal may be late)")
     if limits.redis_url is not None:
         scheme = urlsplit(limits.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):

@@ -17,9 +17,11 @@ whatever raised it, is rendered in Anthropic's shape instead.
 API keys: `KeyRing` (edge.limits.limiter) tells which key a `/v1/` request
 holds, sent as `Authorization: Bearer <key>` or (Anthropic's way) `x-api-key`.
 A chat request's `Gate` (its key's allow-list and limits) is opened
-with its HTTP cycle, admits it in the handler once the model is known, puts
-the rate-limit headers on whatever answer goes out, and is ended once: with
-its run, else when the cycle ends, however it ends.
+with its HTTP cycle, admits it in the handler before its body is read (a
+key over its limits is answered 429 without its body being parsed), checks
+its model once parsed, renews its stream lease while it lives (a heartbeat
+in its scope), puts the rate-limit headers on whatever answer goes out, and
+is ended once: with its run, else when the cycle ends, however it ends.
 """
 
 from __future__ import annotations
@@ -195,17 +197,13 @@ def _limiter(chat: ChatService, keys: KeyRing) -> Limiter | None:
     limited = [(k.name, k.limits) for k in keys.keys if k.limited]
     if not limited:
         return None
-    # A stream lease outlives any request: queued, run to its total deadline, drained.
-    lease_s = (
-        config.timeouts.total_s + config.admission.queue_timeout_s
-        + config.server.drain_timeout_s + 60
-    )  # fmt: skip
+    # A stream lease is short, renewed while its request lives (edge.limits.limiter).
     store = open_store(
         limited,
         redis_url=config.limits.redis_url,
         key_prefix=config.limits.key_prefix,
         timeout_s=config.limits.redis_timeout_s,
-        lease_ms=int(lease_s * 1000),
+        lease_ms=int(config.limits.lease_s * 1000),
     )
     logger.info(
         "API key limits: {} key(s) with limits, counted in {} ({})",
@@ -213,7 +211,10 @@ def _limiter(chat: ChatService, keys: KeyRing) -> Limiter | None:
         {"redis": "shared by every edge using it", "shared": "shared by this edge's workers",
          "memory": "this process only"}[store.kind],
     )  # fmt: skip
-    return Limiter(store, fail_open=config.limits.fail_open, metrics=chat.metrics)
+    return Limiter(
+        store, fail_open=config.limits.fail_open, metrics=chat.metrics,
+        renew_s=config.limits.lease_renew_s,
+    )  # fmt: skip
 
 
 def create_app(
@@ -293,10 +294,16 @@ def create_app(
     async def answer(api: Api) -> Response:
         if state["draining"]:
             raise ShuttingDownError("The server is shutting down; retry on another instance.")
-        body = await request.get_data(cache=False)
-        assert isinstance(body, bytes)
         scope = CURRENT_SCOPE.get()
         assert scope is not None  # the API routes always run in their scope
+        if (gate := CURRENT_GATE.get()) is not None:
+            # The key's limits before its body is read: a key over them costs no parse.
+            chat.admission.shed_if_full()  # (a shed request is not counted against them)
+            await gate.admit()
+            if gate.renews:
+                scope.keep(gate.heartbeat)
+        body = await request.get_data(cache=False)
+        assert isinstance(body, bytes)
         session_id = request.headers.get("X-Session-Id") or None
         response = await chat.handle(
             body, scope, session_id=session_id, gate=CURRENT_GATE.get(), api=api

@@ -170,7 +170,7 @@ class ChatService:
         if trace is not None:
             trace.request(request)
         if gate is not None:
-            gate.check_model(request.model)
+            await gate.check_model(request.model)
             await gate.admit()
         if request.model in self.pool.models():  # metric labels: only models nodes serve
             scope.model = request.model

@@ -13,17 +13,31 @@ store that does not answer is logged (one line per `_LOG_EVERY_S`, with
 how many failures it stands for), counted, and then `fail_open` decides:
 let the request in (no rate-limit headers: nothing is known) or answer 503.
 
+A stream is a lease that expires (`[limits] lease_s`) unless renewed. The
+limiter knows the leases this process holds; each request holding one runs a
+heartbeat (in its own scope, cancelled when it ends) and every `renew_s` the
+first heartbeat due renews all of them in one store call (`renew`): one call
+per process per renewal, however many streams. A release the store did not
+take (down, or past its deadline) is retried in the background, a few times
+with backoff (never holding the request), then left to expire with its lease.
+
 `Gate` is one chat request's part in it: the key, whether it was admitted,
 its headers, and the one end (`end` is idempotent, shielded and bounded,
-so it runs whatever way the request ended).
+so it runs whatever way the request ended). A request is admitted as soon
+as its key is known from its headers, before its body is read or parsed:
+a key over its limits is answered 429 for the price of a store call. The
+model, known once the body is parsed, is checked then; a model outside the
+key's allow-list refunds the admission (not counted against `rpm`).
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import hmac
+import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -33,6 +47,7 @@ from edge.config import KeyConfig
 from edge.errors import EdgeError, NotFoundError
 from edge.limits.store import LimitStore, StoreUnavailable
 from edge.limits.window import Decision, Limits, rate_headers, retry_after_s
+from edge.log import REQUEST_ID
 from edge.metrics import EdgeMetrics
 from edge.stream.output import Outcome
 
@@ -42,6 +57,12 @@ LEGACY_NAME = "api_keys"
 _LOG_EVERY_S = 10.0
 # Bound on ending a request's gate (release, tokens) once its cycle is over.
 _END_S = 1.0
+# Failed releases: retried in rounds, the first this long after, each twice as late...
+_RETRY_FIRST_S = 0.2
+# ...this many rounds (0.2 + 0.4 + ... + 3.2 = 6.2 s), then left to expire with the lease.
+_RETRY_ROUNDS = 5
+# Failed releases kept for retrying at most; past it, one is left to expire at once.
+_RETRY_MAX = 10_000
 
 
 class RateLimitedError(EdgeError):
@@ -137,12 +158,23 @@ class KeyRing:
 class Limiter:
     """Admits and ends the requests of limited keys through one store (see the module doc)."""
 
-    def __init__(self, store: LimitStore, *, fail_open: bool, metrics: EdgeMetrics) -> None:
+    def __init__(
+        self, store: LimitStore, *, fail_open: bool, metrics: EdgeMetrics, renew_s: float = 3.0
+    ) -> None:
         self.store = store
         self.fail_open = fail_open
         self.metrics = metrics
+        self.renew_s = renew_s
         self._logged_at: float | None = None
         self._unlogged = 0
+        # The leases this process holds, by key name (a key stays, emptied, until the
+        # next renewal has told the store that it holds none of its streams any more).
+        self._live: dict[str, set[str]] = {}
+        self._renewed_at = -math.inf
+        # Releases the store did not take, waiting for the retrier (key name, lease).
+        self._unreleased: dict[tuple[str, str], None] = {}
+        self._retrier: trio.CancelScope | None = None
+        self._closed = False
 
     def _store_failed(self, what: str, exc: StoreUnavailable) -> None:
         """One log line per _LOG_EVERY_S, however many failures; each one counted."""
@@ -181,18 +213,116 @@ class Limiter:
                 retry_after_s=retry_after_s(decision),
                 headers=rate_headers(key.limits, decision),
             )
+        if key.limits.max_streams is not None:
+            self._live.setdefault(key.name, set()).add(lease)
         return decision
 
+    def held(self, key: Key, lease: str) -> bool:
+        """Whether `lease` is a stream of `key` this process holds (and renews)."""
+        return lease in self._live.get(key.name, ())
+
     async def end(self, key: Key, lease: str, tokens: int) -> None:
-        try:
-            if key.limits.max_streams is not None:
-                await self.store.release(key.name, lease)
-            if key.limits.tpm is not None and tokens > 0:
+        if key.limits.max_streams is not None:
+            await self._release(key.name, lease, self.store.release)
+        if key.limits.tpm is not None and tokens > 0:
+            try:
                 await self.store.add_tokens(key.name, tokens)
+            except StoreUnavailable as exc:
+                self._store_failed("end", exc)
+
+    async def refund(self, key: Key, lease: str) -> None:
+        """Take back an admitted request (and its stream): it does not count after all."""
+        await self._release(key.name, lease, self.store.refund)
+
+    async def _release(
+        self, name: str, lease: str, how: Callable[[str, str], Awaitable[None]]
+    ) -> None:
+        """Give the stream back through `how`; if the store does not take it (an error, or
+        the caller's deadline), the retrier tries again later."""
+        held = self._live.get(name)
+        if held is not None:
+            held.discard(lease)
+        done = False
+        try:
+            await how(name, lease)
+            done = True
         except StoreUnavailable as exc:
             self._store_failed("end", exc)
+        finally:
+            if not done:
+                self._retry_later(name, lease)
+
+    def _retry_later(self, name: str, lease: str) -> None:
+        if self._closed or len(self._unreleased) >= _RETRY_MAX:
+            return  # left to expire with its lease
+        self._unreleased[(name, lease)] = None
+        if self._retrier is None:
+            self._retrier = trio.CancelScope()
+            # A system task: it outlives the request, which never waits for it. In a copy
+            # of this context (the store's asyncio bridge lives there), minus the request.
+            context = contextvars.copy_context()
+            context.run(REQUEST_ID.set, None)
+            trio.lowlevel.spawn_system_task(
+                self._retry_releases, self._retrier, name="limits: retry releases",
+                context=context,
+            )  # fmt: skip
+
+    async def _retry_releases(self, scope: trio.CancelScope) -> None:
+        """Rounds of the failed releases, with backoff, until none is left or the rounds
+        are over (the rest expire with their leases). A round stops at the first failure:
+        the store is still down."""
+        delay = _RETRY_FIRST_S
+        try:
+            with scope:
+                for _ in range(_RETRY_ROUNDS):
+                    await trio.sleep(delay)
+                    delay *= 2
+                    for name, lease in list(self._unreleased):
+                        try:
+                            await self.store.release(name, lease)
+                        except StoreUnavailable as exc:
+                            self._store_failed("release (retried)", exc)
+                            break
+                        self._unreleased.pop((name, lease), None)
+                    if not self._unreleased:
+                        return
+        except Exception as exc:  # never out of a system task: it would end the edge
+            logger.opt(exception=exc).error("retrying the limits store's releases failed")
+        finally:
+            self._unreleased.clear()
+            self._retrier = None
+
+    async def heartbeat(self) -> None:
+        """A request's, while it holds a lease: renew this process's leases on each tick
+        of `renew_s` (the ticks of every heartbeat fall together, on multiples of
+        `renew_s`: the first one due renews, the others see it done), so each lease is
+        renewed once a period (`lease_s` is at least two), in one store call."""
+        period = self.renew_s
+        while True:
+            await trio.sleep_until((math.floor(trio.current_time() / period) + 1) * period)
+            if trio.current_time() - self._renewed_at < period / 2:
+                continue
+            self._renewed_at = trio.current_time()
+            leases = {name: frozenset(held) for name, held in self._live.items()}
+            for name in [name for name, held in self._live.items() if not held]:
+                del self._live[name]
+            done = False
+            try:
+                await self.store.renew(leases)
+                done = True
+            except StoreUnavailable as exc:
+                self._store_failed("renew", exc)
+                done = True
+            finally:
+                if not done:  # cancelled (its request ended): the next heartbeat renews
+                    self._renewed_at = -math.inf
+                    for name in leases:
+                        self._live.setdefault(name, set())
 
     async def aclose(self) -> None:
+        self._closed = True
+        if self._retrier is not None:
+            self._retrier.cancel()
         await self.store.aclose()
 
 
@@ -217,45 +347,90 @@ def model_not_found(model: str) -> NotFoundError:
 
 
 class Gate:
-    """One chat request's key and limits: check the model, admit, end once."""
+    """One chat request's key and limits: admit (before the body is read), check the
+    model (once it is parsed), renew the stream while the request lives, end once."""
 
-    __slots__ = ("_admitted", "_ended", "_lease", "_limiter", "_metrics", "headers", "key")
+    __slots__ = (
+        "_admitted", "_checked", "_ended", "_lease", "_limiter", "_metrics", "_renewal",
+        "headers", "key",
+    )  # fmt: skip
 
     def __init__(self, limiter: Limiter | None, metrics: EdgeMetrics) -> None:
         self._limiter = limiter
         self._metrics = metrics
         self.key: Key | None = None
         self._lease = secrets.token_hex(8)
+        self._checked = False
         self._admitted = False
         self._ended = False
+        # The heartbeat's scope: cancelled when the request ends (or is refunded).
+        self._renewal = trio.CancelScope()
         # The rate-limit headers the answer carries (a limited key's, once admitted).
         self.headers: dict[str, str] = {}
 
-    def check_model(self, model: str) -> None:
-        """A model the key may not use is answered like one that does not exist."""
-        key = self.key
-        if key is not None and not key.allows(model):
-            self._metrics.key_rejections.labels(key.name, "model").inc()
-            raise model_not_found(model)
-
     async def admit(self) -> None:
-        """Count the request against its key; raises RateLimitedError over a limit."""
+        """Count the request against its key's limits, once; raises RateLimitedError
+        over a limit. Needs only the key: called before the body is read."""
+        if self._checked:
+            return
+        self._checked = True
+        key = self.key
+        limiter = self._limiter
+        if key is None or limiter is None or not key.limited:
+            return
+        try:
+            decision = await limiter.admit(key, self._lease)
+        except RateLimitedError as exc:
+            self.headers = exc.headers
+            raise
+        self._admitted = True
+        if decision is not None:
+            self.headers = rate_headers(key.limits, decision)
+        if key.limits.max_streams is not None:
+            limiter.metrics.key_streams.labels(key.name).inc()
+
+    @property
+    def renews(self) -> bool:
+        """Whether the request holds a stream lease its heartbeat must renew."""
+        limiter, key = self._limiter, self.key
+        return (
+            self._admitted and not self._ended and limiter is not None and key is not None
+            and limiter.held(key, self._lease)
+        )  # fmt: skip
+
+    async def heartbeat(self) -> None:
+        """Renew the request's lease (with the process's others) until it ends."""
+        limiter = self._limiter
+        assert limiter is not None
+        with self._renewal:
+            await limiter.heartbeat()
+
+    async def check_model(self, model: str) -> None:
+        """Admit the request (if not yet) for `model`, its body parsed: a model the key
+        may not use is answered like one that does not exist, and not counted."""
         key = self.key
         if key is None:
             return
-        limiter = self._limiter
-        if limiter is not None and key.limited:
-            try:
-                decision = await limiter.admit(key, self._lease)
-            except RateLimitedError as exc:
-                self.headers = exc.headers
-                raise
-            self._admitted = True
-            if decision is not None:
-                self.headers = rate_headers(key.limits, decision)
-            if key.limits.max_streams is not None:
-                limiter.metrics.key_streams.labels(key.name).inc()
+        if not key.allows(model):
+            self._metrics.key_rejections.labels(key.name, "model").inc()
+            await self._refund()
+            raise model_not_found(model)
+        await self.admit()
         self._metrics.key_requests.labels(key.name).inc()
+
+    async def _refund(self) -> None:
+        """Take back the admission (the request and its stream), once."""
+        key, limiter = self.key, self._limiter
+        if not self._admitted or key is None or limiter is None:
+            return
+        self._admitted = False
+        self._renewal.cancel()
+        self.headers = {}
+        if key.limits.max_streams is not None:
+            self._metrics.key_streams.labels(key.name).dec()
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + _END_S
+            await limiter.refund(key, self._lease)
 
     async def end(self, outcome: Outcome | None) -> None:
         """The request's run is over, or its cycle (whichever comes first; once): give its
@@ -263,6 +438,7 @@ class Gate:
         if self._ended:
             return
         self._ended = True
+        self._renewal.cancel()
         key, limiter = self.key, self._limiter
         if key is None:
             return

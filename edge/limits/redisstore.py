@@ -13,9 +13,13 @@ redis-py's Script), so check and count are atomic across edges; it reads
 Redis's own clock (TIME), so edges on different hosts share one. The
 window is `edge.limits.window`'s, in a hash `<prefix>w:<name>` (start, req,
 tok) that expires after two windows; a key's streams are a sorted set
-`<prefix>s:<name>` of leases scored by their expiry, so the streams of an
-edge that died are given back once their lease (the longest a request may
-live) is over.
+`<prefix>s:<name>` of leases scored by their expiry. A lease is short
+(`[limits] lease_s`, 10 s) and renewed while its request lives: every
+`lease_renew_s` one script call re-scores all the leases this process holds
+(`renew`). So a stream whose release failed (Redis unreachable at that
+moment: the limiter retries it a few times, then leaves it) or whose edge
+died is given back within one lease, not after the longest a request may
+live.
 
 Every call has a deadline (`timeout_s`); a Redis error or a missed deadline
 is `StoreUnavailable`, translated here and only here.
@@ -24,6 +28,7 @@ is `StoreUnavailable`, translated here and only here.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -66,7 +71,7 @@ else
   if maxs > 0 then
     local lease = tonumber(ARGV[6])
     redis.call('ZADD', KEYS[2], now + lease, ARGV[5])
-    redis.call('PEXPIRE', KEYS[2], lease)
+    if redis.call('PTTL', KEYS[2]) < lease then redis.call('PEXPIRE', KEYS[2], lease) end
     streams = streams + 1
   end
 end
@@ -85,6 +90,40 @@ if start < 0 or now >= start + window or now < start then
 end
 return redis.call('HINCRBY', KEYS[1], 'tok', tonumber(ARGV[2]))
 """
+
+# Mirrors edge.limits.window.refund, and gives the stream back.
+_REFUND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local start = tonumber(redis.call('HGET', KEYS[1], 'start') or '-1')
+if start >= 0 and now >= start and now < start + tonumber(ARGV[1]) then
+  if tonumber(redis.call('HGET', KEYS[1], 'req') or '0') > 0 then
+    redis.call('HINCRBY', KEYS[1], 'req', -1)
+  end
+end
+return redis.call('ZREM', KEYS[2], ARGV[2])
+"""
+
+# KEYS: streams sets; ARGV: the lease (ms), then for each set its count of leases and
+# the leases. Each is held another lease from now (added again if it expired meanwhile:
+# its request is alive); a set's expiry only ever moves later.
+_RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+local a = 2
+for _, key in ipairs(KEYS) do
+  local n = tonumber(ARGV[a])
+  for i = a + 1, a + n do
+    redis.call('ZADD', key, now + lease, ARGV[i])
+  end
+  a = a + n + 1
+  if n > 0 and redis.call('PTTL', key) < lease then redis.call('PEXPIRE', key, lease) end
+end
+return a
+"""
+# Leases re-scored by one script call at most (one call per this many, in a renewal).
+_RENEW_BATCH = 1000
 
 
 class RedisStore:
@@ -106,6 +145,8 @@ class RedisStore:
         )
         self._admit = self._redis.register_script(_ADMIT)
         self._add_tokens = self._redis.register_script(_ADD_TOKENS)
+        self._refund = self._redis.register_script(_REFUND)
+        self._renew = self._redis.register_script(_RENEW)
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         with trio.move_on_after(self._timeout_s) as deadline:
@@ -132,6 +173,34 @@ class RedisStore:
 
     async def release(self, key: str, lease: str) -> None:
         await self._call(self._redis.zrem, f"{self._prefix}s:{key}", lease)
+
+    async def refund(self, key: str, lease: str) -> None:
+        keys = [f"{self._prefix}w:{key}", f"{self._prefix}s:{key}"]
+        await self._call(self._refund, keys=keys, args=[WINDOW_MS, lease])
+
+    async def renew(self, leases: Mapping[str, Collection[str]]) -> None:
+        for keys, args in self._renewals(leases):
+            await self._call(self._renew, keys=keys, args=args)
+
+    def _renewals(
+        self, leases: Mapping[str, Collection[str]]
+    ) -> Iterator[tuple[list[str], list[int | str]]]:
+        """The renew script's calls: every lease, at most _RENEW_BATCH per call."""
+        keys: list[str] = []
+        args: list[int | str] = [self._lease_ms]
+        count = 0
+        for key, held in leases.items():
+            if not held:
+                continue
+            if count and count + len(held) > _RENEW_BATCH:
+                yield keys, args
+                keys, args, count = [], [self._lease_ms], 0
+            keys.append(f"{self._prefix}s:{key}")
+            args.append(len(held))
+            args.extend(held)
+            count += len(held)
+        if keys:
+            yield keys, args
 
     async def add_tokens(self, key: str, tokens: int) -> None:
         if tokens > 0:

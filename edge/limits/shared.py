@@ -4,10 +4,14 @@ Without Redis, the workers of one edge (`IOP_EDGE_SHARED_DIR`, a directory
 of that edge run) share one file of fixed slots, one slot per limited key,
 in the order of the sorted key names (the workers read the same config, so
 they agree on it). A slot holds the key's window (start, requests, tokens)
-and up to `PID_ENTRIES` (pid, streams) pairs: each worker counts the
-streams it holds under its own pid, so a worker that died (and was
-restarted under another pid) leaves streams no live process holds; they
-are given back when the key reaches `max_streams` and the pid is gone.
+and up to `PID_ENTRIES` (pid, streams, expiry) entries: each worker counts
+the streams it holds under its own pid, until the entry's expiry. A worker
+renews its entries every `lease_renew_s` while it holds streams (`renew`
+sets each to the streams its live requests hold, another `lease_ms` ahead),
+so a count that is wrong (a release that never ran) or held by a worker that
+hangs counts for one lease at most; a worker that died (and was restarted
+under another pid) leaves streams no live process holds, given back at once
+when the key reaches `max_streams` and the pid is gone.
 
 Each operation takes the slot's byte range with `fcntl.lockf` (between
 processes; held for a few microseconds, no await inside, so tasks of one
@@ -23,15 +27,20 @@ import hashlib
 import mmap
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 
 from edge.limits.store import monotonic_ms
-from edge.limits.window import Decision, Limits, Window, add_tokens, admit
+from edge.limits.window import Decision, Limits, Window, add_tokens, admit, refund
 
 PID_ENTRIES = 64
 _WINDOW = struct.Struct("<qqq")
-_ENTRY = struct.Struct("<qq")
+# pid, streams, expiry (ms on the store's clock)
+_ENTRY = struct.Struct("<qqq")
+_Entry = tuple[int, int, int]
+# The layout's version, in the file's name: a file of another layout is never mapped.
+_LAYOUT = "2"
+DEFAULT_LEASE_MS = 10_000
 SLOT_BYTES = _WINDOW.size + PID_ENTRIES * _ENTRY.size
 
 
@@ -56,13 +65,15 @@ class SharedFileStore:
         keys: list[tuple[str, Limits]],
         *,
         clock: Callable[[], int] = monotonic_ms,
+        lease_ms: int = DEFAULT_LEASE_MS,
     ) -> None:
         names = sorted(name for name, _ in keys)
         self._slots = {name: i for i, name in enumerate(names)}
         # Another config (another edge in the same directory) gets another file.
-        digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+        digest = hashlib.sha256("\n".join([_LAYOUT, *names]).encode()).hexdigest()[:16]
         self.path = directory / f"limits-{digest}.slots"
         self._clock = clock
+        self._lease_ms = lease_ms
         size = max(1, len(names)) * SLOT_BYTES
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -96,59 +107,92 @@ class SharedFileStore:
     def _put_window(self, offset: int, window: Window) -> None:
         _WINDOW.pack_into(self._map, offset, window.start_ms, window.requests, window.tokens)
 
-    def _entries(self, offset: int) -> list[tuple[int, int]]:
+    def _entries(self, offset: int) -> list[_Entry]:
         base = offset + _WINDOW.size
         return [_ENTRY.unpack_from(self._map, base + i * _ENTRY.size) for i in range(PID_ENTRIES)]
 
-    def _put_entry(self, offset: int, i: int, pid: int, streams: int) -> None:
-        _ENTRY.pack_into(self._map, offset + _WINDOW.size + i * _ENTRY.size, pid, streams)
+    def _put_entry(self, offset: int, i: int, pid: int, streams: int, expires: int) -> None:
+        _ENTRY.pack_into(self._map, offset + _WINDOW.size + i * _ENTRY.size, pid, streams, expires)
 
-    def _reclaim(self, offset: int, entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    @staticmethod
+    def _held(entries: list[_Entry], now: int) -> int:
+        """Streams held: those of entries whose lease has not run out."""
+        return sum(streams for _, streams, expires in entries if streams and expires > now)
+
+    def _reclaim(self, offset: int, entries: list[_Entry]) -> list[_Entry]:
         """Give back the streams of processes that are gone."""
         me = os.getpid()
-        for i, (pid, streams) in enumerate(entries):
+        for i, (pid, streams, _) in enumerate(entries):
             if streams and pid != me and not _alive(pid):
-                self._put_entry(offset, i, 0, 0)
+                self._put_entry(offset, i, 0, 0, 0)
         return self._entries(offset)
 
-    def _own_entry(self, entries: list[tuple[int, int]]) -> int | None:
+    def _own_entry(self, entries: list[_Entry], now: int) -> int | None:
+        """This process's entry, else a free one (no streams, or its lease ran out)."""
         me = os.getpid()
-        for i, (pid, _) in enumerate(entries):
+        for i, (pid, _, _) in enumerate(entries):
             if pid == me:
                 return i
-        for i, (_, streams) in enumerate(entries):
-            if not streams:
+        for i, (_, streams, expires) in enumerate(entries):
+            if not streams or expires <= now:
                 return i
         return None
 
     async def admit(self, key: str, limits: Limits, lease: str) -> Decision:
         with self._slot(key) as offset:
+            now = self._clock()
             window = self._window(offset)
             entries = self._entries(offset)
-            held = sum(s for _, s in entries)
+            held = self._held(entries, now)
             counted = limits.max_streams is not None
             if counted and limits.max_streams is not None and held >= limits.max_streams:
                 entries = self._reclaim(offset, entries)
-                held = sum(s for _, s in entries)
-            own = self._own_entry(entries) if counted else None
+                held = self._held(entries, now)
+            own = self._own_entry(entries, now) if counted else None
             if counted and own is None:
                 entries = self._reclaim(offset, entries)
-                own = self._own_entry(entries)
+                own = self._own_entry(entries, now)
             if counted and own is None:  # every entry held by a live process: full
                 held = max(held, limits.max_streams or 0)
-            decision = admit(window, held, limits, self._clock())
+            decision = admit(window, held, limits, now)
             self._put_window(offset, window)
             if decision.admitted and own is not None:
-                self._put_entry(offset, own, os.getpid(), entries[own][1] + 1)
+                pid, streams, expires = entries[own]
+                mine = streams if pid == os.getpid() and expires > now else 0
+                self._put_entry(offset, own, os.getpid(), mine + 1, now + self._lease_ms)
             return decision
+
+    def _release(self, offset: int) -> None:
+        me = os.getpid()
+        for i, (pid, streams, expires) in enumerate(self._entries(offset)):
+            if pid == me and streams > 0:
+                self._put_entry(offset, i, me, streams - 1, expires)
+                return
 
     async def release(self, key: str, lease: str) -> None:
         with self._slot(key) as offset:
-            me = os.getpid()
-            for i, (pid, streams) in enumerate(self._entries(offset)):
-                if pid == me and streams > 0:
-                    self._put_entry(offset, i, me, streams - 1)
-                    return
+            self._release(offset)
+
+    async def refund(self, key: str, lease: str) -> None:
+        with self._slot(key) as offset:
+            window = self._window(offset)
+            refund(window, self._clock())
+            self._put_window(offset, window)
+            self._release(offset)
+
+    async def renew(self, leases: Mapping[str, Collection[str]]) -> None:
+        me = os.getpid()
+        for key, held in leases.items():
+            if key not in self._slots:
+                continue
+            with self._slot(key) as offset:
+                now = self._clock()
+                entries = self._entries(offset)
+                own = next((i for i, (pid, _, _) in enumerate(entries) if pid == me), None)
+                if own is None and held:
+                    own = self._own_entry(entries, now)
+                if own is not None:
+                    self._put_entry(offset, own, me, len(held), now + self._lease_ms)
 
     async def add_tokens(self, key: str, tokens: int) -> None:
         with self._slot(key) as offset:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from edge.limits.window import Decision, Limits, Window, add_tokens, admit
+from edge.limits.window import Decision, Limits, Window, add_tokens, admit, refund
 
 # Set by the supervisor of several workers: a directory private to one edge run.
 SHARED_DIR_ENV = "IOP_EDGE_SHARED_DIR"
@@ -46,6 +46,16 @@ class LimitStore(Protocol):
 
     async def release(self, key: str, lease: str) -> None:
         """The stream `lease` of `key` is over (called once per admitted request)."""
+        ...
+
+    async def refund(self, key: str, lease: str) -> None:
+        """Take back an admitted request of `key` (not counted after all) and its stream."""
+        ...
+
+    async def renew(self, leases: Mapping[str, Collection[str]]) -> None:
+        """The streams this process holds, by key (every key it held one of since the last
+        renewal, empty when none is left): each stays held another lease period; any
+        other this process counted (a release that failed) is left to expire."""
         ...
 
     async def add_tokens(self, key: str, tokens: int) -> None:
@@ -76,6 +86,13 @@ class MemoryStore:
     async def release(self, key: str, lease: str) -> None:
         self._streams.get(key, set()).discard(lease)
 
+    async def refund(self, key: str, lease: str) -> None:
+        refund(self._windows.setdefault(key, Window()), self._clock())
+        await self.release(key, lease)
+
+    async def renew(self, leases: Mapping[str, Collection[str]]) -> None:
+        pass  # in this process: a release cannot fail, nothing to expire
+
     async def add_tokens(self, key: str, tokens: int) -> None:
         add_tokens(self._windows.setdefault(key, Window()), tokens, self._clock())
 
@@ -100,5 +117,5 @@ def open_store(
     if shared_dir:
         from edge.limits.shared import SharedFileStore
 
-        return SharedFileStore(Path(shared_dir), keys)
+        return SharedFileStore(Path(shared_dir), keys, lease_ms=lease_ms)
     return MemoryStore()

@@ -15,7 +15,9 @@ twice a limit across the end of one window and the start of the next.
 
 A request is refused when the window already holds `rpm` requests or `tpm`
 tokens, or the key holds `max_streams` requests in flight. Refused requests
-are not counted. Tokens are known only when a run ends, so a window may go
+are not counted. A request is admitted before its body is read (so a key
+over its limits costs no parse); one whose model the key may not use is
+refunded once that is known. Tokens are known only when a run ends, so a window may go
 past `tpm` by one run's tokens; the next request then waits for the reset.
 """
 
@@ -96,6 +98,13 @@ def admit(window: Window, streams: int, limits: Limits, now_ms: int) -> Decision
         if limits.max_streams is not None:
             streams += 1
     return Decision(over, window.requests, window.tokens, streams, window.reset_ms(now_ms))
+
+
+def refund(window: Window, now_ms: int) -> None:
+    """Take back one admitted request that turned out not to count (a model outside the
+    key's allow-list, known only once the body is parsed), if its window still runs."""
+    if window.start_ms >= 0 and window.start_ms <= now_ms < window.start_ms + WINDOW_MS:
+        window.requests = max(0, window.requests - 1)
 
 
 def add_tokens(window: Window, tokens: int, now_ms: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.integration.edgeproc import free_port
 
@@ -34,6 +36,18 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def pause(self) -> None:
+        """Stop the server without closing anything (SIGSTOP): a blip, as clients see it,
+        whose connections are still there once it is resumed."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
+    def client(self) -> redis.Redis:
+        """A plain client of this server, to look at what the edge wrote."""
+        return redis.Redis.from_url(self.url, socket_timeout=5)
 
     def stop(self) -> None:
         """Kill the server (an outage, as the edge sees it) and wait for it to be gone."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import h11
 import httpx
 import openai
 import pytest
@@ -287,3 +289,85 @@ async def test_keys_without_limits_are_counted_by_name(
         )
     finally:
         await stop_edge(running)
+
+
+async def _partial_request(
+    url: str, secret: str, sent: int = 2**16
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """A 4 MB request of which only the head and `sent` bytes of body are sent: the
+    answer (status, headers, JSON body), read while the rest of the body is still to
+    come (the client never sends it). The connection closes after it."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    conn = h11.Connection(h11.CLIENT)
+    length = 4 * 2**20 - 2**10
+    head = h11.Request(
+        method="POST", target=CHAT,
+        headers=[("host", host), ("authorization", f"Bearer {secret}"),
+                 ("content-type", "application/json"), ("content-length", str(length))],
+    )  # fmt: skip
+    body = b'{"model": "sim-echo", "messages": [' + b" " * (sent - 35)
+    try:
+        await stream.send_all(conn.send(head) + conn.send(h11.Data(data=body)))
+        response: h11.Response | None = None
+        content = b""
+        with trio.fail_after(20):
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await stream.receive_some(2**16))
+                elif isinstance(event, h11.Response):
+                    response = event
+                elif isinstance(event, h11.Data):
+                    content += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+            while await stream.receive_some(2**16):  # then the edge closes the connection
+                pass
+        assert response is not None
+        headers = {k.decode(): v.decode() for k, v in response.headers}
+        return response.status_code, headers, json.loads(content)
+    finally:
+        await stream.aclose()
+
+
+async def test_a_key_over_its_limits_is_answered_before_its_body_is_read(
+    keyed: RunningEdge, client: httpx.AsyncClient
+) -> None:
+    """A key over its rpm, and one at its max_streams, sending 4 MB bodies: the 429
+    (Retry-After, rate-limit headers, the same error) comes while all but 64 KiB of
+    the body is still unsent, so nothing of it was parsed, and the connection closes;
+    another key is served meanwhile."""
+    for _ in range(3):
+        ok = await client.post(CHAT, json=chat_body("sim-echo", "hi"), headers=_auth("sk-team-a"))
+        assert ok.status_code == 200
+    status, headers, body = await _partial_request(keyed.url, "sk-team-a")
+    assert status == 429
+    assert 1 <= int(headers["retry-after"]) <= 60
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    error = body["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_exceeded", "rate_limit_exceeded")
+    assert _sample(keyed, "iop_edge_key_rejections_total", key="team-a", limit="requests") == 1
+
+    held: list[str] = []
+    async with trio.open_nursery() as holders:
+        for _ in range(2):
+            holders.start_soon(_hold, client, held)
+        await _poll(lambda: len(held) == 2)
+        answers: list[tuple[int, dict[str, str], dict[str, Any]]] = []
+
+        async def over_streams() -> None:
+            answers.append(await _partial_request(keyed.url, "sk-streams"))
+
+        async with trio.open_nursery() as both:  # the 429 and another key's answer at once
+            both.start_soon(over_streams)
+            other = await client.post(
+                CHAT, json=chat_body("sim-echo", "hi"), headers=_auth("sk-free")
+            )
+            assert other.status_code == 200
+        ((status, headers, body),) = answers
+        assert status == 429
+        assert headers["retry-after"] == "1"
+        assert "in flight" in body["error"]["message"]
+        holders.cancel_scope.cancel()
+    assert _sample(keyed, "iop_edge_key_rejections_total", key="streams", limit="streams") == 1

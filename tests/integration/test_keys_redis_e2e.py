@@ -1,5 +1,5 @@
-"""Two real edges (processes) sharing one real Redis: limits that hold across edges, and
-the policy when Redis is gone.
+"""Two real edges (processes) sharing one real Redis: limits that hold across edges, the
+policy when Redis is gone, and stream leases (short, renewed) across a Redis blip.
 
 rpm = 10 on a key both edges know (one reads it from the environment, the other from a
 file): ten requests spread over both pass, the 11th, on either, is 429. Redis killed:
@@ -16,9 +16,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import redis
 import trio
 
-from tests.integration.conftest import SimProcess, chat_body
+from tests.integration.conftest import SimProcess, chat_body, script
 from tests.integration.edgeproc import EdgeProcess, edge_process
 from tests.integration.redisproc import RedisServer, redis_server
 
@@ -30,13 +31,14 @@ STORE_DOWN = r"limits store \(redis\) unavailable"
 
 
 def _toml(sim: SimProcess, redis: RedisServer, key_source: str, *, fail_open: bool = True,
-          rpm: int = 10, extra: str = "") -> str:  # fmt: skip
+          rpm: int = 10, extra: str = "",
+          limits: str = "redis_timeout_s = 2\n") -> str:  # fmt: skip
     return (
         '[server]\nlisten = "127.0.0.1:0"\nkeepalive_s = 0\n'
         f'[[nodes]]\nname = "sim"\naddress = "{sim.address}"\n'
         f'[[keys]]\nname = "shared"\n{key_source}\nrpm = {rpm}\ntpm = 1000000\n{extra}'
         f'[limits]\nredis_url = "{redis.url}"\nfail_open = {str(fail_open).lower()}\n'
-        'key_prefix = "e2e:"\nredis_timeout_s = 2\n'
+        f'key_prefix = "e2e:"\n{limits}'
     )
 
 
@@ -154,3 +156,121 @@ async def test_redis_down_fail_open_lets_in_and_fail_closed_refuses(
                 assert 1 <= len(logged) < _store_errors(metrics)
                 assert _store_errors(metrics) >= 3
                 assert SECRET not in edge.stderr
+
+
+# Short leases, so that a test spans several of them: renewed every 0.3 s, 1 s long.
+_SHORT_LEASES = "redis_timeout_s = 0.2\nlease_s = 1\nlease_renew_s = 0.3\n"
+_HOLD = chat_body("sim-script", script({"type": "delta", "delta": "x"}, {"type": "hang"}),
+                  stream=True)  # fmt: skip
+
+
+def _live_leases(client: redis.Redis) -> int:
+    """The key's streams in flight as Redis counts them: leases not expired yet."""
+    seconds, micros = client.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    return int(client.zcount("e2e:s:shared", f"({now}", "+inf"))
+
+
+async def _hold(http: httpx.AsyncClient, edge: EdgeProcess, holding: trio.Event) -> None:
+    """A stream mid-answer that stays open until cancelled (its client leaves)."""
+    async with http.stream("POST", edge.url + CHAT, json=_HOLD, headers=_headers()) as answer:
+        assert answer.status_code == 200
+        async for line in answer.aiter_lines():
+            if '"content":"x"' in line:
+                holding.set()
+                await trio.sleep_forever()
+
+
+def _metric(metrics: str, prefix: str) -> float:
+    return sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(prefix))
+
+
+async def test_a_stream_outliving_many_leases_keeps_its_stream(
+    tmp_path: Path, sim: SimProcess, redis_server: RedisServer
+) -> None:
+    """max_streams = 1, leases of 1 s renewed every 0.3 s: a stream that lives for several
+    leases is still counted (a second request is 429 in flight) until it ends; then
+    the key's streams are 0 and a request passes."""
+    (tmp_path / "shared.key").write_text(SECRET + "\n")
+    toml = _toml(sim, redis_server, 'key_file = "shared.key"', rpm=1000,
+                 extra="max_streams = 1\n", limits=_SHORT_LEASES)  # fmt: skip
+    client = redis_server.client()
+    async with (
+        edge_process(tmp_path, toml, name="edge") as edge,
+        httpx.AsyncClient(timeout=30) as http,
+        trio.open_nursery() as nursery,
+    ):
+        holding = trio.Event()
+        holder = trio.CancelScope()
+
+        async def hold() -> None:
+            with holder:
+                await _hold(http, edge, holding)
+
+        nursery.start_soon(hold)
+        await holding.wait()
+        ((lease, first),) = client.zrange("e2e:s:shared", 0, -1, withscores=True)
+        with trio.fail_after(30):  # Redis's clock passes three leases' ends
+            while (await trio.to_thread.run_sync(client.time))[0] * 1000 < first + 3000:  # noqa: ASYNC110 - another process's clock
+                await trio.sleep(0.1)
+        assert await trio.to_thread.run_sync(_live_leases, client) == 1
+        assert (client.zscore("e2e:s:shared", lease) or 0) > first + 2000  # renewed since
+        refused = await _chat(http, edge)
+        assert refused.status_code == 429
+        assert "in flight" in refused.json()["error"]["message"]
+        holder.cancel()
+        with trio.fail_after(30):
+            while await trio.to_thread.run_sync(_live_leases, client):  # noqa: ASYNC110 - Redis's state
+                await trio.sleep(0.05)
+        assert (await _chat(http, edge)).status_code == 200
+    client.close()
+
+
+async def test_a_redis_blip_during_a_release_does_not_leak_the_stream(
+    tmp_path: Path, sim: SimProcess, redis_server: RedisServer
+) -> None:
+    """Redis paused while the key's one stream ends: the release fails (and so do its
+    first retries); once Redis is back, the key's streams return to 0 within a few lease
+    periods (retried, or expired), and the key's next request passes, not 429."""
+    (tmp_path / "shared.key").write_text(SECRET + "\n")
+    toml = _toml(sim, redis_server, 'key_file = "shared.key"', rpm=1000,
+                 extra="max_streams = 1\n", limits=_SHORT_LEASES)  # fmt: skip
+    client = redis_server.client()
+    async with (
+        edge_process(tmp_path, toml, name="edge") as edge,
+        httpx.AsyncClient(timeout=30) as http,
+        trio.open_nursery() as nursery,
+    ):
+        holding = trio.Event()
+        holder = trio.CancelScope()
+
+        async def hold() -> None:
+            with holder:
+                await _hold(http, edge, holding)
+
+        nursery.start_soon(hold)
+        await holding.wait()
+        assert await trio.to_thread.run_sync(_live_leases, client) == 1
+        gauge = 'iop_edge_key_streams{key="shared"}'
+        errors = "iop_edge_limits_store_errors_total"
+        redis_server.pause()
+        try:
+            holder.cancel()  # the client leaves: the edge ends the stream, Redis is away
+            with trio.fail_after(20):
+                metrics = (await http.get(edge.url + "/metrics")).text
+                while _metric(metrics, gauge) != 0:
+                    await trio.sleep(0.02)
+                    metrics = (await http.get(edge.url + "/metrics")).text
+                ended_at = _metric(metrics, errors)
+                while _metric(metrics, errors) < ended_at + 2:  # the release, or a retry, failed
+                    await trio.sleep(0.02)
+                    metrics = (await http.get(edge.url + "/metrics")).text
+            await edge.wait_line(STORE_DOWN)
+        finally:
+            redis_server.resume()
+        with trio.fail_after(20):  # a few lease periods (1 s each), generously
+            while await trio.to_thread.run_sync(_live_leases, client):  # noqa: ASYNC110 - Redis's state
+                await trio.sleep(0.05)
+        passed = await _chat(http, edge)
+        assert passed.status_code == 200, passed.text
+    client.close()

@@ -1,18 +1,23 @@
 """The limits' pure logic (edge.limits.window), the key ring, the in-process store,
-and the `[[keys]]` / `[limits]` config."""
+the limiter's leases (renewals, retried releases, refunds; an in-process store that
+fails on demand) and the `[[keys]]` / `[limits]` config."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.config import ConfigError, KeyConfig, parse_config
-from edge.limits.limiter import LEGACY_NAME, KeyRing
-from edge.limits.store import MemoryStore
+from edge.errors import NotFoundError
+from edge.limits.limiter import LEGACY_NAME, Gate, Key, KeyRing, Limiter
+from edge.limits.store import MemoryStore, StoreUnavailable
 from edge.limits.window import (
     WINDOW_MS,
     Decision,
@@ -22,8 +27,10 @@ from edge.limits.window import (
     admit,
     duration_text,
     rate_headers,
+    refund,
     retry_after_s,
 )
+from edge.metrics import EdgeMetrics
 
 
 def test_the_request_past_rpm_is_refused_and_not_counted() -> None:
@@ -242,3 +249,148 @@ def test_duplicate_names_and_secrets_are_refused() -> None:
     assert "x1" not in str(info.value)
     with pytest.raises(ConfigError, match=r"limits\.redis_url"):
         parse_config({"limits": {"redis_url": "http://x"}}, "e")
+
+
+def test_lease_settings_are_read_and_checked() -> None:
+    """[limits] lease_s and lease_renew_s: defaults 10 s and 3 s; a renewal period over
+    half the lease (a late renewal would let a live stream expire) is refused."""
+    default = parse_config({}, "e").limits
+    assert (default.lease_s, default.lease_renew_s) == (10.0, 3.0)
+    set_ = parse_config({"limits": {"lease_s": 4, "lease_renew_s": 1}}, "e").limits
+    assert (set_.lease_s, set_.lease_renew_s) == (4.0, 1.0)
+    with pytest.raises(ConfigError, match=r"limits\.lease_renew_s: must be at most half"):
+        parse_config({"limits": {"lease_s": 4, "lease_renew_s": 3}}, "e")
+
+
+def test_a_refund_takes_back_one_request_of_the_running_window_only() -> None:
+    """A refunded request is no longer counted in its window; a window that ended (or
+    none) is left alone."""
+    window, limits = Window(), Limits(rpm=2)
+    assert admit(window, 0, limits, 0).admitted
+    assert admit(window, 0, limits, 1).admitted
+    refund(window, 2)
+    assert admit(window, 0, limits, 3).admitted
+    refund(window, WINDOW_MS + 5)  # the window is over: nothing to take back
+    assert window.requests == 2
+    empty = Window()
+    refund(empty, 0)
+    assert (empty.start_ms, empty.requests) == (-1, 0)
+
+
+class _FlakyStore(MemoryStore):
+    """The in-process store with releases that fail `failures` times, and counted calls."""
+
+    kind = "flaky"
+
+    def __init__(self, failures: int = 0) -> None:
+        super().__init__()
+        self.failures = failures
+        self.releases: list[str] = []
+        self.renewals: list[dict[str, frozenset[str]]] = []
+
+    async def release(self, key: str, lease: str) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.failures > 0:
+            self.failures -= 1
+            raise StoreUnavailable("down")
+        self.releases.append(lease)
+        await super().release(key, lease)
+
+    async def renew(self, leases: Mapping[str, Collection[str]]) -> None:
+        await trio.lowlevel.checkpoint()
+        self.renewals.append({k: frozenset(v) for k, v in leases.items()})
+
+
+def _gate(limiter: Limiter, key: Key) -> Gate:
+    gate = Gate(limiter, limiter.metrics)
+    gate.key = key
+    return gate
+
+
+async def test_a_failed_release_is_retried_in_the_background(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A release the store did not take does not hold the request: its end returns, and
+    the stream is given back by a later retry (here the third attempt)."""
+    store = _FlakyStore(failures=2)
+    limiter = Limiter(store, fail_open=True, metrics=EdgeMetrics())
+    key = Key("k", Limits(max_streams=1))
+    gate = _gate(limiter, key)
+    await gate.admit()
+    await gate.check_model("m")
+    began = trio.current_time()
+    await gate.end(None)
+    assert trio.current_time() - began < 1.0  # never waits for the retries
+    assert store.releases == []
+    with trio.fail_after(60):
+        while not store.releases:  # noqa: ASYNC110 - the retrier's own clock (autojump)
+            await trio.sleep(0.1)
+    assert len(store.releases) == 1
+    assert (await store.admit("k", key.limits, "next")).admitted
+
+
+async def test_a_release_that_keeps_failing_is_given_up_after_a_few_rounds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The retries are bounded: a few rounds with backoff, then the lease is left to
+    expire (no task keeps trying)."""
+    store = _FlakyStore(failures=1_000)
+    limiter = Limiter(store, fail_open=True, metrics=EdgeMetrics())
+    gate = _gate(limiter, Key("k", Limits(max_streams=1)))
+    await gate.admit()
+    await gate.end(None)
+    await trio.sleep(3600)
+    assert 1_000 - store.failures == 1 + 5  # the release, then five rounds
+    assert limiter._retrier is None
+
+
+async def test_heartbeats_renew_every_lease_of_the_process_in_one_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Ten requests holding streams: each renewal is one store call naming all ten
+    leases, one per period (not one per request); once they ended, a later request's
+    renewal names only its own lease, and nothing is renewed while none is held."""
+    store = _FlakyStore()
+    limiter = Limiter(store, fail_open=True, metrics=EdgeMetrics(), renew_s=3.0)
+    key = Key("k", Limits(max_streams=100))
+    gates = [_gate(limiter, key) for _ in range(10)]
+    async with trio.open_nursery() as nursery:
+        for gate in gates:
+            await gate.admit()
+            assert gate.renews
+            nursery.start_soon(gate.heartbeat)
+            await trio.sleep(0.25)  # heartbeats out of phase
+        await trio.sleep(30 - 2.5 + 0.1)  # ticks at 3, 6, ..., 30 s
+        assert len(store.renewals) == 10
+        assert all(r == {"k": frozenset(g._lease for g in gates)} for r in store.renewals)
+        for gate in gates:
+            await gate.end(None)
+        assert not any(g.renews for g in gates)
+    other = _gate(limiter, key)
+    await other.admit()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other.heartbeat)
+        await trio.sleep(3.0)
+        await other.end(None)
+    assert store.renewals[10] == {"k": frozenset({other._lease})}
+    await trio.sleep(30)
+    assert len(store.renewals) == 11
+
+
+async def test_a_model_outside_the_allow_list_refunds_the_admission() -> None:
+    """Admitted before its body was read, a request for a model the key may not use is
+    404 and not counted: the window and the streams are as before it."""
+    store = MemoryStore()
+    limiter = Limiter(store, fail_open=True, metrics=EdgeMetrics())
+    key = Key("k", Limits(rpm=2, max_streams=1), frozenset({"m"}))
+    refused = _gate(limiter, key)
+    await refused.admit()
+    assert refused.headers["x-ratelimit-remaining-requests"] == "1"
+    with pytest.raises(NotFoundError):
+        await refused.check_model("other")
+    assert refused.headers == {}
+    await refused.end(None)
+    ok = _gate(limiter, key)
+    await ok.admit()
+    await ok.check_model("m")
+    assert ok.headers["x-ratelimit-remaining-requests"] == "1"

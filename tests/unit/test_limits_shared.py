@@ -93,3 +93,39 @@ async def test_streams_of_a_dead_process_are_given_back(tmp_path: Path) -> None:
         assert (await store.admit("k", limits, "e")).admitted
     finally:
         await store.aclose()
+
+
+async def test_a_count_not_renewed_expires_with_its_lease(tmp_path: Path) -> None:
+    """A stream whose release never ran (a count this process got wrong) holds the key's
+    max_streams for one lease at most: past it, unrenewed, it no longer counts."""
+    now = [1_000]
+    limits = Limits(max_streams=1)
+    store = SharedFileStore(tmp_path, [("k", limits)], clock=lambda: now[0], lease_ms=500)
+    try:
+        assert (await store.admit("k", limits, "leaked")).admitted
+        now[0] += 499
+        assert (await store.admit("k", limits, "b")).over == "streams"
+        now[0] += 1
+        assert (await store.admit("k", limits, "c")).admitted
+    finally:
+        await store.aclose()
+
+
+async def test_a_renewal_keeps_live_streams_and_drops_leaked_ones(tmp_path: Path) -> None:
+    """A renewal sets this process's count to the streams its live requests hold, another
+    lease ahead: live ones stay counted past the first lease, a leaked one is dropped."""
+    now = [1_000]
+    limits = Limits(max_streams=2)
+    store = SharedFileStore(tmp_path, [("k", limits)], clock=lambda: now[0], lease_ms=500)
+    try:
+        assert (await store.admit("k", limits, "live")).admitted
+        assert (await store.admit("k", limits, "leaked")).admitted
+        for _ in range(4):  # four lease periods, renewed every 300 ms
+            now[0] += 300
+            await store.renew({"k": {"live"}})
+        assert (await store.admit("k", limits, "b")).admitted  # live + b: 2
+        assert (await store.admit("k", limits, "c")).over == "streams"
+        await store.renew({"k": set()})  # none held any more
+        assert (await store.admit("k", limits, "d")).admitted
+    finally:
+        await store.aclose()
