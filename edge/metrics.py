@@ -48,6 +48,7 @@ CONNECTION_ERROR_KINDS = (
 SHED_REASONS = (
     "queue_full",  # no free node slot and the queue holds [admission] max_queue already
     "queue_timeout",  # waited [admission] queue_timeout_s for a slot
+    "memory_budget",  # its parsed form would pass [admission] memory_budget_bytes
 )
 # Why a key's request was refused: over rpm, over tpm, at max_streams, a model outside its
 # allow-list (answered 404), the limits store down with fail_open = false (503).
@@ -175,6 +176,12 @@ class EdgeMetrics:
         )  # fmt: skip
         for reason in SHED_REASONS:
             self.shed.labels(reason)
+        self.request_memory = Gauge(
+            "iop_edge_request_memory_bytes",
+            "Bytes held by the requests queued and running, as their parsed form is"
+            " estimated (the memory budget's count, [admission] memory_budget_bytes).",
+            registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
 
         self.tool_violations = Counter(
             "iop_edge_tool_call_violations",

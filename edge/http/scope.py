@@ -27,7 +27,7 @@ None when tracing is off, and then nothing of it costs anything).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 
@@ -109,6 +109,11 @@ class ChatScope:
                 # reference cycle only the garbage collector frees: unlinked, they go
                 # when the request's last reference does.
                 run.on_end = None
+
+    def at_end(self, callback: Callable[[], object]) -> None:
+        """Call `callback` when the request's cycle ends, however it ends (after its runs:
+        what they hold is given back once they are over)."""
+        self._stack.callback(callback)
 
     @property
     def node_metadata(self) -> dict[str, str] | None:
