@@ -1,4 +1,6 @@
-"""End to end: the memory budget of the requests in the edge, over a real node process.
+"""End to end: what requests hold in the edge is bounded, over a real node process.
+
+The memory budget:
 
 A request holds its parsed form from its parse to the end of its cycle, queued or
 running; the edge charges its estimate (`edge.api.footprint`) to one budget
@@ -6,17 +8,32 @@ running; the edge charges its estimate (`edge.api.footprint`) to one budget
 request of many small parts: a second one is answered 503 `overloaded` with
 Retry-After while the first holds its share, and every way a request ends (answered,
 streamed, its client gone mid-stream, a node error, refused after its parse) gives
-its bytes back: the count and its gauge return to 0. Waits are bounded polls on
-in-process state; nothing asserts a duration.
+its bytes back: the count and its gauge return to 0.
+
+HTTP/2 streams left unread: a client opens streams and never opens their
+flow-control window, so their answers cannot be written. Over a real `iop-edge`
+process (its RSS read with psutil), 800 such streams over 8 connections cost a
+bounded amount (each connection closed with GOAWAY ENHANCE_YOUR_CALM past its cap),
+every run ends, the stalled-stream gauge returns to 0, and a normal HTTP/2 client on
+another connection reads a large answer meanwhile.
+
+Waits are bounded polls on in-process state or on /metrics; nothing asserts a duration.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
 import httpx
 import trio
 
@@ -31,6 +48,8 @@ from tests.integration.conftest import (
     start_edge,
     stop_edge,
 )
+from tests.integration.edgeproc import edge_process
+from tests.integration.test_hostile_memory_e2e import BIG_DELTAS, MiB, RssPeak
 
 CHAT = "/v1/chat/completions"
 WAIT_S = 20.0
@@ -186,3 +205,110 @@ async def test_every_way_a_request_ends_gives_its_bytes_back(
         await _given_back(edge)
     await edge.wait_idle()
     await stop_edge(edge)
+
+
+# --- HTTP/2 streams left unread -------------------------------------------------------
+
+CONNECTIONS = 8
+STREAMS = 100  # per connection: the edge's SETTINGS_MAX_CONCURRENT_STREAMS
+# Each stream's answer: 64 deltas of 64 KiB (4 MiB), far more than any window lets out.
+LARGE = script({**BIG_DELTAS, "repeat": 64}, {"type": "complete"})
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert match is not None, name
+    return float(match.group(1))
+
+
+async def _unread_streams(url: str) -> h2.events.ConnectionTerminated | None:
+    """One connection: STREAMS requests for large streamed answers, whose windows it never
+    opens (it reads every frame, sends no WINDOW_UPDATE), until the edge closes it."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    body = json.dumps(
+        {"model": "sim-script", "stream": True, "messages": [{"role": "user", "content": LARGE}]}
+    ).encode()
+    headers = [(":method", "POST"), (":path", CHAT), (":scheme", "http"), (":authority", host),
+               ("content-type", "application/json")]  # fmt: skip
+    for _ in range(STREAMS):
+        stream_id = conn.get_next_available_stream_id()
+        conn.send_headers(stream_id, headers)
+        conn.send_data(stream_id, body, end_stream=True)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        try:
+            await stream.send_all(conn.data_to_send())
+            with trio.fail_after(WAIT_S):
+                while data := await stream.receive_some(65536):
+                    for event in conn.receive_data(data):
+                        if isinstance(event, h2.events.ConnectionTerminated):
+                            return event
+                    if pending := conn.data_to_send():  # SETTINGS and PING ACKs only
+                        await stream.send_all(pending)
+        except (trio.BrokenResourceError, h2.exceptions.ProtocolError):
+            pass
+    return None
+
+
+async def test_h2_streams_left_unread_cost_bounded_memory_and_are_given_back(
+    tmp_path: Path, sim: SimProcess
+) -> None:
+    """800 streams over 8 connections whose flow-control windows are never opened: each
+    connection is closed with GOAWAY ENHANCE_YOUR_CALM, the edge's RSS grows by far less
+    than their answers would hold (it grew ~590 MiB, and on, before the bound), every run
+    ends, the stalled-stream gauge returns to 0, and a normal HTTP/2 client on another
+    connection reads a 4 MiB answer meanwhile."""
+    toml = (
+        '[server]\nlisten = "127.0.0.1:0"\n'
+        f'[[nodes]]\nname = "sim"\naddress = "{sim.address}"\nmax_runs = 2000\n'
+    )
+    async with (
+        edge_process(tmp_path, toml) as edge,
+        httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S, http1=False, http2=True) as client,
+    ):
+        warm = await client.post(CHAT, json={"model": "sim-echo", "messages": [
+            {"role": "user", "content": "warm up"}]})  # fmt: skip
+        assert warm.status_code == 200
+        assert warm.http_version == "HTTP/2"
+        rss = RssPeak(edge.process.pid)
+        ends: list[h2.events.ConnectionTerminated | None] = []
+        received = 0
+
+        async def unread() -> None:
+            ends.append(await _unread_streams(edge.url))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rss.watch)
+            try:
+                async with trio.open_nursery() as attackers:
+                    for _ in range(CONNECTIONS):
+                        attackers.start_soon(unread)
+                    large = {"model": "sim-script", "stream": True,
+                             "messages": [{"role": "user", "content": LARGE}]}  # fmt: skip
+                    async with client.stream("POST", CHAT, json=large) as response:
+                        assert response.status_code == 200
+                        async for chunk in response.aiter_bytes():
+                            received += len(chunk)
+            finally:
+                growth = rss.stop()
+        print(f"edge RSS growth, {CONNECTIONS}x{STREAMS} unread HTTP/2 streams: "
+              f"{growth / MiB:.1f} MiB")  # fmt: skip
+        assert received > 64 * 65536
+        assert len(ends) == CONNECTIONS
+        for end in ends:
+            assert end is not None
+            assert end.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+            assert b"flow-control window" in (end.additional_data or b"")
+        assert growth < 300 * MiB
+        with trio.fail_after(WAIT_S):
+            while True:
+                metrics = (await client.get("/metrics")).text
+                if _metric(metrics, "iop_edge_active_streams") == 0:
+                    break
+                await trio.sleep(0.05)  # another process's state: poll, bounded
+        assert _metric(metrics, "iop_edge_h2_stalled_streams") == 0
+        closed = _metric(metrics, 'iop_edge_connection_errors_total{kind="h2_stalled_streams"}')
+        assert closed == CONNECTIONS
+        assert edge.process.poll() is None
