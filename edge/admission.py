@@ -18,8 +18,17 @@ found no slot is not repeated for the same model in that pass. A request
 that leaves while queued (its client gone) leaves the queue; a slot handed
 to it in that instant is given back.
 
-This module knows nothing of HTTP or of runs: only the pool, its slots
-and the clock.
+The memory budget: the requests queued and running hold their parsed form
+(and body) all that time, and a small body can parse into twenty times its
+size in objects. `hold` takes a request's estimated bytes (`edge.api.footprint`)
+before it is queued, against `memory_budget_bytes` for the whole edge (each
+worker process its own); a request that would pass it is shed at once like
+a full queue (503 `overloaded`, Retry-After), one that could never fit is a
+413. The bytes go back through the call `hold` returns, once, however the
+request ends (its scope calls it at the end of the request's cycle).
+
+This module knows nothing of HTTP or of runs: only the pool, its slots,
+the budget's bytes and the clock.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import trio
 from loguru import logger
 
 from edge.config import AdmissionConfig
-from edge.errors import EdgeError, OverloadedError
+from edge.errors import EdgeError, OverloadedError, PayloadTooLargeError
 from edge.metrics import EdgeMetrics
 from edge.node.pool import NodePool, NodeState
 
@@ -41,6 +50,7 @@ from edge.node.pool import NodePool, NodeState
 SCAN = 32
 # The Retry-After of a shed answer, in seconds.
 RETRY_AFTER_S = 1
+MiB = 1024 * 1024
 
 
 @dataclass(slots=True, eq=False)
@@ -66,12 +76,53 @@ class Admission:
         self._waiters: deque[_Waiter] = deque()
         self._shed_unlogged = 0
         self._shed_logged_at = -math.inf
+        self._held = 0  # bytes of the memory budget taken (`hold`)
         pool.on_available = self.dispatch
 
     @property
     def depth(self) -> int:
         """Requests waiting now."""
         return len(self._waiters)
+
+    @property
+    def held(self) -> int:
+        """Bytes of the memory budget the requests queued and running hold now."""
+        return self._held
+
+    def hold(self, nbytes: int) -> Callable[[], None]:
+        """Take `nbytes` of the memory budget for a request; returns the call that gives
+        them back (the first call does, later ones do nothing).
+
+        Raises OverloadedError (503, Retry-After) when the budget has not that much
+        left, PayloadTooLargeError (413) when the whole budget is less.
+        """
+        budget = self._config.memory_budget_bytes
+        if nbytes > budget:
+            raise PayloadTooLargeError(
+                f"The request would hold {nbytes / MiB:.1f} MiB of memory once parsed, more "
+                f"than the edge's whole budget of {budget / MiB:.0f} MiB for requests; send "
+                "fewer or larger content parts, or a smaller body.",
+                code="payload_too_large",
+            )
+        if self._held + nbytes > budget:
+            raise self._shed(
+                "memory_budget",
+                f"queued and running requests hold {self._held / MiB:.0f} MiB of its "
+                f"{budget / MiB:.0f} MiB memory budget; this one needs {nbytes / MiB:.1f} MiB",
+            )
+        self._held += nbytes
+        gauge = self._metrics.request_memory
+        gauge.set(self._held)
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            if not given_back:
+                given_back = True
+                self._held -= nbytes
+                gauge.set(self._held)
+
+        return give_back
 
     def shed_if_full(self) -> None:
         """Shed a request before it is parsed when the queue is full and no node has a

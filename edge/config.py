@@ -98,6 +98,9 @@ class AdmissionConfig:
     max_queue: int = 1000
     # How long a request may wait for a slot before 503 overloaded.
     queue_timeout_s: float = 30.0
+    # Bytes the requests queued and running may hold at once, as parsed (each request's
+    # estimate: edge.api.footprint); one that would pass it is answered 503 overloaded.
+    memory_budget_bytes: int = 512 * 1024 * 1024
 
 
 # A key's name is a metric label and a log field: short, plain.
@@ -355,6 +358,9 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         max_queue=r.integer("max_queue", adm.max_queue, maximum=1_000_000),
         queue_timeout_s=r.number(
             "queue_timeout_s", adm.queue_timeout_s, minimum=0.001, maximum=3600
+        ),
+        memory_budget_bytes=r.integer(
+            "memory_budget_bytes", adm.memory_budget_bytes, minimum=2**20, maximum=2**50
         ),
     )
     r.done()

@@ -40,6 +40,7 @@ CONNECTION_ERROR_KINDS = (
     "slow_client",  # a write made no progress for slow_client_s
     "slow_request",  # a head or body arrived slower than idle_timeout_s / body_timeout_s
     "h2_reset_flood",  # HTTP/2 stream resets past the rate allowed (GOAWAY)
+    "h2_stalled_streams",  # HTTP/2 streams left unread (window closed) past a limit (GOAWAY)
     "over_limit",  # accepted past max_connections: answered 503 and closed
     "accept_fd_exhausted",  # accept() failed: EMFILE, ENFILE, ENOBUFS, ENOMEM
     "accept_error",  # accept() failed otherwise
@@ -48,6 +49,7 @@ CONNECTION_ERROR_KINDS = (
 SHED_REASONS = (
     "queue_full",  # no free node slot and the queue holds [admission] max_queue already
     "queue_timeout",  # waited [admission] queue_timeout_s for a slot
+    "memory_budget",  # its parsed form would pass [admission] memory_budget_bytes
 )
 # Why a key's request was refused: over rpm, over tpm, at max_streams, a model outside its
 # allow-list (answered 404), the limits store down with fail_open = false (503).
@@ -175,6 +177,12 @@ class EdgeMetrics:
         )  # fmt: skip
         for reason in SHED_REASONS:
             self.shed.labels(reason)
+        self.request_memory = Gauge(
+            "iop_edge_request_memory_bytes",
+            "Bytes held by the requests queued and running, as their parsed form is"
+            " estimated (the memory budget's count, [admission] memory_budget_bytes).",
+            registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
 
         self.tool_violations = Counter(
             "iop_edge_tool_call_violations",
@@ -197,6 +205,12 @@ class EdgeMetrics:
         self.open_connections = Gauge(
             "iop_edge_open_connections", "HTTP connections being served.", registry=r,
             multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.h2_stalled_streams = Gauge(
+            "iop_edge_h2_stalled_streams",
+            "HTTP/2 streams whose answer waits for the client to open its flow-control"
+            " window (a body send waiting past a moment).",
+            registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
         self.connections_without_request = Counter(
             "iop_edge_connections_without_request",

@@ -36,9 +36,10 @@ from quart import Response
 from quart.wrappers.response import ResponseBody
 
 from edge.admission import Admission
+from edge.api.footprint import footprint
 from edge.api.policy import apply_policy
 from edge.api.request import ChatRequest
-from edge.api.surfaces import APIS, CHAT, MESSAGES, Answer, Api, Folder, Streamer
+from edge.api.surfaces import APIS, CHAT, MESSAGES, Answer, Api, ApiRequest, Folder, Streamer
 from edge.config import Config
 from edge.failover import Committed, Failover
 from edge.http.refusals import REASONS, overloaded_response
@@ -159,7 +160,10 @@ class ChatService:
         await self.turns.turn()
         # Schema checks of declared tools cost milliseconds per KiB: off the
         # loop, so a large request never stalls other streams.
-        parsed = await trio.to_thread.run_sync(api.parse, body, limiter=self.parsing)
+        parsed, nbytes = await trio.to_thread.run_sync(_parse, api, body, limiter=self.parsing)
+        # What it holds, queued and running, comes out of the memory budget until its
+        # cycle ends (503 overloaded when the budget has not that much left).
+        scope.at_end(self.admission.hold(nbytes))
         request = parsed.chat
         if parsed.dropped:
             logger.bind(model=request.model, api=api.name).info(
@@ -232,6 +236,12 @@ class ChatService:
     def shutdown_streams(self) -> int:
         """Drain deadline: end every run still in flight, with a notice. Returns how many."""
         return self.runs.shut_down(SHUTDOWN_NOTICE)
+
+
+def _parse(api: Api, body: bytes) -> tuple[ApiRequest, int]:
+    """The request in `body`, and the bytes it holds: its parsed form and the body."""
+    parsed = api.parse(body)
+    return parsed, footprint(parsed) + len(body)
 
 
 def _http_answer(status: int, body: bytes, retry_after_s: int, *, close: bool) -> bytes:

@@ -122,6 +122,11 @@ class ChatScope:
         self._stack.callback(done.cancel)
         self.nursery.start_soon(run)
 
+    def at_end(self, callback: Callable[[], object]) -> None:
+        """Call `callback` when the request's cycle ends, however it ends (after its runs:
+        what they hold is given back once they are over)."""
+        self._stack.callback(callback)
+
     @property
     def node_metadata(self) -> dict[str, str] | None:
         """What goes with each Run call: the trace context (None: tracing is off)."""

@@ -77,6 +77,7 @@ from edge.http.refusals import (
     goaway_frame,
     over_limit_response,
 )
+from edge.http.stalls import DataWritten, StallCount, Stalls
 from edge.metrics import EdgeMetrics
 from edge.turns import Turns
 
@@ -119,6 +120,17 @@ H2_RESETS_PER_S = 100.0
 # HTTP/2 bytes handed to hypercorn per scheduler pass (~146 frames of the smallest kind).
 _H2_PIECE = 2**11
 _H2_LIMITS = H2Limits(H2_MAX_HEADER_LIST_SIZE, H2_RESET_BURST, H2_RESETS_PER_S)
+# HTTP/2 streams a client leaves unread, its flow-control window closed (edge.http.stalls):
+# a body send still waiting after H2_STALL_S makes its stream stalled; past this many
+# on one connection, or in the whole server, the connection is closed with GOAWAY.
+H2_STALL_S = 0.25
+# Answer bytes an HTTP/2 connection may hold unwritten (its client's windows closed);
+# past it, the answers' sends wait (and so count as stalled).
+H2_MAX_UNWRITTEN = 2**20
+H2_MAX_STALLED_PER_CONNECTION = 16
+H2_MAX_STALLED = 128
+# How long a GOAWAY waits for a write in progress before the connection closes anyway.
+_GOAWAY_WAIT_S = 1.0
 _ENHANCE_YOUR_CALM = 0xB
 _OVER_LIMIT = over_limit_response()
 
@@ -197,6 +209,11 @@ class HttpServer:
         # ...unless `shed(request_line, close=...)` answers it at once (an overloaded
         # edge's 503): then that answer is written, nothing parsed.
         self.shed = shed
+        self.stalls = Stalls(
+            stall_s=H2_STALL_S, per_connection=H2_MAX_STALLED_PER_CONNECTION,
+            total=H2_MAX_STALLED, limit_s=limits.slow_client_s,
+            gauge=metrics.h2_stalled_streams,
+        )  # fmt: skip
 
     @property
     def open_connections(self) -> int:
@@ -241,6 +258,7 @@ class HttpServer:
                     async with trio.open_nursery() as accepting:
                         if self._waiting is not None:
                             accepting.start_soon(self._watch_waiting, self._waiting, connections)
+                        accepting.start_soon(self.stalls.run)
                         for listener in listeners:
                             accepting.start_soon(self._accept_loop, listener, connections)
                         await shutdown.wait()
@@ -366,7 +384,7 @@ class HttpServer:
         """The task of a connection (counted open already) whose client sent `first`
         (b"": nothing yet, its task waits for it)."""
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        connection = _Connection(self, stream, first)
+        connection = _Connection(self, stream, nursery, first)
         self._connections.add(connection)
         nursery.start_soon(self._serve_connection, connection, not first)
 
@@ -390,7 +408,7 @@ class HttpServer:
             else:
                 await stream.aclose()
             return
-        connection = _Connection(self, stream)
+        connection = _Connection(self, stream, nursery)
         self._connections.add(connection)
         self._gauge.inc()
         nursery.start_soon(self._serve_connection, connection)
@@ -403,6 +421,8 @@ class HttpServer:
         finally:
             self._connections.discard(connection)
             self._gauge.dec()
+            if connection.stall_count is not None:
+                self.stalls.forget(connection.stall_count)
             if not connection.served_any:
                 self._without_request.inc()
             await connection.stream.aclose()
@@ -506,9 +526,24 @@ class _Waiting:
 class _Connection:
     """One client connection: socket bytes in and out of hypercorn's protocol."""
 
-    def __init__(self, server: HttpServer, stream: trio.SocketStream, first: bytes = b"") -> None:
+    def __init__(
+        self,
+        server: HttpServer,
+        stream: trio.SocketStream,
+        nursery: trio.Nursery,
+        first: bytes = b"",
+    ) -> None:
         self.server = server
         self.stream = stream
+        self._nursery = nursery  # the server's connections: where a GOAWAY is written from
+        # Its HTTP/2 streams left unread (edge.http.stalls), once it is served.
+        self.stall_count: StallCount | None = None
+        self._calming = False
+        # HTTP/2 answer bytes handed to hypercorn and not written yet, and who waits
+        # for them to go (`handed`); `_data` reads the DATA frames written.
+        self._unwritten = 0
+        self._data: DataWritten | None = None
+        self._data_written: trio.Event | None = None
         # What the client sent before the connection's task began (read by the server).
         self._first = first
         self._send_lock = trio.Lock()
@@ -554,8 +589,9 @@ class _Connection:
         self, task_group: TaskGroup, client: tuple[str, int] | None, server: tuple[str, int] | None
     ) -> None:
         config = self.server.config
+        app, self.stall_count = self.server.stalls.watch(self.server.app, self)
         self._protocol = ProtocolWrapper(
-            self.server.app,
+            app,
             config,
             self.server.context,
             task_group,
@@ -569,6 +605,41 @@ class _Connection:
         await self._protocol.initiate()
         self._set_idle(True)
         await self._read_loop(self._protocol)
+
+    @property
+    def open(self) -> bool:
+        return not self._closed
+
+    def calm_down(self, why: str) -> None:
+        """Close the connection with GOAWAY (ENHANCE_YOUR_CALM): too many of its HTTP/2
+        streams, or one for too long, are left unread (`edge.http.stalls`)."""
+        if self._closed or self._calming:
+            return
+        self._calming = True
+        self.server.errors.record("h2_stalled_streams", why)
+        self._nursery.start_soon(self._goaway, why.encode())
+
+    async def handed(self, nbytes: int) -> None:
+        """An HTTP/2 answer's `nbytes` went to hypercorn: wait while the connection holds
+        more than H2_MAX_UNWRITTEN unwritten (see `edge.http.stalls`)."""
+        self._unwritten += nbytes
+        while self._unwritten > H2_MAX_UNWRITTEN and not self._closed:
+            if self._data_written is None:
+                self._data_written = trio.Event()
+            await self._data_written.wait()
+
+    def _wrote(self, data: bytes | memoryview) -> None:
+        """Count the DATA payload bytes in what is written, once the connection is HTTP/2."""
+        if self._data is None:
+            if self._scanner.http2 is None:
+                return
+            self._data = DataWritten()  # the server's first HTTP/2 bytes: a frame begins
+        written = self._data.feed(data)
+        if written:
+            self._unwritten -= written
+            if self._data_written is not None and self._unwritten <= H2_MAX_UNWRITTEN:
+                self._data_written.set()
+                self._data_written = None
 
     def bound_write(self, deadline: float) -> None:
         """Drain: a write in progress gives up at `deadline` at the latest."""
@@ -727,13 +798,7 @@ class _Connection:
         watch = self._scanner.http2
         if watch is not None:
             # HTTP/2: GOAWAY at once (RFC 9113 5.4.1), then the connection ends.
-            frame = goaway_frame(
-                watch.last_stream_id, _ENHANCE_YOUR_CALM, rejection.message.encode()
-            )
-            async with self._send_lock:
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._write(frame)
-            await self._close()
+            await self._goaway(rejection.message.encode())
             return
         # A request before it in the same packet (pipelining) is answered first.
         await self._idle_again.wait()
@@ -747,11 +812,25 @@ class _Connection:
                     await self._write(answer)
         await self._close()
 
+    async def _goaway(self, debug: bytes) -> None:
+        """GOAWAY (ENHANCE_YOUR_CALM) with `debug`, then close: every stream on the
+        connection ends, each request's run with it."""
+        watch = self._scanner.http2
+        frame = goaway_frame(
+            watch.last_stream_id if watch is not None else 0, _ENHANCE_YOUR_CALM, debug
+        )
+        with trio.move_on_after(_GOAWAY_WAIT_S):  # the frame goes out between two others
+            async with self._send_lock:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._write(frame)
+        await self._close()
+
     async def _protocol_send(self, event: Event) -> None:
         assert self._protocol is not None
         if isinstance(event, RawData):
             data: bytes | memoryview = event.data
             self._answer_bytes += len(data)
+            self._wrote(data)
             lock = self._send_lock
             if not lock.locked() and not self._closed:
                 # The common case, one SSE frame: the kernel takes it whole at once, with
@@ -834,6 +913,8 @@ class _Connection:
         if self._closed:
             return
         self._closed = True
+        if self._data_written is not None:  # no more waiting on a window
+            self._data_written.set()
         self._idle_again.set()
         self._read_scope.cancel()
         try:

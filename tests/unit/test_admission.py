@@ -12,7 +12,7 @@ import trio.testing
 
 from edge.admission import SCAN, Admission
 from edge.config import AdmissionConfig, RoutingConfig
-from edge.errors import NodeUnavailableError, OverloadedError
+from edge.errors import NodeUnavailableError, OverloadedError, PayloadTooLargeError
 from edge.metrics import EdgeMetrics
 from edge.node.client import NodeDescription
 from edge.node.pool import NodePool, NodeState
@@ -316,3 +316,53 @@ async def test_a_newcomer_does_not_pass_a_waiter_to_a_free_slot() -> None:
         assert [tag for tag, _ in got] == ["waited"]
         assert admission.depth == 1  # the newcomer waits its turn
         nursery.cancel_scope.cancel()
+
+
+# --- the memory budget ---------------------------------------------------------------
+
+
+def _budgeted(budget: int) -> tuple[Admission, EdgeMetrics]:
+    metrics = EdgeMetrics()
+    config = AdmissionConfig(memory_budget_bytes=budget)
+    return Admission(_pool(("n", ("m",), 1)), config, metrics), metrics
+
+
+async def test_the_memory_budget_sheds_what_would_pass_it_and_takes_back_once() -> None:
+    """Bytes are taken while the budget has them; a request that would pass it is shed
+    (503 overloaded, Retry-After, the amounts named) and takes nothing; each give-back
+    returns its bytes once, whatever calls it twice; the gauge follows, back to 0."""
+    MiB = 2**20
+    admission, metrics = _budgeted(10 * MiB)
+    first = admission.hold(6 * MiB)
+    second = admission.hold(4 * MiB)
+    assert admission.held == 10 * MiB
+    assert _sample(metrics, "iop_edge_request_memory_bytes") == 10 * MiB
+    with pytest.raises(OverloadedError) as shed:
+        admission.hold(1)
+    assert shed.value.status == 503
+    assert shed.value.type == "overloaded"
+    assert shed.value.retry_after_s >= 1
+    assert "10 MiB of its 10 MiB memory budget" in shed.value.message
+    assert _sample(metrics, "iop_edge_shed_total", reason="memory_budget") == 1
+    assert admission.held == 10 * MiB
+    first()
+    first()  # a second call gives nothing back
+    assert admission.held == 4 * MiB
+    third = admission.hold(6 * MiB)
+    second()
+    third()
+    assert admission.held == 0
+    assert _sample(metrics, "iop_edge_request_memory_bytes") == 0
+
+
+async def test_a_request_larger_than_the_whole_budget_is_a_413() -> None:
+    """A request that could never fit is told so (413, not a 503 to retry forever), and
+    takes nothing."""
+    admission, _ = _budgeted(2**20)
+    with pytest.raises(PayloadTooLargeError) as refused:
+        admission.hold(2**20 + 1)
+    assert refused.value.status == 413
+    assert "more than the edge's whole budget of 1 MiB" in refused.value.message
+    assert admission.held == 0
+    admission.hold(2**20)()  # exactly the budget fits
+    assert admission.held == 0

@@ -1,0 +1,123 @@
+"""The watch over HTTP/2 streams left unread, under trio's MockClock, and its frame reader.
+
+`Stalls` counts a body send still waiting `stall_s` after it began as a stalled stream,
+calls `calm_down` on its connection past the per-connection or total cap or after
+`limit_s`, and gives the count back as sends end or connections go. `DataWritten`
+reads the same DATA bytes whether the frames come whole or a byte at a time.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+from hyperframe.frame import DataFrame, HeadersFrame, PingFrame, SettingsFrame
+
+from edge.http.stalls import DataWritten, StallCount, Stalls
+from edge.metrics import EdgeMetrics
+
+
+class _Connection:
+    def __init__(self) -> None:
+        self.open = True
+        self.why: list[str] = []
+
+    def calm_down(self, why: str) -> None:
+        self.why.append(why)
+
+    async def handed(self, nbytes: int) -> None:  # pragma: no cover - not sent through here
+        pass
+
+
+def _stalls(per_connection: int = 2, total: int = 3) -> Stalls:
+    return Stalls(
+        stall_s=0.25, per_connection=per_connection, total=total, limit_s=30.0,
+        gauge=EdgeMetrics().h2_stalled_streams,
+    )  # fmt: skip
+
+
+def _count(connection: _Connection) -> StallCount:
+    return StallCount(connection)
+
+
+async def test_sends_that_end_in_time_are_never_stalled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A send over before `stall_s` counts nothing; one still waiting then is stalled, and
+    its end gives the count back."""
+    stalls = _stalls()
+    conn = _Connection()
+    count = _count(conn)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stalls.run)
+        quick = stalls.began(count)
+        await trio.sleep(0.1)
+        stalls.ended(quick)
+        slow = stalls.began(count)
+        await trio.sleep(1.0)
+        assert (stalls.stalled, count.stalled) == (1, 1)
+        stalls.ended(slow)
+        stalls.ended(slow)  # twice: once
+        assert (stalls.stalled, count.stalled) == (0, 0)
+        assert conn.why == []
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("connections", "expected"), [(1, "on this connection"), (3, "more than 3 HTTP/2 streams wait")]
+)
+async def test_past_a_cap_the_connection_is_calmed_down(
+    autojump_clock: trio.testing.MockClock, connections: int, expected: str
+) -> None:
+    """More stalled streams than `per_connection` on one connection, or than `total` over
+    several, and the connection with the newest is told to calm down."""
+    stalls = _stalls(per_connection=2, total=3)
+    conns = [_Connection() for _ in range(connections)]
+    counts = [_count(c) for c in conns]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stalls.run)
+        for i in range(4):
+            stalls.began(counts[i % connections])
+            await trio.sleep(0.01)
+        await trio.sleep(1.0)
+        told = [c for c in conns if c.why]
+        assert len(told) == 1
+        assert expected in told[0].why[0]
+        for conn, count in zip(conns, counts, strict=True):
+            conn.open = False
+            stalls.forget(count)
+        assert stalls.stalled == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_stalled_for_the_limit_closes_its_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One stalled stream, under every cap, is told to calm down at `limit_s`."""
+    stalls = _stalls()
+    conn = _Connection()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stalls.run)
+        stalls.began(_count(conn))
+        await trio.sleep(10.0)
+        assert conn.why == []
+        await trio.sleep(25.0)
+        assert conn.why == ["an HTTP/2 stream waited 30s for its flow-control window"]
+        nursery.cancel_scope.cancel()
+
+
+def test_data_bytes_are_read_the_same_whole_or_byte_by_byte() -> None:
+    """DATA payload bytes are counted from frame headers alone, wherever the writes split."""
+    frames = b"".join(
+        f.serialize()
+        for f in (
+            SettingsFrame(0),
+            HeadersFrame(1, b"\x88", flags=["END_HEADERS"]),
+            DataFrame(1, b"x" * 1000),
+            PingFrame(0, opaque_data=b"12345678"),
+            DataFrame(3, b"y" * 17, flags=["END_STREAM"]),
+        )
+    )
+    assert DataWritten().feed(frames) == 1017
+    reader = DataWritten()
+    assert sum(reader.feed(frames[i : i + 1]) for i in range(len(frames))) == 1017
