@@ -25,7 +25,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
@@ -38,14 +38,17 @@ from quart.wrappers.response import ResponseBody
 from edge.admission import Admission
 from edge.api.policy import apply_policy
 from edge.api.request import ChatRequest
-from edge.api.surfaces import APIS, CHAT, MESSAGES, Answer, Api, Folder, Streamer
+from edge.api.surfaces import APIS, CHAT, MESSAGES, Answer, Api, ApiRequest, Folder, Streamer
 from edge.config import Config
+from edge.errors import RequestError
 from edge.failover import Committed, Failover
 from edge.http.refusals import REASONS, overloaded_response
 from edge.http.scope import ChatScope
+from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate
 from edge.metrics import EdgeMetrics
 from edge.node.pool import NodePool
+from edge.node.wire import PreparedRunRequest, prepare_run_request
 from edge.run import OutcomeHook, Run, Runs
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
@@ -157,25 +160,24 @@ class ChatService:
         """
         self.admission.shed_if_full()
         await self.turns.turn()
-        # Schema checks of declared tools cost milliseconds per KiB: off the
-        # loop, so a large request never stalls other streams.
-        parsed = await trio.to_thread.run_sync(api.parse, body, limiter=self.parsing)
-        request = parsed.chat
-        if parsed.dropped:
-            logger.bind(model=request.model, api=api.name).info(
-                "not used (the edge cannot run them): {}", ", ".join(parsed.dropped)
-            )
-        scope.stream = request.stream
+        run_id = secrets.token_hex(12)
         trace = scope.trace
-        if trace is not None:
-            trace.request(request)
+        # Everything that grows with the request (the parse, whose schema checks
+        # cost milliseconds per KiB, the forwarding policy's checks, the RunRequest's
+        # serialization) runs off the loop, once: a large request never stalls
+        # other streams, and its attempts all send the same bytes.
+        prepared = await trio.to_thread.run_sync(
+            self.prepare, api, body, run_id, trace, limiter=self.parsing
+        )
+        parsed = prepared.parsed
+        request = parsed.chat
+        scope.stream = request.stream
         if gate is not None:
             gate.check_model(request.model)
             await gate.admit()
         if request.model in self.pool.models():  # metric labels: only models nodes serve
             scope.model = request.model
-        request = self.forwarded(request)
-        run_id = secrets.token_hex(12)
+        request, payload = prepared.forwarded()
         settings = self.settings_for(request, run_id)
 
         def new_session() -> StreamSession:  # one per attempt, all with the one run id
@@ -184,7 +186,7 @@ class ChatService:
         keepalive_s = self.config.server.keepalive_s if request.stream else 0.0
         created = int(time.time())
         committed = await self.failover.start(
-            scope, request, new_session, keepalive_s=keepalive_s,
+            scope, request, payload, new_session, keepalive_s=keepalive_s,
             affinity_key=session_id or parsed.affinity_key or request.user,
         )  # fmt: skip
         run = committed.run
@@ -210,6 +212,25 @@ class ChatService:
         response.headers["X-Request-Id"] = scope.request_id
         return response
 
+    def prepare(self, api: Api, body: bytes, run_id: str, trace: RequestTrace | None) -> Prepared:
+        """In a worker thread: `body` parsed, as forwarded, its RunRequest serialized.
+        A refusal of the forwarding policy is kept for the caller to raise after the
+        API key's checks (its 403 or 429 comes first, as before the policy)."""
+        parsed = api.parse(body)
+        request = parsed.chat
+        if parsed.dropped:
+            logger.bind(model=request.model, api=api.name).info(
+                "not used (the edge cannot run them): {}", ", ".join(parsed.dropped)
+            )
+        if trace is not None:
+            trace.request(request)
+        try:
+            forwarded = self.forwarded(request)
+        except RequestError as exc:
+            return Prepared(parsed, refused=exc)
+        payload = prepare_run_request(forwarded, run_id=run_id, model=forwarded.model)
+        return Prepared(parsed, forwarded, payload)
+
     def shed_at_once(self, request_line: bytes, *, close: bool) -> bytes | None:
         """For the HTTP server, before it parses a request: the whole HTTP/1.1 answer
         to a `POST` of one of the APIs that `shed_if_full` would shed, or None. The
@@ -232,6 +253,25 @@ class ChatService:
     def shutdown_streams(self) -> int:
         """Drain deadline: end every run still in flight, with a notice. Returns how many."""
         return self.runs.shut_down(SHUTDOWN_NOTICE)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request made ready off the loop (`ChatService.prepare`)."""
+
+    parsed: ApiRequest
+    # As forwarded to the node, and its RunRequest; None: the policy refused it.
+    request: ChatRequest | None = None
+    payload: PreparedRunRequest | None = None
+    refused: RequestError | None = None
+
+    def forwarded(self) -> tuple[ChatRequest, PreparedRunRequest]:
+        """The request as forwarded and its RunRequest, or the policy's refusal raised."""
+        if self.refused is not None:
+            raise self.refused
+        assert self.request is not None
+        assert self.payload is not None
+        return self.request, self.payload
 
 
 def _http_answer(status: int, body: bytes, retry_after_s: int, *, close: bool) -> bytes:
