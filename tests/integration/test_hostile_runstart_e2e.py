@@ -314,7 +314,7 @@ def _tool_history_body(size: int) -> bytes:
     arguments = json.dumps({"text": "x" * 2000})
     messages: list[dict[str, Any]] = []
     i = 0
-    while len(messages) * 2100 < size:
+    while i * 2200 < size:
         call = {
             "id": f"c{i}",
             "type": "function",
@@ -327,10 +327,26 @@ def _tool_history_body(size: int) -> bytes:
     return json.dumps({"model": "sim-echo", "messages": messages}, separators=(",", ":")).encode()
 
 
+def _small_calls_body(size: int) -> bytes:
+    """Assistant messages of MAX_MESSAGE_TOOL_CALLS small tool calls each, about `size`
+    bytes of calls in all (a value per few bytes, within MAX_JSON_VALUES)."""
+    messages: list[dict[str, Any]] = []
+    total = 0
+    while total < size:
+        function = {"name": "f", "arguments": "{}"}
+        calls = [{"id": f"c{len(messages)}-{j}", "type": "function", "function": function}
+                 for j in range(limits.MAX_MESSAGE_TOOL_CALLS)]  # fmt: skip
+        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        total += len(json.dumps(calls, separators=(",", ":")))
+    messages.append({"role": "user", "content": "the end"})
+    return json.dumps({"model": "sim-echo", "messages": messages}, separators=(",", ":")).encode()
+
+
 _LARGE: dict[str, Callable[[], bytes]] = {
     "16,000 messages": lambda: _many_messages_body(16_000),
     "130,000 tiny content parts": lambda: _tiny_parts_body(130_000),
     "a tool-call history of 3.5 MB": lambda: _tool_history_body(3_500_000),
+    "3.8 MB of small history tool calls": lambda: _small_calls_body(3_800_000),
 }
 
 

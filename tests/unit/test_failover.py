@@ -131,7 +131,7 @@ _CASES: dict[str, tuple[tuple[Start, ...], type[PreparedRunRequest], type[ChatSc
 
 
 def _pool(starts: tuple[Start, ...]) -> NodePool:
-    pool = NodePool([_Client(f"n{i}", start) for i, start in enumerate(starts)])  # type: ignore[list-item]
+    pool = NodePool([_Client(f"n{i}", start) for i, start in enumerate(starts)])
     for state in pool.nodes:
         pool._described(state, NodeDescription(state.client.name, ("m",)))
         state.max_runs = 2
