@@ -2,7 +2,7 @@
 
 A chat request's answer starts here, streaming or not:
 
-    committed = await failover.start(scope, request, new_session, keepalive_s=...)
+    committed = await failover.start(scope, request, payload, new_session, keepalive_s=...)
 
 An attempt is one `Run` on one node: a slot from the admission queue
 (`edge.admission`), the start, the accept, then output up to the commit
@@ -20,10 +20,12 @@ A run is never live on two nodes: an attempt that may have reached its
 node is dropped only once its read task is over, CancelRun included
 (bounded; a node that cannot be told gets no successor). Every attempt
 keeps the request's run id (one response id for the caller; a node's runs
-log and the edge's log name the same run) and the request's total
-deadline, and gets a fresh session. Each retry is logged with the request
-id and counted (`iop_edge_retries_total{node,reason}`); the request is
-counted once, from the attempt that answers it (`RequestScope.adopt`).
+log and the edge's log name the same run), the request's total deadline
+and its RunRequest (serialized once, off the loop), and gets a fresh
+session. Each slot taken comes back on every path, a retry's included.
+Each retry is logged with the request id and counted
+(`iop_edge_retries_total{node,reason}`); the request is counted once, from
+the attempt that answers it (`RequestScope.adopt`).
 
 This module knows runs and the admission queue, not HTTP: the caller turns
 a committed run into a response (`Committed.error`: a real status).
@@ -44,6 +46,7 @@ from edge.config import RoutingConfig
 from edge.errors import EdgeError
 from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S
 from edge.node.pool import NodeState
+from edge.node.wire import PreparedRunRequest
 from edge.run import Run, Runs
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import StreamSession
@@ -119,6 +122,7 @@ class Failover:
         self,
         scope: RequestScope,
         request: ChatRequest,
+        payload: PreparedRunRequest,
         new_session: Callable[[], StreamSession],
         *,
         keepalive_s: float = 0.0,
@@ -126,10 +130,17 @@ class Failover:
     ) -> Committed:
         """The committed run of `request`, or the EdgeError of its last attempt's start.
 
+        `payload` is the request's RunRequest, serialized once: every attempt sends
+        it (with its own node deadline).
+
         Raises what admission raises for the first attempt (no node serves the
         model, overloaded). A failed attempt is retried only once another node's
         slot is taken for it (queued first when every other node is busy): with
         none, the failure answers.
+
+        Every slot taken comes back, whatever raises and wherever: a slot is this
+        function's (`slot`) until a run is opened on it, then the run's (given back
+        with its outcome; `Run.abandon` for a run that fails before its start).
         """
         runs = self.runs
         admission = runs.admission
@@ -137,24 +148,29 @@ class Failover:
         began = trio.current_time()
         deadline = began + runs.timeouts.total_s
         queued: list[float] = []
+        slot: NodeState | None = None  # a slot taken here that no run holds yet
+        run: Run | None = None  # the attempt under way
         try:
-            node = await admission.acquire(
-                request.model, logprobs=request.logprobs, affinity_key=affinity_key,
-                on_queue=queued.append,
-            )  # fmt: skip
-        finally:
-            scope.slot_wait(began, queued[0] if queued else None)
-        api, metadata = scope.api, scope.node_metadata
-        tried: list[NodeState] = []
-        for attempt in range(retries + 1):
-            tried.append(node)
-            run = runs.open(
-                node, scope.nursery, request, new_session(), request_id=scope.request_id,
-                keepalive_s=keepalive_s, deadline=deadline, api=api, metadata=metadata,
-            )  # fmt: skip
-            first: list[OutEvent] = []
-            following: NodeState | None = None  # the next attempt's node, its slot taken
             try:
+                slot = await admission.acquire(
+                    request.model, logprobs=request.logprobs, affinity_key=affinity_key,
+                    on_queue=queued.append,
+                )  # fmt: skip
+            finally:
+                scope.slot_wait(began, queued[0] if queued else None)
+            api, metadata = scope.api, scope.node_metadata
+            tried: list[NodeState] = []
+            for attempt in range(retries + 1):
+                node = slot
+                assert node is not None  # taken above, or for this retry
+                tried.append(node)
+                run = runs.open(
+                    node, scope.nursery, request, payload, new_session(),
+                    request_id=scope.request_id, keepalive_s=keepalive_s, deadline=deadline,
+                    api=api, metadata=metadata,
+                )  # fmt: skip
+                slot = None  # the run's now
+                first: list[OutEvent] = []
                 try:
                     await scope.hold(run)
                 except EdgeError:
@@ -172,27 +188,23 @@ class Failover:
                         return Committed(run, first, False)
                 # The run failed before any byte, on its node's side: another node?
                 if attempt < retries and trio.current_time() < deadline:
-                    following = await self._next_node(request, tried, affinity_key)
-                if following is None or not await self._dropped(run, attempt, deadline):
-                    if following is not None:
-                        admission.release(following)
-                        following = None
+                    slot = await self._next_node(request, tried, affinity_key)
+                if slot is None or not await self._dropped(run, attempt, deadline):
                     if run.start_error is not None:
                         raise run.start_error
                     scope.adopt(run)
-                    return Committed(run, first, False)
-            except BaseException:
-                if following is not None:
-                    admission.release(following)
-                scope.adopt(run)
-                raise
-            try:
+                    return Committed(run, first, False)  # `slot`, if any, given back below
+                run = None  # let go: its outcome is fixed, the next attempt answers
                 await trio.sleep(backoff_s(self.routing.retry_backoff_s, attempt + 1))
-            except BaseException:
-                admission.release(following)
-                raise
-            node = following
-        raise AssertionError("unreachable: the last attempt answers")
+            raise AssertionError("unreachable: the last attempt answers")
+        except BaseException as exc:
+            if run is not None:
+                run.abandon(exc)  # never started: its slot back (a started one ends with the scope)
+                scope.adopt(run)
+            raise
+        finally:
+            if slot is not None:
+                admission.release(slot)
 
     async def _next_node(
         self, request: ChatRequest, tried: list[NodeState], affinity_key: str | None

@@ -42,8 +42,7 @@ from grpclib.server import Server, Stream
 from opentelemetry.trace import Span
 
 from edge.node._proto.iop.node import v1 as pb
-from edge.node.grpc import MAX_MESSAGE_BYTES
-from edge.node.routes import RUN_ROUTE
+from edge.node.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
 from edge.tracing import NodeSpans, Tracing
 
 CANCEL_GRACE_S = 1.0

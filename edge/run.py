@@ -5,19 +5,23 @@ non-streaming answers (`edge.failover` tries again on another node when one
 cannot start):
 
     node = await runs.admission.acquire(model)        # a node, its slot taken
-    run = runs.open(node, nursery, request, session)
+    run = runs.open(node, nursery, request, payload, session)
     async with run:                                    # accept awaited
         while not run.session.terminated:
             batch = await run.next_batch()             # output under the deadlines
 
 The slot on the node (`in_flight`) is taken by the admission queue
-(`edge.admission`) before the run is opened. Entering the run starts it:
-the node client's read task goes into `nursery`, the request's own scope,
-and entering returns once the node accepted (or raises the EdgeError that
-chooses the HTTP status). `next_batch` feeds node events to the session and owns every
-deadline on one clock, trio's: first event, idle, total (also the read
-task's deadline and, converted once, the node's `deadline_unix_ms`),
-keep-alive; the slow reader's limit is the event buffer's. Leaving the run
+(`edge.admission`) before the run is opened, and is the run's from then
+on: whatever ends it, or fails before its start (`abandon`), gives the slot
+back. Entering the run starts it with the request's RunRequest, serialized
+once off the loop (`edge.node.wire`), this attempt's node deadline
+appended: the node client's read task goes into `nursery`, the request's
+own scope, and entering returns once the node accepted (or raises the
+EdgeError that chooses the HTTP status). `next_batch` feeds node events
+to the session and owns every deadline on one clock, trio's: first event,
+idle, total (also the read task's deadline and, converted once, the node's
+`deadline_unix_ms`), keep-alive; the slow reader's limit is the event
+buffer's. Leaving the run
 ends it: if the node did not, its read task is cancelled with an `EndCause`
 and sends the one CancelRun (shielded, bounded); the slot is given back (to
 the next queued request), the node's verdict goes to the pool
@@ -52,7 +56,7 @@ from edge.errors import (
 from edge.metrics import EdgeMetrics
 from edge.node.client import EndCause, RunHandle
 from edge.node.pool import NodePool, NodeState
-from edge.node.wire import encode_run_request
+from edge.node.wire import PreparedRunRequest
 from edge.stream.output import ErrorOut, Outcome, OutEvent, RoleOut
 from edge.stream.session import StreamSession
 from edge.turns import Turns
@@ -86,7 +90,8 @@ class _Start:
 
     runs: Runs
     node: NodeState
-    request: ChatRequest
+    # The request's RunRequest, serialized once for all its attempts.
+    payload: PreparedRunRequest
     nursery: trio.Nursery
     # Sent with the Run call: the request's trace context (None: tracing is off).
     metadata: Mapping[str, str] | None = None
@@ -199,15 +204,12 @@ class Run:
         start = self._start
         assert start is not None, "a run from Runs.open"
         node = start.node
-        request = start.request
-        # The node's deadline, converted once from the run's deadline.
-        deadline_unix_ms = int((time.time() + self.deadline - trio.current_time()) * 1000)
-        encoded = encode_run_request(
-            request, run_id=self.info.run_id, model=request.model,
-            deadline_unix_ms=deadline_unix_ms,
-        )  # fmt: skip
         start.runs.live.add(self)
+        # From here on, whatever raises fixes the outcome and gives the slot back.
         try:
+            # The node's deadline, converted once from the run's deadline.
+            deadline_unix_ms = int((time.time() + self.deadline - trio.current_time()) * 1000)
+            encoded = start.payload.attempt(deadline_unix_ms)
             self.handle = await node.client.start_run(
                 start.nursery,
                 encoded,
@@ -235,8 +237,7 @@ class Run:
         except BaseException as exc:
             # The caller left (or the edge is stopping) before the node accepted;
             # start_run has cancelled the run and sent its CancelRun.
-            status = "error" if isinstance(exc, Exception) else "cancelled"
-            self._end(Outcome(status, usage_sample=False))
+            self.abandon(exc)
             raise
         start.runs.metrics.active_streams.inc()
         return self
@@ -248,6 +249,16 @@ class Run:
         tb: TracebackType | None,
     ) -> None:
         await self.end()
+
+    def abandon(self, exc: BaseException) -> None:
+        """`exc` came before the node accepted the run (or before it was entered): its
+        outcome is fixed and its slot given back. Nothing for a run the node accepted
+        (it ends when left) or whose outcome is fixed already; idempotent."""
+        if self.handle is None:
+            status: Literal["error", "cancelled"] = (
+                "error" if isinstance(exc, Exception) else "cancelled"
+            )
+            self._end(Outcome(status, usage_sample=False))
 
     async def end(self) -> None:
         """End the run unless the node did, give the slot back, fix the outcome.
@@ -502,6 +513,7 @@ class Runs:
         node: NodeState,
         nursery: trio.Nursery,
         request: ChatRequest,
+        payload: PreparedRunRequest,
         session: StreamSession,
         *,
         request_id: str = "",
@@ -511,6 +523,10 @@ class Runs:
         metadata: Mapping[str, str] | None = None,
     ) -> Run:
         """A run of `request` on `node`, whose slot the caller took; enter it to start.
+        The slot is the run's from here: given back once its outcome is fixed (its end,
+        a start that failed, or `abandon`).
+
+        `payload` is the request's RunRequest, serialized (once for all attempts).
 
         `nursery` is the request's own: the run's read task lives and ends there.
         `deadline` is the request's total deadline (default: total_s from now).
@@ -522,7 +538,7 @@ class Runs:
         info = RunInfo(
             run_id, request.model, node.client.name, request.stream, started_at, request_id, api
         )
-        start = _Start(self, node, request, nursery, metadata)
+        start = _Start(self, node, payload, nursery, metadata)
         return Run(
             info, session, self.timeouts, keepalive_s=keepalive_s, start=start, deadline=deadline,
             turns=self.turns,

@@ -202,19 +202,24 @@ class _WireRequest(_Wire):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-_DECODER: Final = msgspec.json.Decoder(_WireRequest)
-
-
 # --- parsing -----------------------------------------------------------------
 
 
-TOO_DEEP: Final = "The JSON body of your request is nested too deeply."
+TOO_DEEP: Final = (
+    "The JSON body of your request is nested too deeply: objects and arrays may be nested "
+    f"at most {limits.MAX_JSON_DEPTH} levels deep."
+)
+TOO_MANY_VALUES: Final = (
+    "The JSON body of your request holds too many values: the limit is "
+    f"{limits.MAX_JSON_VALUES} array elements and object members in all, at any depth."
+)
 _Parsed = TypeVar("_Parsed")
 
 
 def deep_is_refused(parse: Callable[[bytes], _Parsed]) -> Callable[[bytes], _Parsed]:
-    """A body parser whose too deeply nested input (Python's recursion limit, met in
-    the decoder or in a walk over the values) is a 400 naming it, never a 500."""
+    """A body parser whose too deeply nested input is a 400 naming the limit, never a
+    500: past Python's recursion limit the decoder itself stops (the body never gets
+    to `check_json_bounds`, which bounds every shallower one to MAX_JSON_DEPTH)."""
 
     @functools.wraps(parse)
     def guarded(body: bytes) -> _Parsed:
@@ -234,15 +239,18 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         RequestError: the body is not JSON, not an object, or breaks a rule of
             the API; `param` names the offending field (e.g. "messages[0].role").
     """
-    return _parse(body)
+    # Decoded as plain values first, so the body's bounds hold before any field is
+    # read (as for the other APIs), then converted to the wire Structs.
+    return chat_request_from(decode_object(body))
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
-    """A request body as a JSON object (the first step of the other APIs' parsers,
-    which are `deep_is_refused`).
+    """A request body as a JSON object within the body's bounds: where the body of
+    every API enters (the first step of each parser, all `deep_is_refused`).
 
     Raises:
-        RequestError: the body is not JSON, or not an object.
+        RequestError: the body is not JSON, not an object, or past MAX_JSON_DEPTH or
+            MAX_JSON_VALUES.
     """
     try:
         value = msgspec.json.decode(body)
@@ -251,7 +259,35 @@ def decode_object(body: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         got = _TYPE_WORDS.get(_json_type(value), "a value")
         raise RequestError(f"The request body must be a JSON object, but got {got}.")
+    check_json_bounds(value)
     return value
+
+
+def check_json_bounds(value: object) -> None:
+    """Decoded JSON `value` within MAX_JSON_DEPTH levels and MAX_JSON_VALUES values.
+
+    One level at a time, without recursion: a level's values are counted (its
+    containers' lengths, at C speed) before any of them is looked at, so the work
+    is linear and stops at the first bound passed.
+
+    Raises:
+        RequestError: TOO_DEEP or TOO_MANY_VALUES.
+    """
+    level: list[Any] = [value] if type(value) is dict or type(value) is list else []
+    depth = values = 0
+    while level:
+        depth += 1
+        if depth > limits.MAX_JSON_DEPTH:
+            raise RequestError(TOO_DEEP)
+        values += sum(map(len, level))
+        if values > limits.MAX_JSON_VALUES:
+            raise RequestError(TOO_MANY_VALUES)
+        level = [
+            child
+            for container in level
+            for child in (container.values() if type(container) is dict else container)
+            if type(child) is dict or type(child) is list
+        ]
 
 
 def _json_type(value: object) -> str:
@@ -276,18 +312,6 @@ def chat_request_from(obj: dict[str, Any]) -> ChatRequest:
         wire = msgspec.convert(obj, _WireRequest)
     except msgspec.ValidationError as exc:
         raise _translate(str(exc)) from None
-    return _build(wire)
-
-
-def _parse(body: bytes) -> ChatRequest:
-    try:
-        wire = _DECODER.decode(body)
-    except msgspec.ValidationError as exc:
-        # msgspec validates as it parses, so it can stop at a type error before a
-        # syntax error further on; malformed JSON is reported as malformed.
-        raise (_translate(str(exc)) if _is_json(body) else RequestError(_MALFORMED)) from None
-    except msgspec.DecodeError:
-        raise RequestError(_MALFORMED) from None
     return _build(wire)
 
 
@@ -559,14 +583,6 @@ _TYPE_WORDS: Final = {
     "array": "an array",
     "null": "null",
 }
-
-
-def _is_json(body: bytes) -> bool:
-    try:
-        msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return False
-    return True
 
 
 def _translate(error: str) -> RequestError:

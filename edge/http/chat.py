@@ -25,7 +25,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
@@ -41,12 +41,15 @@ from edge.api.policy import apply_policy
 from edge.api.request import ChatRequest
 from edge.api.surfaces import APIS, CHAT, MESSAGES, Answer, Api, ApiRequest, Folder, Streamer
 from edge.config import Config
+from edge.errors import RequestError
 from edge.failover import Committed, Failover
 from edge.http.refusals import REASONS, overloaded_response
 from edge.http.scope import ChatScope
+from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate
 from edge.metrics import EdgeMetrics
 from edge.node.pool import NodePool
+from edge.node.wire import PreparedRunRequest, prepare_run_request
 from edge.run import OutcomeHook, Run, Runs
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
@@ -70,6 +73,9 @@ def _trace(what: str, fields: Mapping[str, Any]) -> None:
 
 # Requests parsed at once, each in a worker thread.
 PARSE_THREADS = 4
+# What a parse holds at its peak, per byte of body (measured: a 4 MB body of distinct
+# one-character content parts peaks at ~90 MiB while parsed, ~63 MiB once parsed).
+PARSE_PEAK_FACTOR = 24
 
 
 class ChatService:
@@ -158,28 +164,34 @@ class ChatService:
         """
         self.admission.shed_if_full()
         await self.turns.turn()
-        # Schema checks of declared tools cost milliseconds per KiB: off the
-        # loop, so a large request never stalls other streams.
-        parsed, nbytes = await trio.to_thread.run_sync(_parse, api, body, limiter=self.parsing)
-        # What it holds, queued and running, comes out of the memory budget until its
-        # cycle ends (503 overloaded when the budget has not that much left).
-        scope.at_end(self.admission.hold(nbytes))
-        request = parsed.chat
-        if parsed.dropped:
-            logger.bind(model=request.model, api=api.name).info(
-                "not used (the edge cannot run them): {}", ", ".join(parsed.dropped)
-            )
-        scope.stream = request.stream
+        run_id = secrets.token_hex(12)
         trace = scope.trace
-        if trace is not None:
-            trace.request(request)
+        # Everything that grows with the request (the parse, whose schema checks
+        # cost milliseconds per KiB, the forwarding policy's checks, the RunRequest's
+        # serialization) runs off the loop, once: a large request never stalls
+        # other streams, and its attempts all send the same bytes.
+        # A parse in progress holds up to PARSE_PEAK_FACTOR times its body: that much
+        # comes out of the memory budget while it runs (503 overloaded when the budget
+        # has not that much left, before any work), then what the parsed request holds,
+        # queued and running, until its cycle ends.
+        budget = self.config.admission.memory_budget_bytes
+        peak = self.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))
+        try:
+            prepared = await trio.to_thread.run_sync(
+                self.prepare, api, body, run_id, trace, limiter=self.parsing
+            )
+        finally:
+            peak()
+        scope.at_end(self.admission.hold(prepared.nbytes))
+        parsed = prepared.parsed
+        request = parsed.chat
+        scope.stream = request.stream
         if gate is not None:
             await gate.check_model(request.model)
             await gate.admit()
         if request.model in self.pool.models():  # metric labels: only models nodes serve
             scope.model = request.model
-        request = self.forwarded(request)
-        run_id = secrets.token_hex(12)
+        request, payload = prepared.forwarded()
         settings = self.settings_for(request, run_id)
 
         def new_session() -> StreamSession:  # one per attempt, all with the one run id
@@ -188,7 +200,7 @@ class ChatService:
         keepalive_s = self.config.server.keepalive_s if request.stream else 0.0
         created = int(time.time())
         committed = await self.failover.start(
-            scope, request, new_session, keepalive_s=keepalive_s,
+            scope, request, payload, new_session, keepalive_s=keepalive_s,
             affinity_key=session_id or parsed.affinity_key or request.user,
         )  # fmt: skip
         run = committed.run
@@ -214,6 +226,26 @@ class ChatService:
         response.headers["X-Request-Id"] = scope.request_id
         return response
 
+    def prepare(self, api: Api, body: bytes, run_id: str, trace: RequestTrace | None) -> Prepared:
+        """In a worker thread: `body` parsed, as forwarded, its RunRequest serialized.
+        A refusal of the forwarding policy is kept for the caller to raise after the
+        API key's checks (its 403 or 429 comes first, as before the policy)."""
+        parsed = api.parse(body)
+        nbytes = footprint(parsed) + len(body)
+        request = parsed.chat
+        if parsed.dropped:
+            logger.bind(model=request.model, api=api.name).info(
+                "not used (the edge cannot run them): {}", ", ".join(parsed.dropped)
+            )
+        if trace is not None:
+            trace.request(request)
+        try:
+            forwarded = self.forwarded(request)
+        except RequestError as exc:
+            return Prepared(parsed, nbytes, refused=exc)
+        payload = prepare_run_request(forwarded, run_id=run_id, model=forwarded.model)
+        return Prepared(parsed, nbytes + len(payload), forwarded, payload)
+
     def shed_at_once(self, request_line: bytes, *, close: bool) -> bytes | None:
         """For the HTTP server, before it parses a request: the whole HTTP/1.1 answer
         to a `POST` of one of the APIs that `shed_if_full` would shed, or None. The
@@ -238,10 +270,26 @@ class ChatService:
         return self.runs.shut_down(SHUTDOWN_NOTICE)
 
 
-def _parse(api: Api, body: bytes) -> tuple[ApiRequest, int]:
-    """The request in `body`, and the bytes it holds: its parsed form and the body."""
-    parsed = api.parse(body)
-    return parsed, footprint(parsed) + len(body)
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request made ready off the loop (`ChatService.prepare`)."""
+
+    parsed: ApiRequest
+    # The bytes it holds while queued and running: its parsed form, its body and its
+    # RunRequest (`edge.api.footprint`), for the memory budget.
+    nbytes: int
+    # As forwarded to the node, and its RunRequest; None: the policy refused it.
+    request: ChatRequest | None = None
+    payload: PreparedRunRequest | None = None
+    refused: RequestError | None = None
+
+    def forwarded(self) -> tuple[ChatRequest, PreparedRunRequest]:
+        """The request as forwarded and its RunRequest, or the policy's refusal raised."""
+        if self.refused is not None:
+            raise self.refused
+        assert self.request is not None
+        assert self.payload is not None
+        return self.request, self.payload
 
 
 def _http_answer(status: int, body: bytes, retry_after_s: int, *, close: bool) -> bytes:

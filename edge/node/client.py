@@ -31,7 +31,8 @@ from edge.errors import (
 )
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.bridge import EventBuffer, call_asyncio
-from edge.node.grpc import MAX_MESSAGE_BYTES, Accepted, GrpcNode
+from edge.node.grpc import Accepted, GrpcNode
+from edge.node.routes import MAX_MESSAGE_BYTES
 from edge.node.wire import EncodedRunRequest
 
 # Events buffered between the node's read loop and the stream's writer, in

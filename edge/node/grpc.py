@@ -21,7 +21,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.convert import RunEventDecoder, Skip
-from edge.node.routes import RUN_ROUTE
+from edge.node.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
 from edge.node.wire import EncodedRunRequest
 from edge.stream.events import Complete, Failed, NodeEvent
 
@@ -39,9 +39,6 @@ _H2_CONFIG = Configuration(
 )
 T = TypeVar("T")
 _CONNECT_ERRORS = (OSError, asyncio.TimeoutError, ConnectionError)
-# gRPC's default limit on a received message. A node never needs more (it
-# splits long text into deltas); a larger message is the node's failure.
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 class BoundedCodec(ProtoCodec):

@@ -1,4 +1,5 @@
-"""The Run RPC's path, as the generated service code spells it.
+"""What both sides of the node contract agree on besides the generated code: the Run
+RPC's path, as the generated service code spells it, and the message size limit.
 
 Read once from the generated `NodeServiceBase` mapping (by request type), so
 no path is written by hand: a renamed package or method in `protos/` renames
@@ -16,3 +17,7 @@ RUN_ROUTE: str = next(
     for path, handler in pb.NodeServiceBase().__mapping__().items()
     if handler.request_type is pb.RunRequest
 )
+
+# gRPC's default limit on a received message, at the edge and at every node. A node
+# never needs more (it splits long text into deltas); a larger message is refused.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024

@@ -13,6 +13,22 @@ from __future__ import annotations
 
 from typing import Final
 
+# --- the request body's JSON, whatever the API --------------------------------------
+#
+# Checked where the body is decoded (`edge.api.request.decode_object`), before any
+# field is read: every free-form value a node receives (content parts, documents,
+# tool results, schemas, response_format, chat_template_kwargs, ...) is inside it,
+# so each is bounded by these two, and every later walk over it (its JSON for the
+# node, the RunRequest) is shallow and linear.
+
+# Nesting depth of the body's objects and arrays (the body itself is 1). A tool's
+# schema (MAX_SCHEMA_DEPTH) sits a few levels down and fits with room to spare.
+MAX_JSON_DEPTH: Final = 64
+# Values in the body: array elements and object members, at every depth. 16,384
+# messages of a dozen values each fit; a body of hundreds of thousands of tiny
+# values (work per value for every step after the parse) does not.
+MAX_JSON_VALUES: Final = 524_288
+
 # --- the request -----------------------------------------------------------------
 
 # Messages in one request: agents replay long histories, so far above 2048.

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.api.request import ChatMessage, ChatRequest, ContentPart, parse_chat_request
+from edge.api.request import (
+    TOO_DEEP,
+    TOO_MANY_VALUES,
+    ChatMessage,
+    ChatRequest,
+    ContentPart,
+    check_json_bounds,
+    parse_chat_request,
+)
 from edge.errors import RequestError
 from edge.stream import limits
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy
@@ -824,3 +832,55 @@ def test_logprobs_flag() -> None:
     assert asked.logprobs is True
     assert asked.extra == {"logprobs": True, "top_logprobs": 20}
     assert parse_chat_request(body(top_logprobs=0)).logprobs is False
+
+
+# --- the body's JSON bounds ----------------------------------------------------------
+
+
+def _nested(levels: int) -> Any:
+    """`levels` arrays, each the only element of the one around it: `[[...[]...]]`."""
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def test_json_depth_is_bounded_exactly() -> None:
+    """A body MAX_JSON_DEPTH levels deep passes the bound; one level more is a 400 naming
+    the limit, whichever field holds it."""
+    check_json_bounds(_nested(limits.MAX_JSON_DEPTH))
+    with pytest.raises(RequestError) as raised:
+        check_json_bounds(_nested(limits.MAX_JSON_DEPTH + 1))
+    assert raised.value.message == TOO_DEEP
+    assert str(limits.MAX_JSON_DEPTH) in TOO_DEEP
+    # body (1) > chat_template_kwargs (2) > the array: 62 more levels fit, 63 do not.
+    extra = {"chat_template_kwargs": {"x": _nested(limits.MAX_JSON_DEPTH - 2)}}
+    assert parse(**extra).extra["chat_template_kwargs"] == extra["chat_template_kwargs"]
+    assert reject(body(chat_template_kwargs={"x": _nested(63)})).message == TOO_DEEP
+
+
+def test_json_values_are_bounded_exactly() -> None:
+    """Array elements and object members count at every depth: exactly MAX_JSON_VALUES
+    pass, one more is a 400 naming the limit."""
+    half = limits.MAX_JSON_VALUES // 2
+    check_json_bounds({"a": [0] * (half - 2), "b": {str(i): None for i in range(half)}})
+    with pytest.raises(RequestError) as raised:
+        check_json_bounds({"a": [0] * (half - 1), "b": {str(i): None for i in range(half)}})
+    assert raised.value.message == TOO_MANY_VALUES
+    assert str(limits.MAX_JSON_VALUES) in TOO_MANY_VALUES
+
+
+def test_many_tiny_content_parts_are_refused_by_the_value_bound() -> None:
+    """Content parts under every per-message limit, but hundreds of thousands in all
+    (each a value for every later step), are refused before any field is read."""
+    parts = [{"type": ""}] * limits.MAX_CONTENT_PARTS
+    messages = [{"role": "user", "content": parts}] * 320
+    assert reject(body(messages=messages)).message == TOO_MANY_VALUES
+
+
+def test_a_scalar_or_shallow_body_is_not_walked_into() -> None:
+    """Scalars, empty and shallow containers are within the bounds."""
+    check_json_bounds(3)
+    check_json_bounds("x" * 100)
+    check_json_bounds({})
+    check_json_bounds([{"a": [1, {"b": None}]}])

@@ -357,3 +357,79 @@ def test_a_body_nested_too_deeply_is_a_400_in_every_api(
     with pytest.raises(RequestError) as raised:
         parse(b'{"model": "m", "nested": ' + deep + b"}")
     assert raised.value.message == TOO_DEEP
+
+
+# Where a body holds 975 nested arrays (spliced into its JSON text): deep enough to
+# pass the JSON decoder and, before the body's depth bound, to exhaust Python's
+# recursion limit in the walks that build the node's RunRequest.
+_DEEP = "<deep>"
+_DEEP_JSON = "[" * 975 + "]" * 975
+
+
+def _deep() -> str:
+    return _DEEP
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def _messages(*blocks: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": list(blocks)}],
+            **fields}  # fmt: skip
+
+
+def _responses(*parts: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "input": [{"role": "user", "content": list(parts)}], **fields}
+
+
+_DEEP_BODIES: dict[str, tuple[Callable[[bytes], object], dict[str, Any]]] = {
+    "chat content part": (parse_chat_request, _chat(messages=[
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": _deep()}]}])),
+    "chat response_format extra": (parse_chat_request, _chat(
+        response_format={"type": "json_object", "extra": _deep()})),
+    "chat chat_template_kwargs": (parse_chat_request, _chat(chat_template_kwargs={"x": _deep()})),
+    "chat tool schema": (parse_chat_request, _chat(tools=[
+        {"type": "function", "function": {"name": "f", "parameters": {"x": _deep()}}}])),
+    "chat metadata": (parse_chat_request, _chat(metadata={"x": _deep()})),
+    "chat assistant tool call": (parse_chat_request, _chat(messages=[
+        {"role": "assistant", "tool_calls": [{"id": "c", "function": _deep()}]}])),
+    "messages document": (parse_messages_request, _messages(
+        {"type": "document", "source": {"type": "content", "content": _deep()}})),
+    "messages tool_result": (parse_messages_request, _messages(
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "x", "y": _deep()}]})),
+    "messages tool_use input": (parse_messages_request, {"model": "m", "max_tokens": 5,
+        "messages": [{"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t", "name": "f", "input": {"x": _deep()}}]}]}),
+    "messages tool input_schema": (parse_messages_request, _messages(
+        {"type": "text", "text": "hi"}, tools=[{"name": "f", "input_schema": {"x": _deep()}}])),
+    "messages metadata": (parse_messages_request, _messages(
+        {"type": "text", "text": "hi"}, metadata={"x": _deep()})),
+    "responses input_file": (parse_responses_request, _responses(
+        {"type": "input_file", "file_data": _deep()})),
+    "responses function_call_output": (parse_responses_request, {"model": "m", "input": [
+        {"type": "function_call_output", "call_id": "c", "output": [{"type": "x",
+                                                                   "y": _deep()}]}]}),
+    "responses text.format": (parse_responses_request, _responses(
+        {"type": "input_text", "text": "hi"},
+        text={"format": {"type": "json_schema", "name": "n", "schema": {"x": _deep()}}})),
+    "responses tools": (parse_responses_request, _responses(
+        {"type": "input_text", "text": "hi"},
+        tools=[{"type": "function", "name": "f", "parameters": {"x": _deep()}}])),
+    "responses reasoning": (parse_responses_request, _responses(
+        {"type": "input_text", "text": "hi"}, reasoning={"effort": "low", "x": _deep()})),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(_DEEP_BODIES))
+def test_a_deep_free_form_field_is_refused_where_the_body_enters(case: str) -> None:
+    """Any field of any API nested past MAX_JSON_DEPTH (975 levels: under the decoder's
+    own recursion limit) is the same 400 naming the limit, raised where the body is
+    decoded, before any field is read or any value walked recursively."""
+    parse, obj = _DEEP_BODIES[case]
+    text = json.dumps(obj)
+    assert text.count(json.dumps(_DEEP)) == 1
+    with pytest.raises(RequestError) as raised:
+        parse(text.replace(json.dumps(_DEEP), _DEEP_JSON).encode())
+    assert raised.value.message == TOO_DEEP
+    assert raised.value.status == 400

@@ -12,7 +12,7 @@ from edge.api.request import parse_chat_request
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.convert import run_request_from_chat
 from edge.node.grpc import BoundedCodec
-from edge.node.wire import EncodedRunRequest, encode_run_request
+from edge.node.wire import EncodedRunRequest, encode_run_request, prepare_run_request
 from edge.nodekit import NodeCodec
 
 _TEXT = st.text(max_size=12)
@@ -83,3 +83,24 @@ def test_encoded_request_reads_back_whole(body: dict[str, Any], deadline: int) -
     assert decoded.to_dict() == expected.to_dict()
     # Field presence too (`optional` fields set to their default are kept).
     assert bytes(decoded) == bytes(expected)
+
+
+@given(_bodies(), st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3))
+def test_one_serialization_serves_every_attempt_with_its_own_deadline(
+    body: dict[str, Any], deadlines: list[int]
+) -> None:
+    """A request's RunRequest is serialized once, without a deadline; each attempt's bytes
+    (the same request bytes, that attempt's deadline appended) read back, through the
+    node's codec, as the whole RunRequest with that attempt's deadline."""
+    request = parse_chat_request(json.dumps(body).encode())
+    prepared = prepare_run_request(request, run_id="r1", model="m")
+    assert pb.RunRequest.FromString(prepared.body).deadline_unix_ms == 0
+    for deadline in deadlines:
+        encoded = prepared.attempt(deadline)
+        assert encoded.run_id == "r1"
+        assert len(encoded) == len(bytes(encoded))
+        assert bytes(encoded).startswith(prepared.body)
+        decoded = NodeCodec().decode(BoundedCodec().encode(encoded, EncodedRunRequest),
+                                     pb.RunRequest)  # fmt: skip
+        expected = run_request_from_chat(request, run_id="r1", model="m", deadline_unix_ms=deadline)
+        assert bytes(decoded) == bytes(expected)

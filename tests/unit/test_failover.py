@@ -1,0 +1,179 @@
+"""A run's node slot comes back whatever fails while the run starts.
+
+The pure core in process: a real `NodePool`, `Admission`, `Runs`, `Failover` and
+`ChatScope`, over node clients whose start the tests script (in-process fakes of
+the node side only). Each case fails one step of an answer's start, through a
+seam the core takes from its caller (the session factory, the scope, the
+serialized RunRequest, the node client) or by cancelling the caller there; after
+the request's scope is over every node's `in_flight` is 0. The steps a real node
+can fail (refused, no accept, an error event, a broken stream) are in
+tests/integration/test_hostile_runstart_e2e.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Mapping
+
+import pytest
+import trio
+import trio.testing
+
+from edge.admission import Admission
+from edge.api.request import parse_chat_request
+from edge.config import AdmissionConfig, RoutingConfig, TimeoutsConfig
+from edge.errors import NodeFailedError
+from edge.failover import Failover
+from edge.http.scope import ChatScope
+from edge.metrics import EdgeMetrics
+from edge.node.bridge import EventBuffer
+from edge.node.client import NodeDescription, RunHandle
+from edge.node.pool import NodePool
+from edge.node.wire import EncodedRunRequest, PreparedRunRequest
+from edge.run import Run, Runs
+from edge.stream.session import SessionSettings, StreamSession
+
+REQUEST = parse_chat_request(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+Start = Callable[[trio.Nursery, EncodedRunRequest], Awaitable[RunHandle]]
+
+
+class Boom(Exception):
+    """The failure a case injects."""
+
+
+class _Client:
+    """A node whose runs start as the case scripts them."""
+
+    def __init__(self, name: str, start: Start) -> None:
+        self.name = name
+        self.address = name
+        self._start = start
+
+    async def start_run(
+        self,
+        nursery: trio.Nursery,
+        request: EncodedRunRequest,
+        *,
+        deadline: float,
+        slow_consumer_s: float = math.inf,
+        accept_s: float = math.inf,
+        metadata: Mapping[str, str] | None = None,
+    ) -> RunHandle:
+        return await self._start(nursery, request)
+
+    async def describe(self) -> NodeDescription:  # pragma: no cover - never refreshed here
+        raise AssertionError("not contacted")
+
+    async def aclose(self) -> None:  # pragma: no cover
+        pass
+
+
+async def _refused(nursery: trio.Nursery, request: EncodedRunRequest) -> RunHandle:
+    raise NodeFailedError("the node refused the run")
+
+
+async def _bug(nursery: trio.Nursery, request: EncodedRunRequest) -> RunHandle:
+    raise Boom("a bug in the node client")
+
+
+async def _no_accept(nursery: trio.Nursery, request: EncodedRunRequest) -> RunHandle:
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+async def _silent(nursery: trio.Nursery, request: EncodedRunRequest) -> RunHandle:
+    """Accepted; no event ever comes."""
+    return RunHandle(request.run_id, "n", EventBuffer(max_events=16, max_chars=1 << 20))
+
+
+class _Payload(PreparedRunRequest):
+    """The request's RunRequest, whose bytes for an attempt cannot be made."""
+
+    def attempt(self, deadline_unix_ms: int) -> EncodedRunRequest:
+        raise Boom("the attempt's bytes")
+
+
+class _Scope(ChatScope):
+    """The request's scope, failing before it enters the run it is handed."""
+
+    async def hold(self, run: Run) -> None:
+        raise Boom("before the run is entered")
+
+
+def _session() -> StreamSession:
+    return StreamSession(SessionSettings(run_id="r1"))
+
+
+def _no_session() -> StreamSession:
+    raise Boom("the session")
+
+
+# case: (the nodes' starts, payload, scope, session factory, what the caller sees;
+# "cancel": the caller leaves once everything waits)
+_CASES: dict[str, tuple[tuple[Start, ...], type[PreparedRunRequest], type[ChatScope],
+                        Callable[[], StreamSession], type[BaseException] | str]] = {
+    "the session": ((_silent,), PreparedRunRequest, ChatScope, _no_session, Boom),
+    "the scope, before it enters the run": ((_silent,), PreparedRunRequest, _Scope, _session,
+                                            Boom),
+    "the attempt's RunRequest bytes": ((_silent,), _Payload, ChatScope, _session, Boom),
+    "the node client's start, a bug": ((_bug,), PreparedRunRequest, ChatScope, _session, Boom),
+    "the node client's start, refused on each node": (
+        (_refused, _refused), PreparedRunRequest, ChatScope, _session, NodeFailedError),
+    "the retry's node client's start, a bug": (
+        (_refused, _bug), PreparedRunRequest, ChatScope, _session, Boom),
+    "the accept wait, the caller leaves": (
+        (_no_accept,), PreparedRunRequest, ChatScope, _session, "cancel"),
+    "the retry's accept wait, the caller leaves": (
+        (_refused, _no_accept), PreparedRunRequest, ChatScope, _session, "cancel"),
+    "the first batch, the caller leaves": (
+        (_silent,), PreparedRunRequest, ChatScope, _session, "cancel"),
+}  # fmt: skip
+
+
+def _pool(starts: tuple[Start, ...]) -> NodePool:
+    pool = NodePool([_Client(f"n{i}", start) for i, start in enumerate(starts)])
+    for state in pool.nodes:
+        pool._described(state, NodeDescription(state.client.name, ("m",)))
+        state.max_runs = 2
+    return pool
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+async def test_every_slot_comes_back_whatever_fails_in_a_run_start(case: str) -> None:
+    """Whichever step of an answer's start fails (an exception, or the caller leaving
+    there), on the first attempt or a retry, every node slot taken comes back."""
+    starts, payload_type, scope_type, new_session, expected = _CASES[case]
+    pool = _pool(starts)
+    metrics = EdgeMetrics()
+    admission = Admission(pool, AdmissionConfig(), metrics)
+    timeouts = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
+    runs = Runs(pool, timeouts, metrics, admission)
+    failover = Failover(runs, RoutingConfig(retries=1, retry_backoff_s=0.0))
+    scope = scope_type(metrics)
+    scope.request_id = "req"
+    payload = payload_type(b"", "r1")
+    raised: list[BaseException] = []
+
+    async def request(cancel_scope: trio.CancelScope) -> None:
+        with cancel_scope:
+            async with scope.serve():
+                try:
+                    committed = await failover.start(scope, REQUEST, payload, new_session)
+                    await committed.run.first_batch()
+                except Exception as exc:
+                    raised.append(exc)
+
+    cancel_scope = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request, cancel_scope)
+        await trio.testing.wait_all_tasks_blocked()
+        if expected == "cancel":
+            assert sum(state.in_flight for state in pool.nodes) == 1
+            cancel_scope.cancel()
+    if expected == "cancel":
+        assert cancel_scope.cancelled_caught
+        assert not raised
+    else:
+        assert len(raised) == 1
+        assert type(raised[0]) is expected
+    assert [state.in_flight for state in pool.nodes] == [0] * len(starts)
