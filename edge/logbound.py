@@ -196,8 +196,8 @@ class Mentions:
     """The first few notes a request gives a log line, and how many more there were.
 
     A body can hold a hundred thousand tools the edge drops: the line names the
-    first ITEMS, each note bounded by its writer (`clip_repr`), and counts the
-    rest, so the notes kept never grow with the body.
+    first few, each note clipped (and its client values `clip_repr`ed by its
+    writer), and counts the rest, so the notes kept never grow with the body.
     """
 
     __slots__ = ("_more", "_notes")
@@ -216,7 +216,7 @@ class Mentions:
         return bool(self._notes)
 
     def notes(self) -> tuple[str, ...]:
-        """The notes kept, then `…(+N more)` when some were only counted."""
+        """At most ITEMS: the notes kept, the last of them `…(+N more)` when there were more."""
         if self._more:
-            return (*self._notes, f"…(+{self._more} more)")
+            return (*self._notes[:-1], f"…(+{self._more + 1} more)")
         return tuple(self._notes)
