@@ -33,7 +33,6 @@ from loguru import logger
 from edge.config import (
     Config,
     ConfigError,
-    LogConfig,
     NodeConfig,
     ServerConfig,
     check_node_address,
@@ -41,7 +40,7 @@ from edge.config import (
     parse_workers,
     split_address,
 )
-from edge.log import setup_logging
+from edge.log import flush_logs, setup_logging
 from edge.signals import HARD_STOP_GRACE_S, IGNORED_SIGNALS, STOP_SIGNALS
 
 DEFAULT_CONFIG = Path("config.toml")
@@ -129,8 +128,10 @@ def resolve_config(args: argparse.Namespace) -> Config:
         server = replace(server, listen=args.listen)
     if args.workers is not None:
         server = replace(server, workers=args.workers)
-    log = LogConfig(
-        level=args.log_level or config.log.level, format=args.log_format or config.log.format
+    log = replace(
+        config.log,
+        level=args.log_level or config.log.level,
+        format=args.log_format or config.log.format,
     )
     nodes = config.nodes
     if args.node:
@@ -141,7 +142,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
 def _exit_now(code: int) -> None:
     """Leave at once: a client that stopped reading can hold a shielded socket
     write (hypercorn's) forever, so no graceful path is guaranteed to end."""
-    logger.complete()
+    flush_logs(timeout_s=1.0)  # a stuck reader of the log does not hold the exit
     os._exit(code)
 
 
@@ -220,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker_id is not None:
         return _worker_main(args, config, hard_stop_s)
     setup_logging(
-        config.log.level, config.log.format, worker=0 if config.server.workers > 1 else None
-    )
+        config.log.level, config.log.format, worker=0 if config.server.workers > 1 else None,
+        queue_bytes=config.log.queue_bytes,
+    )  # fmt: skip
     if config.server.workers > 1:
         return _supervisor_main(argv, config, hard_stop_s)
     from edge.daemon import run_forever
@@ -258,7 +260,10 @@ def _worker_main(args: argparse.Namespace, config: Config, hard_stop_s: float) -
     """A worker process: the single-process daemon on the supervisor's sockets."""
     from edge import systemd
 
-    setup_logging(config.log.level, config.log.format, worker=args.worker_id)
+    setup_logging(
+        config.log.level, config.log.format, worker=args.worker_id,
+        queue_bytes=config.log.queue_bytes,
+    )  # fmt: skip
     if args.worker_control is None or not args.worker_fds:
         print("iop-edge: a worker needs --worker-control and --worker-fds", file=sys.stderr)
         return 2

@@ -59,6 +59,8 @@ class ServerConfig:
 class LogConfig:
     level: str = "INFO"
     format: str = "text"
+    # Lines waiting for a slow reader of stderr, at most (edge.logwriter): the rest are dropped.
+    queue_bytes: int = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +330,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     log = LogConfig(
         level=r.choice("level", "INFO", ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR")),
         format=r.choice("format", "text", ("text", "json")),
+        queue_bytes=r.integer("queue_bytes", LogConfig().queue_bytes, minimum=16384, maximum=2**30),
     )
     r.done()
 

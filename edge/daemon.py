@@ -44,6 +44,8 @@ from edge.http.server import (
     raise_fd_limit,
 )
 from edge.listeners import LISTEN_BACKLOG, listen_mode
+from edge.log import count_dropped_lines
+from edge.logbound import clip
 from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
@@ -118,6 +120,7 @@ async def serve(
     if shutdown is None:
         shutdown = trio.Event()
     metrics = EdgeMetrics()
+    count_dropped_lines(metrics.log_lines_dropped.inc)
     tracing = setup_tracing(config.tracing, service="iop-edge")
     metrics.tracing.set(0 if tracing is None else 1)
     try:
@@ -171,7 +174,7 @@ async def _serve(
             if not state.healthy:
                 logger.warning(
                     "node {} ({}) is not reachable yet: {}",
-                    state.client.name, state.client.address, state.error,
+                    state.client.name, state.client.address, clip(state.error or ""),
                 )  # fmt: skip
         async with trio.open_nursery() as root:
             root.start_soon(pool.run_refresh)

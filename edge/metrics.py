@@ -64,6 +64,12 @@ _DURATION_BUCKETS = (
 _TOKEN_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5,
 )  # fmt: skip
+# Lines the log's writer dropped (edge.logwriter): counted by workers and supervisor alike.
+_LOG_LINES_DROPPED = (
+    "iop_edge_log_lines_dropped",
+    "Log lines dropped because the reader of the log (stderr) was too slow: the queue in"
+    " front of it ([log] queue_bytes) was full.",
+)
 _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
 
 
@@ -244,6 +250,7 @@ class EdgeMetrics:
             "Calls to the limits store (redis) that failed or missed their deadline.",
             ["store"], registry=r,
         )  # fmt: skip
+        self.log_lines_dropped = Counter(*_LOG_LINES_DROPPED, registry=r)
 
     def request(
         self, model: str, node: str, stream: bool, outcome: Outcome, api: str = "chat"
@@ -312,3 +319,4 @@ class SupervisorMetrics:
             "iop_edge_workers", "Worker processes running.", registry=r,
             multiprocess_mode="livesum",
         )  # fmt: skip
+        self.log_lines_dropped = Counter(*_LOG_LINES_DROPPED, registry=r)

@@ -53,6 +53,7 @@ from edge.errors import (
     RequestError,
     ShuttingDownError,
 )
+from edge.logbound import clip
 from edge.metrics import EdgeMetrics
 from edge.node.client import EndCause, RunHandle
 from edge.node.pool import NodePool, NodeState
@@ -228,7 +229,7 @@ class Run:
                 request_id=self.info.request_id, run_id=self.info.run_id, node=self.info.node,
                 error_type=exc.type,
             ).warning("run {} did not start on node {}: {}", self.info.run_id, self.info.node,
-                      exc.message)  # fmt: skip
+                      clip(exc.message))  # fmt: skip
             status: Literal["error", "timeout", "cancelled"] = (
                 "timeout" if isinstance(exc, NodeTimeoutError) else "error"
             )

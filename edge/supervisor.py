@@ -54,6 +54,7 @@ from loguru import logger
 from edge import systemd
 from edge.config import Config
 from edge.listeners import Address, addresses, bind_listeners, listen_mode, rebind, url_of
+from edge.log import count_dropped_lines, flush_logs
 
 if TYPE_CHECKING:
     from edge.metrics import SupervisorMetrics
@@ -144,6 +145,7 @@ class Supervisor:
         from edge.metrics import SupervisorMetrics
 
         self._metrics = SupervisorMetrics()
+        count_dropped_lines(self._metrics.log_lines_dropped.inc)
         return url_of(groups[0][0])
 
     def cleanup(self) -> None:
@@ -352,7 +354,7 @@ class Supervisor:
         logger.error("workers still running after the drain deadline: killing them")
         self._send(signal.SIGKILL)
         self.cleanup()
-        logger.complete()
+        flush_logs(timeout_s=1.0)  # a stuck reader of the log does not hold the exit
         os._exit(1)
 
 

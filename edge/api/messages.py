@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from edge.api.request import ChatRequest, chat_request_from, decode_object, deep_is_refused
 from edge.errors import RequestError
+from edge.logbound import Mentions, clip_repr
 
 _ROLES: Final = frozenset({"user", "assistant", "system"})
 # output_config.effort -> reasoning effort.
@@ -54,7 +55,7 @@ def parse_messages_request(body: bytes) -> MessagesRequest:
         raise RequestError("max_tokens: Field required", param="max_tokens")
     if "messages" not in obj:
         raise RequestError("messages: Field required", param="messages")
-    dropped: list[str] = []
+    dropped = Mentions()
     chat: dict[str, Any] = {"model": obj.get("model"), "max_tokens": obj["max_tokens"]}
     messages: list[dict[str, Any]] = []
     system = obj.get("system")
@@ -94,7 +95,7 @@ def parse_messages_request(body: bytes) -> MessagesRequest:
                 param="output_config.effort",
             )
         chat["reasoning_effort"] = _EFFORTS[effort]
-    return MessagesRequest(chat_request_from(chat), thinking=thinking, dropped=tuple(dropped))
+    return MessagesRequest(chat_request_from(chat), thinking=thinking, dropped=dropped.notes())
 
 
 def _thinking(value: object) -> bool:
@@ -228,7 +229,7 @@ def _result_content(value: object, at: str) -> str | list[dict[str, Any]]:
     return parts or ""
 
 
-def _tools(tools: object, dropped: list[str]) -> list[dict[str, Any]]:
+def _tools(tools: object, dropped: Mentions) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
         raise _type("tools", "an array")
     out: list[dict[str, Any]] = []
@@ -236,7 +237,7 @@ def _tools(tools: object, dropped: list[str]) -> list[dict[str, Any]]:
         if not isinstance(tool, dict):
             raise _type(f"tools.{i}", "an object")
         if tool.get("type", "custom") != "custom":
-            dropped.append(f"tools.{i} (type {tool.get('type')!r}: a server tool)")
+            dropped.add(f"tools.{i} (type {clip_repr(tool.get('type'), 64)}: a server tool)")
             continue
         function: dict[str, Any] = {"name": tool.get("name")}
         if tool.get("description") is not None:

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from edge.api.request import ChatRequest, chat_request_from, decode_object, deep_is_refused
 from edge.errors import RequestError
+from edge.logbound import Mentions, clip_repr
 
 STATELESS: Final = (
     "This edge keeps no state between requests: '{param}' is not supported. Send the "
@@ -64,7 +65,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
             "Background responses are not supported: this edge keeps no state.",
             param="background",
         )
-    dropped: list[str] = []
+    dropped = Mentions()
     chat: dict[str, Any] = {"model": obj.get("model")}
     messages: list[dict[str, Any]] = []
     instructions = obj.get("instructions")
@@ -110,7 +111,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         chat=request,
         echo=_echo(obj, chat.get("tools", [])),
         affinity_key=key if isinstance(key, str) and key else None,
-        dropped=tuple(dropped),
+        dropped=dropped.notes(),
     )
 
 
@@ -256,7 +257,7 @@ def _reasoning_text(item: dict[str, Any], at: str) -> str:
 # --- tools, tool_choice, text.format ---------------------------------------------
 
 
-def _tools(tools: object, dropped: list[str]) -> list[dict[str, Any]]:
+def _tools(tools: object, dropped: Mentions) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
         raise _type("tools", "an array")
     out: list[dict[str, Any]] = []
@@ -271,7 +272,7 @@ def _tools(tools: object, dropped: list[str]) -> list[dict[str, Any]]:
             out.extend(_function_tool(t) for t in tool["tools"]
                        if isinstance(t, dict) and t.get("type") == "function")  # fmt: skip
         else:
-            dropped.append(f"tools[{i}] (type {kind!r}: not a function tool)")
+            dropped.add(f"tools[{i}] (type {clip_repr(kind, 64)}: not a function tool)")
     return out
 
 

@@ -47,6 +47,7 @@ from edge.http.refusals import REASONS, overloaded_response
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate
+from edge.logbound import clip_join
 from edge.metrics import EdgeMetrics
 from edge.node.pool import NodePool
 from edge.node.wire import PreparedRunRequest, prepare_run_request
@@ -142,7 +143,7 @@ class ChatService:
         result = apply_policy(request, self.config.model(request.model).forward_policy)
         if result.dropped:
             logger.bind(model=request.model).debug(
-                "not forwarded to the node: {}", ", ".join(result.dropped)
+                "not forwarded to the node: {}", clip_join(result.dropped)
             )
         return result.request
 
@@ -235,7 +236,7 @@ class ChatService:
         request = parsed.chat
         if parsed.dropped:
             logger.bind(model=request.model, api=api.name).info(
-                "not used (the edge cannot run them): {}", ", ".join(parsed.dropped)
+                "not used (the edge cannot run them): {}", clip_join(parsed.dropped)
             )
         if trace is not None:
             trace.request(request)

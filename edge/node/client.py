@@ -29,6 +29,7 @@ from edge.errors import (
     NodeUnavailableError,
     PayloadTooLargeError,
 )
+from edge.logbound import clip
 from edge.node._proto.iop.node import v1 as pb
 from edge.node.bridge import EventBuffer, call_asyncio
 from edge.node.grpc import Accepted, GrpcNode
@@ -300,7 +301,7 @@ class GrpcNodeClient:
         more = f" and {count - len(named)} more" if count > len(named) else ""
         logger.warning(
             "CancelRun to node {} failed for {} run(s) ({}{}), last: {}",
-            self.name, count, " ".join(named), more, self._cancel_failure,
+            self.name, count, " ".join(named), more, clip(self._cancel_failure),
         )  # fmt: skip
         self._cancel_failures = 0
         self._cancel_failed_ids = []

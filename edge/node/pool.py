@@ -32,6 +32,7 @@ from loguru import logger
 
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
+from edge.logbound import clip, clip_join
 from edge.node import affinity
 from edge.node.client import NodeClient, NodeDescription
 from edge.node.health import STATE_VALUES, HealthPolicy, NodeHealth, NodeStateName
@@ -192,7 +193,7 @@ class NodePool:
         except Exception as exc:  # EdgeError, TooSlowError, or a bug: never kill the pool
             reason = str(exc) or type(exc).__name__
             if state.health.describe_failed(self._clock(), reason):
-                logger.warning("node {} is down: {}", state.client.name, reason)
+                logger.warning("node {} is down: {}", state.client.name, clip(reason))
             return
         else:
             self._described(state, description)
@@ -204,7 +205,7 @@ class NodePool:
         came_up = state.health.describe_ok(self._clock())
         if came_up:
             logger.info(
-                "node {} is up, models: {}", state.client.name, ", ".join(description.models)
+                "node {} is up, models: {}", state.client.name, clip_join(description.models)
             )
         old_cap, old_models = state.max_runs, state.models
         state.models = description.models
@@ -223,7 +224,7 @@ class NodePool:
     def mark_down(self, state: NodeState, reason: str) -> None:
         """The node refused a run: out of routing until its Describe answers again."""
         if state.health.mark_down(self._clock(), reason):
-            logger.warning("node {} is down: {}", state.client.name, reason)
+            logger.warning("node {} is down: {}", state.client.name, clip(reason))
         self._wake()
 
     def run_succeeded(self, state: NodeState) -> None:
@@ -249,7 +250,7 @@ class NodePool:
             logger.warning(
                 "node {}: circuit open after {} failed run(s) in a row, last: {};"
                 " no new runs for {:g}s",
-                state.client.name, state.health.run_failures, reason, self.policy.cooldown_s,
+                state.client.name, state.health.run_failures, clip(reason), self.policy.cooldown_s,
             )  # fmt: skip
             self._wake()
 
@@ -307,7 +308,7 @@ class NodePool:
             chosen = min(free, key=lambda s: s.health.last_failed_at)
             logger.debug(
                 "panic routing: every node for {} is down, trying node {}",
-                model, chosen.client.name,
+                clip(model), chosen.client.name,
             )  # fmt: skip
             return chosen
         if known and not capable:

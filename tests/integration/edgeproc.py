@@ -3,7 +3,8 @@
 `edge_process(...)` writes a config.toml, starts the `iop-edge` console
 script on an ephemeral port, collects its stderr lines in a thread, waits
 until it serves (its "serving on" line, then GET /healthz), and kills it in
-`finally` whatever the test did. Every wait is bounded.
+`finally` whatever the test did. Every wait is bounded. `pause_reading`
+makes its stderr a pipe nobody reads (until `resume_reading`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class EdgeProcess:
     url: str = ""
     lines: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
+    _reading_allowed: threading.Event = field(default_factory=threading.Event)
 
     @property
     def stderr(self) -> str:
@@ -63,6 +65,14 @@ class EdgeProcess:
     def json_lines(self) -> list[dict[str, Any]]:
         """Every stderr line parsed as JSON (fails on any line that is not)."""
         return [json.loads(line) for line in self.lines if line.strip()]
+
+    def pause_reading(self) -> None:
+        """Stop reading stderr (after the line being read): the pipe fills, then the edge's
+        writes to it block."""
+        self._reading_allowed.clear()
+
+    def resume_reading(self) -> None:
+        self._reading_allowed.set()
 
     def signal(self, signum: int = signal.SIGTERM) -> None:
         self.process.send_signal(signum)
@@ -93,6 +103,7 @@ class EdgeProcess:
         assert self.process.stderr is not None
         for line in self.process.stderr:
             self.lines.append(line)
+            self._reading_allowed.wait()
 
 
 def kill(process: subprocess.Popen[str]) -> None:
@@ -152,6 +163,7 @@ async def edge_process(
         fd_limit,
     )
     edge = EdgeProcess(process)
+    edge.resume_reading()
     edge._reader = threading.Thread(target=edge._read, daemon=True)
     edge._reader.start()
     try:
@@ -166,6 +178,7 @@ async def edge_process(
         if process.poll() is None:
             process.kill()
         process.wait(10)
+        edge.resume_reading()
         edge._reader.join(10)  # EOF once the process is gone; then the pipe can close
         assert process.stderr is not None
         process.stderr.close()

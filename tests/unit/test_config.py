@@ -34,6 +34,7 @@ drain_timeout_s = 5
 [log]
 level = "DEBUG"
 format = "json"
+queue_bytes = 65536
 [timeouts]
 first_event_s = 1.5
 idle_s = 2
@@ -53,6 +54,7 @@ sentinels = ["<eos>"]
     assert config.server.listen == "0.0.0.0:9000"
     assert config.server.api_keys == ("k1",)
     assert config.log.format == "json"
+    assert config.log.queue_bytes == 65536
     assert config.timeouts.first_event_s == 1.5
     assert config.timeouts.slow_client_s == 4
     assert config.nodes[0].address == "10.0.0.1:50051"
@@ -144,6 +146,7 @@ media_url_schemes = ["HTTPS", "http:"]
         ("[server]\nbogus = 1\n", "unknown key server.bogus"),
         ("[serer]\n", "unknown key serer"),
         ('[log]\nformat = "xml"\n', "log.format: expected one of text, json"),
+        ("[log]\nqueue_bytes = 100\n", "log.queue_bytes: must be between 16384 and"),
         ("[timeouts]\nidle_s = -1\n", "timeouts.idle_s: must be >="),
         ("[timeouts]\nidle_s = true\n", "timeouts.idle_s: expected an integer or a number"),
         ('[[nodes]]\nname = "a"\n', "nodes[0].address: missing"),
