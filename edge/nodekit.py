@@ -12,6 +12,8 @@
   that ended without CancelRun waits CANCEL_GRACE_S for one (a CancelRun
   races the stream reset) before its line is written; a CancelRun for an id
   the node does not know is logged as {"type": "cancel_rpc", "found": false}.
+  In-process users read the last FINISHED_KEPT records (`RunsLog.finished`); a
+  node keeps nothing per run beyond that window, however long it serves.
 
 HTTP/2 MAX_CONCURRENT_STREAMS stays at the 100 grpclib's h2 connections
 advertise: grpclib 0.4.9 has no public setting for it (its Configuration
@@ -30,6 +32,7 @@ import json
 import signal
 import socket
 import time
+from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +54,9 @@ CANCELLED_SEND_S = 1.0
 # How long CancelRun waits for the run it stops to be over before answering.
 CANCEL_STOP_S = 2.0
 BACKLOG = 2048
+# The runs-log records a node keeps in memory for in-process users (the file gets
+# every one): a window, so that a node serving for months holds no record per run.
+FINISHED_KEPT = 1000
 
 Events = Stream[pb.RunRequest, pb.RunEvent]
 
@@ -172,7 +178,8 @@ class RunsLog:
     def __init__(self, path: Path | None = None) -> None:
         self._runs: dict[str, RunRecord] = {}
         self._file: IO[str] | None = path.open("a", buffering=1) if path else None
-        self.finished: list[dict[str, Any]] = []  # every record written, for in-process users
+        # The last FINISHED_KEPT records written, for in-process users.
+        self.finished: deque[dict[str, Any]] = deque(maxlen=FINISHED_KEPT)
 
     @property
     def active(self) -> int:
@@ -286,8 +293,8 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         return self.runs.active
 
     @property
-    def finished(self) -> list[dict[str, Any]]:
-        """Every runs-log record written so far (for in-process users)."""
+    def finished(self) -> deque[dict[str, Any]]:
+        """The last FINISHED_KEPT runs-log records written (for in-process users)."""
         return self.runs.finished
 
     async def serve_run(self, stream: Events) -> None:

@@ -18,10 +18,11 @@ once off the loop (`edge.node.wire`), this attempt's node deadline
 appended: the node client's read task goes into `nursery`, the request's
 own scope, and entering returns once the node accepted (or raises the
 EdgeError that chooses the HTTP status). `next_batch` feeds node events
-to the session and owns every deadline on one clock, trio's: first event,
-idle, total (also the read task's deadline and, converted once, the node's
-`deadline_unix_ms`), keep-alive; the slow reader's limit is the event
-buffer's. Leaving the run
+to the session (a delta longer than the session's slice, a slice a batch,
+a scheduler pass between them) and owns every deadline on one clock,
+trio's: first event, idle, total (also the read task's deadline and,
+converted once, the node's `deadline_unix_ms`), keep-alive; the slow
+reader's limit is the event buffer's. Leaving the run
 ends it: if the node did not, its read task is cancelled with an `EndCause`
 and sends the one CancelRun (shielded, bounded); the slot is given back (to
 the next queued request), the node's verdict goes to the pool
@@ -407,6 +408,14 @@ class Run:
         out = session.drain()
         if out or session.terminated:
             return out
+        if session.resuming:
+            # The rest of a long delta, a slice a batch, after a pass of the scheduler:
+            # what a node sends in one event never holds the loop in one step.
+            if self._turns is not None:
+                await self._turns.turn()
+            await trio.lowlevel.checkpoint()
+            session.resume()
+            return session.drain()
         assert self.handle is not None
         receive = self.handle.events
         event = None

@@ -53,6 +53,19 @@ CANCEL_QUEUE_S = 10.0
 DESCRIBE_TIMEOUT_S = 2.0
 
 
+def _detached(error: EdgeError) -> EdgeError:
+    """`error` as a run keeps it: without its traceback, cause and context.
+
+    Their frames hold what the failing code held (the run's request, a node's
+    message), and a frame that also holds the run's handle ties them into a
+    cycle with the stored error, which only a full garbage collection frees:
+    a kept error keeps its type and message, nothing else.
+    """
+    error.__traceback__ = None
+    error.__cause__ = error.__context__ = None
+    return error
+
+
 class EndCause(enum.StrEnum):
     """Why the edge ended a run before the node did; the value is CancelRun's reason."""
 
@@ -237,7 +250,7 @@ class GrpcNodeClient:
                 try:
                     await call_asyncio(self._grpc.read_run, request, events, metadata)
                 except EdgeError as exc:
-                    handle.error = exc
+                    handle.error = _detached(exc)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     handle.cancel(EndCause.CLIENT_GONE)
                 except trio.TooSlowError:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from edge.errors import NodeFailedError
 from edge.node._proto.iop.node import v1 as pb
 from edge.stream.events import (
     Complete,
@@ -36,7 +35,14 @@ from edge.stream.toolcall import ToolCall
 if TYPE_CHECKING:
     from edge.api.request import ChatMessage, ChatRequest
 
-__all__ = ["SKIP", "RunEventDecoder", "decode_run_event", "event_from_pb", "run_request_from_chat"]
+__all__ = [
+    "SKIP",
+    "Refused",
+    "RunEventDecoder",
+    "decode_run_event",
+    "event_from_pb",
+    "run_request_from_chat",
+]
 
 # A RunEvent carrying only `type` and `delta`, serialized in field order, starts
 # with one of these; its bytes are decoded by hand (most events of a stream).
@@ -136,14 +142,37 @@ class Skip:
 
 SKIP = Skip()
 
+# How much of a decoding error's text `Refused` quotes.
+REASON_CHARS = 200
+
+
+class Refused(Skip):
+    """A message the edge refuses (over the size limit, or bytes that are no RunEvent):
+    why, in a short string, and nothing of the message.
+
+    Returned by the decoder, not raised: an exception raised while a frame holds
+    the message would keep it (megabytes) alive through its traceback, and a
+    stored error (the run handle's) ties that traceback into a cycle that only
+    a full garbage collection frees. The read loop raises the run's error from
+    its own frame, once the message is gone (`edge.node.grpc.GrpcNode.read_run`).
+    """
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
 
 def _decode_for_grpclib(data: bytes) -> NodeEvent | Skip:
     # grpclib reads None as the end of the stream: an unknown event is SKIP.
     try:
         event = decode_run_event(data)
     except Exception as exc:  # bytes that are no RunEvent: the node's failure, not ours
-        raise NodeFailedError(f"the node sent a message that is not a RunEvent: {exc!r}") from exc
-    return SKIP if event is None else event
+        # str, not repr: a decoding error's args may hold the bytes themselves.
+        problem = f"{type(exc).__name__}: {exc}"[:REASON_CHARS]
+    else:
+        return SKIP if event is None else event
+    return Refused(f"the node sent a message that is not a RunEvent ({problem})")
 
 
 class RunEventDecoder:

@@ -20,7 +20,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.node._proto.iop.node import v1 as pb
-from edge.node.convert import RunEventDecoder, Skip
+from edge.node.convert import Refused, RunEventDecoder, Skip
 from edge.node.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
 from edge.node.wire import EncodedRunRequest
 from edge.stream.events import Complete, Failed, NodeEvent
@@ -52,11 +52,15 @@ class BoundedCodec(ProtoCodec):
     a clear error and the connection's other runs go on. The bytes of that
     one message were still received (the node's HTTP/2 window is granted
     again as grpclib reads); the limit bounds what is parsed and kept.
+
+    The message is answered with `Refused` (its size only), not an exception:
+    raised here, the error's traceback would hold the frames that hold the
+    message, kept as long as the error is (see `Refused`). The caller raises.
     """
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         if len(data) > MAX_MESSAGE_BYTES:
-            raise NodeFailedError(
+            return Refused(
                 f"the node sent a message of {len(data)} bytes, over the"
                 f" {MAX_MESSAGE_BYTES}-byte gRPC message limit"
             )
@@ -177,6 +181,8 @@ class GrpcNode:
                 recv = cast("Callable[[], Awaitable[NodeEvent | Skip | None]]", stream.recv_message)
                 while (event := await recv()) is not None:
                     if isinstance(event, Skip):
+                        if type(event) is Refused:  # raised here: the message is gone
+                            raise NodeFailedError(event.reason)
                         continue  # a RunEvent type this edge does not know
                     if not put_nowait(event):
                         await sink.put(event)
@@ -201,11 +207,14 @@ class GrpcNode:
         if self._control is None:
             self._control = Channel(self.host, self.port, codec=_CODEC, config=_H2_CONFIG)
         try:
-            return await call(pb.NodeServiceStub(self._control))
+            answer = await call(pb.NodeServiceStub(self._control))
         except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
             raise translate_error(exc, accepted=False, address=self.address) from exc
         except Exception as exc:  # a malformed answer (protobuf decode), or any other surprise
             raise NodeFailedError(f"node {self.address} sent a bad answer: {exc!r}") from exc
+        if isinstance(answer, Refused):  # over the message limit (the codec's answer)
+            raise NodeFailedError(f"node {self.address}: {answer.reason}")
+        return answer
 
     async def cancel_run(self, run_id: str, reason: str) -> bool:
         """CancelRun: True when the run was live on the node."""

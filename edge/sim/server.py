@@ -32,6 +32,10 @@ edge hosts (a node whose address is "embedded"). Models:
   `{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
   "bytes"}]}` (`bytes` a list of byte values, or null/absent for the
   token's UTF-8), sent in the delta's typed `logprobs`.
+  Every number and shape of a script is checked before it plays
+  (`edge.sim.script.check_item`, and its bounds: sleeps, repeats, delta
+  sizes, what one turn sends): a script past one is answered with an error
+  event naming it, never an exception in the node's loop.
 
 Describe says both models give logprobs.
 
@@ -136,7 +140,8 @@ def _logprobs_asked(request: pb.RunRequest) -> int | None:
     return max(0, min(int(top), 20)) if isinstance(top, int) else 0
 
 
-def _event_from_json(item: dict[str, Any]) -> pb.RunEvent:
+def event_from_item(item: dict[str, Any]) -> pb.RunEvent:
+    """The RunEvent a script item (checked by `edge.sim.script`) sends."""
     usage = item.get("usage")
     metadata = {str(k): _json_text(v) for k, v in (item.get("metadata") or {}).items()}
     return pb.RunEvent(
@@ -286,7 +291,7 @@ class SimNode(NodeService):
                 run.outcome = "aborted"
                 # Non-OK trailers: the events sent so far still arrive, in order.
                 raise GRPCError(Status.ABORTED, "simulated abort")
-            event = _event_from_json(item)
+            event = event_from_item(item)
             repeat = int(item.get("repeat", 1))
             if repeat > 1:
                 await self._send_repeated(stream, run, event, repeat)

@@ -8,6 +8,14 @@ attempts are no-ops, by construction.
 
 It knows nothing of HTTP, SSE bytes, trio or gRPC: the caller feeds
 `edge.stream.events` values and drains `edge.stream.output` values.
+
+A delta longer than `slice_chars` (64 Ki characters) is applied a slice at a
+time: `feed` applies its first slice and says to stop there (it returns True),
+and each `resume` applies the next, so a caller can bound the work of each
+step (and let other work run between them) whatever a node sends in one
+event. Every filter is split-invariant: the output is the one the whole
+delta gives, in smaller chunks. A caller that feeds the next event instead
+gets the rest applied first, in that one step.
 """
 
 from __future__ import annotations
@@ -71,6 +79,8 @@ _HIDDEN_FALLBACK_DEFAULT = "[The model produced reasoning but no answer.]"
 # characters of model text: past it the stream ends with `output_too_large`.
 MAX_HELD_CHARS = 16 * 1024 * 1024
 OUTPUT_TOO_LARGE = "output_too_large"
+# The most characters of one delta applied in one step (`feed`, `resume`).
+SLICE_CHARS = 64 * 1024
 
 
 def hidden_reasoning_fallback(finish_reason: str) -> str:
@@ -103,6 +113,8 @@ class SessionSettings:
     # The caller asked for logprobs: content chunks carry their tokens'
     # (`edge.stream.logprobs` has the rule for text the filters remove).
     logprobs: bool = False
+    # A longer delta is applied in slices of this many characters (`resume`).
+    slice_chars: int = SLICE_CHARS
 
     @property
     def expose_reasoning(self) -> bool:
@@ -128,6 +140,10 @@ class StreamSession:
         "_reasoning_chars_",
         "_reasoning_seen",
         "_reasoning_sentinel",
+        "_rest",
+        "_rest_at",
+        "_rest_reasoning",
+        "_slice",
         "_think",
         "_tool_filter",
         "_trace",
@@ -145,6 +161,14 @@ class StreamSession:
         self._expose_reasoning = settings.expose_reasoning
         self._trace = trace if settings.trace else None
         self._trace_seq = 0
+        # The rest of a long delta, from `_rest_at` on, for `resume` ("": none), and
+        # whether it is reasoning.
+        if settings.slice_chars < 1:
+            raise ValueError("slice_chars must be at least 1")
+        self._slice = settings.slice_chars
+        self._rest = ""
+        self._rest_at = 0
+        self._rest_reasoning = False
         # Text is kept only for a feature that reads it whole, and never twice
         # without one: the accumulators below are None when nothing needs them.
         tools = bool(settings.tools.tools)
@@ -209,10 +233,48 @@ class StreamSession:
         self.out = []
         return out
 
+    @property
+    def resuming(self) -> bool:
+        """Whether part of a long delta waits for `resume` (feed nothing else before)."""
+        return bool(self._rest) and self.outcome is None
+
+    def resume(self) -> bool:
+        """Apply the next slice of a long delta; True (as `feed`) while more is left or
+        once the session has reached its terminal. A caller that bounds its steps calls
+        it once a step while `resuming`."""
+        rest, at = self._rest, self._rest_at
+        if not rest or self.outcome is not None:
+            self._rest = ""
+            return self.outcome is not None
+        end = at + self._slice
+        if end >= len(rest):
+            self._rest = ""
+        else:
+            self._rest_at = end
+        piece = rest[at:end]
+        if self._rest_reasoning:
+            self._on_reasoning(piece)
+        else:
+            self._on_delta(piece)
+        return self.outcome is not None or self._rest != ""
+
+    def _slice_of(self, text: str, reasoning: bool) -> str:
+        """The first slice of a long delta; the rest waits for `resume`."""
+        self._rest, self._rest_at, self._rest_reasoning = text, self._slice, reasoning
+        return text[: self._slice]
+
     def feed(self, event: NodeEvent) -> bool:
-        """Apply one node event; True once the session has reached its terminal."""
+        """Apply one node event; True once the session has reached its terminal, or when
+        part of a long delta waits for `resume`: either way, feed nothing more now.
+
+        (Fed anyway, the event comes after the rest of that delta, applied first.)"""
         if self.outcome is not None:
             return True
+        if self._rest:
+            while self._rest and self.outcome is None:
+                self.resume()
+            if self.outcome is not None:
+                return True
         if type(event) is Delta:
             self._on_delta(event.text)
         elif type(event) is ReasoningDelta:
@@ -223,10 +285,10 @@ class StreamSession:
             self.fail("run_error", event.reason)
         elif type(event) is LogprobDelta:
             if self._lp is not None:  # else the caller did not ask: text only
-                self._add_logprobs(event)
+                self._add_logprobs(event)  # anchored where they fall: the slices follow
             if self.outcome is None:
                 self._on_delta(event.text)
-        return self.outcome is not None
+        return self.outcome is not None or self._rest != ""
 
     def fail(self, error_type: str, message: str, *, node_finish_reason: str | None = None) -> None:
         """Terminal: an error frame, error metrics."""
@@ -279,6 +341,8 @@ class StreamSession:
     def _on_delta(self, source: str) -> None:
         if not source:
             return
+        if len(source) > self._slice:
+            source = self._slice_of(source, False)
         text = self._content_sentinel.feed(source)
         if text:
             self._content_text(text, source)
@@ -337,6 +401,8 @@ class StreamSession:
     def _on_reasoning(self, source: str) -> None:
         if not source:
             return
+        if len(source) > self._slice:
+            source = self._slice_of(source, True)
         text = self._reasoning_sentinel.feed(source)
         if text:
             self._reasoning_text(text)
@@ -592,6 +658,7 @@ class StreamSession:
 __all__ = [
     "MAX_HELD_CHARS",
     "OUTPUT_TOO_LARGE",
+    "SLICE_CHARS",
     "SessionSettings",
     "Status",
     "StreamSession",

@@ -5,15 +5,18 @@ with psutil) in front of the `iop-sim-node` subprocess; clients on raw
 sockets that stop reading; a node that sends a message over gRPC's 4 MiB
 limit; and `iop-node` (a subprocess) in front of a hostile upstream that
 sends an endless non-streamed body, endless tool-call arguments or an
-endless SSE line. The RSS bounds are generous (a few times what the bounded
+endless SSE line. What a refused message leaves behind is traced in this
+process, the garbage collector off. The RSS bounds are generous (a few times what the bounded
 buffers hold, far under what unbounded growth reaches); no test reads a clock.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import socket
+import tracemalloc
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
@@ -227,6 +230,64 @@ async def test_oversized_grpc_message_is_a_node_failure(
     ok = await http.post("/v1/chat/completions", json=chat_body("sim-echo", "still here"))
     assert ok.status_code == 200
     assert ok.json()["choices"][0]["message"]["content"] == "still here"
+
+
+def _traced() -> int:
+    return tracemalloc.get_traced_memory()[0]
+
+
+async def test_oversized_messages_are_freed_without_a_collection(
+    edge: RunningEdge, http: httpx.AsyncClient
+) -> None:
+    """The edge keeps nothing of a node's oversized message once its run failed: with the
+    garbage collector off, four such runs (streamed and not, through the real edge in this
+    process) leave less than one message traced. Before, each error's traceback held the
+    frames holding the message, tied into a cycle by the run handle's stored error: only a
+    full collection freed them (RSS stayed 270-400 MB up through thousands of requests)."""
+    events = script({"type": "delta", "delta": "before"}, OVERSIZED, {"type": "complete"})
+    for stream in (False, True):  # warm up: imports, pools, first-use caches
+        await http.post("/v1/chat/completions", json=chat_body("sim-script", events, stream=stream))
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        base = _traced()
+        for stream in (False, True, False, True):
+            body = chat_body("sim-script", events, stream=stream)
+            answer = await http.post("/v1/chat/completions", json=body)
+            assert "4194304-byte gRPC message limit" in answer.text
+        await edge.wait_idle()
+        held = _traced() - base
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    print(f"traced after four oversized messages, no collection: {held / MiB:.2f} MiB")
+    assert held < 5 * MiB
+
+
+async def test_oversized_messages_leave_no_rss_behind(tmp_path: Path, sim: SimProcess) -> None:
+    """An `iop-edge` process whose node sends eight 16 MiB messages (the largest a sim-script
+    builds) keeps none of them: RSS grows by the allocator's high-water mark of about one
+    message, not by the messages (it grew by ~100 MiB a message, 80 MiB ones, kept through
+    thousands of requests)."""
+    big = {"type": "delta", "delta": "x", "delta_times": 16 * MiB - 64}
+    events = script({"type": "delta", "delta": "before"}, big, {"type": "complete"})
+    async with (
+        edge_process(tmp_path, _edge_toml(sim)) as edge,
+        httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S) as client,
+    ):
+        for _ in range(20):  # warm up
+            ok = await client.post("/v1/chat/completions", json=chat_body("sim-echo", "warm"))
+            assert ok.status_code == 200
+        process = psutil.Process(edge.process.pid)
+        base = process.memory_info().rss
+        for i in range(8):
+            body = chat_body("sim-script", events, stream=bool(i % 2))
+            answer = await client.post("/v1/chat/completions", json=body)
+            assert "gRPC message limit" in answer.text
+        growth = process.memory_info().rss - base
+    print(f"edge RSS growth, eight 16 MiB messages refused: {growth / MiB:.1f} MiB")
+    assert growth < 56 * MiB
 
 
 async def test_request_over_the_grpc_limit_is_a_413(nursery: trio.Nursery, sim: SimProcess) -> None:

@@ -7,6 +7,11 @@ declared, through a real edge: the answer is the text itself (no call), streamed
 or not, and `/healthz` keeps answering while it is processed. The longest
 time between two `/healthz` answers is printed (run with `-s`); the test bounds it only
 generously, never asserts wall-clock times.
+
+A node may also send one huge delta: 3.8 MB of `<` in one event. The edge
+(in this process) applies it a slice a step, so `/healthz`, asked back to back,
+is answered while the delta is still being applied, and the answer is the
+whole delta.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
-from tests.integration.conftest import WEATHER_TOOL, chat_body, script
+from tests.integration.conftest import WEATHER_TOOL, RunningEdge, chat_body, script
 from tests.integration.test_chat_e2e import parse_sse
 
 CHAT = "/v1/chat/completions"
@@ -111,3 +117,59 @@ async def test_other_hostile_alphabets_are_streamed_whole(http: httpx.AsyncClien
         content, last = await stream_content(http, events)
         assert content == text, line
         assert last["finish_reason"] == "stop"
+
+
+BIG_DELTA_CHARS = 3_800_000
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_one_big_delta_of_lt_is_applied_while_healthz_is_answered(
+    edge: RunningEdge, http: httpx.AsyncClient, stream: bool
+) -> None:
+    """One 3.8 MB delta of `<` (every character may start a sentinel) from the node:
+    `/healthz`, asked back to back, is answered while the edge is still applying the delta
+    (a run's session is between two slices of it), each answer within the generous bound,
+    and the answer is the whole delta, streamed in many chunks (or whole, not streamed)."""
+    text = "<" * BIG_DELTA_CHARS
+    item = {"type": "delta", "delta": "<", "delta_times": BIG_DELTA_CHARS}
+    done_item = {"type": "complete", "metadata": {"finish_reason": "stop"}}
+    body = chat_body("sim-script", script(item, done_item), stream=stream)
+    done = trio.Event()
+    answers = mid_delta = 0
+    responses: list[httpx.Response] = []
+
+    async def probe() -> None:
+        nonlocal answers, mid_delta
+        while not done.is_set():
+            with trio.fail_after(HEALTHZ_BOUND_S):
+                assert (await http.get("/healthz")).status_code == 200
+            answers += 1
+            if any(run.session.resuming for run in edge.edge.chat.runs.live):
+                mid_delta += 1
+
+    async def post() -> None:
+        try:
+            responses.append(await http.post(CHAT, json=body))
+        finally:
+            done.set()
+
+    with trio.fail_after(BOUND_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(probe)
+            nursery.start_soon(post)
+    print(f"\n/healthz answers: {answers}, {mid_delta} of them between two slices of the delta")
+    assert mid_delta >= 1
+    response = responses[0]
+    assert response.status_code == 200
+    if stream:
+        payloads = parse_sse(response.content)
+        assert payloads[-1] == "[DONE]"
+        chunks = [json.loads(p)["choices"][0] for p in payloads[:-1]]
+        pieces = [c["delta"].get("content") or "" for c in chunks]
+        assert "".join(pieces) == text
+        assert sum(1 for piece in pieces if piece) > 10
+        assert chunks[-1]["finish_reason"] == "stop"
+    else:
+        choice = response.json()["choices"][0]
+        assert choice["message"]["content"] == text
+        assert choice["finish_reason"] == "stop"

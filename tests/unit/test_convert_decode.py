@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.errors import NodeFailedError
 from edge.node._proto.iop.node import v1 as pb
-from edge.node.convert import SKIP, RunEventDecoder, decode_run_event, event_from_pb
+from edge.node.convert import (
+    REASON_CHARS,
+    SKIP,
+    Refused,
+    RunEventDecoder,
+    decode_run_event,
+    event_from_pb,
+)
 from edge.stream.events import Complete, Delta, ReasoningDelta
 
 _TYPES = st.sampled_from(["delta", "reasoning_delta", "complete", "error", "cancelled", "x", ""])
@@ -151,8 +156,14 @@ def test_unknown_types_are_skipped_not_the_end() -> None:
     assert RunEventDecoder.FromString(bytes(pb.RunEvent(type="delta", delta="x"))) == Delta("x")
 
 
-def test_bytes_that_are_no_run_event_are_a_node_failure() -> None:
-    """A message that does not decode is the node's failure (NodeFailedError, the
-    fail-stream path), never an error of the edge's own."""
-    with pytest.raises(NodeFailedError, match="not a RunEvent"):
-        RunEventDecoder.FromString(b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01")
+def test_bytes_that_are_no_run_event_are_refused_not_raised() -> None:
+    """A message that does not decode is the node's failure: the decoder answers `Refused`
+    with a short reason (the read loop raises NodeFailedError, the fail-stream path), never
+    raises while it holds the bytes, and the reason quotes none of them."""
+    refused = RunEventDecoder.FromString(b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01")
+    assert isinstance(refused, Refused)
+    assert "not a RunEvent" in refused.reason
+    garbage = b"\x0a\x05delta\x12\x80\x80\x04" + b"\xff" * 65536  # a delta that is no UTF-8
+    refused = RunEventDecoder.FromString(garbage)
+    assert isinstance(refused, Refused)
+    assert len(refused.reason) < REASON_CHARS + 100

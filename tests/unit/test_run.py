@@ -24,8 +24,8 @@ from edge.stream.events import (
     NodeEvent,
 )
 from edge.stream.logprobs import TokenLogprob, TopLogprob
-from edge.stream.output import ContentOut, ErrorOut, FinishOut, RoleOut
-from edge.stream.session import SessionSettings, StreamSession
+from edge.stream.output import ContentOut, ErrorOut, FinishOut, OutEvent, RoleOut
+from edge.stream.session import SLICE_CHARS, SessionSettings, StreamSession
 
 TIMEOUTS = TimeoutsConfig(first_event_s=10, idle_s=5, total_s=60)
 
@@ -260,3 +260,39 @@ async def test_first_batch_a_keepalive_commits(autojump_clock: trio.testing.Mock
     assert (taken, keepalive) == ([RoleOut()], True)
     assert trio.current_time() - start == 3
     assert not run.output_seen
+
+
+async def test_a_long_delta_is_taken_a_slice_a_batch_with_a_pass_between() -> None:
+    """One 3.8 MB delta: each batch carries at most one slice of it (SLICE_CHARS, plus
+    what a filter held), the scheduler makes a pass between batches (a task that is
+    always runnable runs once a pass: it runs between the slices, which a single step
+    of the whole delta never let it), and the answer is the whole delta, then the
+    terminal."""
+    run, send = _stream()
+    text = "<" * 3_800_000
+    send.send_nowait(Delta(text))
+    send.send_nowait(Complete())
+    assert await run.next_batch() == [RoleOut()]
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await trio.lowlevel.checkpoint()
+            ticks += 1
+
+    batches: list[list[OutEvent]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        while not run.session.terminated:
+            batch = await run.next_batch()
+            assert isinstance(batch, list)
+            batches.append(batch)
+        nursery.cancel_scope.cancel()
+    slices = -(-len(text) // SLICE_CHARS)
+    assert len(batches) == slices + 1  # the slices, then the terminal
+    sizes = [sum(len(e.text) for e in b if isinstance(e, ContentOut)) for b in batches]
+    assert max(sizes) <= SLICE_CHARS + 16
+    assert sum(sizes) == len(text)
+    assert isinstance(batches[-1][-1], FinishOut)
+    assert ticks >= slices - 2

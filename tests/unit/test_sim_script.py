@@ -1,7 +1,8 @@
-"""sim-script lookup and turn selection (`edge.sim.script`), on RunRequests built here.
+"""sim-script lookup, turn selection and checks (`edge.sim.script`), on RunRequests built here.
 
 Each test states one rule of the module's docstring: where a script may sit,
-which one wins, which turn plays, and what happens past the last turn.
+which one wins, which turn plays, what happens past the last turn, and which
+numbers and shapes a script may hold (anything else is a ScriptError).
 """
 
 from __future__ import annotations
@@ -10,9 +11,21 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edge.node._proto.iop.node import v1 as pb
-from edge.sim.script import ScriptError, find_script, script_items
+from edge.sim.script import (
+    MAX_DELTA_CHARS,
+    MAX_REPEAT,
+    MAX_SCRIPT_CHARS,
+    MAX_SCRIPT_EVENTS,
+    MAX_SLEEP_MS,
+    ScriptError,
+    find_script,
+    script_items,
+)
+from edge.sim.server import event_from_item
 
 ONE = {"events": [{"type": "delta", "delta": "one"}, {"type": "complete"}]}
 TWO = {"events": [{"type": "delta", "delta": "two"}, {"type": "complete"}]}
@@ -118,3 +131,164 @@ def test_a_script_that_is_found_but_broken_is_reported_not_skipped() -> None:
         script_items(request(msg("user", {"turns": []})))
     with pytest.raises(ScriptError, match=r"turns\[1\] is not"):
         script_items(request(msg("user", {"turns": [{"events": []}, []]})))
+
+
+# --- the numbers and shapes of a script ---------------------------------------------
+
+NOT_A_SLEEP = [
+    "nan",
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    1e308,
+    -1,
+    -0.5,
+    True,
+    "200",
+    None,
+    [],
+    {},
+    MAX_SLEEP_MS + 1,
+]
+
+
+@pytest.mark.parametrize("key", ["sleep_ms", "accept_after_ms"])
+@pytest.mark.parametrize("value", NOT_A_SLEEP, ids=repr)
+def test_a_pause_that_is_not_a_finite_bounded_number_is_a_script_error(
+    key: str, value: Any
+) -> None:
+    """sleep_ms / accept_after_ms: a JSON number (not a bool, not a string), finite, from
+    0 to MAX_SLEEP_MS; anything else is a ScriptError naming the item and the bound."""
+    text = json.dumps({"events": [{key: value}, {"type": "complete"}]})  # NaN, Infinity: as JSON
+    with pytest.raises(ScriptError, match=rf"events\[0\]\.{key} must be a number from 0 to"):
+        script_items(request(msg("user", text)))
+
+
+@pytest.mark.parametrize("value", [0, 0.25, 200, MAX_SLEEP_MS])
+def test_pauses_within_the_bound_play(value: float) -> None:
+    """Fractional and boundary pauses are valid (the paced benchmark sleeps 0.5 ms)."""
+    items = script_items(request(msg("user", {"events": [{"sleep_ms": value}]})))
+    assert items == [{"sleep_ms": value}]
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ({"type": "delta", "repeat": 0}, r"repeat must be an integer from 1 to"),
+        ({"type": "delta", "repeat": 2.0}, r"repeat must be an integer"),
+        ({"type": "delta", "repeat": True}, r"repeat must be an integer"),
+        ({"type": "delta", "repeat": "3"}, r"repeat must be an integer"),
+        ({"type": "delta", "repeat": MAX_REPEAT + 1}, r"repeat must be an integer"),
+        ({"type": "delta", "repeat": 10**30}, r"repeat must be an integer"),
+        ({"type": "delta", "delta_times": -1}, r"delta_times must be an integer from 0"),
+        ({"type": "delta", "delta": "ab", "delta_times": MAX_DELTA_CHARS}, "characters"),
+        ({"type": "complete", "usage": {"input_tokens": -1}}, r"usage\.input_tokens must be"),
+        ({"type": "complete", "usage": {"input_tokens": 2**32}}, r"usage\.input_tokens must"),
+        ({"type": "complete", "usage": {"input_tokens": 1.5}}, r"usage\.input_tokens must"),
+        ({"type": "complete", "usage": {"tokens": 1}}, r"usage\.tokens is not a usage field"),
+        ({"type": "complete", "usage": [1]}, r"usage must be an object"),
+        ({"type": "complete", "metadata": "x"}, r"metadata must be an object"),
+        ({"type": "complete", "tool_calls": 5}, r"tool_calls must be a list"),
+        ({"type": "delta", "logprobs": {"token": "a"}}, r"logprobs must be a list"),
+        ({"type": "delta", "logprobs": [{"logprob": "x"}]}, r"logprob must be a finite number"),
+        (
+            {"type": "delta", "logprobs": [{"top_logprobs": [{"logprob": float("nan")}]}]},
+            r"top_logprobs\[0\]\.logprob must be a finite",
+        ),
+    ],
+)
+def test_bad_numbers_and_shapes_are_script_errors(item: dict[str, Any], message: str) -> None:
+    """repeat, delta_times, usage, metadata, tool_calls and logprobs are checked before
+    anything plays: a bad one is a ScriptError that says what is wrong."""
+    text = json.dumps({"events": [{"type": "delta", "delta": "ok"}, item]})
+    with pytest.raises(ScriptError, match=message):
+        script_items(request(msg("user", text)))
+
+
+def test_what_a_turn_sends_is_bounded_repeats_counted() -> None:
+    """A turn whose items send more than MAX_SCRIPT_EVENTS events or MAX_SCRIPT_CHARS
+    characters of delta text, repeats counted, is refused before it plays; a bad later
+    turn is refused on the first turn too (the whole script is checked)."""
+    many = {"type": "delta", "delta": "x", "repeat": MAX_REPEAT}
+    with pytest.raises(ScriptError, match=f"over the limit of {MAX_SCRIPT_EVENTS}"):
+        script_items(request(msg("user", {"events": [many, many]})))
+    big = {"type": "delta", "delta": "x", "delta_times": MAX_DELTA_CHARS, "repeat": 65}
+    with pytest.raises(
+        ScriptError, match=f"characters of delta text, over the limit of {MAX_SCRIPT_CHARS}"
+    ):
+        script_items(request(msg("user", {"events": [big]})))
+    fine = {"type": "delta", "delta": "x", "delta_times": 65536, "repeat": 4096}
+    assert script_items(request(msg("user", {"events": [fine]}))) == [fine]
+    bad_later = {"turns": [{"events": [fine]}, {"events": [{"sleep_ms": "nan"}]}]}
+    with pytest.raises(ScriptError, match=r"turns\[1\]\.events\[0\]\.sleep_ms"):
+        script_items(request(msg("user", bad_later)))
+
+
+_JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8)
+)
+_JSON = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_KEYS = (
+    "type",
+    "delta",
+    "delta_times",
+    "repeat",
+    "sleep_ms",
+    "accept_after_ms",
+    "usage",
+    "metadata",
+    "tool_calls",
+    "logprobs",
+    "error",
+    "message",
+    "on_node",
+)
+_SMALL_INTS = st.integers(min_value=-3, max_value=70_000)
+_VALUES = {
+    "type": st.sampled_from(["delta", "complete", "error", "request"]) | _JSON,
+    "delta_times": _SMALL_INTS | _JSON,
+    "repeat": _SMALL_INTS | _JSON,
+    "usage": st.dictionaries(
+        st.sampled_from(["input_tokens", "output_tokens", "bogus"]), _SMALL_INTS | _JSON
+    )
+    | _JSON,
+    "logprobs": st.lists(
+        st.dictionaries(st.sampled_from(["token", "logprob", "bytes", "top_logprobs"]), _JSON)
+    )
+    | _JSON,
+}
+# An item: some of the keys a script knows, each with a value of its own kind or any JSON.
+_ITEM = st.lists(st.sampled_from(_KEYS), unique=True, max_size=6).flatmap(
+    lambda keys: st.fixed_dictionaries({k: _VALUES.get(k, _JSON) for k in keys})
+)
+
+
+@given(st.lists(_ITEM, max_size=4))
+def test_any_json_in_a_script_is_played_or_a_script_error(items: list[dict[str, Any]]) -> None:
+    """Whatever JSON values a script's items hold (NaN, Infinity, huge or negative numbers,
+    bools, strings, lists, objects), reading it raises nothing but a ScriptError, and every
+    item it lets through becomes a RunEvent the node can serialize: nothing reaches the
+    node's loop as another exception."""
+    text = json.dumps({"events": items})
+    try:
+        played = script_items(request(msg("user", text)))
+    except ScriptError:
+        return
+    for item in played:
+        if "sleep_ms" in item or "accept_after_ms" in item:
+            continue
+        try:
+            event = event_from_item(item)
+        except ScriptError:  # a tool call or a logprob's bytes: checked as the event is built
+            continue
+        assert isinstance(bytes(event), bytes)

@@ -1,0 +1,101 @@
+"""What every node keeps in memory (`edge.nodekit`): its runs log, a refused message.
+
+A node serves for months: in memory it keeps the runs in flight and a window of
+the last records, never one record per run it ever served; the file gets them all.
+A request over the gRPC limit it refuses is not kept either (a real node on a
+real socket, on asyncio as a node runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import tracemalloc
+from pathlib import Path
+
+from grpclib.client import Channel
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError
+
+from edge.node._proto.iop.node import v1 as pb
+from edge.node.routes import RUN_ROUTE
+from edge.nodekit import FINISHED_KEPT, RunsLog, start_server, stop_server
+from edge.sim.server import SimNode
+
+MiB = 1024 * 1024
+
+
+def test_runs_log_keeps_a_bounded_window_of_records(tmp_path: Path) -> None:
+    """After more runs than the window, the records kept in memory stay at FINISHED_KEPT
+    (the latest ones, in order), nothing else per run is left, and the file has every line."""
+    path = tmp_path / "runs.jsonl"
+    log = RunsLog(path)
+    total = FINISHED_KEPT * 2 + 17
+    for i in range(total):
+        run = log.start(f"run{i}", "sim-echo")
+        run.outcome = "complete"
+        log.ended(run)
+        assert len(log.finished) == min(i + 1, FINISHED_KEPT)
+    log.close()
+    assert [r["run_id"] for r in log.finished] == [
+        f"run{i}" for i in range(total - FINISHED_KEPT, total)
+    ]
+    assert log.active == 0
+    assert not log._runs
+    lines = path.read_text().splitlines()
+    assert len(lines) == total
+    assert json.loads(lines[-1])["run_id"] == f"run{total - 1}"
+
+
+def test_unknown_cancel_rpcs_are_bounded_too() -> None:
+    """CancelRuns for ids the node does not know (one record each) fill the same window."""
+    log = RunsLog()
+    for i in range(FINISHED_KEPT + 50):
+        assert log.cancel_rpc(f"nope{i}") == (None, False)
+    assert len(log.finished) == FINISHED_KEPT
+    last = {"type": "cancel_rpc", "run_id": f"nope{FINISHED_KEPT + 49}", "found": False}
+    assert log.finished[-1] == last
+
+
+def test_a_refused_oversized_request_is_not_kept() -> None:
+    """A node refuses a RunRequest over the gRPC limit (RESOURCE_EXHAUSTED) and keeps
+    nothing of it: with the garbage collector off, four refusals leave less than one
+    message traced (the refusal is raised and handled by grpclib's server, and no error
+    holding its frames is stored)."""
+    request = pb.RunRequest(
+        run_id="big", model="sim-echo", messages=[pb.Message(role="user", content="y" * 5 * MiB)]
+    )
+
+    async def refused(channel: Channel) -> Status | None:
+        try:
+            async with channel.request(
+                RUN_ROUTE, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent
+            ) as stream:
+                await stream.send_message(request, end=True)
+                async for _ in stream:
+                    pass
+        except GRPCError as exc:
+            return exc.status
+        return None
+
+    async def main() -> int:
+        node = SimNode()
+        server, port = await start_server(node, "127.0.0.1", 0)
+        channel = Channel("127.0.0.1", port)
+        try:
+            assert await refused(channel) is Status.RESOURCE_EXHAUSTED  # warm up
+            gc.collect()
+            gc.disable()
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+            for _ in range(4):
+                assert await refused(channel) is Status.RESOURCE_EXHAUSTED
+            return tracemalloc.get_traced_memory()[0] - base
+        finally:
+            tracemalloc.stop()
+            gc.enable()
+            channel.close()
+            await stop_server(node, server)
+
+    assert asyncio.run(main()) < 5 * MiB
