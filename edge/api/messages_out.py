@@ -177,7 +177,8 @@ class MessagesRenderer:
             )  # fmt: skip
             self._blocks.append(block)
             self._emit("content_block_start", index=len(self._blocks) - 1, content_block=block)
-        self._text.append(text)
+        if self._frames is None:  # a whole Message is being folded: its blocks' text
+            self._text.append(text)
         delta = {"type": "text_delta", "text": text} if kind == "text" else {
             "type": "thinking_delta", "thinking": text}  # fmt: skip
         self._emit("content_block_delta", index=len(self._blocks) - 1, delta=delta)

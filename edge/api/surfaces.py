@@ -76,6 +76,8 @@ class Api:
     """One API's parser, renderers and error shape (chat completions: the base)."""
 
     name: ClassVar[str] = "chat"
+    # Whether its streamer keeps the answer's text to the end (see SessionSettings).
+    stream_holds_text: ClassVar[bool] = False
     path: ClassVar[str] = CHAT_PATH
 
     def parse(self, body: bytes) -> ApiRequest:
@@ -119,6 +121,7 @@ class _ChatFolder(ResponseBuilder):
 class ResponsesApi(Api):
     name = "responses"
     path = RESPONSES_PATH
+    stream_holds_text = True  # its done events repeat each item's whole text
 
     def parse(self, body: bytes) -> ApiRequest:
         parsed = parse_responses_request(body)

@@ -108,7 +108,11 @@ class ChatService:
         # few at once, so the loop thread waits little for the GIL.
         self.parsing = trio.CapacityLimiter(PARSE_THREADS)
 
-    def settings_for(self, request: ChatRequest, run_id: str) -> SessionSettings:
+    def settings_for(
+        self, request: ChatRequest, run_id: str, *, stream_holds_text: bool = False
+    ) -> SessionSettings:
+        """The session settings of `request`: its model's policy, then the request's own
+        choices. `stream_holds_text`: the API's streamer keeps the answer's text."""
         model = self.config.model(request.model)
         strict = model.strict if request.strict_output is None else request.strict_output
         buffered = model.stream_buffer if request.stream_buffer is None else request.stream_buffer
@@ -135,6 +139,7 @@ class ChatService:
             reasoning_parser=model.reasoning_parser,  # type: ignore[arg-type]
             response_format=request.response_format,
             whole_output=not request.stream,
+            text_held=request.stream and stream_holds_text,
             logprobs=request.logprobs,
         )
 
@@ -193,7 +198,7 @@ class ChatService:
         if request.model in self.pool.models():  # metric labels: only models nodes serve
             scope.model = request.model
         request, payload = prepared.forwarded()
-        settings = self.settings_for(request, run_id)
+        settings = self.settings_for(request, run_id, stream_holds_text=api.stream_holds_text)
 
         def new_session() -> StreamSession:  # one per attempt, all with the one run id
             return StreamSession(settings, _trace if settings.trace else None)

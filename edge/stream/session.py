@@ -109,6 +109,10 @@ class SessionSettings:
     response_format: Mapping[str, Any] | None = None
     # The caller keeps every output event until the end (a non-streaming answer).
     whole_output: bool = False
+    # The caller's renderer keeps the answer's text until the end although it streams
+    # (a Responses stream repeats it in its done events): it counts against
+    # max_held_chars like an answer held whole.
+    text_held: bool = False
     max_held_chars: int = MAX_HELD_CHARS
     # The caller asked for logprobs: content chunks carry their tokens'
     # (`edge.stream.logprobs` has the rule for text the filters remove).
@@ -193,7 +197,10 @@ class StreamSession:
         self._held_content: list[ContentOut] | None = [] if settings.stream_buffer else None
         # Whether this session (or its caller) holds the answer whole: then the
         # answer counts against max_held_chars.
-        self._holds = tools or strict_json or settings.stream_buffer or settings.whole_output
+        self._holds = (
+            tools or strict_json or settings.stream_buffer or settings.whole_output
+            or settings.text_held
+        )  # fmt: skip
         self._held_chars = 0
         self._content_sentinel = SentinelFilter(settings.sentinels)
         self._reasoning_sentinel = SentinelFilter(settings.sentinels)
@@ -415,7 +422,8 @@ class StreamSession:
         if self._reasoning is not None and self._reasoning_chars_ <= self.settings.max_held_chars:
             self._reasoning.append(text)
         if self._expose_reasoning:
-            if self.settings.whole_output and self._hold(len(text)):
+            held = self.settings.whole_output or self.settings.text_held
+            if held and self._hold(len(text)):
                 return
             self._trace_seq += 1
             self._trace_chunk("reasoning", len(text))

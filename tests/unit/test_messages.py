@@ -6,6 +6,7 @@ tests/integration/test_messages_e2e.py (the three-way property is in test_respon
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -173,6 +174,23 @@ def test_whole_message() -> None:
     assert message["stop_reason"] == "tool_use"
     assert message["usage"]["input_tokens"] == 3
     assert message["usage"]["cache_read_input_tokens"] == 2
+
+
+def test_a_stream_keeps_none_of_the_text_it_sent() -> None:
+    """Streamed, a Message's text goes out in its deltas and is not kept (a stream's
+    block events never repeat it): 8 MiB through the renderer leaves under 256 KiB."""
+    renderer = MessagesRenderer("r1", "m", status_of=status_of)
+    renderer.encode([RoleOut()])
+    chunk = "x" * 65536
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for _ in range(128):
+            renderer.encode([ContentOut(chunk), ReasoningOut(chunk)])
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 256 * 1024
 
 
 def test_stream_error_event() -> None:

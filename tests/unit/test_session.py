@@ -1273,8 +1273,18 @@ HELD_CAP = 1000
         conf(stream_buffer=True, max_held_chars=HELD_CAP),
         conf(strict=True, response_format={"type": "json_object"}, max_held_chars=HELD_CAP),
         conf(whole_output=True, reasoning_explicit=True, max_held_chars=HELD_CAP),
+        conf(text_held=True, max_held_chars=HELD_CAP),
+        conf(text_held=True, reasoning_explicit=True, max_held_chars=HELD_CAP),
     ],
-    ids=["non-stream", "tools", "stream_buffer", "strict-json", "non-stream-reasoning"],
+    ids=[
+        "non-stream",
+        "tools",
+        "stream_buffer",
+        "strict-json",
+        "non-stream-reasoning",
+        "stream-text-held",
+        "stream-text-held-reasoning",
+    ],
 )
 def test_held_answer_past_the_cap_ends_with_output_too_large(cfg: SessionSettings) -> None:
     """An answer the edge must hold whole ends, once it passes max_held_chars, with exactly
