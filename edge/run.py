@@ -368,6 +368,10 @@ class Run:
         if self._start is not None:
             self._start.runs.ended(self)
             self._start = None
+        # A start's error keeps its type and message: its traceback's frames hold this
+        # run and the request's bytes, a cycle only a full garbage collection frees.
+        if self.start_error is not None:
+            self.start_error.__traceback__ = None
 
     # --- events under the deadlines ---------------------------------------------------
 

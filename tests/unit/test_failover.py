@@ -12,7 +12,9 @@ tests/integration/test_hostile_runstart_e2e.py.
 
 from __future__ import annotations
 
+import gc
 import math
+import tracemalloc
 from collections.abc import Awaitable, Callable, Mapping
 
 import pytest
@@ -177,3 +179,33 @@ async def test_every_slot_comes_back_whatever_fails_in_a_run_start(case: str) ->
         assert len(raised) == 1
         assert type(raised[0]) is expected
     assert [state.in_flight for state in pool.nodes] == [0] * len(starts)
+
+
+async def _fail_over_once(payload: PreparedRunRequest) -> None:
+    pool = _pool((_refused, _refused))
+    metrics = EdgeMetrics()
+    admission = Admission(pool, AdmissionConfig(), metrics)
+    timeouts = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
+    failover = Failover(Runs(pool, timeouts, metrics, admission), RoutingConfig(retries=1))
+    scope = ChatScope(metrics)
+    async with scope.serve():
+        with pytest.raises(NodeFailedError):
+            await failover.start(scope, REQUEST, payload, _session)
+
+
+async def test_a_start_that_failed_keeps_nothing_of_the_request() -> None:
+    """A run whose start failed keeps its error, not the frames that raised it: once the
+    request's scope is over, its 4 MiB RunRequest is freed by reference counting alone
+    (with the collector off), not at a rare full collection."""
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        payload = PreparedRunRequest(b"x" * (4 << 20), "r1")
+        await _fail_over_once(payload)
+        del payload
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert held < 1 << 20
