@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 INSTRUCTOR_VENV := .venv-instructor
 INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 INSTRUCTOR_REQS := tests/clients/instructor-requirements.txt
-PROTO_OUT := edge/node/_proto
+PROTO_OUT := edge/contract/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 
 .PHONY: setup redis-server proto proto-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
@@ -54,7 +54,7 @@ proto-check: $(STAMP)
 		--python_betterproto2_opt=client_generation=async,server_generation=async \
 		$(PROTO_SRC) >/dev/null && \
 	diff -r $$tmp $(PROTO_OUT) -x __pycache__ >/dev/null && rm -rf $$tmp && echo "generated code is current" || \
-	{ echo "edge/node/_proto is stale: run 'make proto'"; rm -rf $$tmp; exit 1; }
+	{ echo "edge/contract/_proto is stale: run 'make proto'"; rm -rf $$tmp; exit 1; }
 
 run: $(STAMP)
 	$(BIN)/iop-edge --config config.toml

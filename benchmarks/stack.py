@@ -145,7 +145,7 @@ def node_active_runs(port: int, timeout_s: float = 2.0) -> int | None:
     from grpclib.client import Channel
     from grpclib.const import Cardinality
 
-    from edge.node._proto.iop.node import v1 as pb
+    from edge.contract._proto.iop.node import v1 as pb
 
     async def ask() -> int:
         channel = Channel("127.0.0.1", port)

@@ -1,7 +1,7 @@
 """Throughput by worker count: the same edge with 1 and 2 worker processes, in one run.
 
 Each configuration gets a stack of its own (one `iop-sim-node`, the edge with
-`[server] workers = N`; for N > 1 each listen mode of `edge.supervisor`, set
+`[server] workers = N`; for N > 1 each listen mode of `edge.process.supervisor`, set
 by $IOP_EDGE_LISTEN_MODE) and the same two workloads, driven by the
 load-generator processes (asyncio, raw HTTP/1.1):
 

@@ -7,7 +7,7 @@ reload, and a stray `kill -HUP` or a closed terminal must not cut streams.
 SIGPIPE stays ignored as Python sets it at start: a write to a socket the
 peer closed fails for that connection only.
 
-`--workers N` (`[server] workers`) above 1 runs a supervisor (`edge.supervisor`)
+`--workers N` (`[server] workers`) above 1 runs a supervisor (`edge.process.supervisor`)
 that owns these signals and starts N worker processes: this same command with
 the hidden `--worker-*` arguments. In a worker SIGTERM drains (a repeat is
 ignored: systemd may send it to every process of the service as well as the
@@ -40,8 +40,8 @@ from edge.config import (
     parse_workers,
     split_address,
 )
-from edge.log import flush_logs, setup_logging
-from edge.signals import HARD_STOP_GRACE_S, IGNORED_SIGNALS, STOP_SIGNALS
+from edge.observe.log import flush_logs, setup_logging
+from edge.process.signals import HARD_STOP_GRACE_S, IGNORED_SIGNALS, STOP_SIGNALS
 
 DEFAULT_CONFIG = Path("config.toml")
 
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N|auto",
         help='worker processes serving the listen address ("auto": one per CPU; default 1)',
     )
-    # A worker process, as the supervisor starts it (edge.supervisor).
+    # A worker process, as the supervisor starts it (edge.process.supervisor).
     parser.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-fds", type=_fds, default=[], help=argparse.SUPPRESS)
     parser.add_argument("--worker-control", type=int, default=None, help=argparse.SUPPRESS)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     if config.server.workers > 1:
         return _supervisor_main(argv, config, hard_stop_s)
-    from edge.daemon import run_forever
+    from edge.process.daemon import run_forever
 
     try:
         run_forever(config, partial(_signals, hard_stop_s=hard_stop_s), runs_log=args.runs_log)
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _supervisor_main(argv: list[str] | None, config: Config, hard_stop_s: float) -> int:
-    from edge.supervisor import serve_workers
+    from edge.process.supervisor import serve_workers
 
     try:
         return serve_workers(config, sys.argv[1:] if argv is None else argv, hard_stop_s)
@@ -258,7 +258,7 @@ def _supervisor_main(argv: list[str] | None, config: Config, hard_stop_s: float)
 
 def _worker_main(args: argparse.Namespace, config: Config, hard_stop_s: float) -> int:
     """A worker process: the single-process daemon on the supervisor's sockets."""
-    from edge import systemd
+    from edge.process import systemd
 
     setup_logging(
         config.log.level, config.log.format, worker=args.worker_id,
@@ -271,7 +271,7 @@ def _worker_main(args: argparse.Namespace, config: Config, hard_stop_s: float) -
     # terminal's Ctrl-C does not reach a worker (its own session) anyway.
     control = systemd.attach_supervisor(args.worker_control, args.worker_heartbeat_s)
     sockets = [socket.socket(fileno=fd) for fd in args.worker_fds]
-    from edge.daemon import run_forever
+    from edge.process.daemon import run_forever
 
     run_forever(
         config,

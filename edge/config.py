@@ -19,10 +19,10 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from edge.api.policy import DEFAULT_MAX_OUTPUT_TOKENS, MEDIA_SCHEMES, ForwardPolicy
+from edge.observe.tracing import EXPORTERS, TracingConfig
 from edge.stream.sentinel import DEFAULT_SENTINELS
 from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolValidation
 from edge.stream.toolparse import DEFAULT_FORMATS, FORMATS
-from edge.tracing import EXPORTERS, TracingConfig
 
 REASONING_PARSERS = ("none", "think", "think_start")
 # The node protocol carries max_tokens as a uint32.
@@ -51,7 +51,7 @@ class ServerConfig:
     idle_timeout_s: float = 5.0
     # Time the edge waits on the client for one HTTP/1.1 request body: past it, 408.
     body_timeout_s: float = 60.0
-    # Worker processes serving the listen address (edge.supervisor); 1 = one process.
+    # Worker processes serving the listen address (edge.process.supervisor); 1 = one process.
     workers: int = 1
 
 
@@ -59,7 +59,8 @@ class ServerConfig:
 class LogConfig:
     level: str = "INFO"
     format: str = "text"
-    # Lines waiting for a slow reader of stderr, at most (edge.logwriter): the rest are dropped.
+    # Lines waiting for a slow reader of stderr, at most (edge.observe.logwriter): the rest
+    # are dropped.
     queue_bytes: int = 1024 * 1024
 
 
@@ -518,7 +519,7 @@ def _limits(source: str, raw: object) -> LimitsConfig:
 
 
 def _tracing(source: str, raw: object) -> TracingConfig:
-    """`[tracing]`: each key unset defers to the OTEL_* environment (edge.tracing)."""
+    """`[tracing]`: each key unset defers to the OTEL_* environment (edge.observe.tracing)."""
     r = TableReader(source, "tracing", raw)
     tracing = TracingConfig(
         enabled=r.get("enabled", bool, None),
@@ -599,7 +600,7 @@ def check_node_address(address: str) -> None:
 def upstream_url(address: str) -> str | None:
     """The server URL of an `openai+http(s)://HOST:PORT/PATH` node address; None for others.
 
-    Such a node is served in-process by `edge.upstream`; raises ValueError
+    Such a node is served in-process by `edge.nodes.upstream`; raises ValueError
     when the address has the scheme but no host or a bad port.
     """
     if not address.startswith(("openai+http://", "openai+https://")):

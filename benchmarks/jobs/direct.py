@@ -19,7 +19,7 @@ import trio
 
 from benchmarks.httpclient import ResponseReader, TrioConnection
 from benchmarks.jobs.base import Ctl, JobFn, max_backlog
-from edge.node._proto.iop.node import v1 as pb
+from edge.contract._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, RunHandle
 from edge.stream.events import Complete, Delta

@@ -1,1 +1,9 @@
-"""The OpenAI wire format: pure, no I/O."""
+"""The APIs' wire formats, pure: no I/O.
+
+Owns parsing and validating the bodies of chat completions, Responses and
+Messages into one `ChatRequest`, rendering the session's output events as each
+API's stream events and whole answers, each API's error shape, and the
+forwarding policy.
+
+May import `observe` (bounded log values), `stream` and `errors` only.
+"""

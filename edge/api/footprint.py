@@ -1,7 +1,7 @@
 # What a parsed request holds in memory, estimated in bytes: one walk over its values.
 #
-# Owns the estimate the edge's memory budget (`edge.admission.Admission.hold`) charges a request for
-# while it is queued and running. Knows nothing of HTTP, nodes or the budget.
+# Owns the estimate the memory budget (`edge.fleet.admission.Admission.hold`) charges a request
+# for while it is queued and running. Knows nothing of HTTP, nodes or the budget.
 """The bytes a parsed request holds: its objects, counted one by one, as CPython sizes them.
 
 A request body's bytes are a poor measure of what it costs once parsed: a 4 MB body

@@ -22,8 +22,8 @@ from typing import Any, Final, Literal, TypeVar, cast, get_args
 import msgspec
 
 from edge.errors import RequestError
-from edge.stream import limits
-from edge.stream.limits import MAX_METADATA_KEYS, MAX_STOP
+from edge.stream import bounds
+from edge.stream.bounds import MAX_METADATA_KEYS, MAX_STOP
 from edge.stream.logprobs import MAX_TOP_LOGPROBS
 from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolCall, ToolPolicy, ToolValidation
 from edge.stream.tools import check_declared_schema, validate_tool_choice, validate_tools
@@ -207,11 +207,11 @@ class _WireRequest(_Wire):
 
 TOO_DEEP: Final = (
     "The JSON body of your request is nested too deeply: objects and arrays may be nested "
-    f"at most {limits.MAX_JSON_DEPTH} levels deep."
+    f"at most {bounds.MAX_JSON_DEPTH} levels deep."
 )
 TOO_MANY_VALUES: Final = (
     "The JSON body of your request holds too many values: the limit is "
-    f"{limits.MAX_JSON_VALUES} array elements and object members in all, at any depth."
+    f"{bounds.MAX_JSON_VALUES} array elements and object members in all, at any depth."
 )
 _Parsed = TypeVar("_Parsed")
 
@@ -277,10 +277,10 @@ def check_json_bounds(value: object) -> None:
     depth = values = 0
     while level:
         depth += 1
-        if depth > limits.MAX_JSON_DEPTH:
+        if depth > bounds.MAX_JSON_DEPTH:
             raise RequestError(TOO_DEEP)
         values += sum(map(len, level))
-        if values > limits.MAX_JSON_VALUES:
+        if values > bounds.MAX_JSON_VALUES:
             raise RequestError(TOO_MANY_VALUES)
         level = [
             child
@@ -318,10 +318,10 @@ def chat_request_from(obj: dict[str, Any]) -> ChatRequest:
 def _build(wire: _WireRequest) -> ChatRequest:
     if not wire.model:
         raise _invalid("model", "must be a non-empty string")
-    _check_chars(wire.model, "model", limits.MAX_MODEL_CHARS)
+    _check_chars(wire.model, "model", bounds.MAX_MODEL_CHARS)
     if not wire.messages:
         raise _invalid("messages", "must contain at least one message")
-    _check_count(wire.messages, "messages", limits.MAX_MESSAGES, "messages")
+    _check_count(wire.messages, "messages", bounds.MAX_MESSAGES, "messages")
     messages = tuple(_message(m, f"messages[{i}]") for i, m in enumerate(wire.messages))
 
     stream = bool(wire.stream)
@@ -346,13 +346,13 @@ def _build(wire: _WireRequest) -> ChatRequest:
     if len(metadata) > MAX_METADATA_KEYS:
         raise _invalid("metadata", f"at most {MAX_METADATA_KEYS} keys; got {len(metadata)}")
     for key, value in metadata.items():
-        _check_chars(key, "metadata", limits.MAX_METADATA_KEY_CHARS, "a key")
-        _check_chars(value, f"metadata.{key}", limits.MAX_METADATA_VALUE_CHARS)
+        _check_chars(key, "metadata", bounds.MAX_METADATA_KEY_CHARS, "a key")
+        _check_chars(value, f"metadata.{key}", bounds.MAX_METADATA_VALUE_CHARS)
     if wire.user is not None:
-        _check_chars(wire.user, "user", limits.MAX_USER_CHARS)
+        _check_chars(wire.user, "user", bounds.MAX_USER_CHARS)
     _check_choice(wire.tool_validation, "tool_validation", _TOOL_VALIDATION)
     if wire.logit_bias is not None:
-        _check_count(wire.logit_bias, "logit_bias", limits.MAX_LOGIT_BIAS, "entries")
+        _check_count(wire.logit_bias, "logit_bias", bounds.MAX_LOGIT_BIAS, "entries")
 
     _check_logprobs(wire)
 
@@ -395,7 +395,7 @@ def _message(wire: _WireMessage, at: str) -> ChatMessage:
     content = wire.content if isinstance(wire.content, str) else None
     parts = _parts(wire.content, at) if isinstance(wire.content, list) else ()
     if wire.tool_calls is not None:
-        _check_count(wire.tool_calls, f"{at}.tool_calls", limits.MAX_MESSAGE_TOOL_CALLS, "calls")
+        _check_count(wire.tool_calls, f"{at}.tool_calls", bounds.MAX_MESSAGE_TOOL_CALLS, "calls")
     calls = tuple(
         _tool_call(c, f"{at}.tool_calls[{j}]") for j, c in enumerate(wire.tool_calls or ())
     )
@@ -428,7 +428,7 @@ def _parts(raw_parts: list[dict[str, Any]], at: str) -> tuple[ContentPart, ...]:
     A part costs ~300 bytes as objects for as few as 13 of JSON; sharing the equal ones
     keeps a body of repeated small parts from holding 20 times its size.
     """
-    _check_count(raw_parts, f"{at}.content", limits.MAX_CONTENT_PARTS, "parts")
+    _check_count(raw_parts, f"{at}.content", bounds.MAX_CONTENT_PARTS, "parts")
     parts = []
     same: dict[object, ContentPart] = {}
     for j, raw in enumerate(raw_parts):
@@ -462,7 +462,7 @@ def _tool_call(wire: _WireToolCall, at: str) -> ToolCall:
     if wire.type != "function":
         raise _invalid(f"{at}.type", f"{wire.type!r}; only 'function' is supported")
     arguments = wire.function.arguments
-    _check_chars(arguments, f"{at}.function.arguments", limits.MAX_TOOL_ARGUMENTS_CHARS)
+    _check_chars(arguments, f"{at}.function.arguments", bounds.MAX_TOOL_ARGUMENTS_CHARS)
     return ToolCall(id=wire.id, name=wire.function.name, arguments=arguments)
 
 
@@ -498,7 +498,7 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
     elif len(stop) > MAX_STOP:
         raise _invalid("stop", f"at most {MAX_STOP} sequences; got {len(stop)}")
     for sequence in stop:
-        _check_chars(sequence, "stop", limits.MAX_STOP_CHARS, "a sequence")
+        _check_chars(sequence, "stop", bounds.MAX_STOP_CHARS, "a sequence")
     return tuple(stop)
 
 

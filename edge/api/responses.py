@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from edge.api.request import ChatRequest, chat_request_from, decode_object, deep_is_refused
 from edge.errors import RequestError
-from edge.logbound import Mentions, clip_repr
+from edge.observe.logbound import Mentions, clip_repr
 
 STATELESS: Final = (
     "This edge keeps no state between requests: '{param}' is not supported. Send the "

@@ -59,8 +59,8 @@ from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate, KeyRing, Limiter, RateLimitedError
 from edge.limits.store import open_store
-from edge.log import REQUEST_ID
-from edge.metrics import CONTENT_TYPE
+from edge.observe.log import REQUEST_ID
+from edge.observe.metrics import CONTENT_TYPE
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Bound on finishing an HTTP cycle once the last body message is sent.

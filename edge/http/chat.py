@@ -7,8 +7,8 @@ request and renders the one session's output its own way
 shared.
 
 The handler only parses and renders: the run's life (node, slot, accept,
-deadlines, CancelRun, outcome) is `edge.run.Run`'s, the attempts on other
-nodes `edge.failover`'s, the same for both answers. The runs are held by
+deadlines, CancelRun, outcome) is `edge.fleet.run.Run`'s, the attempts on other
+nodes `edge.fleet.failover`'s, the same for both answers. The runs are held by
 the request's scope (`edge.http.scope.ChatScope`), which ends them when the
 request's HTTP cycle ends, however it ends: the body finished, the client
 left (even before quart began the body), or the connection was cut.
@@ -35,28 +35,28 @@ from loguru import logger
 from quart import Response
 from quart.wrappers.response import ResponseBody
 
-from edge.admission import Admission
 from edge.api.footprint import footprint
 from edge.api.policy import apply_policy
 from edge.api.request import ChatRequest
 from edge.api.surfaces import APIS, CHAT, MESSAGES, Answer, Api, ApiRequest, Folder, Streamer
 from edge.config import Config
 from edge.errors import RequestError
-from edge.failover import Committed, Failover
+from edge.fleet.admission import Admission
+from edge.fleet.failover import Committed, Failover
+from edge.fleet.pool import NodePool
+from edge.fleet.run import OutcomeHook, Run, Runs
+from edge.fleet.turns import Turns
 from edge.http.refusals import REASONS, overloaded_response
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate
-from edge.logbound import clip_join
-from edge.metrics import EdgeMetrics
-from edge.node.pool import NodePool
 from edge.node.wire import PreparedRunRequest, prepare_run_request
-from edge.run import OutcomeHook, Run, Runs
+from edge.observe.logbound import clip_join
+from edge.observe.metrics import EdgeMetrics
+from edge.observe.tracing import Tracing
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
 from edge.stream.toolcheck import tool_validation_mode
-from edge.tracing import Tracing
-from edge.turns import Turns
 
 _API_PATHS = {path.encode(): api for path, api in APIS.items()}
 SSE_HEADERS = {
@@ -93,7 +93,7 @@ class ChatService:
         tracing: Tracing | None = None,
     ) -> None:
         self.config = config
-        # This edge's tracer (edge.tracing); None: tracing is off.
+        # This edge's tracer (edge.observe.tracing); None: tracing is off.
         self.tracing = tracing
         # The heavy steps of a request (its start, each batch of its answer, its
         # end) take turns with every other request's (`edge.http.turns`).

@@ -12,7 +12,7 @@ import trio
 from loguru import logger
 
 from edge.errors import OverloadedError, error_object
-from edge.metrics import EdgeMetrics
+from edge.observe.metrics import EdgeMetrics
 
 _LOG_INTERVAL_S = 1.0
 _GOAWAY = 0x7

@@ -3,7 +3,7 @@
 The app opens a `ChatScope` around each chat request's whole HTTP cycle, in
 the request's own task (`edge.http.app`): the handler, the response head
 and the body's iteration all run inside it. Its nursery holds the node read
-task of each of the request's runs (one per attempt, `edge.failover`, never
+task of each of the request's runs (one per attempt, `edge.fleet.failover`, never
 two at once); a run entered with `hold` is left when the cycle ends,
 however it ends (body done, client gone, connection cut), including the
 window in which the handler has returned and quart has not begun the body.
@@ -35,9 +35,9 @@ import trio
 from loguru import logger
 
 from edge.api.surfaces import APIS, CHAT_PATH
+from edge.fleet.run import OutcomeHook, Run
 from edge.http.spans import RequestTrace
-from edge.metrics import EdgeMetrics
-from edge.run import OutcomeHook, Run
+from edge.observe.metrics import EdgeMetrics
 from edge.stream.output import Outcome
 
 __all__ = ["CHAT_PATH", "CURRENT", "ChatScope"]

@@ -68,6 +68,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, Framework, LifespanState
 from hypercorn.utils import parse_socket_addr, repr_socket_addr, wrap_app
 
+from edge.fleet.turns import Turns
 from edge.http.headcheck import H2Limits, HeadScanner, Rejection
 from edge.http.refusals import (
     REASONS,
@@ -78,8 +79,7 @@ from edge.http.refusals import (
     over_limit_response,
 )
 from edge.http.stalls import DataWritten, StallCount, Stalls
-from edge.metrics import EdgeMetrics
-from edge.turns import Turns
+from edge.observe.metrics import EdgeMetrics
 
 MAX_RECV = 2**16
 # A write is cut into pieces this big; each must go out within slow_client_s.

@@ -1,6 +1,6 @@
 """The span of one API request at the edge: `RequestTrace`.
 
-Made only when tracing is on (`edge.tracing`): the request's scope
+Made only when tracing is on (`edge.observe.tracing`): the request's scope
 (`edge.http.scope.ChatScope`) holds one, or None, and every hook below is
 called behind one `if` per request. Nothing here runs per chunk: the first
 token's time is read from the run when the span ends, and output text is
@@ -35,9 +35,17 @@ from opentelemetry.trace import Span, SpanKind
 
 from edge.api.request import ChatRequest
 from edge.api.surfaces import Folder, Streamer
-from edge.run import Run
+from edge.fleet.run import Run
+from edge.observe.tracing import (
+    OPERATION,
+    PROVIDER,
+    Tracing,
+    extract,
+    header_map,
+    inject,
+    set_error,
+)
 from edge.stream.output import ContentOut, ErrorOut, OutEvent, ReasoningOut, ToolCallsOut
-from edge.tracing import OPERATION, PROVIDER, Tracing, extract, header_map, inject, set_error
 
 __all__ = ["RequestTrace"]
 

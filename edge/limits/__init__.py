@@ -5,4 +5,7 @@ headers); `store.MemoryStore`, `shared` and `redisstore` keep the counters
 (one process, the workers of one edge, every edge using one Redis), and
 `store.open_store` picks one; `limiter` ties a request to its key and its
 store, and owns the store-down policy.
+
+May import `node` (the asyncio bridge Redis is awaited through), `config`,
+`observe`, `stream`, `errors`; never `http`, `fleet`, `nodes` or `process`.
 """

@@ -47,8 +47,8 @@ from edge.config import KeyConfig
 from edge.errors import EdgeError, NotFoundError
 from edge.limits.store import LimitStore, StoreUnavailable
 from edge.limits.window import Decision, Limits, rate_headers, retry_after_s
-from edge.log import REQUEST_ID
-from edge.metrics import EdgeMetrics
+from edge.observe.log import REQUEST_ID
+from edge.observe.metrics import EdgeMetrics
 from edge.stream.output import Outcome
 
 # The name the keys of [server] api_keys (no names, no limits) go by in metrics and logs.

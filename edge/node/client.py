@@ -22,6 +22,8 @@ from typing import Protocol
 import trio
 from loguru import logger
 
+from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import (
     EdgeError,
     NodeFailedError,
@@ -29,17 +31,15 @@ from edge.errors import (
     NodeUnavailableError,
     PayloadTooLargeError,
 )
-from edge.logbound import clip
-from edge.node._proto.iop.node import v1 as pb
 from edge.node.bridge import EventBuffer, call_asyncio
 from edge.node.grpc import Accepted, GrpcNode
-from edge.node.routes import MAX_MESSAGE_BYTES
 from edge.node.wire import EncodedRunRequest
+from edge.observe.logbound import clip
 
 # Events buffered between the node's read loop and the stream's writer, in
 # count and in characters of delta text; past either the read loop waits and
 # HTTP/2 flow control slows the node down. A client that stops reading holds
-# this much here, one batch (edge.run.MAX_BATCH_CHARS) and the node
+# this much here, one batch (edge.fleet.run.MAX_BATCH_CHARS) and the node
 # connection's stream window (edge.node.grpc).
 EVENT_BUFFER = 512
 EVENT_BUFFER_CHARS = 256 * 1024
@@ -178,7 +178,7 @@ class GrpcNodeClient:
     ) -> RunHandle:
         """Start `request` in `nursery`; return once the node accepted it.
 
-        `metadata` goes with the Run call (the trace context: `edge.tracing`).
+        `metadata` goes with the Run call (the trace context: `edge.observe.tracing`).
 
         A request over the nodes' gRPC message limit is refused at once
         (PayloadTooLargeError, a 413): the node would refuse it anyway.

@@ -18,10 +18,10 @@ from grpclib.const import Cardinality, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
-from edge.node._proto.iop.node import v1 as pb
 from edge.node.convert import Refused, RunEventDecoder, Skip
-from edge.node.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
 from edge.node.wire import EncodedRunRequest
 from edge.stream.events import Complete, Failed, NodeEvent
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import PayloadTooLargeError
-from edge.node._proto.iop.node import v1 as pb
 from edge.node.convert import run_request_from_chat
-from edge.node.routes import MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
     from edge.api.request import ChatRequest

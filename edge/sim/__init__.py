@@ -1,1 +1,4 @@
-"""The simulated node: a real grpclib NodeService for tests, demos and benchmarks."""
+"""`python -m edge.sim`: the simulated node's command, kept for the scripts that call it so.
+
+The node itself is `edge.nodes.sim` (`iop-sim-node` is the same command).
+"""

@@ -1,5 +1,5 @@
 import sys
 
-from edge.sim.cli import main
+from edge.nodes.sim.cli import main
 
 sys.exit(main())

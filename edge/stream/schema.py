@@ -38,7 +38,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 from referencing.jsonschema import DRAFT202012
 
-from edge.stream.limits import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, MAX_VALIDATION_STEPS
+from edge.stream.bounds import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, MAX_VALIDATION_STEPS
 from edge.stream.schemare import (
     LINEAR,
     META_FORMATS,

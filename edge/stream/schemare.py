@@ -30,7 +30,7 @@ from jsonschema.validators import (
     extend,
 )
 
-from edge.stream.limits import MAX_PATTERN_PROGRAM, MAX_VALIDATION_STEPS
+from edge.stream.bounds import MAX_PATTERN_PROGRAM, MAX_VALIDATION_STEPS
 
 __all__ = [
     "LINEAR",

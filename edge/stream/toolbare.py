@@ -5,7 +5,7 @@ and the streaming filter (`edge.stream.tooltext`), so the two decide alike:
 where a bare JSON value that starts a line ends (read by the C JSON decoder,
 within a cap; never a Python step per bracket), and what candidates that turn
 out not to be calls may cost one answer before the rest of it is content (see
-`edge.stream.limits`). It does not know where candidates start, what a call
+`edge.stream.bounds`). It does not know where candidates start, what a call
 looks like, or any I/O.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from edge.stream.bounds import MAX_TOOL_CANDIDATE_WORK, TOOL_CANDIDATE_COST
 from edge.stream.jsontext import JSONDecodeError, raw_decode
-from edge.stream.limits import MAX_TOOL_CANDIDATE_WORK, TOOL_CANDIDATE_COST
 
 __all__ = ["FAILED", "OVER", "PENDING", "BareScan", "CandidateBudget"]
 

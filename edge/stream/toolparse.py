@@ -48,7 +48,7 @@ piece of content next to removed markup loses its whitespace on that side, and
 the remaining pieces are joined with a newline; text with no markup is
 returned unchanged.
 
-Bounds (`edge.stream.limits`), the same as the streaming filter's:
+Bounds (`edge.stream.bounds`), the same as the streaming filter's:
 - a bare candidate still open after `MAX_TOOL_CANDIDATE_CHARS` characters ends
   the scan: it and the rest of the text are content (the filter showed them);
 - candidates that are not calls (a failed or non-call bare value, a tag in
@@ -70,8 +70,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edge.stream.bounds import MAX_TEXT_TOOL_CALLS, MAX_TOOL_CANDIDATE_CHARS
 from edge.stream.jsontext import loads, raw_decode
-from edge.stream.limits import MAX_TEXT_TOOL_CALLS, MAX_TOOL_CANDIDATE_CHARS
 from edge.stream.toolbare import FAILED, OVER, BareScan, CandidateBudget
 from edge.stream.toolscan import (
     DEFAULT_FORMATS,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from edge.errors import RequestError
-from edge.stream.limits import MAX_REQUEST_SCHEMA_BYTES, MAX_TOOLS
+from edge.stream.bounds import MAX_REQUEST_SCHEMA_BYTES, MAX_TOOLS
 from edge.stream.schema import (
     schema_error,
     schema_limit_problem,

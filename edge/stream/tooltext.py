@@ -37,7 +37,7 @@ The decision is made per character position, so it does not depend on how the
 text was split. After the cap, shown text may contain markup.
 
 The budget: each candidate that turns out not to be a call (see
-`edge.stream.limits`) spends the answer's candidate budget; once it is spent,
+`edge.stream.bounds`) spends the answer's candidate budget; once it is spent,
 everything held is released and the rest passes through, exactly where the
 whole-text parse stops looking for calls. So hostile text costs a bounded
 amount of Python per answer, and what the filter shows stays a prefix of the
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edge.stream.limits import MAX_TOOL_CANDIDATE_CHARS
+from edge.stream.bounds import MAX_TOOL_CANDIDATE_CHARS
 from edge.stream.toolbare import FAILED, OVER, PENDING, BareScan, CandidateBudget
 from edge.stream.toolparse import block_values, call_values
 from edge.stream.toolscan import (

@@ -1,7 +1,4 @@
-"""`iop-node`: a node that serves runs from any OpenAI-compatible server.
+"""`python -m edge.upstream`: iop-node's command, kept for the scripts that call it so.
 
-`adapter` and `sse` are the pure mapping (RunRequest -> request body, SSE
-chunks -> RunEvents); `server` is the grpclib NodeService on asyncio that
-calls the upstream with httpx; `cli` is the `iop-node` command; `embedded`
-runs the same service inside the edge for `openai+http://` node addresses.
+The node itself is `edge.nodes.upstream` (`iop-node` is the same command).
 """

@@ -1,5 +1,5 @@
 import sys
 
-from edge.upstream.cli import main
+from edge.nodes.upstream.cli import main
 
 sys.exit(main())

@@ -2,7 +2,7 @@
 
 A client sends the script as its first user message (or a system message);
 `turns(...)` makes a multi-turn script, one list of events per answer the
-model gives in an agent loop (see `edge.sim.script`).
+model gives in an agent loop (see `edge.nodes.sim.script`).
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ import pytest
 import trio
 
 from edge.config import Config, NodeConfig, ServerConfig, TimeoutsConfig
-from edge.daemon import Edge, serve
-from edge.run import RunInfo
+from edge.fleet.run import RunInfo
+from edge.process.daemon import Edge, serve
 from edge.stream.output import Outcome
 
 STARTUP_TIMEOUT_S = 30

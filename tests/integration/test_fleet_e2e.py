@@ -18,11 +18,11 @@ import pytest
 import trio
 
 from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
+from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import NodeUnavailableError
-from edge.node._proto.iop.node import v1 as pb
+from edge.fleet.pool import NodePool, NodeState
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
-from edge.node.pool import NodePool, NodeState
 from edge.stream.events import Complete, Failed, NodeEvent
 from tests.integration.conftest import (
     RunningEdge,

@@ -1,9 +1,9 @@
 """Logs an attacker sizes, and a reader of the log that stops: over a real edge process.
 
 A hosted tool the edge drops is logged with the type the client gave it: that line
-stays bounded whatever the type's size (edge.logbound). The edge's stderr is a pipe
+stays bounded whatever the type's size (edge.observe.logbound). The edge's stderr is a pipe
 the test reads in a thread; paused, it is a pipe nobody drains, and the edge must
-keep answering, drop the lines that do not fit and count them (edge.logwriter).
+keep answering, drop the lines that do not fit and count them (edge.observe.logwriter).
 Nothing here measures time: answers arrive, and counts add up.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge.logbound import ITEMS, LINE_CHARS
+from edge.observe.logbound import ITEMS, LINE_CHARS
 from tests.integration.edgeproc import EdgeProcess, edge_process
 
 RESPONSES = "/v1/responses"

@@ -29,7 +29,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 import trio
 
-from edge.node._proto.iop.node import v1 as pb
+from edge.contract._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
 from edge.stream.events import Failed, NodeEvent

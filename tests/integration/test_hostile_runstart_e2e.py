@@ -38,7 +38,7 @@ import trio
 
 from edge.api.request import TOO_DEEP, TOO_MANY_VALUES
 from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig, TimeoutsConfig
-from edge.stream import limits
+from edge.stream import bounds
 from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
@@ -170,7 +170,7 @@ async def test_a_nested_body_is_a_400_and_leaves_no_slot_taken(
         error = _error(response, path)
         assert error["type"] == "invalid_request_error"
         assert error["message"] == TOO_DEEP
-        assert str(limits.MAX_JSON_DEPTH) in error["message"]
+        assert str(bounds.MAX_JSON_DEPTH) in error["message"]
     assert _in_flight(edge) == 0
     await _served(edge, http)
 
@@ -281,7 +281,7 @@ async def test_a_node_gone_at_the_start_gives_the_slot_back(
 
 def _tiny_parts_body(parts: int) -> bytes:
     """`parts` content parts of a few bytes each, MAX_CONTENT_PARTS to a message."""
-    per = limits.MAX_CONTENT_PARTS
+    per = bounds.MAX_CONTENT_PARTS
     messages = [
         {"role": "user", "content": [{"type": ""}] * min(per, parts - start)}
         for start in range(0, parts, per)
@@ -335,7 +335,7 @@ def _small_calls_body(size: int) -> bytes:
     while total < size:
         function = {"name": "f", "arguments": "{}"}
         calls = [{"id": f"c{len(messages)}-{j}", "type": "function", "function": function}
-                 for j in range(limits.MAX_MESSAGE_TOOL_CALLS)]  # fmt: skip
+                 for j in range(bounds.MAX_MESSAGE_TOOL_CALLS)]  # fmt: skip
         messages.append({"role": "assistant", "content": None, "tool_calls": calls})
         total += len(json.dumps(calls, separators=(",", ":")))
     messages.append({"role": "user", "content": "the end"})

@@ -12,7 +12,7 @@ import contextlib
 import trio
 from grpclib.client import Channel
 
-from edge.node._proto.iop.node import v1 as pb
+from edge.contract._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop, call_asyncio
 from edge.node.client import GrpcNodeClient, RunHandle
 from edge.node.grpc import STREAMS_PER_CHANNEL

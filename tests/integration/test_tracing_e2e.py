@@ -25,7 +25,7 @@ import trio
 
 from edge.config import Config, NodeConfig, ServerConfig
 from edge.http.spans import MAX_CAPTURED_CHARS
-from edge.tracing import TracingConfig
+from edge.observe.tracing import TracingConfig
 from tests.integration.conftest import (
     RunningEdge,
     SimProcess,

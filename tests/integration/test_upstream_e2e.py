@@ -30,13 +30,13 @@ import pytest
 import trio
 
 from edge.config import Config, NodeConfig, ServerConfig
+from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import EdgeError
-from edge.node._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
+from edge.nodes.upstream.embedded import embedded_upstream_node
+from edge.nodes.upstream.server import UpstreamNode
 from edge.stream.events import Delta, Failed, NodeEvent
-from edge.upstream.embedded import embedded_upstream_node
-from edge.upstream.server import UpstreamNode
 from tests.integration.conftest import (
     WEATHER_TOOL,
     RunningEdge,

@@ -279,8 +279,8 @@ def test_bad_workers_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_shared_dir_is_none_in_a_single_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`edge.supervisor.shared_dir()`: None without a supervisor, else its directory."""
-    from edge.supervisor import SHARED_DIR_ENV, shared_dir
+    """`edge.process.supervisor.shared_dir()`: None without a supervisor, else its directory."""
+    from edge.process.supervisor import SHARED_DIR_ENV, shared_dir
 
     monkeypatch.delenv(SHARED_DIR_ENV, raising=False)
     assert shared_dir() is None

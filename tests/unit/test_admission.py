@@ -10,12 +10,12 @@ import pytest
 import trio
 import trio.testing
 
-from edge.admission import SCAN, Admission
 from edge.config import AdmissionConfig, RoutingConfig
 from edge.errors import NodeUnavailableError, OverloadedError, PayloadTooLargeError
-from edge.metrics import EdgeMetrics
+from edge.fleet.admission import SCAN, Admission
+from edge.fleet.pool import NodePool, NodeState
 from edge.node.client import NodeDescription
-from edge.node.pool import NodePool, NodeState
+from edge.observe.metrics import EdgeMetrics
 
 
 class _Client:

@@ -1,4 +1,4 @@
-"""Session affinity (edge.node.affinity): rendezvous hashing with bounded load."""
+"""Session affinity (edge.fleet.affinity): rendezvous hashing with bounded load."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from edge.node import affinity
+from edge.fleet import affinity
 
 names = st.lists(
     st.text(alphabet="abcdefghij-0123456789", min_size=1, max_size=8),

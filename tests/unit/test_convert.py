@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from edge.api.request import parse_chat_request
-from edge.node._proto.iop.node import v1 as pb
+from edge.contract._proto.iop.node import v1 as pb
 from edge.node.convert import run_request_from_chat
 
 WEATHER_PARAMS = {

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.node._proto.iop.node import v1 as pb
+from edge.contract._proto.iop.node import v1 as pb
 from edge.node.convert import (
     REASON_CHARS,
     SKIP,

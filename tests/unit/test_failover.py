@@ -21,18 +21,18 @@ import pytest
 import trio
 import trio.testing
 
-from edge.admission import Admission
 from edge.api.request import parse_chat_request
 from edge.config import AdmissionConfig, RoutingConfig, TimeoutsConfig
 from edge.errors import NodeFailedError
-from edge.failover import Failover
+from edge.fleet.admission import Admission
+from edge.fleet.failover import Failover
+from edge.fleet.pool import NodePool
+from edge.fleet.run import Run, Runs
 from edge.http.scope import ChatScope
-from edge.metrics import EdgeMetrics
 from edge.node.bridge import EventBuffer
 from edge.node.client import NodeDescription, RunHandle
-from edge.node.pool import NodePool
 from edge.node.wire import EncodedRunRequest, PreparedRunRequest
-from edge.run import Run, Runs
+from edge.observe.metrics import EdgeMetrics
 from edge.stream.session import SessionSettings, StreamSession
 
 REQUEST = parse_chat_request(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')

@@ -1,4 +1,4 @@
-"""A node's health state machine (edge.node.health), on plain numbers for a clock."""
+"""A node's health state machine (edge.fleet.health), on plain numbers for a clock."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.node.health import DOWN_AFTER_FAILURES, HealthPolicy, NodeHealth
+from edge.fleet.health import DOWN_AFTER_FAILURES, HealthPolicy, NodeHealth
 
 POLICY = HealthPolicy(breaker_failures=3, cooldown_s=5.0, refresh_s=5.0)
 

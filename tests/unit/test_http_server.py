@@ -12,7 +12,7 @@ from loguru import logger
 from edge.errors import error_object
 from edge.http.refusals import ConnectionErrors, error_response, goaway_frame
 from edge.http.server import default_max_connections
-from edge.metrics import EdgeMetrics
+from edge.observe.metrics import EdgeMetrics
 
 
 def test_connection_errors_are_all_counted_but_logged_once_a_second_per_kind() -> None:

@@ -30,7 +30,7 @@ from edge.limits.window import (
     refund,
     retry_after_s,
 )
-from edge.metrics import EdgeMetrics
+from edge.observe.metrics import EdgeMetrics
 
 
 def test_the_request_past_rpm_is_refused_and_not_counted() -> None:

@@ -12,8 +12,8 @@ from edge.limits.limiter import Gate, Key, Limiter
 from edge.limits.redisstore import RedisStore
 from edge.limits.store import StoreUnavailable
 from edge.limits.window import WINDOW_MS, Limits
-from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
+from edge.observe.metrics import EdgeMetrics
 from tests.integration.redisproc import RedisServer, redis_server
 
 __all__ = ["redis_server"]

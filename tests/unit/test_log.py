@@ -1,6 +1,6 @@
 """Log lines: no client string can put a control character into one (text escaping),
-no value of any size makes one long (edge.logbound), and no reader, however slow, makes
-a log call wait (edge.logwriter)."""
+no value of any size makes one long (edge.observe.logbound), and no reader, however slow, makes
+a log call wait (edge.observe.logwriter)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.log import escape_controls
-from edge.logbound import (
+from edge.observe.log import escape_controls
+from edge.observe.logbound import (
     FIELDS,
     ITEMS,
     LINE_CHARS,
@@ -34,7 +34,7 @@ from edge.logbound import (
     clip_repr,
     clip_tail,
 )
-from edge.logwriter import LineWriter, fd_writer
+from edge.observe.logwriter import LineWriter, fd_writer
 
 
 def test_known_escapes() -> None:
@@ -61,7 +61,7 @@ def _safe(char: str) -> bool:
 _SEPARATORS_AND_BIDI = "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 
-# --- bounds (edge.logbound) -----------------------------------------------------
+# --- bounds (edge.observe.logbound) -----------------------------------------------------
 
 
 def test_clip_says_how_much_it_left_out() -> None:
@@ -163,7 +163,7 @@ def test_lists_and_mappings_in_a_field_are_cut_to_a_few_items() -> None:
     assert extra["obj"].endswith(" chars)")
 
 
-# --- the writer (edge.logwriter) --------------------------------------------------
+# --- the writer (edge.observe.logwriter) --------------------------------------------------
 
 
 class _Pipe:
@@ -276,7 +276,7 @@ def test_lines_of_a_write_are_whole_and_at_most_pipe_buf_together() -> None:
 _LOG_SCRIPT = """
 import sys
 from loguru import logger
-from edge.log import setup_logging
+from edge.observe.log import setup_logging
 setup_logging("INFO", sys.argv[1])
 huge = "\\x7f" * 3_900_000
 logger.bind(model=huge, tools=[huge] * 1000, path="/v1/" + huge).info("not used: {}", huge)

@@ -1,4 +1,4 @@
-"""What every node keeps in memory (`edge.nodekit`): its runs log, a refused message.
+"""What every node keeps in memory (`edge.nodes.kit`): its runs log, a refused message.
 
 A node serves for months: in memory it keeps the runs in flight and a window of
 the last records, never one record per run it ever served; the file gets them all.
@@ -18,10 +18,10 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
-from edge.node._proto.iop.node import v1 as pb
-from edge.node.routes import RUN_ROUTE
-from edge.nodekit import FINISHED_KEPT, RunsLog, start_server, stop_server
-from edge.sim.server import SimNode
+from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.routes import RUN_ROUTE
+from edge.nodes.kit import FINISHED_KEPT, RunsLog, start_server, stop_server
+from edge.nodes.sim.server import SimNode
 
 MiB = 1024 * 1024
 

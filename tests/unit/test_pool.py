@@ -1,4 +1,4 @@
-"""The pool's pick (edge.node.pool): eligibility, slots, panic routing, affinity, breakers.
+"""The pool's pick (edge.fleet.pool): eligibility, slots, panic routing, affinity, breakers.
 
 The nodes' states are set as their Describe answers and the runs' verdicts
 would set them; the pool's clock is a number the tests move. No node is
@@ -16,9 +16,9 @@ import pytest
 
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
-from edge.node import affinity
+from edge.fleet import affinity
+from edge.fleet.pool import NodePool, NodeState
 from edge.node.client import NodeClient, NodeDescription
-from edge.node.pool import NodePool, NodeState
 
 MODELS = ("m", "other")
 

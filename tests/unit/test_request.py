@@ -19,7 +19,7 @@ from edge.api.request import (
     parse_chat_request,
 )
 from edge.errors import RequestError
-from edge.stream import limits
+from edge.stream import bounds
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy
 
 USER = {"role": "user", "content": "hi"}
@@ -714,7 +714,7 @@ def test_reasoning_effort_from_either_form() -> None:
 # --- limits: each a 400 naming the parameter, the limit and its value ---------------
 
 DEEP_SCHEMA: dict[str, Any] = {}
-for _ in range(limits.MAX_SCHEMA_DEPTH):
+for _ in range(bounds.MAX_SCHEMA_DEPTH):
     DEEP_SCHEMA = {"not": DEEP_SCHEMA}
 ASSISTANT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
@@ -722,16 +722,16 @@ ASSISTANT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arg
 @pytest.mark.parametrize(
     ("fields", "param", "limit"),
     [
-        ({"messages": [USER] * (limits.MAX_MESSAGES + 1)}, "messages", limits.MAX_MESSAGES),
+        ({"messages": [USER] * (bounds.MAX_MESSAGES + 1)}, "messages", bounds.MAX_MESSAGES),
         (
             {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * 1025}]},
             "messages[0].content",
-            limits.MAX_CONTENT_PARTS,
+            bounds.MAX_CONTENT_PARTS,
         ),
         (
             {"messages": [{"role": "assistant", "tool_calls": [ASSISTANT_CALL] * 1025}]},
             "messages[0].tool_calls",
-            limits.MAX_MESSAGE_TOOL_CALLS,
+            bounds.MAX_MESSAGE_TOOL_CALLS,
         ),
         (
             {
@@ -743,7 +743,7 @@ ASSISTANT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arg
                                 **ASSISTANT_CALL,
                                 "function": {
                                     "name": "f",
-                                    "arguments": "x" * (limits.MAX_TOOL_ARGUMENTS_CHARS + 1),
+                                    "arguments": "x" * (bounds.MAX_TOOL_ARGUMENTS_CHARS + 1),
                                 },
                             }
                         ],
@@ -751,27 +751,27 @@ ASSISTANT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arg
                 ]
             },
             "messages[0].tool_calls[0].function.arguments",
-            limits.MAX_TOOL_ARGUMENTS_CHARS,
+            bounds.MAX_TOOL_ARGUMENTS_CHARS,
         ),
-        ({"tools": [WEATHER_TOOL] * (limits.MAX_TOOLS + 1)}, "tools", limits.MAX_TOOLS),
-        ({"stop": "x" * (limits.MAX_STOP_CHARS + 1)}, "stop", limits.MAX_STOP_CHARS),
-        ({"stop": ["a", "x" * (limits.MAX_STOP_CHARS + 1)]}, "stop", limits.MAX_STOP_CHARS),
+        ({"tools": [WEATHER_TOOL] * (bounds.MAX_TOOLS + 1)}, "tools", bounds.MAX_TOOLS),
+        ({"stop": "x" * (bounds.MAX_STOP_CHARS + 1)}, "stop", bounds.MAX_STOP_CHARS),
+        ({"stop": ["a", "x" * (bounds.MAX_STOP_CHARS + 1)]}, "stop", bounds.MAX_STOP_CHARS),
         (
             {"metadata": {"k" * 65: "v"}},
             "metadata",
-            limits.MAX_METADATA_KEY_CHARS,
+            bounds.MAX_METADATA_KEY_CHARS,
         ),
         (
             {"metadata": {"k": "v" * 513}},
             "metadata.k",
-            limits.MAX_METADATA_VALUE_CHARS,
+            bounds.MAX_METADATA_VALUE_CHARS,
         ),
-        ({"user": "u" * (limits.MAX_USER_CHARS + 1)}, "user", limits.MAX_USER_CHARS),
-        ({"model": "m" * (limits.MAX_MODEL_CHARS + 1)}, "model", limits.MAX_MODEL_CHARS),
+        ({"user": "u" * (bounds.MAX_USER_CHARS + 1)}, "user", bounds.MAX_USER_CHARS),
+        ({"model": "m" * (bounds.MAX_MODEL_CHARS + 1)}, "model", bounds.MAX_MODEL_CHARS),
         (
-            {"logit_bias": {str(i): 1 for i in range(limits.MAX_LOGIT_BIAS + 1)}},
+            {"logit_bias": {str(i): 1 for i in range(bounds.MAX_LOGIT_BIAS + 1)}},
             "logit_bias",
-            limits.MAX_LOGIT_BIAS,
+            bounds.MAX_LOGIT_BIAS,
         ),
         (
             {
@@ -784,7 +784,7 @@ ASSISTANT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arg
                 }
             },
             "response_format.json_schema.schema",
-            limits.MAX_SCHEMA_BYTES,
+            bounds.MAX_SCHEMA_BYTES,
         ),
         (
             {
@@ -794,7 +794,7 @@ ASSISTANT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arg
                 }
             },
             "response_format.json_schema.schema",
-            limits.MAX_SCHEMA_DEPTH,
+            bounds.MAX_SCHEMA_DEPTH,
         ),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
@@ -813,15 +813,15 @@ def test_limits_are_400_naming_param_and_limit(
 def test_limits_allow_their_own_value() -> None:
     """A request exactly at the limits is accepted."""
     request = parse(
-        stop=["x" * limits.MAX_STOP_CHARS] * limits.MAX_STOP,
-        metadata={"k" * limits.MAX_METADATA_KEY_CHARS: "v" * limits.MAX_METADATA_VALUE_CHARS},
-        user="u" * limits.MAX_USER_CHARS,
+        stop=["x" * bounds.MAX_STOP_CHARS] * bounds.MAX_STOP,
+        metadata={"k" * bounds.MAX_METADATA_KEY_CHARS: "v" * bounds.MAX_METADATA_VALUE_CHARS},
+        user="u" * bounds.MAX_USER_CHARS,
         tools=[
             {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "name": f"t{i}"}}
-            for i in range(limits.MAX_TOOLS)
+            for i in range(bounds.MAX_TOOLS)
         ],
     )
-    assert len(request.tools.tools) == limits.MAX_TOOLS
+    assert len(request.tools.tools) == bounds.MAX_TOOLS
 
 
 def test_logprobs_flag() -> None:
@@ -848,13 +848,13 @@ def _nested(levels: int) -> Any:
 def test_json_depth_is_bounded_exactly() -> None:
     """A body MAX_JSON_DEPTH levels deep passes the bound; one level more is a 400 naming
     the limit, whichever field holds it."""
-    check_json_bounds(_nested(limits.MAX_JSON_DEPTH))
+    check_json_bounds(_nested(bounds.MAX_JSON_DEPTH))
     with pytest.raises(RequestError) as raised:
-        check_json_bounds(_nested(limits.MAX_JSON_DEPTH + 1))
+        check_json_bounds(_nested(bounds.MAX_JSON_DEPTH + 1))
     assert raised.value.message == TOO_DEEP
-    assert str(limits.MAX_JSON_DEPTH) in TOO_DEEP
+    assert str(bounds.MAX_JSON_DEPTH) in TOO_DEEP
     # body (1) > chat_template_kwargs (2) > the array: 62 more levels fit, 63 do not.
-    extra = {"chat_template_kwargs": {"x": _nested(limits.MAX_JSON_DEPTH - 2)}}
+    extra = {"chat_template_kwargs": {"x": _nested(bounds.MAX_JSON_DEPTH - 2)}}
     assert parse(**extra).extra["chat_template_kwargs"] == extra["chat_template_kwargs"]
     assert reject(body(chat_template_kwargs={"x": _nested(63)})).message == TOO_DEEP
 
@@ -862,18 +862,18 @@ def test_json_depth_is_bounded_exactly() -> None:
 def test_json_values_are_bounded_exactly() -> None:
     """Array elements and object members count at every depth: exactly MAX_JSON_VALUES
     pass, one more is a 400 naming the limit."""
-    half = limits.MAX_JSON_VALUES // 2
+    half = bounds.MAX_JSON_VALUES // 2
     check_json_bounds({"a": [0] * (half - 2), "b": {str(i): None for i in range(half)}})
     with pytest.raises(RequestError) as raised:
         check_json_bounds({"a": [0] * (half - 1), "b": {str(i): None for i in range(half)}})
     assert raised.value.message == TOO_MANY_VALUES
-    assert str(limits.MAX_JSON_VALUES) in TOO_MANY_VALUES
+    assert str(bounds.MAX_JSON_VALUES) in TOO_MANY_VALUES
 
 
 def test_many_tiny_content_parts_are_refused_by_the_value_bound() -> None:
     """Content parts under every per-message limit, but hundreds of thousands in all
     (each a value for every later step), are refused before any field is read."""
-    parts = [{"type": ""}] * limits.MAX_CONTENT_PARTS
+    parts = [{"type": ""}] * bounds.MAX_CONTENT_PARTS
     messages = [{"role": "user", "content": parts}] * 320
     assert reject(body(messages=messages)).message == TOO_MANY_VALUES
 

@@ -12,9 +12,9 @@ import trio
 import trio.testing
 
 from edge.config import TimeoutsConfig
+from edge.fleet.run import MAX_BATCH_CHARS, Run, RunInfo
 from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
 from edge.node.client import EndCause, RunHandle
-from edge.run import MAX_BATCH_CHARS, Run, RunInfo
 from edge.stream.events import (
     LOGPROB_ENTRY_CHARS,
     Complete,
@@ -267,7 +267,8 @@ async def test_a_long_delta_is_taken_a_slice_a_batch_with_a_pass_between() -> No
     what a filter held), the scheduler makes a pass between batches (a task that is
     always runnable runs once a pass: it runs between the slices, which a single step
     of the whole delta never let it), and the answer is the whole delta, then the
-    terminal."""
+    terminal. (trio runs a pass's tasks in a random order, so the ticker's count is not
+    exact: at least half the slices is what no single step could give.)"""
     run, send = _stream()
     text = "<" * 3_800_000
     send.send_nowait(Delta(text))
@@ -295,4 +296,4 @@ async def test_a_long_delta_is_taken_a_slice_a_batch_with_a_pass_between() -> No
     assert max(sizes) <= SLICE_CHARS + 16
     assert sum(sizes) == len(text)
     assert isinstance(batches[-1][-1], FinishOut)
-    assert ticks >= slices - 2
+    assert ticks >= slices // 2

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from edge.errors import RequestError
-from edge.stream.limits import (
+from edge.stream.bounds import (
     MAX_PATTERN_PROGRAM,
     MAX_REQUEST_SCHEMA_BYTES,
     MAX_SCHEMA_BYTES,

@@ -1,4 +1,5 @@
-"""sim-script lookup, turn selection and checks (`edge.sim.script`), on RunRequests built here.
+"""sim-script lookup, turn selection and checks (`edge.nodes.sim.script`), on RunRequests
+built here.
 
 Each test states one rule of the module's docstring: where a script may sit,
 which one wins, which turn plays, what happens past the last turn, and which
@@ -14,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.node._proto.iop.node import v1 as pb
-from edge.sim.script import (
+from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.sim.script import (
     MAX_DELTA_CHARS,
     MAX_REPEAT,
     MAX_SCRIPT_CHARS,
@@ -25,7 +26,7 @@ from edge.sim.script import (
     find_script,
     script_items,
 )
-from edge.sim.server import event_from_item
+from edge.nodes.sim.server import event_from_item
 
 ONE = {"events": [{"type": "delta", "delta": "one"}, {"type": "complete"}]}
 TWO = {"events": [{"type": "delta", "delta": "two"}, {"type": "complete"}]}

@@ -14,7 +14,7 @@ import trio.testing
 from hyperframe.frame import DataFrame, HeadersFrame, PingFrame, SettingsFrame
 
 from edge.http.stalls import DataWritten, StallCount, Stalls
-from edge.metrics import EdgeMetrics
+from edge.observe.metrics import EdgeMetrics
 
 
 class _Connection:

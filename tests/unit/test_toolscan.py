@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge.stream.bounds import TOOL_CANDIDATE_COST
 from edge.stream.jsontext import raw_decode
-from edge.stream.limits import TOOL_CANDIDATE_COST
 from edge.stream.toolbare import FAILED, OVER, PENDING, BareScan, CandidateBudget
 from edge.stream.toolscan import (
     FORMATS,

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.stream.limits import MAX_TEXT_TOOL_CALLS, MAX_TOOL_CANDIDATE_WORK, TOOL_CANDIDATE_COST
+from edge.stream.bounds import MAX_TEXT_TOOL_CALLS, MAX_TOOL_CANDIDATE_WORK, TOOL_CANDIDATE_COST
 from edge.stream.toolbare import CandidateBudget
 from edge.stream.toolparse import FORMATS, parse_tool_text
 from edge.stream.tooltext import ToolTextFilter

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from edge.config import ConfigError, parse_config
-from edge.tracing import TracingConfig, enabled, extract, setup_tracing, traces_url
+from edge.observe.tracing import TracingConfig, enabled, extract, setup_tracing, traces_url
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,8 @@ def test_switch(config: TracingConfig, environ: dict[str, str], on: bool) -> Non
 def test_off_sets_nothing_up() -> None:
     """Off, setup returns None and the SDK (provider, exporter, its thread) is never loaded."""
     code = (
-        "import sys; from edge.daemon import serve; from edge.tracing import setup_tracing;"
+        "import sys; from edge.process.daemon import serve;"
+        " from edge.observe.tracing import setup_tracing;"
         " assert setup_tracing(service='x', environ={}) is None;"
         " loaded = [m for m in sys.modules if m.startswith('opentelemetry.sdk')"
         " or m.startswith('opentelemetry.exporter')]; assert not loaded, loaded"

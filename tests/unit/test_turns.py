@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from edge.turns import Turns
+from edge.fleet.turns import Turns
 
 
 class _Passes(trio.abc.Instrument):

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from edge.cli import build_parser as edge_parser
 from edge.config import ConfigError, parse_config, upstream_url
-from edge.node._proto.iop.node import v1 as pb
-from edge.upstream.adapter import (
+from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.upstream.adapter import (
     MAX_DELTA_CHARS,
     MAX_TOOL_CALL_CHARS,
     MAX_TOOL_CALLS,
@@ -29,9 +29,9 @@ from edge.upstream.adapter import (
     error_message,
     models_from_body,
 )
-from edge.upstream.cli import SettingsError, resolve
-from edge.upstream.cli import build_parser as node_parser
-from edge.upstream.sse import SSEDecoder, SSEMessage
+from edge.nodes.upstream.cli import SettingsError, resolve
+from edge.nodes.upstream.cli import build_parser as node_parser
+from edge.nodes.upstream.sse import SSEDecoder, SSEMessage
 
 FIXTURES = Path(__file__).parent.parent / "integration" / "upstream_fixtures"
 STREAMS = (

@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.api.request import parse_chat_request
-from edge.node._proto.iop.node import v1 as pb
+from edge.contract._proto.iop.node import v1 as pb
 from edge.node.convert import run_request_from_chat
 from edge.node.grpc import BoundedCodec
 from edge.node.wire import EncodedRunRequest, encode_run_request, prepare_run_request
-from edge.nodekit import NodeCodec
+from edge.nodes.kit import NodeCodec
 
 _TEXT = st.text(max_size=12)
 _OPT_FLOAT = st.none() | st.floats(0, 1, allow_nan=False)

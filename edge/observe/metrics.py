@@ -6,7 +6,7 @@ else is "unknown"), nodes are configured names, statuses and kinds are fixed
 sets. Work here happens per request or per write batch, never per chunk.
 Chat requests are counted in one place, `edge.http.scope.ChatScope.finish`.
 
-Worker processes (`edge.supervisor`): with $PROMETHEUS_MULTIPROC_DIR set when
+Worker processes (`edge.process.supervisor`): with $PROMETHEUS_MULTIPROC_DIR set when
 the process starts, prometheus-client keeps every value in a file of that
 directory, and `render` (on any worker) merges the files of all of them, so
 one scrape sees the whole edge: counters and histograms summed over the
@@ -64,7 +64,7 @@ _DURATION_BUCKETS = (
 _TOKEN_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5,
 )  # fmt: skip
-# Lines the log's writer dropped (edge.logwriter): counted by workers and supervisor alike.
+# Lines the log's writer dropped (edge.observe.logwriter): counted by workers and supervisor alike.
 _LOG_LINES_DROPPED = (
     "iop_edge_log_lines_dropped",
     "Log lines dropped because the reader of the log (stderr) was too slow: the queue in"
@@ -135,7 +135,7 @@ class EdgeMetrics:
         self.deferred_steps = Counter(
             "iop_edge_deferred_steps",
             "Heavy steps of requests that waited for a later scheduler pass: the edge's"
-            " CPU was saturated (edge.turns).",
+            " CPU was saturated (edge.fleet.turns).",
             registry=r,
         )  # fmt: skip
         self.active_streams = Gauge(
@@ -153,7 +153,7 @@ class EdgeMetrics:
         )
 
         # Fleet health and admission (issue 14). The pool sets node_state (its values:
-        # edge.node.health.STATE_VALUES); the run side and the admission queue the rest.
+        # edge.fleet.health.STATE_VALUES); the run side and the admission queue the rest.
         self.node_state = Gauge(
             "iop_edge_node_state",
             "Each node's state: 0 down (unreachable), 1 up, 2 half_open (circuit breaker lets"

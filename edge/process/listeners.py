@@ -3,7 +3,7 @@
 Owns how a listen address becomes sockets: the addresses it resolves to
 (IPv6 sockets are IPv6-only, as trio binds them), SO_REUSEADDR, the listen
 queue, and for `SO_REUSEPORT` sets (one per worker) the holder that keeps
-the port. Knows nothing of processes (`edge.supervisor`) or HTTP.
+the port. Knows nothing of processes (`edge.process.supervisor`) or HTTP.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A chat request's answer starts here, streaming or not:
     committed = await failover.start(scope, request, payload, new_session, keepalive_s=...)
 
 An attempt is one `Run` on one node: a slot from the admission queue
-(`edge.admission`), the start, the accept, then output up to the commit
+(`edge.fleet.admission`), the start, the accept, then output up to the commit
 point (`Run.first_batch`: the first batch beyond the role chunk, the first
 keep-alive, or the session's terminal; a non-streaming answer's is its
 end). Nothing was sent to the caller
@@ -44,10 +44,10 @@ from loguru import logger
 from edge.api.request import ChatRequest
 from edge.config import RoutingConfig
 from edge.errors import EdgeError
+from edge.fleet.pool import NodeState
+from edge.fleet.run import Run, Runs
 from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S
-from edge.node.pool import NodeState
 from edge.node.wire import PreparedRunRequest
-from edge.run import Run, Runs
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import StreamSession
 

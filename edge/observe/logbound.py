@@ -2,7 +2,7 @@
 
 Log lines quote what clients send (model names, paths, tool types, quoted
 errors) and what nodes send (error messages, model lists): values of any size.
-A line is bounded here, in one place: `edge.log` passes every record's
+A line is bounded here, in one place: `edge.observe.log` passes every record's
 message and fields through `bound_message` and `bound_fields` (a loguru
 patcher), so no call site can forget to. A value past its bound is cut, with
 a marker saying how much was left out (`…(+N chars)`, `…(+N more)`).

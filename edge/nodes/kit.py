@@ -21,7 +21,7 @@ covers windows and keep-alive only), so instead of reaching into its
 protocol the edge opens one connection per `STREAMS_PER_CHANNEL` (90) runs.
 
 Node side only (asyncio, grpclib); the edge imports it only to host the embedded
-simulated node (`edge/node/embedded.py`).
+simulated node (`edge/nodes/embedded.py`).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 from opentelemetry.trace import Span
 
-from edge.node._proto.iop.node import v1 as pb
-from edge.node.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
-from edge.tracing import NodeSpans, Tracing
+from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
+from edge.observe.tracing import NodeSpans, Tracing
 
 CANCEL_GRACE_S = 1.0
 # How long a node tries to tell a reading edge that CancelRun stopped its run.

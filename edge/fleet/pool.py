@@ -2,7 +2,7 @@
 
 The pool learns each node's models (and its max_runs) from its Describe RPC,
 in one background task (`run_refresh`): healthy nodes every refresh
-interval, down or suspect nodes soon and with backoff (`edge.node.health`),
+interval, down or suspect nodes soon and with backoff (`edge.fleet.health`),
 and the breakers' half-opening on time. Nothing of it runs per request:
 `pick` only reads the states, and the run side reports each run's verdict
 (`run_succeeded`, `run_failed`) and refusals (`mark_down`).
@@ -11,7 +11,7 @@ and the breakers' half-opening on time. Nothing of it runs per request:
 its breaker closed or half-open with the probe run free), not excluded
 (the nodes a failing-over run already tried), with a free slot
 (`in_flight < max_runs`); least loaded, or the session's node under the
-affinity policy (`edge.node.affinity`). When every node serving the model
+affinity policy (`edge.fleet.affinity`). When every node serving the model
 (and not excluded) is marked down, panic routing tries one anyway, the one
 that failed least recently: a down mark may be stale, and answering 503
 outright would turn a blip into an outage. An open breaker is not stale: a
@@ -32,10 +32,10 @@ from loguru import logger
 
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
-from edge.logbound import clip, clip_join
-from edge.node import affinity
+from edge.fleet import affinity
+from edge.fleet.health import STATE_VALUES, HealthPolicy, NodeHealth, NodeStateName
 from edge.node.client import NodeClient, NodeDescription
-from edge.node.health import STATE_VALUES, HealthPolicy, NodeHealth, NodeStateName
+from edge.observe.logbound import clip, clip_join
 
 REFRESH_INTERVAL_S = 5.0
 
@@ -78,7 +78,7 @@ class NodeState:
         self.models: tuple[str, ...] = ()
         # The models it gives token logprobs for (a node older than the field: none).
         self.logprobs_models: frozenset[str] = frozenset()
-        # Runs in flight, counted by the run side (edge.run).
+        # Runs in flight, counted by the run side (edge.fleet.run).
         self.in_flight = 0
         # [[nodes]] max_runs (0: no limit), None: the node's Describe max_runs.
         self.configured_max_runs = max_runs
@@ -349,7 +349,7 @@ class NodePool:
         return list(seen)
 
     def state_of(self, state: NodeState) -> NodeStateName:
-        """`up`, `down`, `open` or `half_open` (see edge.node.health)."""
+        """`up`, `down`, `open` or `half_open` (see edge.fleet.health)."""
         return state.health.state(self._clock())
 
     def state_value(self, state: NodeState) -> float:

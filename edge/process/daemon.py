@@ -10,11 +10,11 @@ Shutdown drains: stop accepting, answer new requests 503, let streams in
 flight finish within `drain_timeout_s`, then end what is left through the
 one cancel path (each stream gets a notice frame, each run a CancelRun),
 and let the server close the connections. Then the spans still queued for
-export are flushed (tracing on: `edge.tracing`), off the loop.
+export are flushed (tracing on: `edge.observe.tracing`), off the loop.
 
-A worker process (`edge.supervisor`) runs the same `serve`, on listening
+A worker process (`edge.process.supervisor`) runs the same `serve`, on listening
 sockets its supervisor bound (`listen_sockets`), and its sd_notify lines go
-to the supervisor (`edge.systemd.attach_supervisor`).
+to the supervisor (`edge.process.systemd.attach_supervisor`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from loguru import logger
 
-from edge import systemd
 from edge.config import Config, split_address, upstream_url
+from edge.fleet.pool import NodePool
+from edge.fleet.run import OutcomeHook
+from edge.fleet.turns import Turns
 from edge.http.app import create_app
 from edge.http.chat import ChatService
 from edge.http.server import (
@@ -43,18 +45,16 @@ from edge.http.server import (
     default_max_connections,
     raise_fd_limit,
 )
-from edge.listeners import LISTEN_BACKLOG, listen_mode
-from edge.log import count_dropped_lines
-from edge.logbound import clip
-from edge.metrics import EdgeMetrics
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
-from edge.node.embedded import embedded_node
-from edge.node.pool import NodePool
-from edge.run import OutcomeHook
-from edge.tracing import Tracing, setup_tracing
-from edge.turns import Turns
-from edge.upstream.embedded import embedded_upstream_node
+from edge.nodes.embedded import embedded_node
+from edge.nodes.upstream.embedded import embedded_upstream_node
+from edge.observe.log import count_dropped_lines
+from edge.observe.logbound import clip
+from edge.observe.metrics import EdgeMetrics
+from edge.observe.tracing import Tracing, setup_tracing
+from edge.process import systemd
+from edge.process.listeners import LISTEN_BACKLOG, listen_mode
 
 # After the drain deadline: time for the notice frames to go out before
 # the HTTP server cuts the connections that are left.

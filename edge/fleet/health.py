@@ -2,7 +2,7 @@
 
 A pure state machine, with no I/O and no clock of its own: every input
 carries `now` (seconds on the pool's clock, trio's in the daemon), so tests
-drive it with plain numbers. The pool (`edge.node.pool`) feeds it and acts on
+drive it with plain numbers. The pool (`edge.fleet.pool`) feeds it and acts on
 what it answers; this module knows nothing of nodes, requests or trio.
 
 Two parts, one state shown (`state`):

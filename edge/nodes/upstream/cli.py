@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from edge.config import ConfigError, TableReader, read_toml, split_address
-from edge.nodekit import start_server, stop_server, wait_for_stop_signal
-from edge.tracing import setup_tracing
-from edge.upstream.server import UpstreamNode, normalize_upstream
+from edge.nodes.kit import start_server, stop_server, wait_for_stop_signal
+from edge.nodes.upstream.server import UpstreamNode, normalize_upstream
+from edge.observe.tracing import setup_tracing
 
 DEFAULT_LISTEN = "127.0.0.1:50061"
 _STRING_KEYS = ("listen", "upstream", "api_key_env", "name", "runs_log")
@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(settings: NodeSettings) -> None:
-    # Tracing: the OTEL_* environment variables (edge.tracing), off by default.
+    # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-node")
     node = UpstreamNode(
         settings.upstream,

@@ -1,7 +1,7 @@
 """The edge's signals: which ones stop it, which ones it ignores, and the hard stop's grace.
 
 Shared by the single-process daemon and its workers (`edge.cli`) and the supervisor
-(`edge.supervisor`), so neither imports the other for them. What each signal does is
+(`edge.process.supervisor`), so neither imports the other for them. What each signal does is
 told in `edge.cli`'s docstring.
 """
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from edge.config import split_address
-from edge.nodekit import start_server, stop_server, wait_for_stop_signal
-from edge.sim.server import SimNode
-from edge.tracing import setup_tracing
+from edge.nodes.kit import start_server, stop_server, wait_for_stop_signal
+from edge.nodes.sim.server import SimNode
+from edge.observe.tracing import setup_tracing
 
 
 def _parse_listen(value: str) -> tuple[str, int]:
@@ -21,7 +21,7 @@ def _parse_listen(value: str) -> tuple[str, int]:
 
 
 async def _serve(host: str, port: int, runs_log: Path | None, name: str) -> None:
-    # Tracing: the OTEL_* environment variables (edge.tracing), off by default.
+    # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-sim-node")
     node = SimNode(name=name, runs_log=runs_log, tracing=tracing)
     server, bound = await start_server(node, host, port)

@@ -1,6 +1,6 @@
 """A simulated node run in-process, for `address = "embedded"`.
 
-It is the real grpclib server of `edge.sim`, listening on an ephemeral
+It is the real grpclib server of `edge.nodes.sim`, listening on an ephemeral
 127.0.0.1 port on the asyncio loop the bridge hosts, so an embedded node is
 reached over real gRPC like any other.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 import trio
 
 from edge.node.bridge import call_asyncio
-from edge.nodekit import start_server, stop_server
-from edge.sim.server import SimNode
-from edge.tracing import Tracing
+from edge.nodes.kit import start_server, stop_server
+from edge.nodes.sim.server import SimNode
+from edge.observe.tracing import Tracing
 
 
 @asynccontextmanager

@@ -12,7 +12,7 @@ interpreter (no fork of a process that holds threads or an event loop) that
 reads the same config and runs the single-process daemon on the inherited
 sockets. It tells the supervisor it is ready and alive over a SOCK_SEQPACKET
 socket pair, in sd_notify's own words (READY=1, WATCHDOG=1, STOPPING=1;
-`edge.systemd.attach_supervisor`); when the supervisor goes away the worker
+`edge.process.systemd.attach_supervisor`); when the supervisor goes away the worker
 sees the end of that socket and drains. Workers run in a session of their
 own, so a terminal's Ctrl-C reaches the supervisor only, which forwards it.
 
@@ -51,13 +51,13 @@ from typing import TYPE_CHECKING
 import trio
 from loguru import logger
 
-from edge import systemd
 from edge.config import Config
-from edge.listeners import Address, addresses, bind_listeners, listen_mode, rebind, url_of
-from edge.log import count_dropped_lines, flush_logs
+from edge.observe.log import count_dropped_lines, flush_logs
+from edge.process import systemd
+from edge.process.listeners import Address, addresses, bind_listeners, listen_mode, rebind, url_of
 
 if TYPE_CHECKING:
-    from edge.metrics import SupervisorMetrics
+    from edge.observe.metrics import SupervisorMetrics
 
 # CONTRACT with the per-edge limit state (edge.limits): the variable's name and meaning.
 SHARED_DIR_ENV = "IOP_EDGE_SHARED_DIR"
@@ -142,7 +142,7 @@ class Supervisor:
             _Slot(i + 1, groups[i % len(groups)], own, addresses(groups[i % len(groups)]))
             for i in range(self.workers)
         ]
-        from edge.metrics import SupervisorMetrics
+        from edge.observe.metrics import SupervisorMetrics
 
         self._metrics = SupervisorMetrics()
         count_dropped_lines(self._metrics.log_lines_dropped.inc)
@@ -330,7 +330,7 @@ class Supervisor:
                     slot.process.send_signal(signum)
 
     async def _signals(self, hard_stop_s: float) -> None:
-        from edge.signals import IGNORED_SIGNALS, STOP_SIGNALS
+        from edge.process.signals import IGNORED_SIGNALS, STOP_SIGNALS
 
         with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
             async for signum in signals:

@@ -4,13 +4,13 @@ RPC's path, as the generated service code spells it, and the message size limit.
 Read once from the generated `NodeServiceBase` mapping (by request type), so
 no path is written by hand: a renamed package or method in `protos/` renames
 it here. Both sides need the path itself, because both handle Run at the
-stream level (see `edge.node.grpc` and `edge.nodekit`); CancelRun and
+stream level (see `edge.node.grpc` and `edge.nodes.kit`); CancelRun and
 Describe go through the generated stub and base whole.
 """
 
 from __future__ import annotations
 
-from edge.node._proto.iop.node import v1 as pb
+from edge.contract._proto.iop.node import v1 as pb
 
 RUN_ROUTE: str = next(
     path

@@ -1,7 +1,7 @@
 """One run on one node, from its node slot to its one outcome: `Run`, and `Runs`.
 
 A chat request becomes runs here, the same way for streaming and
-non-streaming answers (`edge.failover` tries again on another node when one
+non-streaming answers (`edge.fleet.failover` tries again on another node when one
 cannot start):
 
     node = await runs.admission.acquire(model)        # a node, its slot taken
@@ -11,7 +11,7 @@ cannot start):
             batch = await run.next_batch()             # output under the deadlines
 
 The slot on the node (`in_flight`) is taken by the admission queue
-(`edge.admission`) before the run is opened, and is the run's from then
+(`edge.fleet.admission`) before the run is opened, and is the run's from then
 on: whatever ends it, or fails before its start (`abandon`), gives the slot
 back. Entering the run starts it with the request's RunRequest, serialized
 once off the loop (`edge.node.wire`), this attempt's node deadline
@@ -43,7 +43,6 @@ from typing import Literal
 import trio
 from loguru import logger
 
-from edge.admission import Admission
 from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.errors import (
@@ -54,14 +53,15 @@ from edge.errors import (
     RequestError,
     ShuttingDownError,
 )
-from edge.logbound import clip
-from edge.metrics import EdgeMetrics
+from edge.fleet.admission import Admission
+from edge.fleet.pool import NodePool, NodeState
+from edge.fleet.turns import Turns
 from edge.node.client import EndCause, RunHandle
-from edge.node.pool import NodePool, NodeState
 from edge.node.wire import PreparedRunRequest
+from edge.observe.logbound import clip
+from edge.observe.metrics import EdgeMetrics
 from edge.stream.output import ErrorOut, Outcome, OutEvent, RoleOut
 from edge.stream.session import StreamSession
-from edge.turns import Turns
 
 # Node events taken per batch: output for a batch goes out in one write. A
 # batch also stops past MAX_BATCH_CHARS characters of delta text, so a write
@@ -167,7 +167,7 @@ class Run:
         turns: Turns | None = None,
     ) -> None:
         self.info = info
-        # Feeding the session a batch is a heavy step: it takes a turn (`edge.turns`).
+        # Feeding the session a batch is a heavy step: it takes a turn (`edge.fleet.turns`).
         self._turns = turns
         self.session = session
         self._start = start

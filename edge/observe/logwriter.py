@@ -8,7 +8,7 @@ the next `put`, made by whoever logs (the trio loop), blocks in its own
 write: the edge stops answering after a few hundred lines. And a record of
 any size goes through that pipe whole, while the logging thread waits.
 
-Here a line is handed over already formatted and bounded (`edge.logbound`)
+Here a line is handed over already formatted and bounded (`edge.observe.logbound`)
 and appended to an in-memory queue bounded in bytes: `put` never waits.
 When the queue is full the line is dropped and counted (`on_drop`, wired to
 `iop_edge_log_lines_dropped_total`). One thread writes the queued lines to the

@@ -43,8 +43,8 @@ from loguru import logger
 
 from edge.config import AdmissionConfig
 from edge.errors import EdgeError, OverloadedError, PayloadTooLargeError
-from edge.metrics import EdgeMetrics
-from edge.node.pool import NodePool, NodeState
+from edge.fleet.pool import NodePool, NodeState
+from edge.observe.metrics import EdgeMetrics
 
 # Waiters looked at per dispatch, from the head of the queue.
 SCAN = 32

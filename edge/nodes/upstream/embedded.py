@@ -1,6 +1,6 @@
 """An upstream node run in-process, for `address = "openai+http://HOST:PORT/v1"`.
 
-The real grpclib server of `edge.upstream.server`, listening on an ephemeral
+The real grpclib server of `edge.nodes.upstream.server`, listening on an ephemeral
 127.0.0.1 port: the edge reaches it over gRPC like any other node, so a
 developer can point the edge straight at a local model server without a
 second daemon. It knows nothing of the pool.
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import trio
 
-from edge.nodekit import start_server, stop_server
-from edge.tracing import Tracing
-from edge.upstream.server import UpstreamNode
+from edge.nodes.kit import start_server, stop_server
+from edge.nodes.upstream.server import UpstreamNode
+from edge.observe.tracing import Tracing
 
 # Starting (binding a port) and stopping (runs close their upstream requests,
 # bounded by the server's own CLOSE_TIMEOUT_S) take far less; past this the

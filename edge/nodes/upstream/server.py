@@ -2,15 +2,15 @@
 
 A grpclib server on asyncio. Each Run is one streaming POST to the
 upstream's `/chat/completions` with httpx; the response's server-sent events
-go through `edge.upstream.adapter` and out as RunEvents. Ending a run early
+go through `edge.nodes.upstream.adapter` and out as RunEvents. Ending a run early
 (CancelRun, a reset gRPC stream, the request's deadline) leaves the httpx
 stream's block, which closes the upstream connection at once: vLLM,
 llama.cpp, Ollama and SGLang abort a request whose client went away.
 Describe lists the upstream's `/models` (or the configured models) and fails
 UNAVAILABLE while the upstream cannot be reached.
 
-The runs log is the simulated node's (`edge.nodekit.RunsLog`). With tracing
-on (`edge.tracing`), each run has a span continued from the edge's
+The runs log is the simulated node's (`edge.nodes.kit.RunsLog`). With tracing
+on (`edge.observe.tracing`), each run has a span continued from the edge's
 `traceparent`, and its upstream request a child span whose `traceparent`
 the upstream gets as a header.
 
@@ -35,12 +35,12 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from opentelemetry.trace import Span
 
-from edge.node._proto.iop.node import v1 as pb
-from edge.nodekit import Events, NodeService, send_cancelled
-from edge.tracing import Tracing, inject, set_error
-from edge.upstream.adapter import ChunkMapper, chat_request_body, error_message
-from edge.upstream.adapter import models_from_body as parse_models
-from edge.upstream.sse import SSEDecoder
+from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.kit import Events, NodeService, send_cancelled
+from edge.nodes.upstream.adapter import ChunkMapper, chat_request_body, error_message
+from edge.nodes.upstream.adapter import models_from_body as parse_models
+from edge.nodes.upstream.sse import SSEDecoder
+from edge.observe.tracing import Tracing, inject, set_error
 
 MODELS_TTL_S = 2.0
 # Under the edge's 2 s Describe timeout, so the edge hears our UNAVAILABLE.

@@ -3,7 +3,7 @@
 A script is a JSON object, either single-turn, `{"events": [...]}`, or
 multi-turn, `{"turns": [{"events": [...]}, ...]}`. This module finds it in
 a RunRequest's messages and returns the items of the turn to play; playing
-them is the server's (`edge.sim.server`). Pure: no asyncio, no gRPC stream.
+them is the server's (`edge.nodes.sim.server`). Pure: no asyncio, no gRPC stream.
 
 Lookup, the first text that is a script winning (a text is a message's
 string content, its text parts joined, or any one text part; it "is a
@@ -40,7 +40,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from edge.node._proto.iop.node import v1 as pb
+from edge.contract._proto.iop.node import v1 as pb
 
 Items = list[dict[str, Any]]
 

@@ -5,7 +5,7 @@ machine fed dicts and strings:
 
 - `chat_request_body`: a RunRequest as the upstream's chat completions body.
 - `ChunkMapper`: the response's server-sent events (decoded by
-  `edge.upstream.sse`; OpenAI `chat.completion.chunk` objects) as RunEvents,
+  `edge.nodes.upstream.sse`; OpenAI `chat.completion.chunk` objects) as RunEvents,
   assembling streamed tool-call fragments (`ToolCallAssembler`) and holding
   usage and `finish_reason` for the one terminal event. `feed_completion`
   maps a whole `chat.completion` for a server that ignored `stream: true`.
@@ -36,8 +36,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
-from edge.node._proto.iop.node import v1 as pb
-from edge.upstream.sse import DONE, SSEMessage
+from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.upstream.sse import DONE, SSEMessage
 
 __all__ = [
     "ChunkMapper",

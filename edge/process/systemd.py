@@ -3,7 +3,7 @@
 A few lines over an AF_UNIX datagram socket ("@" = the abstract namespace),
 so no libsystemd is needed. Without $NOTIFY_SOCKET every call is a no-op.
 
-A worker process (`iop-edge --workers N`, `edge.supervisor`) never talks to
+A worker process (`iop-edge --workers N`, `edge.process.supervisor`) never talks to
 systemd: `attach_supervisor` points the same calls at the worker's end of
 a socket pair it inherited, so READY=1, STOPPING=1 and the watchdog pings
 (at the pace the supervisor asked for) go to the supervisor, which speaks to

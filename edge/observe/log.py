@@ -2,14 +2,14 @@
 
 `text` is for a terminal; `json` writes one small JSON object per line (for
 journald). Each line is formatted where it is logged and handed to one
-writer thread through a queue bounded in bytes (`edge.logwriter`,
+writer thread through a queue bounded in bytes (`edge.observe.logwriter`,
 `[log] queue_bytes`): a slow or stuck reader of stderr never blocks the trio
 loop; lines that do not fit are dropped and counted
 (`iop_edge_log_lines_dropped_total`, wired by `count_dropped_lines`), and a
 line says how many once the writer is writing again. At exit the queue is
 flushed, waiting at most FLUSH_AT_EXIT_S for a reader that is stuck.
 
-Every record is bounded whatever its call site logs (`edge.logbound`, applied
+Every record is bounded whatever its call site logs (`edge.observe.logbound`, applied
 by the patcher): its message, each of its fields, their lists, their number,
 and last the whole line and its traceback. A call site whose argument may be
 large (a client's value, a node's message) formats `clip(value)` instead, so
@@ -25,7 +25,7 @@ JSON escapes them by construction.
 record logged while it is set carries it as `request_id`. Tasks started from
 a request's task (its run) inherit it, since trio copies the context.
 
-With worker processes (`edge.supervisor`) every record of a worker carries
+With worker processes (`edge.process.supervisor`) every record of a worker carries
 `worker` (1..N), and the supervisor's records `worker = 0`.
 """
 
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from edge.logbound import (
+from edge.observe.logbound import (
     LINE_CHARS,
     TRACEBACK_CHARS,
     VALUE_CHARS,
@@ -52,7 +52,7 @@ from edge.logbound import (
     clip,
     clip_tail,
 )
-from edge.logwriter import LineWriter, fd_writer
+from edge.observe.logwriter import LineWriter, fd_writer
 
 if TYPE_CHECKING:
     from loguru import Message, Record
@@ -85,7 +85,7 @@ def _patch(record: Record) -> None:
 
 
 def _bound(record: Record) -> None:
-    """Every record's message and fields bounded (`edge.logbound`), whoever logged it."""
+    """Every record's message and fields bounded (`edge.observe.logbound`), whoever logged it."""
     record["message"] = bound_message(record["message"])
     if record["extra"]:
         bound_fields(record["extra"])

@@ -9,7 +9,7 @@ edge hosts (a node whose address is "embedded"). Models:
   N alternatives: the word itself first, then `word~1`, `word~2`, ... at
   -2.1, -4.1, ... (plausible, deterministic values for testing clients).
 - `sim-script`: plays a script, `{"events": [...]}`, item by item, or one turn
-  of `{"turns": [{"events": [...]}, ...]}` (`edge.sim.script` says where the
+  of `{"turns": [{"events": [...]}, ...]}` (`edge.nodes.sim.script` says where the
   script may sit in the conversation and which turn plays). An item is:
   a RunEvent as JSON, `{"sleep_ms": N}`, `{"type": "hang"}` (wait until
   cancelled), or `{"type": "abort"}` (break the stream, no terminal event).
@@ -33,13 +33,13 @@ edge hosts (a node whose address is "embedded"). Models:
   "bytes"}]}` (`bytes` a list of byte values, or null/absent for the
   token's UTF-8), sent in the delta's typed `logprobs`.
   Every number and shape of a script is checked before it plays
-  (`edge.sim.script.check_item`, and its bounds: sleeps, repeats, delta
+  (`edge.nodes.sim.script.check_item`, and its bounds: sleeps, repeats, delta
   sizes, what one turn sends): a script past one is answered with an error
   event naming it, never an exception in the node's loop.
 
 Describe says both models give logprobs.
 
-The runs log (`edge.nodekit.RunsLog`) gets one JSON line per run when it
+The runs log (`edge.nodes.kit.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
 """
 
@@ -53,10 +53,10 @@ from typing import Any
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from edge.node._proto.iop.node import v1 as pb
-from edge.nodekit import Encoded, Events, NodeService, RunRecord, send_cancelled
-from edge.sim.script import ScriptError, message_text, script_items
-from edge.tracing import Tracing
+from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.kit import Encoded, Events, NodeService, RunRecord, send_cancelled
+from edge.nodes.sim.script import ScriptError, message_text, script_items
+from edge.observe.tracing import Tracing
 
 MODELS = ("sim-echo", "sim-script")
 # A repeated event yields to the loop every this many messages.
@@ -141,7 +141,7 @@ def _logprobs_asked(request: pb.RunRequest) -> int | None:
 
 
 def event_from_item(item: dict[str, Any]) -> pb.RunEvent:
-    """The RunEvent a script item (checked by `edge.sim.script`) sends."""
+    """The RunEvent a script item (checked by `edge.nodes.sim.script`) sends."""
     usage = item.get("usage")
     metadata = {str(k): _json_text(v) for k, v in (item.get("metadata") or {}).items()}
     return pb.RunEvent(

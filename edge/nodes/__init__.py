@@ -1,0 +1,11 @@
+"""The node side: servers of the node contract, apart from the edge side.
+
+Owns the kit every node shares (`kit`: the grpclib server, run records, the
+bounded codec, spans), the simulated node (`sim`, `iop-sim-node`), the node in
+front of an OpenAI-compatible server (`upstream`, `iop-node`), and running
+either inside the edge (`embedded`).
+
+May import `contract`, `node` (the asyncio bridge, for running in-process),
+`config` (its TOML reader and addresses), `observe`, `errors`; never `http`,
+`fleet`, `limits` or `process`.
+"""

@@ -1,0 +1,1 @@
+"""The simulated node: a real grpclib NodeService for tests, demos and benchmarks."""

@@ -1,0 +1,5 @@
+import sys
+
+from edge.nodes.sim.cli import main
+
+sys.exit(main())
