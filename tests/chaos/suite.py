@@ -127,7 +127,7 @@ async def _wait_idle(edge: EdgeProcess) -> int:
     left = -1
     with trio.move_on_after(IDLE_TIMEOUT_S):
         while True:
-            metrics = await edge.observe.metrics()
+            metrics = await edge.metrics()
             left = await edge.in_flight()
             if metrics.get("iop_edge_active_streams") == 0 and left == 0:
                 return 0
@@ -231,7 +231,7 @@ async def run_suite(options: Options) -> Report:
         )
         in_flight = await _wait_idle(edge)
         report.end = end = await _settle(edge, base)
-        report.metrics = await edge.observe.metrics()
+        report.metrics = await edge.metrics()
         started_results = [r for r in [*warm, *results] if r.ended]
         report.results = started_results
         records = await _stable(edge.records, 0.5, 5.0)
