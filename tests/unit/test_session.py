@@ -33,12 +33,8 @@ from edge.stream.output import (
     RoleOut,
     ToolCallsOut,
 )
-from edge.stream.session import (
-    SessionSettings,
-    StreamSession,
-    hidden_reasoning_fallback,
-    reasoning_only_fallback,
-)
+from edge.stream.session import SessionSettings, StreamSession
+from edge.stream.sessionend import hidden_reasoning_fallback, reasoning_only_fallback
 from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolCall, ToolChoice, ToolPolicy, ToolSpec
 from edge.stream.toolparse import DEFAULT_FORMATS, FORMATS
 
