@@ -15,7 +15,7 @@ from typing import Final
 
 # --- the request body's JSON, whatever the API --------------------------------------
 #
-# Checked where the body is decoded (`edge.api.request.decode_object`), before any
+# Checked where the body is decoded (`edge.api.body.decode_object`), before any
 # field is read: every free-form value a node receives (content parts, documents,
 # tool results, schemas, response_format, chat_template_kwargs, ...) is inside it,
 # so each is bounded by these two, and every later walk over it (its JSON for the
