@@ -29,13 +29,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import Settings
 from benchmarks.jobs.base import raise_nofile
 from benchmarks.loadgen import Pool
 from benchmarks.overload import QUICK as OVERLOAD_QUICK
 from benchmarks.overload import OverloadSettings, measure_overload, render_overload
 from benchmarks.report import diff, dig, fmt, fmt_range, fold, goal_rows, med, ratio, sig, table
 from benchmarks.stack import EdgeSource
-from benchmarks.workloads import Settings, run
+from benchmarks.workloads import run
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "latest.json"
