@@ -24,7 +24,9 @@ import trio
 
 from edge.config import Config, NodeConfig, ServerConfig, TimeoutsConfig
 from edge.fleet.run import RunInfo
+from edge.node.client import RunHandle
 from edge.process.daemon import Edge, serve
+from edge.stream.events import NodeEvent
 from edge.stream.output import Outcome
 
 STARTUP_TIMEOUT_S = 30
@@ -108,6 +110,17 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
     node = start_sim(tmp_path_factory.mktemp("sim"))
     yield node
     stop_process(node.process)
+
+
+async def node_events(handle: RunHandle) -> list[NodeEvent]:
+    """Every event of a run started with a node client, to the node's end of the run,
+    taken with `receive` as the edge's Run takes them."""
+    events: list[NodeEvent] = []
+    while True:
+        try:
+            events.append(await handle.events.receive())
+        except trio.EndOfChannel:
+            return events
 
 
 @dataclass

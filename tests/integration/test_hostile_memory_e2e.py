@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     SimProcess,
     chat_body,
     edge_config,
+    node_events,
     script,
     start_edge,
     start_node_process,
@@ -381,7 +382,7 @@ async def _node_events(port: int, model: str, nursery: trio.Nursery) -> list[Nod
     try:
         with trio.fail_after(WAIT_S):
             handle = await client.start_run(nursery, request, deadline=trio.current_time() + WAIT_S)
-            return [event async for event in handle.events]
+            return await node_events(handle)
     finally:
         await client.aclose()
 

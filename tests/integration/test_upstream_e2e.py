@@ -41,6 +41,7 @@ from tests.integration.conftest import (
     WEATHER_TOOL,
     RunningEdge,
     SimProcess,
+    node_events,
     script,
     start_edge,
     start_node_process,
@@ -342,7 +343,7 @@ async def _events(node_port: int, request: pb.RunRequest, nursery: trio.Nursery)
     try:
         with trio.fail_after(WAIT_S):
             handle = await client.start_run(nursery, request, deadline=trio.current_time() + WAIT_S)
-            return [event async for event in handle.events]
+            return await node_events(handle)
     finally:
         await client.aclose()
 
