@@ -41,7 +41,7 @@ from tests.integration.conftest import (
     node_events,
     script,
     start_edge,
-    start_node_process,
+    start_upstream_node,
     stop_edge,
     stop_process,
 )
@@ -404,7 +404,7 @@ async def test_iop_node_caps_what_it_reads_from_an_upstream(
     upstream = HostileUpstream()
     listeners = await nursery.start(partial(trio.serve_tcp, upstream.serve, 0, host="127.0.0.1"))
     url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
-    node = start_node_process("edge.upstream", tmp_path / "runs.jsonl", "--upstream", url)
+    node = start_upstream_node(tmp_path / "runs.jsonl", url)
     try:
         port = int(node.address.rsplit(":", 1)[1])
         rss = RssPeak(node.process.pid)
