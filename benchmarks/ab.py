@@ -32,10 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import Bench, Settings
 from benchmarks.loadgen import Pool
 from benchmarks.report import diff, dig, fmt, ratio, sig, table
 from benchmarks.stack import EdgeSource, Stack
-from benchmarks.workloads import Bench, Settings, measure_round
+from benchmarks.workloads import measure_round
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_TIMEOUT_S = 15 * 60

@@ -134,7 +134,7 @@ def _interpolate(samples: list[tuple[float, float, float]], t: float) -> tuple[f
 
 
 class Harness(Protocol):
-    """What `measure` uses of a run (`benchmarks.workloads.Bench` is one)."""
+    """What `measure` uses of a run (`benchmarks.harness.Bench` is one)."""
 
     pool: Pool
     stack: Stack

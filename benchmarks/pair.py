@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ab import checkout, edge_module_path, remove_checkout, tree_label
+from benchmarks.harness import Bench, Settings
 from benchmarks.loadgen import Pool
 from benchmarks.paced import (
     SAMPLE_EVERY_S,
@@ -39,7 +40,6 @@ from benchmarks.paced import (
 from benchmarks.report import pct
 from benchmarks.stack import EdgeSource, Stack
 from benchmarks.tracing import EXPORT_DELAY_MS, otlp_sink
-from benchmarks.workloads import Bench, Settings
 
 mono = time.monotonic
 

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import Settings
 from benchmarks.report import dig, fmt, med
 from benchmarks.stack import EDGE_CONFIG, Probe, _get, _spawn, free_port, stop_process, venv_script
-from benchmarks.workloads import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TOOL = ROOT.parent / "shared" / "tools" / "peer-bench"

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from benchmarks import paced
+from benchmarks.harness import Bench, Settings
 from benchmarks.loadgen import Pool
 from benchmarks.stack import Stack
-from benchmarks.workloads import Bench, Settings
 
 _LINE = re.compile(r":\d+\)$")
 

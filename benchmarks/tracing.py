@@ -35,9 +35,9 @@ from typing import Any
 from benchmarks.httpclient import build_post
 from benchmarks.loadgen import Pool
 from benchmarks.report import fmt, sig, table
+from benchmarks.scripts import SHORT_SCRIPT, chat_body, long_script
 from benchmarks.stack import EdgeSource, Probe, Stack
 from benchmarks.workers import _phase, _settle, _wait_workers
-from benchmarks.workloads import SHORT_SCRIPT, chat_body, long_script
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ import psutil  # type: ignore[import-untyped]
 from benchmarks.httpclient import build_post
 from benchmarks.loadgen import Pool
 from benchmarks.report import fmt, sig, table
+from benchmarks.scripts import SHORT_SCRIPT, chat_body, long_script
 from benchmarks.stack import EdgeSource, Probe, Stack
-from benchmarks.workloads import SHORT_SCRIPT, chat_body, long_script
 
 mono = time.monotonic
 START_DELAY_S = 0.3

@@ -132,8 +132,12 @@ async def _paced_direct(
                 per_stream.append(stamps)
                 try:
                     handle = await start(client, nursery, run_request(script))
-                    async for event in handle.events:
-                        kind = type(event)
+                    events = handle.events
+                    while True:
+                        try:
+                            kind = type(await events.receive())
+                        except trio.EndOfChannel:
+                            break
                         if kind is Delta:
                             stamps.append(mono())
                         elif kind is Complete:

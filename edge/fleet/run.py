@@ -195,10 +195,6 @@ class Run:
         # (nothing: the caller left, or its request was refused).
         self.verdict: str | None = None
 
-    def attach(self, handle: RunHandle) -> None:
-        """Read `handle`, a run whose node side was started by the caller (tests)."""
-        self.handle = handle
-
     # --- the run's life -------------------------------------------------------------
 
     async def __aenter__(self) -> Run:

@@ -194,12 +194,3 @@ class EventBuffer:
 
     async def receive(self) -> NodeEvent:
         return self._taken(await self._receive.receive())
-
-    def __aiter__(self) -> EventBuffer:
-        return self
-
-    async def __anext__(self) -> NodeEvent:
-        try:
-            return await self.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None

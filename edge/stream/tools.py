@@ -39,7 +39,6 @@ __all__ = [
     "check_declared_schema",
     "compact_json",
     "match_tool_name",
-    "normalize_native_tool_calls",
     "parse_native_tool_calls",
     "schema_error",
     "schema_problem",
@@ -306,13 +305,6 @@ def _normalize_native(
             )
         )
     return NativeToolCalls(tuple(calls), tuple(errors))
-
-
-def normalize_native_tool_calls(
-    raw: str, policy: ToolPolicy, id_prefix: str
-) -> tuple[ToolCall, ...]:
-    """The calls of `parse_native_tool_calls` (use that one to see what was dropped)."""
-    return parse_native_tool_calls(raw, policy, id_prefix).calls
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,7 @@ class SimNode:
         argv = [
             sys.executable,
             "-m",
-            "edge.sim",
+            "edge.nodes.sim",
             "--listen",
             f"127.0.0.1:{self.port}",
             "--runs-log",

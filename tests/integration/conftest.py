@@ -4,6 +4,11 @@ The simulated node runs as a subprocess (one per test session) on an
 ephemeral 127.0.0.1 port with a runs log; the edge runs inside the test's
 trio loop, serving hypercorn on an ephemeral 127.0.0.1 port, so tests can
 also look at its insides (runs in flight, outcomes) after the fact.
+
+Node processes are started by their modules, `edge.nodes.sim` and
+`edge.nodes.upstream` (`python -m edge.sim` / `edge.upstream` are kept for scripts;
+test_cli.py checks that they start): the session's `sim`, a test's own `node`,
+`named_sims` for tests that kill one of several, `start_upstream_node` for `iop-node`.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,9 @@ import trio
 
 from edge.config import Config, NodeConfig, ServerConfig, TimeoutsConfig
 from edge.fleet.run import RunInfo
+from edge.node.client import RunHandle
 from edge.process.daemon import Edge, serve
+from edge.stream.events import NodeEvent
 from edge.stream.output import Outcome
 
 STARTUP_TIMEOUT_S = 30
@@ -87,8 +95,32 @@ def start_node_process(
     return SimProcess(line.rsplit(" ", 1)[1].strip(), runs_log, process)
 
 
-def start_sim(tmp: Path, name: str = "sim") -> SimProcess:
-    return start_node_process("edge.sim", tmp / f"{name}-runs.jsonl")
+def start_sim(tmp: Path, name: str = "sim", *args: str) -> SimProcess:
+    """A simulated node whose runs log is `tmp/NAME-runs.jsonl`; `args` go to its command."""
+    return start_node_process("edge.nodes.sim", tmp / f"{name}-runs.jsonl", *args)
+
+
+@contextmanager
+def named_sims(tmp: Path, *names: str) -> Iterator[tuple[SimProcess, ...]]:
+    """One simulated node per name, each started with `--name NAME` (the name it gives
+    its runs), all stopped on the way out: fresh nodes, for tests that kill one."""
+    with ExitStack() as stack:
+        nodes = []
+        for name in names:
+            node = start_sim(tmp, name, "--name", name)
+            stack.callback(stop_process, node.process)
+            nodes.append(node)
+        yield tuple(nodes)
+
+
+def start_upstream_node(
+    runs_log: Path, upstream: str, *args: str, env: Mapping[str, str] | None = None
+) -> SimProcess:
+    """`iop-node` in front of the OpenAI-compatible `upstream` URL (it asks the upstream
+    for nothing until a request comes); its runs log has the simulated node's format."""
+    return start_node_process(
+        "edge.nodes.upstream", runs_log, "--upstream", upstream, *args, env=env
+    )
 
 
 def stop_process(process: subprocess.Popen[str]) -> None:
@@ -108,6 +140,26 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
     node = start_sim(tmp_path_factory.mktemp("sim"))
     yield node
     stop_process(node.process)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[SimProcess]:
+    """A simulated node of the test's own, for tests that fill its slots or read its runs
+    log alone (the session's `sim` is shared by every test)."""
+    own = start_sim(tmp_path)
+    yield own
+    stop_process(own.process)
+
+
+async def node_events(handle: RunHandle) -> list[NodeEvent]:
+    """Every event of a run started with a node client, to the node's end of the run,
+    taken with `receive` as the edge's Run takes them."""
+    events: list[NodeEvent] = []
+    while True:
+        try:
+            events.append(await handle.events.receive())
+        except trio.EndOfChannel:
+            return events
 
 
 @dataclass

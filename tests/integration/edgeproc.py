@@ -37,7 +37,7 @@ def _script(name: str) -> list[str]:
     path = Path(sys.executable).parent / name
     if path.exists():
         return [str(path)]
-    return [sys.executable, "-m", {"iop-edge": "edge", "iop-sim-node": "edge.sim"}[name]]
+    return [sys.executable, "-m", {"iop-edge": "edge", "iop-sim-node": "edge.nodes.sim"}[name]]
 
 
 def free_port() -> int:

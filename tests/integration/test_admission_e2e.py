@@ -10,13 +10,11 @@ bounded polls on in-process state; nothing asserts a duration.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import trio
 
 from edge.config import AdmissionConfig, Config, NodeConfig, ServerConfig
@@ -26,22 +24,13 @@ from tests.integration.conftest import (
     chat_body,
     script,
     start_edge,
-    start_sim,
     stop_edge,
-    stop_process,
 )
 
 CHAT = "/v1/chat/completions"
 WAIT_S = 20.0
 HOLD = chat_body("sim-script", script({"type": "delta", "delta": "x"}, {"type": "hang"}),
                  stream=True)  # fmt: skip
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> AsyncIterator[SimProcess]:
-    sim = start_sim(tmp_path, "admission")
-    yield sim  # type: ignore[misc]
-    stop_process(sim.process)
 
 
 async def _edge(nursery: trio.Nursery, sim: SimProcess, queue_timeout_s: float) -> RunningEdge:

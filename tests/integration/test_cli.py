@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
+
+from tests.integration.conftest import start_node_process, stop_process
 
 
 def test_config_mistake_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -40,6 +43,23 @@ def test_bad_flag_is_a_usage_error() -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "expected HOST:PORT" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [("edge.sim", ()), ("edge.upstream", ("--upstream", "http://127.0.0.1:9/v1"))],
+)
+def test_the_entry_points_kept_for_scripts_still_start(
+    tmp_path: Path, module: str, args: tuple[str, ...]
+) -> None:
+    """`python -m edge.sim` and `python -m edge.upstream` (the nodes are `edge.nodes.sim`
+    and `edge.nodes.upstream`, which the other tests start) still start a node that listens."""
+    node = start_node_process(module, tmp_path / "runs.jsonl", *args)
+    try:
+        assert node.process.poll() is None
+        assert node.address.startswith("127.0.0.1:")
+    finally:
+        stop_process(node.process)
 
 
 async def test_default_config_answers_with_embedded_node(tmp_path: Path) -> None:

@@ -35,9 +35,9 @@ from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
     chat_body,
+    named_sims,
     script,
     start_edge,
-    start_node_process,
     stop_edge,
     stop_process,
 )
@@ -47,18 +47,11 @@ HANG = {"type": "hang"}
 WAIT_S = 20.0
 
 
-def _start_named_sim(tmp: Path, name: str) -> SimProcess:
-    return start_node_process("edge.sim", tmp / f"{name}-runs.jsonl", "--name", name)
-
-
 @pytest.fixture
 def sims(tmp_path: Path) -> Iterator[tuple[SimProcess, SimProcess]]:
     """Nodes "a" and "b" (fresh for each test: some tests kill one)."""
-    a = _start_named_sim(tmp_path, "a")
-    b = _start_named_sim(tmp_path, "b")
-    yield a, b
-    stop_process(a.process)
-    stop_process(b.process)
+    with named_sims(tmp_path, "a", "b") as (a, b):
+        yield a, b
 
 
 def _config(*nodes: SimProcess, **timeouts: float) -> Config:

@@ -29,6 +29,7 @@ from tests.integration.conftest import (
     SimProcess,
     chat_body,
     edge_config,
+    node_events,
     script,
     start_edge,
     stop_edge,
@@ -111,13 +112,11 @@ async def _run(state: NodeState, run_id: str, content: str) -> list[NodeEvent]:
     request = pb.RunRequest(
         run_id=run_id, model="sim-script", messages=[pb.Message(role="user", content=content)]
     )
-    events: list[NodeEvent] = []
     with trio.fail_after(WAIT_S):
         async with trio.open_nursery() as nursery:
             deadline = trio.current_time() + WAIT_S
             handle = await state.client.start_run(nursery, request, deadline=deadline)
-            async for event in handle.events:
-                events.append(event)
+            events = await node_events(handle)
     return events
 
 

@@ -38,9 +38,10 @@ from tests.integration.conftest import (
     SimProcess,
     chat_body,
     edge_config,
+    node_events,
     script,
     start_edge,
-    start_node_process,
+    start_upstream_node,
     stop_edge,
     stop_process,
 )
@@ -381,7 +382,7 @@ async def _node_events(port: int, model: str, nursery: trio.Nursery) -> list[Nod
     try:
         with trio.fail_after(WAIT_S):
             handle = await client.start_run(nursery, request, deadline=trio.current_time() + WAIT_S)
-            return [event async for event in handle.events]
+            return await node_events(handle)
     finally:
         await client.aclose()
 
@@ -403,7 +404,7 @@ async def test_iop_node_caps_what_it_reads_from_an_upstream(
     upstream = HostileUpstream()
     listeners = await nursery.start(partial(trio.serve_tcp, upstream.serve, 0, host="127.0.0.1"))
     url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
-    node = start_node_process("edge.upstream", tmp_path / "runs.jsonl", "--upstream", url)
+    node = start_upstream_node(tmp_path / "runs.jsonl", url)
     try:
         port = int(node.address.rsplit(":", 1)[1])
         rss = RssPeak(node.process.pid)

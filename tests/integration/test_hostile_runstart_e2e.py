@@ -43,9 +43,9 @@ from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
     chat_body,
+    named_sims,
     script,
     start_edge,
-    start_node_process,
     start_sim,
     stop_edge,
     stop_process,
@@ -385,17 +385,10 @@ async def test_a_large_request_is_served_while_healthz_answers(
 # --- the node's deadline ------------------------------------------------------------
 
 
-def _start_named_sim(tmp: Path, name: str) -> SimProcess:
-    return start_node_process("edge.sim", tmp / f"{name}-runs.jsonl", "--name", name)
-
-
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[SimProcess, SimProcess]]:
-    a = _start_named_sim(tmp_path, "sim")
-    b = _start_named_sim(tmp_path, "b")
-    yield a, b
-    stop_process(a.process)
-    stop_process(b.process)
+    with named_sims(tmp_path, "sim", "b") as (a, b):
+        yield a, b
 
 
 async def test_each_attempt_sends_the_request_deadline(

@@ -23,7 +23,7 @@ from tests.integration.conftest import (
     chat_body,
     script,
     start_edge,
-    start_node_process,
+    start_upstream_node,
     stop_edge,
     stop_process,
 )
@@ -164,12 +164,8 @@ async def blind_edge(
 ) -> AsyncIterator[tuple[RunningEdge, SimProcess]]:
     """An edge whose one node is an iop-node that says it gives no logprobs."""
     node = await trio.to_thread.run_sync(
-        lambda: start_node_process(
-            "edge.upstream",
-            tmp_path / "iop-node-runs.jsonl",
-            "--upstream",
-            edge.url + "/v1",
-            "--no-logprobs",
+        lambda: start_upstream_node(
+            tmp_path / "iop-node-runs.jsonl", edge.url + "/v1", "--no-logprobs"
         )
     )
     try:
@@ -216,9 +212,7 @@ async def test_iop_node_passes_logprobs_through(
     """SDK -> edge B -> iop-node -> edge A -> sim: the sim's logprobs, rendered by edge A
     in OpenAI's shape, are mapped by iop-node into the contract and rendered again by B."""
     node = await trio.to_thread.run_sync(
-        lambda: start_node_process(
-            "edge.upstream", tmp_path / "runs.jsonl", "--upstream", edge.url + "/v1"
-        )
+        lambda: start_upstream_node(tmp_path / "runs.jsonl", edge.url + "/v1")
     )
     try:
         config = Config(

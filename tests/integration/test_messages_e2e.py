@@ -9,8 +9,7 @@ accumulator make of it, and the raw frames where the SDK hides them.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
@@ -25,9 +24,7 @@ from tests.integration.conftest import (
     edge_config,
     script,
     start_edge,
-    start_sim,
     stop_edge,
-    stop_process,
 )
 from tests.integration.test_admission_e2e import WAIT_S, _full
 
@@ -316,13 +313,6 @@ async def test_ping_while_waiting(nursery: trio.Nursery, sim: SimProcess) -> Non
     assert text.index("event: ping") < text.index('"text":"late"')
     assert text.endswith('event: message_stop\ndata: {"type":"message_stop"}\n\n')
     await stop_edge(running)
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[SimProcess]:
-    sim = start_sim(tmp_path, "shed")
-    yield sim
-    stop_process(sim.process)
 
 
 async def test_shed_in_each_apis_shape(nursery: trio.Nursery, node: SimProcess) -> None:

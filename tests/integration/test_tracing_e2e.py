@@ -31,7 +31,7 @@ from tests.integration.conftest import (
     SimProcess,
     script,
     start_edge,
-    start_node_process,
+    start_upstream_node,
     stop_edge,
     stop_process,
 )
@@ -93,9 +93,8 @@ async def test_one_trace_through_edge_node_and_upstream(tmp_path: Path) -> None:
                 node_started = trio.Event()
 
                 def spawn_node() -> SimProcess:
-                    return start_node_process(
-                        "edge.upstream", tmp_path / "node-runs.jsonl",
-                        "--upstream", f"http://127.0.0.1:{upstream_port}/v1",
+                    return start_upstream_node(
+                        tmp_path / "node-runs.jsonl", f"http://127.0.0.1:{upstream_port}/v1",
                         env=_env(receiver, "node"),
                     )  # fmt: skip
 

@@ -41,9 +41,10 @@ from tests.integration.conftest import (
     WEATHER_TOOL,
     RunningEdge,
     SimProcess,
+    node_events,
     script,
     start_edge,
-    start_node_process,
+    start_upstream_node,
     stop_edge,
     stop_process,
 )
@@ -342,7 +343,7 @@ async def _events(node_port: int, request: pb.RunRequest, nursery: trio.Nursery)
     try:
         with trio.fail_after(WAIT_S):
             handle = await client.start_run(nursery, request, deadline=trio.current_time() + WAIT_S)
-            return [event async for event in handle.events]
+            return await node_events(handle)
     finally:
         await client.aclose()
 
@@ -408,7 +409,9 @@ async def test_iop_node_tells_a_reading_caller_its_run_was_cancelled(
 ) -> None:
     """CancelRun while the caller reads (iop-node as a process): the run's terminal is the
     node's `cancelled` event, the upstream request is closed, one CancelRun is logged."""
-    node = await trio.to_thread.run_sync(start_node, tmp_path, upstream.url)
+    node = await trio.to_thread.run_sync(
+        start_upstream_node, tmp_path / "iop-node-runs.jsonl", upstream.url
+    )
     try:
         request = pb.RunRequest(
             run_id="c1", model="hang", messages=[pb.Message(role="user", content="x")]
@@ -429,11 +432,6 @@ async def test_iop_node_tells_a_reading_caller_its_run_was_cancelled(
 # --- the chain: SDK -> edge B -> iop-node -> edge A -> iop-sim-node --------------------
 
 
-def start_node(tmp: Path, upstream: str) -> SimProcess:
-    """`iop-node` as a process; its runs log has the simulated node's format."""
-    return start_node_process("edge.upstream", tmp / "iop-node-runs.jsonl", "--upstream", upstream)
-
-
 @dataclass
 class Chain:
     a: RunningEdge
@@ -448,7 +446,9 @@ class Chain:
 
 @pytest.fixture
 async def chain(nursery: trio.Nursery, edge: RunningEdge, tmp_path: Path) -> AsyncIterator[Chain]:
-    node = await trio.to_thread.run_sync(start_node, tmp_path, edge.url + "/v1")
+    node = await trio.to_thread.run_sync(
+        start_upstream_node, tmp_path / "iop-node-runs.jsonl", edge.url + "/v1"
+    )
     try:
         b = await start_edge(nursery, _edge_config(NodeConfig("iop-node", node.address)))
         yield Chain(edge, node, b)

@@ -46,7 +46,7 @@ def _stream(keepalive_s: float = 0.0) -> tuple[Run, _Sender]:
     session = StreamSession(SessionSettings(run_id="r1"))
     info = RunInfo("r1", "m", "node", stream=True, started_at=trio.current_time())
     run = Run(info, session, TIMEOUTS, keepalive_s=keepalive_s)
-    run.attach(handle)
+    run.handle = handle  # as Run's start sets it once the node accepted
     return run, _Sender(events)
 
 
@@ -213,7 +213,7 @@ async def test_a_session_the_edge_ended_cancels_the_run_on_the_node() -> None:
     settings = SessionSettings(run_id="r1", whole_output=True, max_held_chars=4)
     info = RunInfo("r1", "m", "node", stream=False, started_at=trio.current_time())
     run = Run(info, StreamSession(settings), TIMEOUTS)
-    run.attach(handle)
+    run.handle = handle  # as Run's start sets it once the node accepted
     assert events.put_nowait(Delta("longer than the cap"))
     assert await run.next_batch() == [RoleOut()]
     batch = await run.next_batch()

@@ -12,7 +12,6 @@ from edge.errors import RequestError
 from edge.stream.toolcall import ToolCall, ToolChoice, ToolPolicy, ToolSpec
 from edge.stream.toolparse import FORMATS
 from edge.stream.tools import (
-    normalize_native_tool_calls,
     parse_native_tool_calls,
     synthesize_tool_calls,
     unstreamed_remainder,
@@ -142,7 +141,7 @@ def test_tool_choice_default_without_tools() -> None:
 
 
 def native(entries: object, policy: ToolPolicy = POLICY) -> tuple[ToolCall, ...]:
-    return normalize_native_tool_calls(json.dumps(entries), policy, "run1")
+    return parse_native_tool_calls(json.dumps(entries), policy, "run1").calls
 
 
 def test_native_missing_and_duplicate_ids() -> None:
@@ -208,14 +207,13 @@ def test_native_malformed(raw: str, error: str) -> None:
     result = parse_native_tool_calls(raw, POLICY, "r")
     assert result.calls == ()
     assert error in result.errors[0]
-    assert normalize_native_tool_calls(raw, POLICY, "r") == ()
 
 
 @pytest.mark.parametrize("raw", ["", "  ", "null", "[]"])
 def test_native_empty(raw: str) -> None:
     """Empty metadata means no native calls and no error."""
     assert parse_native_tool_calls(raw, POLICY, "r").errors == ()
-    assert normalize_native_tool_calls(raw, POLICY, "r") == ()
+    assert parse_native_tool_calls(raw, POLICY, "r").calls == ()
 
 
 # --- validation --------------------------------------------------------------------
