@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -40,10 +41,39 @@ _MAX_UINT32 = 2**32 - 1
 
 
 def parse_config(doc: Mapping[str, Any], source: str) -> Config:
+    """Every table in the order a mistake is reported in; then no key is left over."""
     root = TableReader(source, "", doc)
-    srv, tmo = ServerConfig(), TimeoutsConfig()
+    server = _server(source, root.get("server", dict, {}))
+    log = _log(source, root.get("log", dict, {}))
+    timeouts = _timeouts(source, root.get("timeouts", dict, {}))
+    routing = _routing(source, root.get("routing", dict, {}))
+    admission = _admission(source, root.get("admission", dict, {}))
+    raw_nodes = root.get("nodes", list, None)
+    nodes = _nodes(source, raw_nodes) if raw_nodes is not None else Config().nodes
+    keys = _keys(source, root.get("keys", list, []), server.api_keys)
+    limits = _limits(source, root.get("limits", dict, {}))
+    tracing = _tracing(source, root.get("tracing", dict, {}))
+    models = _models(source, root.get("models", dict, {}))
+    root.done()
+    return Config(
+        server=server,
+        log=log,
+        timeouts=timeouts,
+        routing=routing,
+        admission=admission,
+        nodes=nodes,
+        models=models,
+        keys=keys,
+        limits=limits,
+        tracing=tracing,
+        source=source,
+    )
 
-    r = TableReader(source, "server", root.get("server", dict, {}))
+
+def _server(source: str, raw: object) -> ServerConfig:
+    """`[server]`; the keys of `api_keys_file` are added to `api_keys`."""
+    srv = ServerConfig()
+    r = TableReader(source, "server", raw)
     server = ServerConfig(
         listen=r.get("listen", str, srv.listen),
         api_keys=tuple(key.strip() for key in r.strings("api_keys", ())),
@@ -61,21 +91,25 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     if any(not key.strip() for key in server.api_keys):
         raise r.fail("api_keys", "an empty key would let anyone in")
     r.done()
-    if server.api_keys_file is not None:
-        server = ServerConfig(**{
-            **{f: getattr(server, f) for f in server.__dataclass_fields__},
-            "api_keys": server.api_keys + _read_keys(source, server.api_keys_file),
-        })  # fmt: skip
+    if server.api_keys_file is None:
+        return server
+    return replace(server, api_keys=server.api_keys + _read_keys(source, server.api_keys_file))
 
-    r = TableReader(source, "log", root.get("log", dict, {}))
+
+def _log(source: str, raw: object) -> LogConfig:
+    r = TableReader(source, "log", raw)
     log = LogConfig(
         level=r.choice("level", "INFO", ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR")),
         format=r.choice("format", "text", ("text", "json")),
         queue_bytes=r.integer("queue_bytes", LogConfig().queue_bytes, minimum=16384, maximum=2**30),
     )
     r.done()
+    return log
 
-    r = TableReader(source, "timeouts", root.get("timeouts", dict, {}))
+
+def _timeouts(source: str, raw: object) -> TimeoutsConfig:
+    tmo = TimeoutsConfig()
+    r = TableReader(source, "timeouts", raw)
     timeouts = TimeoutsConfig(
         first_event_s=r.number("first_event_s", tmo.first_event_s, minimum=0.001),
         idle_s=r.number("idle_s", tmo.idle_s, minimum=0.001),
@@ -83,9 +117,12 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         slow_client_s=r.number("slow_client_s", tmo.slow_client_s, minimum=0.001),
     )
     r.done()
+    return timeouts
 
-    rtg, adm = RoutingConfig(), AdmissionConfig()
-    r = TableReader(source, "routing", root.get("routing", dict, {}))
+
+def _routing(source: str, raw: object) -> RoutingConfig:
+    rtg = RoutingConfig()
+    r = TableReader(source, "routing", raw)
     routing = RoutingConfig(
         policy=r.choice("policy", rtg.policy, ROUTING_POLICIES),
         retries=r.integer("retries", rtg.retries, maximum=10),
@@ -96,8 +133,12 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         ),
     )
     r.done()
+    return routing
 
-    r = TableReader(source, "admission", root.get("admission", dict, {}))
+
+def _admission(source: str, raw: object) -> AdmissionConfig:
+    adm = AdmissionConfig()
+    r = TableReader(source, "admission", raw)
     admission = AdmissionConfig(
         max_queue=r.integer("max_queue", adm.max_queue, maximum=1_000_000),
         queue_timeout_s=r.number(
@@ -108,32 +149,34 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         ),
     )
     r.done()
+    return admission
 
+
+def _nodes(source: str, raw_nodes: list[Any]) -> tuple[NodeConfig, ...]:
+    """`[[nodes]]`: each with an address; names are unique (the address by default)."""
     nodes: list[NodeConfig] = []
-    raw_nodes = root.get("nodes", list, None)
-    if raw_nodes is not None:
-        for i, raw in enumerate(raw_nodes):
-            r = TableReader(source, f"nodes[{i}]", raw)
-            address = r.get("address", str, None)
-            if address is None:
-                raise r.fail("address", 'missing (HOST:PORT, "embedded" or openai+http://...)')
-            name = r.get("name", str, address)
-            if address != "embedded":
-                _check(r, "address", check_node_address, address)
-            max_runs = None
-            if "max_runs" in r.table:
-                max_runs = r.integer("max_runs", 0, maximum=1_000_000)
-            r.done()
-            if any(n.name == name for n in nodes):
-                raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
-            nodes.append(NodeConfig(name=name, address=address, max_runs=max_runs))
+    for i, raw in enumerate(raw_nodes):
+        r = TableReader(source, f"nodes[{i}]", raw)
+        address = r.get("address", str, None)
+        if address is None:
+            raise r.fail("address", 'missing (HOST:PORT, "embedded" or openai+http://...)')
+        name = r.get("name", str, address)
+        if address != "embedded":
+            _check(r, "address", check_node_address, address)
+        max_runs = None
+        if "max_runs" in r.table:
+            max_runs = r.integer("max_runs", 0, maximum=1_000_000)
+        r.done()
+        if any(n.name == name for n in nodes):
+            raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
+        nodes.append(NodeConfig(name=name, address=address, max_runs=max_runs))
+    return tuple(nodes)
 
-    keys = _keys(source, root.get("keys", list, []), server.api_keys)
-    limits = _limits(source, root.get("limits", dict, {}))
-    tracing = _tracing(source, root.get("tracing", dict, {}))
 
+def _models(source: str, raw_models: dict[str, Any]) -> dict[str, ModelConfig]:
+    """`[models.NAME]`: a key left out keeps the default (`SIM_MODEL`'s for `sim-*`)."""
     models: dict[str, ModelConfig] = {}
-    for name, raw in root.get("models", dict, {}).items():
+    for name, raw in raw_models.items():
         r = TableReader(source, f"models.{name}", raw)
         base = SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
         formats = r.strings("tool_call_formats", base.tool_call_formats)
@@ -159,20 +202,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
             media_url_schemes=_media_schemes(r, base.media_url_schemes),
         )
         r.done()
-    root.done()
-    return Config(
-        server=server,
-        log=log,
-        timeouts=timeouts,
-        routing=routing,
-        admission=admission,
-        nodes=tuple(nodes) if raw_nodes is not None else Config().nodes,
-        models=models,
-        keys=keys,
-        limits=limits,
-        tracing=tracing,
-        source=source,
-    )
+    return models
 
 
 def _limits(source: str, raw: object) -> LimitsConfig:
