@@ -18,6 +18,13 @@ from edge.config.toml import ConfigError, TableReader
 
 # A key's name is a metric label and a log field: short, plain.
 _KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Where a `[[keys]]` entry's secret comes from, exactly one of these keys, and what each
+# holds (its meaning in the generated reference: no field of KeyConfig is named so).
+SECRET_SOURCES = {
+    "key": "The key itself.",
+    "key_env": "The name of an environment variable holding the key.",
+    "key_file": "A file holding the key (relative to the config file).",
+}
 
 
 def _keys(source: str, raw_keys: list[Any], api_keys: tuple[str, ...]) -> tuple[KeyConfig, ...]:
@@ -35,17 +42,18 @@ def _keys(source: str, raw_keys: list[Any], api_keys: tuple[str, ...]) -> tuple[
             raise r.fail("name", "expected 1 to 64 of A-Z a-z 0-9 . _ -")
         if name == "api_keys":
             raise r.fail("name", "'api_keys' names the keys of [server] api_keys; pick another")
-        given = [k for k in ("key", "key_env", "key_file") if k in r.table]
+        sources = {k: r.get(k, str, None) for k in SECRET_SOURCES}
+        given = [k for k, value in sources.items() if value is not None]
         if len(given) != 1:
-            raise r.fail("key", "give exactly one of key, key_env, key_file")
-        secret = _secret(source, r, given[0])
+            raise r.fail("key", f"give exactly one of {', '.join(SECRET_SOURCES)}")
+        secret = _secret(source, r, given[0], sources[given[0]])
         if any(not 1 <= ord(c) < 127 or c.isspace() for c in secret):
             raise r.fail(given[0], "the key must be printable ASCII without spaces")
         rpm, tpm, streams = (
-            r.integer(k, 0, minimum=1, maximum=1_000_000_000) if k in r.table else None
+            r.integer(k, None, minimum=1, maximum=1_000_000_000)
             for k in ("rpm", "tpm", "max_streams")
         )
-        models = r.strings("models", ()) if "models" in r.table else None
+        models = r.strings("models", None)
         r.done()
         if any(k.name == name for k in keys):
             raise ConfigError(f"{source}: keys[{i}].name: duplicate key name {name!r}")
@@ -60,9 +68,8 @@ def hmac_equal(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
 
 
-def _secret(source: str, r: TableReader, how: str) -> str:
+def _secret(source: str, r: TableReader, how: str, value: str) -> str:
     """The secret of a `[[keys]]` entry, from the config, the environment or a file."""
-    value: str = r.get(how, str, "")
     if how == "key_env":
         secret = os.environ.get(value, "").strip()
         if not secret:

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from edge.api.policy import MEDIA_SCHEMES
@@ -38,21 +38,25 @@ from edge.stream.toolparse import FORMATS
 
 # The node protocol carries max_tokens as a uint32.
 _MAX_UINT32 = 2**32 - 1
+_T = TypeVar("_T")
 
 
 def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     """Every table in the order a mistake is reported in; then no key is left over."""
     root = TableReader(source, "", doc)
-    server = _server(source, root.get("server", dict, {}))
-    log = _log(source, root.get("log", dict, {}))
-    timeouts = _timeouts(source, root.get("timeouts", dict, {}))
-    routing = _routing(source, root.get("routing", dict, {}))
-    admission = _admission(source, root.get("admission", dict, {}))
+    server = _table(source, root, "server", _server)
+    if server.api_keys_file is not None:
+        more = _read_keys(source, server.api_keys_file)
+        server = replace(server, api_keys=server.api_keys + more)
+    log = _table(source, root, "log", _log)
+    timeouts = _table(source, root, "timeouts", _timeouts)
+    routing = _table(source, root, "routing", _routing)
+    admission = _table(source, root, "admission", _admission)
     raw_nodes = root.get("nodes", list, None)
     nodes = _nodes(source, raw_nodes) if raw_nodes is not None else Config().nodes
     keys = _keys(source, root.get("keys", list, []), server.api_keys)
-    limits = _limits(source, root.get("limits", dict, {}))
-    tracing = _tracing(source, root.get("tracing", dict, {}))
+    limits = _table(source, root, "limits", _limits)
+    tracing = _table(source, root, "tracing", _tracing)
     models = _models(source, root.get("models", dict, {}))
     root.done()
     return Config(
@@ -70,10 +74,17 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     )
 
 
-def _server(source: str, raw: object) -> ServerConfig:
-    """`[server]`; the keys of `api_keys_file` are added to `api_keys`."""
+def _table(source: str, root: TableReader, name: str, read: Callable[[TableReader], _T]) -> _T:
+    """The table `name`, as `read` makes it of its reader; then no key of it is left over."""
+    r = TableReader(source, name, root.get(name, dict, {}))
+    settings = read(r)
+    r.done()
+    return settings
+
+
+def _server(r: TableReader) -> ServerConfig:
+    """`[server]`, but for the keys of `api_keys_file` (read once the table is done)."""
     srv = ServerConfig()
-    r = TableReader(source, "server", raw)
     server = ServerConfig(
         listen=r.get("listen", str, srv.listen),
         api_keys=tuple(key.strip() for key in r.strings("api_keys", ())),
@@ -90,40 +101,30 @@ def _server(source: str, raw: object) -> ServerConfig:
     _check(r, "listen", split_address, server.listen)
     if any(not key.strip() for key in server.api_keys):
         raise r.fail("api_keys", "an empty key would let anyone in")
-    r.done()
-    if server.api_keys_file is None:
-        return server
-    return replace(server, api_keys=server.api_keys + _read_keys(source, server.api_keys_file))
+    return server
 
 
-def _log(source: str, raw: object) -> LogConfig:
-    r = TableReader(source, "log", raw)
-    log = LogConfig(
+def _log(r: TableReader) -> LogConfig:
+    return LogConfig(
         level=r.choice("level", "INFO", ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR")),
         format=r.choice("format", "text", ("text", "json")),
         queue_bytes=r.integer("queue_bytes", LogConfig().queue_bytes, minimum=16384, maximum=2**30),
     )
-    r.done()
-    return log
 
 
-def _timeouts(source: str, raw: object) -> TimeoutsConfig:
+def _timeouts(r: TableReader) -> TimeoutsConfig:
     tmo = TimeoutsConfig()
-    r = TableReader(source, "timeouts", raw)
-    timeouts = TimeoutsConfig(
+    return TimeoutsConfig(
         first_event_s=r.number("first_event_s", tmo.first_event_s, minimum=0.001),
         idle_s=r.number("idle_s", tmo.idle_s, minimum=0.001),
         total_s=r.number("total_s", tmo.total_s, minimum=0.001),
         slow_client_s=r.number("slow_client_s", tmo.slow_client_s, minimum=0.001),
     )
-    r.done()
-    return timeouts
 
 
-def _routing(source: str, raw: object) -> RoutingConfig:
+def _routing(r: TableReader) -> RoutingConfig:
     rtg = RoutingConfig()
-    r = TableReader(source, "routing", raw)
-    routing = RoutingConfig(
+    return RoutingConfig(
         policy=r.choice("policy", rtg.policy, ROUTING_POLICIES),
         retries=r.integer("retries", rtg.retries, maximum=10),
         retry_backoff_s=r.number("retry_backoff_s", rtg.retry_backoff_s, maximum=60),
@@ -132,14 +133,11 @@ def _routing(source: str, raw: object) -> RoutingConfig:
             "breaker_cooldown_s", rtg.breaker_cooldown_s, minimum=0.01, maximum=3600
         ),
     )
-    r.done()
-    return routing
 
 
-def _admission(source: str, raw: object) -> AdmissionConfig:
+def _admission(r: TableReader) -> AdmissionConfig:
     adm = AdmissionConfig()
-    r = TableReader(source, "admission", raw)
-    admission = AdmissionConfig(
+    return AdmissionConfig(
         max_queue=r.integer("max_queue", adm.max_queue, maximum=1_000_000),
         queue_timeout_s=r.number(
             "queue_timeout_s", adm.queue_timeout_s, minimum=0.001, maximum=3600
@@ -148,8 +146,6 @@ def _admission(source: str, raw: object) -> AdmissionConfig:
             "memory_budget_bytes", adm.memory_budget_bytes, minimum=2**20, maximum=2**50
         ),
     )
-    r.done()
-    return admission
 
 
 def _nodes(source: str, raw_nodes: list[Any]) -> tuple[NodeConfig, ...]:
@@ -163,9 +159,7 @@ def _nodes(source: str, raw_nodes: list[Any]) -> tuple[NodeConfig, ...]:
         name = r.get("name", str, address)
         if address != "embedded":
             _check(r, "address", check_node_address, address)
-        max_runs = None
-        if "max_runs" in r.table:
-            max_runs = r.integer("max_runs", 0, maximum=1_000_000)
+        max_runs = r.integer("max_runs", None, maximum=1_000_000)
         r.done()
         if any(n.name == name for n in nodes):
             raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
@@ -179,19 +173,15 @@ def _models(source: str, raw_models: dict[str, Any]) -> dict[str, ModelConfig]:
     for name, raw in raw_models.items():
         r = TableReader(source, f"models.{name}", raw)
         base = SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
-        formats = r.strings("tool_call_formats", base.tool_call_formats)
-        for fmt in formats:
-            if fmt not in FORMATS:
-                raise r.fail(
-                    "tool_call_formats",
-                    f"unknown format {fmt!r} (known: {', '.join(FORMATS)})",
-                )
         models[name] = ModelConfig(
             strict=r.get("strict", bool, base.strict),
             stream_buffer=r.get("stream_buffer", bool, base.stream_buffer),
             reasoning_parser=r.choice("reasoning_parser", base.reasoning_parser, REASONING_PARSERS),
-            tool_call_formats=formats,
-            tool_validation=_tool_validation(r, base.tool_validation),
+            tool_call_formats=_formats(r, base.tool_call_formats),
+            tool_validation=cast(
+                "ToolValidation | None",
+                r.choice("tool_validation", base.tool_validation, TOOL_VALIDATION_MODES),
+            ),
             sentinels=r.strings("sentinels", base.sentinels),
             trace_stream=r.get("trace_stream", bool, base.trace_stream),
             max_output_tokens=r.integer(
@@ -205,9 +195,8 @@ def _models(source: str, raw_models: dict[str, Any]) -> dict[str, ModelConfig]:
     return models
 
 
-def _limits(source: str, raw: object) -> LimitsConfig:
+def _limits(r: TableReader) -> LimitsConfig:
     lim = LimitsConfig()
-    r = TableReader(source, "limits", raw)
     limits = LimitsConfig(
         redis_url=r.get("redis_url", str, None),
         fail_open=r.get("fail_open", bool, lim.fail_open),
@@ -222,27 +211,22 @@ def _limits(source: str, raw: object) -> LimitsConfig:
         scheme = urlsplit(limits.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):
             raise r.fail("redis_url", "expected redis://HOST:PORT/DB, rediss://... or unix://...")
-    r.done()
     return limits
 
 
-def _tracing(source: str, raw: object) -> TracingConfig:
+def _tracing(r: TableReader) -> TracingConfig:
     """`[tracing]`: each key unset defers to the OTEL_* environment (edge.observe.tracing)."""
-    r = TableReader(source, "tracing", raw)
     tracing = TracingConfig(
         enabled=r.get("enabled", bool, None),
         exporter=r.choice("exporter", "otlp", EXPORTERS),
         endpoint=r.get("endpoint", str, None),
-        sample_ratio=(
-            r.number("sample_ratio", 1.0, maximum=1.0) if "sample_ratio" in r.table else None
-        ),
+        sample_ratio=r.number("sample_ratio", None, maximum=1.0),
         capture_content=r.get("capture_content", bool, None),
     )
     if tracing.endpoint is not None:
         parts = urlsplit(tracing.endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise r.fail("endpoint", "expected http://HOST:PORT (an OTLP/HTTP receiver)")
-    r.done()
     return tracing
 
 
@@ -263,20 +247,24 @@ def parse_workers(value: object) -> int:
 
 
 def _workers(r: TableReader) -> int:
-    if "workers" not in r.table:
+    raw = r.raw("workers", f'integer, 1 to {MAX_WORKERS}, or "auto"')
+    if raw is None:
         return 1
-    raw = r.table.pop("workers")
     try:
         return parse_workers(raw)
     except ValueError as exc:
         raise r.fail("workers", str(exc)) from None
 
 
-def _tool_validation(r: TableReader, default: ToolValidation | None) -> ToolValidation | None:
-    """`tool_validation`: strict, report or off; absent, derived per request."""
-    if "tool_validation" not in r.table:
-        return default
-    return cast(ToolValidation, r.choice("tool_validation", "", TOOL_VALIDATION_MODES))
+def _formats(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
+    """`tool_call_formats`: each one the text tool-call parser knows."""
+    formats = r.strings("tool_call_formats", default)
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise r.fail(
+                "tool_call_formats", f"unknown format {fmt!r} (known: {', '.join(FORMATS)})"
+            )
+    return formats
 
 
 def _media_schemes(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
