@@ -9,8 +9,9 @@ INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 INSTRUCTOR_REQS := tests/clients/instructor-requirements.txt
 PROTO_OUT := edge/contract/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
+CONFIG_REF := docs/config-reference.md
 
-.PHONY: setup redis-server proto proto-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
+.PHONY: setup redis-server proto proto-check config-ref config-ref-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
 
 setup: $(STAMP) $(INSTRUCTOR_STAMP) redis-server
 
@@ -55,6 +56,16 @@ proto-check: $(STAMP)
 		$(PROTO_SRC) >/dev/null && \
 	diff -r $$tmp $(PROTO_OUT) -x __pycache__ >/dev/null && rm -rf $$tmp && echo "generated code is current" || \
 	{ echo "edge/contract/_proto is stale: run 'make proto'"; rm -rf $$tmp; exit 1; }
+
+# Regenerate the configuration reference from edge/config/ (committed; `make check` and
+# tests/unit/test_config_reference.py check it is current).
+config-ref: $(STAMP)
+	$(BIN)/python -m edge.config.reference > $(CONFIG_REF).new && mv $(CONFIG_REF).new $(CONFIG_REF) || \
+	{ rm -f $(CONFIG_REF).new; exit 1; }
+
+config-ref-check: $(STAMP)
+	@$(BIN)/python -m edge.config.reference | cmp -s - $(CONFIG_REF) && echo "the configuration reference is current" || \
+	{ echo "$(CONFIG_REF) is stale: run 'make config-ref'"; exit 1; }
 
 run: $(STAMP)
 	$(BIN)/iop-edge --config config.toml
@@ -108,7 +119,7 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-check: lint imports typecheck proto-check test
+check: lint imports typecheck proto-check config-ref-check test
 
 clean:
 	rm -rf $(VENV) $(INSTRUCTOR_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -69,7 +69,9 @@ _TRUE = ("1", "true", "yes", "on")
 class TracingConfig:
     """The `[tracing]` table: every key optional; None defers to the OTEL_* variables."""
 
+    # On or off; unset: on when OTEL_TRACES_EXPORTER names otlp (OTEL_SDK_DISABLED wins).
     enabled: bool | None = None
+    # Where spans go: otlp, over OTLP/HTTP.
     exporter: str = "otlp"
     # OTLP/HTTP base URL (as OTEL_EXPORTER_OTLP_ENDPOINT), or the full /v1/traces URL.
     endpoint: str | None = None

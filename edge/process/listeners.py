@@ -13,7 +13,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from edge.config import split_address
+from edge.config.address import split_address
 
 # The listen queue of every listening socket (single process and workers alike).
 LISTEN_BACKLOG = 2048

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import edge.config
 from edge.config import Config, ConfigError, load_config
 
 
@@ -303,3 +306,24 @@ def test_fleet_key_mistakes_name_the_key(tmp_path: Path, text: str, message: str
     with pytest.raises(ConfigError) as info:
         _load(tmp_path, text)
     assert message in str(info.value)
+
+
+def test_the_package_names_come_from_its_modules() -> None:
+    """`from edge.config import X` works for every name of `__all__` (looked up lazily)."""
+    for name in edge.config.__all__:
+        assert getattr(edge.config, name) is not None, name
+    from edge.config.schema import Config as defined
+
+    assert edge.config.Config is defined
+
+
+def test_a_node_command_loads_none_of_the_edge_settings() -> None:
+    """The node commands read TOML and addresses (`edge.config.toml`, `.address`) without
+    loading the settings, and through them the edge's API and stream code."""
+    code = (
+        "import sys, edge.nodes.sim.cli, edge.nodes.upstream.cli;"
+        " loaded = [m for m in sys.modules if m.startswith("
+        "('edge.config.schema', 'edge.config.parse', 'edge.api', 'edge.stream'))];"
+        " assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from edge.config import split_address
+from edge.config.address import split_address
 from edge.nodes.kit import start_server, stop_server, wait_for_stop_signal
 from edge.nodes.sim.server import SimNode
 from edge.observe.tracing import setup_tracing

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.config import ConfigError, TableReader, read_toml, split_address
+from edge.config.address import split_address
+from edge.config.toml import ConfigError, TableReader, read_toml
 from edge.nodes.kit import start_server, stop_server, wait_for_stop_signal
 from edge.nodes.upstream.server import UpstreamNode, normalize_upstream
 from edge.observe.tracing import setup_tracing

@@ -1,0 +1,85 @@
+"""The configuration: typed settings from TOML, and one clear line per mistake.
+
+The modules, bottom up: `toml` (`ConfigError`, the table reader, reading a file) and
+`address` (listen and node addresses) import nothing of the rest; `schema` (the settings
+dataclasses), `keys` (`[[keys]]`, `api_keys_file`), `parse` (a document into a `Config`)
+and `reference` (docs/config-reference.md, generated from `schema` and `parse`).
+
+A node's command (`edge.nodes.sim.cli`, `edge.nodes.upstream.cli`) imports `toml` and
+`address` directly and must not load the schema, and through it `edge.api` and
+`edge.stream`. So this file imports nothing when it runs: each name below is looked up
+in its module on first use (`from edge.config import Config` loads the schema then).
+
+May import `api` (the forwarding policy's limits), `observe` (`TracingConfig`), `stream`
+(tool-call formats, sentinels), `errors`; never `node`, `fleet`, `limits`, `nodes`,
+`http` or `process`.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edge.config.address import check_node_address, split_address, upstream_url
+    from edge.config.keys import hmac_equal
+    from edge.config.parse import MAX_WORKERS, load_config, parse_config, parse_workers
+    from edge.config.schema import (
+        DEFAULT_MODEL,
+        REASONING_PARSERS,
+        ROUTING_POLICIES,
+        SIM_MODEL,
+        AdmissionConfig,
+        Config,
+        KeyConfig,
+        LimitsConfig,
+        LogConfig,
+        ModelConfig,
+        NodeConfig,
+        RoutingConfig,
+        ServerConfig,
+        TimeoutsConfig,
+    )
+    from edge.config.toml import ConfigError, TableReader, read_toml
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "MAX_WORKERS",
+    "REASONING_PARSERS",
+    "ROUTING_POLICIES",
+    "SIM_MODEL",
+    "AdmissionConfig",
+    "Config",
+    "ConfigError",
+    "KeyConfig",
+    "LimitsConfig",
+    "LogConfig",
+    "ModelConfig",
+    "NodeConfig",
+    "RoutingConfig",
+    "ServerConfig",
+    "TableReader",
+    "TimeoutsConfig",
+    "check_node_address",
+    "hmac_equal",
+    "load_config",
+    "parse_config",
+    "parse_workers",
+    "read_toml",
+    "split_address",
+    "upstream_url",
+]
+
+# Where the names of __all__ are defined, searched in this order (the cheap ones first).
+_MODULES = ("toml", "address", "schema", "keys", "parse")
+
+
+def __getattr__(name: str) -> object:
+    """A name of `__all__`, from the first module defining it; kept here once found."""
+    if name in __all__:
+        for module in _MODULES:
+            found = import_module(f"{__name__}.{module}").__dict__.get(name)
+            if found is not None:
+                globals()[name] = found
+                return found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

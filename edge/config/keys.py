@@ -1,0 +1,105 @@
+"""API keys in the configuration: the `[[keys]]` entries and `[server] api_keys_file`.
+
+Owns where a secret comes from (the file, the environment, a key file), the checks on
+names and secrets, and comparing secrets in constant time. Messages name the entry and
+the setting, never the secret.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from edge.config.schema import KeyConfig
+from edge.config.toml import ConfigError, TableReader
+
+# A key's name is a metric label and a log field: short, plain.
+_KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Where a `[[keys]]` entry's secret comes from, exactly one of these keys, and what each
+# holds (its meaning in the generated reference: no field of KeyConfig is named so).
+SECRET_SOURCES = {
+    "key": "The key itself.",
+    "key_env": "The name of an environment variable holding the key.",
+    "key_file": "A file holding the key (relative to the config file).",
+}
+
+
+def _keys(source: str, raw_keys: list[Any], api_keys: tuple[str, ...]) -> tuple[KeyConfig, ...]:
+    """`[[keys]]`: each with a name and exactly one of key, key_env, key_file.
+
+    Messages name the entry and the setting, never the secret.
+    """
+    keys: list[KeyConfig] = []
+    for i, raw in enumerate(raw_keys):
+        r = TableReader(source, f"keys[{i}]", raw)
+        name = r.get("name", str, None)
+        if name is None:
+            raise r.fail("name", "missing (a name for logs and metrics)")
+        if not _KEY_NAME.match(name):
+            raise r.fail("name", "expected 1 to 64 of A-Z a-z 0-9 . _ -")
+        if name == "api_keys":
+            raise r.fail("name", "'api_keys' names the keys of [server] api_keys; pick another")
+        sources = {k: r.get(k, str, None) for k in SECRET_SOURCES}
+        given = [k for k, value in sources.items() if value is not None]
+        if len(given) != 1:
+            raise r.fail("key", f"give exactly one of {', '.join(SECRET_SOURCES)}")
+        secret = _secret(source, r, given[0], sources[given[0]])
+        if any(not 1 <= ord(c) < 127 or c.isspace() for c in secret):
+            raise r.fail(given[0], "the key must be printable ASCII without spaces")
+        rpm, tpm, streams = (
+            r.integer(k, None, minimum=1, maximum=1_000_000_000)
+            for k in ("rpm", "tpm", "max_streams")
+        )
+        models = r.strings("models", None)
+        r.done()
+        if any(k.name == name for k in keys):
+            raise ConfigError(f"{source}: keys[{i}].name: duplicate key name {name!r}")
+        if any(hmac_equal(k.secret, secret) for k in keys) or secret in api_keys:
+            raise ConfigError(f"{source}: keys[{i}].{given[0]}: the same key is configured twice")
+        keys.append(KeyConfig(name, secret, rpm, tpm, streams, models))
+    return tuple(keys)
+
+
+def hmac_equal(a: str, b: str) -> bool:
+    """Whether two secrets are equal, in time that does not tell where they differ."""
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _secret(source: str, r: TableReader, how: str, value: str) -> str:
+    """The secret of a `[[keys]]` entry, from the config, the environment or a file."""
+    if how == "key_env":
+        secret = os.environ.get(value, "").strip()
+        if not secret:
+            raise r.fail(how, f"the environment variable {value!r} is not set or empty")
+        return secret
+    if how == "key_file":
+        base = Path(source).parent if source != "<defaults>" else Path(".")
+        try:
+            secret = (base / value).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise r.fail(how, f"cannot read {value}: {exc.strerror or exc}") from None
+        if not secret:
+            raise r.fail(how, f"{value} holds no key")
+        return secret
+    if not value.strip():
+        raise r.fail(how, "an empty key would let anyone in")
+    return value.strip()
+
+
+def _read_keys(source: str, path: str) -> tuple[str, ...]:
+    """API keys from a file: one per line; blank lines and # comments skipped."""
+    base = Path(source).parent if source != "<defaults>" else Path(".")
+    try:
+        text = (base / path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"{source}: server.api_keys_file: cannot read {path}: {exc.strerror or exc}"
+        ) from None
+    stripped = (line.strip() for line in text.splitlines())
+    keys = tuple(line for line in stripped if line and not line.startswith("#"))
+    if not keys:
+        raise ConfigError(f"{source}: server.api_keys_file: {path} holds no key")
+    return keys

@@ -1,0 +1,292 @@
+"""A TOML document into a `Config`: every table read, checked, and no unknown key.
+
+`load_config(path)` returns a frozen `Config` or raises `ConfigError` whose message
+names the file and the key. Knows nothing of the daemon that uses the result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
+
+from edge.api.policy import MEDIA_SCHEMES
+from edge.config.address import check_node_address, split_address
+from edge.config.keys import _keys, _read_keys
+from edge.config.schema import (
+    DEFAULT_MODEL,
+    REASONING_PARSERS,
+    ROUTING_POLICIES,
+    SIM_MODEL,
+    AdmissionConfig,
+    Config,
+    LimitsConfig,
+    LogConfig,
+    ModelConfig,
+    NodeConfig,
+    RoutingConfig,
+    ServerConfig,
+    TimeoutsConfig,
+)
+from edge.config.toml import ConfigError, TableReader, read_toml
+from edge.observe.tracing import EXPORTERS, TracingConfig
+from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolValidation
+from edge.stream.toolparse import FORMATS
+
+# The node protocol carries max_tokens as a uint32.
+_MAX_UINT32 = 2**32 - 1
+_T = TypeVar("_T")
+
+
+def parse_config(doc: Mapping[str, Any], source: str) -> Config:
+    """Every table in the order a mistake is reported in; then no key is left over."""
+    root = TableReader(source, "", doc)
+    server = _table(source, root, "server", _server)
+    if server.api_keys_file is not None:
+        more = _read_keys(source, server.api_keys_file)
+        server = replace(server, api_keys=server.api_keys + more)
+    log = _table(source, root, "log", _log)
+    timeouts = _table(source, root, "timeouts", _timeouts)
+    routing = _table(source, root, "routing", _routing)
+    admission = _table(source, root, "admission", _admission)
+    raw_nodes = root.get("nodes", list, None)
+    nodes = _nodes(source, raw_nodes) if raw_nodes is not None else Config().nodes
+    keys = _keys(source, root.get("keys", list, []), server.api_keys)
+    limits = _table(source, root, "limits", _limits)
+    tracing = _table(source, root, "tracing", _tracing)
+    models = _models(source, root.get("models", dict, {}))
+    root.done()
+    return Config(
+        server=server,
+        log=log,
+        timeouts=timeouts,
+        routing=routing,
+        admission=admission,
+        nodes=nodes,
+        models=models,
+        keys=keys,
+        limits=limits,
+        tracing=tracing,
+        source=source,
+    )
+
+
+def _table(source: str, root: TableReader, name: str, read: Callable[[TableReader], _T]) -> _T:
+    """The table `name`, as `read` makes it of its reader; then no key of it is left over."""
+    r = TableReader(source, name, root.get(name, dict, {}))
+    settings = read(r)
+    r.done()
+    return settings
+
+
+def _server(r: TableReader) -> ServerConfig:
+    """`[server]`, but for the keys of `api_keys_file` (read once the table is done)."""
+    srv = ServerConfig()
+    server = ServerConfig(
+        listen=r.get("listen", str, srv.listen),
+        api_keys=tuple(key.strip() for key in r.strings("api_keys", ())),
+        api_keys_file=r.get("api_keys_file", str, None),
+        drain_timeout_s=r.number("drain_timeout_s", srv.drain_timeout_s),
+        max_body_bytes=int(r.number("max_body_bytes", srv.max_body_bytes, minimum=1024)),
+        keepalive_s=r.number("keepalive_s", srv.keepalive_s),
+        node_refresh_s=r.number("node_refresh_s", srv.node_refresh_s, minimum=0.05),
+        max_connections=r.integer("max_connections", srv.max_connections),
+        idle_timeout_s=r.number("idle_timeout_s", srv.idle_timeout_s, minimum=0.01, maximum=3600),
+        body_timeout_s=r.number("body_timeout_s", srv.body_timeout_s, minimum=0.01, maximum=3600),
+        workers=_workers(r),
+    )
+    _check(r, "listen", split_address, server.listen)
+    if any(not key.strip() for key in server.api_keys):
+        raise r.fail("api_keys", "an empty key would let anyone in")
+    return server
+
+
+def _log(r: TableReader) -> LogConfig:
+    return LogConfig(
+        level=r.choice("level", "INFO", ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR")),
+        format=r.choice("format", "text", ("text", "json")),
+        queue_bytes=r.integer("queue_bytes", LogConfig().queue_bytes, minimum=16384, maximum=2**30),
+    )
+
+
+def _timeouts(r: TableReader) -> TimeoutsConfig:
+    tmo = TimeoutsConfig()
+    return TimeoutsConfig(
+        first_event_s=r.number("first_event_s", tmo.first_event_s, minimum=0.001),
+        idle_s=r.number("idle_s", tmo.idle_s, minimum=0.001),
+        total_s=r.number("total_s", tmo.total_s, minimum=0.001),
+        slow_client_s=r.number("slow_client_s", tmo.slow_client_s, minimum=0.001),
+    )
+
+
+def _routing(r: TableReader) -> RoutingConfig:
+    rtg = RoutingConfig()
+    return RoutingConfig(
+        policy=r.choice("policy", rtg.policy, ROUTING_POLICIES),
+        retries=r.integer("retries", rtg.retries, maximum=10),
+        retry_backoff_s=r.number("retry_backoff_s", rtg.retry_backoff_s, maximum=60),
+        breaker_failures=r.integer("breaker_failures", rtg.breaker_failures, minimum=1),
+        breaker_cooldown_s=r.number(
+            "breaker_cooldown_s", rtg.breaker_cooldown_s, minimum=0.01, maximum=3600
+        ),
+    )
+
+
+def _admission(r: TableReader) -> AdmissionConfig:
+    adm = AdmissionConfig()
+    return AdmissionConfig(
+        max_queue=r.integer("max_queue", adm.max_queue, maximum=1_000_000),
+        queue_timeout_s=r.number(
+            "queue_timeout_s", adm.queue_timeout_s, minimum=0.001, maximum=3600
+        ),
+        memory_budget_bytes=r.integer(
+            "memory_budget_bytes", adm.memory_budget_bytes, minimum=2**20, maximum=2**50
+        ),
+    )
+
+
+def _nodes(source: str, raw_nodes: list[Any]) -> tuple[NodeConfig, ...]:
+    """`[[nodes]]`: each with an address; names are unique (the address by default)."""
+    nodes: list[NodeConfig] = []
+    for i, raw in enumerate(raw_nodes):
+        r = TableReader(source, f"nodes[{i}]", raw)
+        address = r.get("address", str, None)
+        if address is None:
+            raise r.fail("address", 'missing (HOST:PORT, "embedded" or openai+http://...)')
+        name = r.get("name", str, address)
+        if address != "embedded":
+            _check(r, "address", check_node_address, address)
+        max_runs = r.integer("max_runs", None, maximum=1_000_000)
+        r.done()
+        if any(n.name == name for n in nodes):
+            raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
+        nodes.append(NodeConfig(name=name, address=address, max_runs=max_runs))
+    return tuple(nodes)
+
+
+def _models(source: str, raw_models: dict[str, Any]) -> dict[str, ModelConfig]:
+    """`[models.NAME]`: a key left out keeps the default (`SIM_MODEL`'s for `sim-*`)."""
+    models: dict[str, ModelConfig] = {}
+    for name, raw in raw_models.items():
+        r = TableReader(source, f"models.{name}", raw)
+        base = SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
+        models[name] = ModelConfig(
+            strict=r.get("strict", bool, base.strict),
+            stream_buffer=r.get("stream_buffer", bool, base.stream_buffer),
+            reasoning_parser=r.choice("reasoning_parser", base.reasoning_parser, REASONING_PARSERS),
+            tool_call_formats=_formats(r, base.tool_call_formats),
+            tool_validation=cast(
+                "ToolValidation | None",
+                r.choice("tool_validation", base.tool_validation, TOOL_VALIDATION_MODES),
+            ),
+            sentinels=r.strings("sentinels", base.sentinels),
+            trace_stream=r.get("trace_stream", bool, base.trace_stream),
+            max_output_tokens=r.integer(
+                "max_output_tokens", base.max_output_tokens, minimum=1, maximum=_MAX_UINT32
+            ),
+            allow_chat_template=r.get("allow_chat_template", bool, base.allow_chat_template),
+            allow_ignore_eos=r.get("allow_ignore_eos", bool, base.allow_ignore_eos),
+            media_url_schemes=_media_schemes(r, base.media_url_schemes),
+        )
+        r.done()
+    return models
+
+
+def _limits(r: TableReader) -> LimitsConfig:
+    lim = LimitsConfig()
+    limits = LimitsConfig(
+        redis_url=r.get("redis_url", str, None),
+        fail_open=r.get("fail_open", bool, lim.fail_open),
+        key_prefix=r.get("key_prefix", str, lim.key_prefix),
+        redis_timeout_s=r.number("redis_timeout_s", lim.redis_timeout_s, minimum=0.001, maximum=60),
+        lease_s=r.number("lease_s", lim.lease_s, minimum=0.05, maximum=3600),
+        lease_renew_s=r.number("lease_renew_s", lim.lease_renew_s, minimum=0.01, maximum=3600),
+    )
+    if limits.lease_renew_s * 2 > limits.lease_s:
+        raise r.fail("lease_renew_s", "must be at most half of lease_s (a renewal may be late)")
+    if limits.redis_url is not None:
+        scheme = urlsplit(limits.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise r.fail("redis_url", "expected redis://HOST:PORT/DB, rediss://... or unix://...")
+    return limits
+
+
+def _tracing(r: TableReader) -> TracingConfig:
+    """`[tracing]`: each key unset defers to the OTEL_* environment (edge.observe.tracing)."""
+    tracing = TracingConfig(
+        enabled=r.get("enabled", bool, None),
+        exporter=r.choice("exporter", "otlp", EXPORTERS),
+        endpoint=r.get("endpoint", str, None),
+        sample_ratio=r.number("sample_ratio", None, maximum=1.0),
+        capture_content=r.get("capture_content", bool, None),
+    )
+    if tracing.endpoint is not None:
+        parts = urlsplit(tracing.endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise r.fail("endpoint", "expected http://HOST:PORT (an OTLP/HTTP receiver)")
+    return tracing
+
+
+MAX_WORKERS = 256
+
+
+def parse_workers(value: object) -> int:
+    """`workers`: a count from 1 to MAX_WORKERS, or "auto" (the CPUs this process may use)."""
+    if value == "auto":
+        return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f'expected a number of processes or "auto", got {value!r}')
+    if not 1 <= value <= MAX_WORKERS:
+        raise ValueError(f"must be between 1 and {MAX_WORKERS}, got {value}")
+    return value
+
+
+def _workers(r: TableReader) -> int:
+    raw = r.raw("workers", f'integer, 1 to {MAX_WORKERS}, or "auto"')
+    if raw is None:
+        return 1
+    try:
+        return parse_workers(raw)
+    except ValueError as exc:
+        raise r.fail("workers", str(exc)) from None
+
+
+def _formats(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
+    """`tool_call_formats`: each one the text tool-call parser knows."""
+    formats = r.strings("tool_call_formats", default)
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise r.fail(
+                "tool_call_formats", f"unknown format {fmt!r} (known: {', '.join(FORMATS)})"
+            )
+    return formats
+
+
+def _media_schemes(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
+    """`media_url_schemes`, lower case; only data, http and https can be allowed."""
+    schemes = tuple(s.lower().removesuffix(":") for s in r.strings("media_url_schemes", default))
+    for scheme in schemes:
+        if scheme not in MEDIA_SCHEMES:
+            raise r.fail(
+                "media_url_schemes",
+                f"unsupported scheme {scheme!r} (allowed: {', '.join(MEDIA_SCHEMES)})",
+            )
+    return schemes
+
+
+def _check(r: TableReader, key: str, check: Callable[[str], object], value: str) -> None:
+    """`check(value)`'s ValueError, as the ConfigError naming `key`."""
+    try:
+        check(value)
+    except ValueError as exc:
+        raise r.fail(key, str(exc)) from None
+
+
+def load_config(path: Path) -> Config:
+    """Read `path`; a missing file is an error (the caller decides about defaults)."""
+    return parse_config(read_toml(path), str(path))
