@@ -58,7 +58,7 @@ from edge.http.scope import CURRENT as CURRENT_SCOPE
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate, KeyRing, Limiter, RateLimitedError
-from edge.limits.store import open_store
+from edge.limits.stores import open_store
 from edge.observe.log import REQUEST_ID
 from edge.observe.metrics import CONTENT_TYPE
 

@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 
-from edge.limits.store import monotonic_ms
+from edge.limits.base import monotonic_ms
 from edge.limits.window import Decision, Limits, Window, add_tokens, admit, refund
 
 PID_ENTRIES = 64
