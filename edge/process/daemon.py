@@ -33,8 +33,9 @@ from hypercorn.config import Config as HypercornConfig
 from loguru import logger
 
 from edge.config import Config, split_address, upstream_url
+from edge.fleet.admission import Admission
 from edge.fleet.pool import NodePool
-from edge.fleet.run import OutcomeHook
+from edge.fleet.run import OutcomeHook, Runs
 from edge.fleet.turns import Turns
 from edge.http.app import create_app
 from edge.http.chat import ChatService
@@ -68,6 +69,9 @@ class Edge:
     url: str
     pool: NodePool
     chat: ChatService
+    # The runs in flight, and the queue for node slots (with the memory budget).
+    runs: Runs
+    admission: Admission
     metrics: EdgeMetrics
     shutdown: trio.Event
     embedded: list[object] = field(default_factory=list)
@@ -206,7 +210,9 @@ async def _serve(
             url = binds[0]
             logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
             systemd.notify("READY=1\nSTATUS=serving")
-            task_status.started(Edge(url, pool, chat, metrics, shutdown, embedded))
+            task_status.started(
+                Edge(url, pool, chat, chat.runs, chat.admission, metrics, shutdown, embedded)
+            )
             await shutdown.wait()
             await _drain(config, app.extensions["start_draining"], chat, http_done)
             root.cancel_scope.cancel()
