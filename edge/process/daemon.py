@@ -46,6 +46,8 @@ from edge.http.server import (
     default_max_connections,
     raise_fd_limit,
 )
+from edge.limits.limiter import KeyRing
+from edge.limits.stores import open_limiter
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
 from edge.nodes.embedded import embedded_node
@@ -56,6 +58,7 @@ from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing, setup_tracing
 from edge.process import systemd
 from edge.process.listeners import LISTEN_BACKLOG, listen_mode
+from edge.process.supervisor import metrics_dir, shared_dir
 
 # After the drain deadline: time for the notice frames to go out before
 # the HTTP server cuts the connections that are left.
@@ -114,22 +117,25 @@ async def serve(
     on_outcome: OutcomeHook | None = None,
     shutdown: trio.Event | None = None,
     listen_sockets: Sequence[socket.socket] = (),
+    shared_dir: Path | None = None,
+    metrics_dir: Path | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the edge until its `shutdown` event is set, then drain and return.
 
     `listen_sockets`: serve these (bound and listening already) instead of binding
-    `server.listen`.
+    `server.listen`. A worker's `shared_dir` and `metrics_dir` are its supervisor's
+    (`edge.process.supervisor`): the limits and the metrics of every worker of the edge.
     """
     if shutdown is None:
         shutdown = trio.Event()
-    metrics = EdgeMetrics()
+    metrics = EdgeMetrics(metrics_dir)
     count_dropped_lines(metrics.log_lines_dropped.inc)
     tracing = setup_tracing(config.tracing, service="iop-edge")
     metrics.tracing.set(0 if tracing is None else 1)
     try:
         await _serve(config, metrics, tracing, shutdown, runs_log, on_outcome, listen_sockets,
-                     task_status)  # fmt: skip
+                     shared_dir, task_status)  # fmt: skip
     finally:
         if tracing is not None:  # the spans still queued go out (bounded by the exporter)
             with trio.CancelScope(shield=True):
@@ -145,6 +151,7 @@ async def _serve(
     runs_log: Path | None,
     on_outcome: OutcomeHook | None,
     listen_sockets: Sequence[socket.socket],
+    shared_dir: Path | None,
     task_status: trio.TaskStatus[Edge],
 ) -> None:
     async with asyncio_loop(), AsyncExitStack() as stack:
@@ -190,19 +197,20 @@ async def _serve(
             turns = Turns(on_defer=metrics.deferred_steps.inc)
             root.start_soon(turns.run)
             chat = ChatService(config, pool, metrics, on_outcome, turns=turns, tracing=tracing)
-            app = create_app(
-                chat, max_body_bytes=config.server.max_body_bytes,
-                api_keys=config.server.api_keys,
-            )  # fmt: skip
-            if (limiter := app.extensions["limiter"]) is not None:
+            keys = KeyRing(config.keys, config.server.api_keys)
+            limiter = open_limiter(keys, config.limits, metrics, shared_dir=shared_dir)
+            if limiter is not None:
                 stack.push_async_callback(limiter.aclose)  # inside the asyncio loop
+            edge_app = create_app(
+                chat, keys=keys, limiter=limiter, max_body_bytes=config.server.max_body_bytes
+            )
             http_done = trio.Event()
             # Workers accepting from one shared socket take one connection per wakeup
             # each (as nginx's multi_accept off), so that none takes the others' share.
             shared = bool(listen_sockets) and listen_mode() == "shared"
             server = HttpServer(
-                app, _hypercorn_config(config), _server_limits(config), metrics, turns=turns,
-                shed=chat.shed_at_once, accept_burst=1 if shared else ACCEPT_BURST,
+                edge_app.app, _hypercorn_config(config), _server_limits(config), metrics,
+                turns=turns, shed=chat.shed_at_once, accept_burst=1 if shared else ACCEPT_BURST,
             )  # fmt: skip
             binds = await root.start(
                 _serve_http, server, config, shutdown, http_done, listen_sockets
@@ -214,7 +222,7 @@ async def _serve(
                 Edge(url, pool, chat, chat.runs, chat.admission, metrics, shutdown, embedded)
             )
             await shutdown.wait()
-            await _drain(config, app.extensions["start_draining"], chat, http_done)
+            await _drain(config, edge_app.start_draining, chat, http_done)
             root.cancel_scope.cancel()
 
 
@@ -284,7 +292,10 @@ def run_forever(
         shutdown = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(signals, shutdown)
-            await serve(config, shutdown=shutdown, runs_log=runs_log, listen_sockets=listen_sockets)
+            await serve(
+                config, shutdown=shutdown, runs_log=runs_log, listen_sockets=listen_sockets,
+                shared_dir=shared_dir(), metrics_dir=metrics_dir(),
+            )  # fmt: skip
             nursery.cancel_scope.cancel()
 
     trio.run(main)

@@ -59,7 +59,9 @@ from edge.process.listeners import Address, addresses, bind_listeners, listen_mo
 if TYPE_CHECKING:
     from edge.observe.metrics import SupervisorMetrics
 
-# CONTRACT with the per-edge limit state (edge.limits): the variable's name and meaning.
+# What the supervisor tells its workers through their environment, read back (once, by
+# the daemon) with `shared_dir` and `metrics_dir`: the edge run's own directory, and the
+# metrics directory in it (prometheus-client's variable: it reads it itself at import).
 SHARED_DIR_ENV = "IOP_EDGE_SHARED_DIR"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # A worker that died is started again after base * 2**(deaths in a row), at most cap.
@@ -76,6 +78,13 @@ def shared_dir() -> Path | None:
     """This edge's shared directory (one per run, every worker sees the same); None
     in a single-process edge."""
     value = os.environ.get(SHARED_DIR_ENV)
+    return Path(value) if value else None
+
+
+def metrics_dir() -> Path | None:
+    """Where prometheus-client keeps every process's values (its multiprocess mode);
+    None: this process counts for itself alone."""
+    value = os.environ.get(METRICS_ENV)
     return Path(value) if value else None
 
 
