@@ -38,7 +38,7 @@ from quart.wrappers.response import ResponseBody
 from edge.api.footprint import footprint
 from edge.api.policy import apply_policy
 from edge.api.request import ChatRequest
-from edge.api.surfaces import APIS, CHAT, MESSAGES, Answer, Api, ApiRequest, Folder, Streamer
+from edge.api.surfaces import CHAT, Answer, Api, ApiRequest, Folder, Streamer
 from edge.config import Config
 from edge.errors import RequestError
 from edge.fleet.admission import Admission
@@ -46,7 +46,6 @@ from edge.fleet.failover import Committed, Failover
 from edge.fleet.pool import NodePool
 from edge.fleet.run import OutcomeHook, Run, Runs
 from edge.fleet.turns import Turns
-from edge.http.refusals import REASONS, overloaded_response
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate
@@ -58,7 +57,6 @@ from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
 from edge.stream.toolcheck import tool_validation_mode
 
-_API_PATHS = {path.encode(): api for path, api in APIS.items()}
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -252,25 +250,6 @@ class ChatService:
         payload = prepare_run_request(forwarded, run_id=run_id, model=forwarded.model)
         return Prepared(parsed, nbytes + len(payload), forwarded, payload)
 
-    def shed_at_once(self, request_line: bytes, *, close: bool) -> bytes | None:
-        """For the HTTP server, before it parses a request: the whole HTTP/1.1 answer
-        to a `POST` of one of the APIs that `shed_if_full` would shed, or None. The
-        same `overloaded` answer with Retry-After (in the API's own error shape), in a
-        few scheduler passes instead of the request's whole way through the HTTP
-        stack; `close`: the answer closes the connection."""
-        method, _, rest = request_line.partition(b" ")
-        path = rest.rpartition(b" ")[0].partition(b"?")[0]
-        api = _API_PATHS.get(path) if method == b"POST" else None
-        if api is None:
-            return None
-        error = self.admission.shed_now()
-        if error is None:
-            return None
-        if api is not MESSAGES:
-            return overloaded_response(error, close=close)
-        status, body = api.error(error.status, error.type, error.message)
-        return _http_answer(status, msgspec.json.encode(body), error.retry_after_s, close=close)
-
     def shutdown_streams(self) -> int:
         """Drain deadline: end every run still in flight, with a notice. Returns how many."""
         return self.runs.shut_down(SHUTDOWN_NOTICE)
@@ -296,18 +275,6 @@ class Prepared:
         assert self.request is not None
         assert self.payload is not None
         return self.request, self.payload
-
-
-def _http_answer(status: int, body: bytes, retry_after_s: int, *, close: bool) -> bytes:
-    """A whole HTTP/1.1 JSON answer, written by the server itself."""
-    reason = REASONS.get(status, "Overloaded" if status == 529 else "Error")
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nretry-after: {retry_after_s}\r\n"
-        + ("connection: close\r\n" if close else "")
-        + "\r\n"
-    )
-    return head.encode("ascii") + body
 
 
 def _error_answer(api: Api, error: ErrorOut, request_id: str) -> Response:

@@ -39,6 +39,7 @@ from edge.fleet.run import OutcomeHook, Runs
 from edge.fleet.turns import Turns
 from edge.http.app import create_app
 from edge.http.chat import ChatService
+from edge.http.refusals import shed_at_once
 from edge.http.server import (
     ACCEPT_BURST,
     HttpServer,
@@ -210,7 +211,8 @@ async def _serve(
             shared = bool(listen_sockets) and listen_mode() == "shared"
             server = HttpServer(
                 edge_app.app, _hypercorn_config(config), _server_limits(config), metrics,
-                turns=turns, shed=chat.shed_at_once, accept_burst=1 if shared else ACCEPT_BURST,
+                turns=turns, shed=partial(shed_at_once, chat.admission),
+                accept_burst=1 if shared else ACCEPT_BURST,
             )  # fmt: skip
             binds = await root.start(
                 _serve_http, server, config, shutdown, http_done, listen_sockets
