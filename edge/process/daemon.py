@@ -34,6 +34,8 @@ from loguru import logger
 
 from edge.config import Config, split_address, upstream_url
 from edge.fleet.admission import Admission
+from edge.fleet.failover import Failover
+from edge.fleet.fleet import Fleet
 from edge.fleet.pool import NodePool
 from edge.fleet.run import OutcomeHook, Runs
 from edge.fleet.turns import Turns
@@ -109,6 +111,13 @@ def _server_limits(config: Config) -> ServerLimits:
         idle_timeout_s=config.server.idle_timeout_s,
         body_timeout_s=config.server.body_timeout_s,
     )
+
+
+def _fleet(config: Config, pool: NodePool, turns: Turns, metrics: EdgeMetrics) -> Fleet:
+    """The admission queue, the runs and failover on `pool`, as the config sets them."""
+    admission = Admission(pool, config.admission, metrics)
+    runs = Runs(pool, config.timeouts, metrics, admission, turns)
+    return Fleet(pool, turns, admission, runs, Failover(runs, config.routing))
 
 
 async def serve(
@@ -197,7 +206,8 @@ async def _serve(
                 root.start_soon(_sync_metrics, metrics, config.server.node_refresh_s)
             turns = Turns(on_defer=metrics.deferred_steps.inc)
             root.start_soon(turns.run)
-            chat = ChatService(config, pool, metrics, on_outcome, turns=turns, tracing=tracing)
+            fleet = _fleet(config, pool, turns, metrics)
+            chat = ChatService(config, fleet, metrics, on_outcome, tracing=tracing)
             keys = KeyRing(config.keys, config.server.api_keys)
             limiter = open_limiter(keys, config.limits, metrics, shared_dir=shared_dir)
             if limiter is not None:
@@ -211,7 +221,7 @@ async def _serve(
             shared = bool(listen_sockets) and listen_mode() == "shared"
             server = HttpServer(
                 edge_app.app, _hypercorn_config(config), _server_limits(config), metrics,
-                turns=turns, shed=partial(shed_at_once, chat.admission),
+                turns=turns, shed=partial(shed_at_once, fleet.admission),
                 accept_burst=1 if shared else ACCEPT_BURST,
             )  # fmt: skip
             binds = await root.start(
@@ -221,7 +231,7 @@ async def _serve(
             logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
             systemd.notify("READY=1\nSTATUS=serving")
             task_status.started(
-                Edge(url, pool, chat, chat.runs, chat.admission, metrics, shutdown, embedded)
+                Edge(url, pool, chat, fleet.runs, fleet.admission, metrics, shutdown, embedded)
             )
             await shutdown.wait()
             await _drain(config, edge_app.start_draining, chat, http_done)
