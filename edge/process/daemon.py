@@ -39,7 +39,7 @@ from edge.fleet.fleet import Fleet
 from edge.fleet.pool import NodePool
 from edge.fleet.run import OutcomeHook, Runs
 from edge.fleet.turns import Turns
-from edge.http.app import create_app
+from edge.http.app import EdgeApp, create_app
 from edge.http.chat import ChatService
 from edge.http.refusals import shed_at_once
 from edge.http.server import (
@@ -113,13 +113,6 @@ def _server_limits(config: Config) -> ServerLimits:
     )
 
 
-def _fleet(config: Config, pool: NodePool, turns: Turns, metrics: EdgeMetrics) -> Fleet:
-    """The admission queue, the runs and failover on `pool`, as the config sets them."""
-    admission = Admission(pool, config.admission, metrics)
-    runs = Runs(pool, config.timeouts, metrics, admission, turns)
-    return Fleet(pool, turns, admission, runs, Failover(runs, config.routing))
-
-
 async def serve(
     config: Config,
     *,
@@ -164,66 +157,17 @@ async def _serve(
     shared_dir: Path | None,
     task_status: trio.TaskStatus[Edge],
 ) -> None:
+    """The root nursery: nodes, pool, background tasks, server, readiness, drain."""
     async with asyncio_loop(), AsyncExitStack() as stack:
-        clients: list[NodeClient] = []
-        embedded: list[object] = []
-        for node in config.nodes:
-            counter = metrics.node_cancels.labels(node.name).inc
-            if node.embedded:
-                sim, port = await stack.enter_async_context(
-                    embedded_node(node.name, runs_log, tracing=tracing)
-                )
-                embedded.append(sim)
-                clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
-            elif (url := upstream_url(node.address)) is not None:
-                served, port = await stack.enter_async_context(
-                    embedded_upstream_node(node.name, url, tracing=tracing)
-                )
-                embedded.append(served)
-                clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
-            else:
-                host, port = split_address(node.address)
-                clients.append(GrpcNodeClient(node.name, host, port, on_cancel_sent=counter))
-        pool = NodePool(
-            clients, routing=config.routing, refresh_s=config.server.node_refresh_s,
-            max_runs={n.name: n.max_runs for n in config.nodes if n.max_runs is not None},
-        )  # fmt: skip
-        metrics.watch_nodes((s.client.name, partial(pool.state_value, s)) for s in pool.nodes)
-        stack.push_async_callback(pool.aclose)
-        await pool.refresh()
-        for state in pool.nodes:
-            if not state.healthy:
-                logger.warning(
-                    "node {} ({}) is not reachable yet: {}",
-                    state.client.name, state.client.address, clip(state.error or ""),
-                )  # fmt: skip
+        clients, embedded = await _open_nodes(stack, config, metrics, tracing, runs_log)
+        pool = await _open_pool(stack, config, clients, metrics)
+        fleet = _fleet(config, pool, metrics)
         async with trio.open_nursery() as root:
-            root.start_soon(pool.run_refresh)
-            interval = systemd.watchdog_interval()
-            if interval is not None:
-                root.start_soon(systemd.watchdog_loop, interval)
-            if metrics.multiproc_dir is not None:
-                root.start_soon(_sync_metrics, metrics, config.server.node_refresh_s)
-            turns = Turns(on_defer=metrics.deferred_steps.inc)
-            root.start_soon(turns.run)
-            fleet = _fleet(config, pool, turns, metrics)
+            _start_background(root, config, fleet, metrics)
             chat = ChatService(config, fleet, metrics, on_outcome, tracing=tracing)
-            keys = KeyRing(config.keys, config.server.api_keys)
-            limiter = open_limiter(keys, config.limits, metrics, shared_dir=shared_dir)
-            if limiter is not None:
-                stack.push_async_callback(limiter.aclose)  # inside the asyncio loop
-            edge_app = create_app(
-                chat, keys=keys, limiter=limiter, max_body_bytes=config.server.max_body_bytes
-            )
+            edge_app = _open_app(stack, config, chat, metrics, shared_dir)
+            server = _http_server(config, edge_app, fleet, metrics, listen_sockets)
             http_done = trio.Event()
-            # Workers accepting from one shared socket take one connection per wakeup
-            # each (as nginx's multi_accept off), so that none takes the others' share.
-            shared = bool(listen_sockets) and listen_mode() == "shared"
-            server = HttpServer(
-                edge_app.app, _hypercorn_config(config), _server_limits(config), metrics,
-                turns=turns, shed=partial(shed_at_once, fleet.admission),
-                accept_burst=1 if shared else ACCEPT_BURST,
-            )  # fmt: skip
             binds = await root.start(
                 _serve_http, server, config, shutdown, http_done, listen_sockets
             )
@@ -236,6 +180,114 @@ async def _serve(
             await shutdown.wait()
             await _drain(config, edge_app.start_draining, chat, http_done)
             root.cancel_scope.cancel()
+
+
+async def _open_nodes(
+    stack: AsyncExitStack,
+    config: Config,
+    metrics: EdgeMetrics,
+    tracing: Tracing | None,
+    runs_log: Path | None,
+) -> tuple[list[NodeClient], list[object]]:
+    """A client per configured node, and the nodes served in this process (embedded
+    simulated nodes, iop-node in front of a model server), kept up by `stack`."""
+    clients: list[NodeClient] = []
+    embedded: list[object] = []
+    for node in config.nodes:
+        counter = metrics.node_cancels.labels(node.name).inc
+        if node.embedded:
+            sim, port = await stack.enter_async_context(
+                embedded_node(node.name, runs_log, tracing=tracing)
+            )
+            embedded.append(sim)
+            clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
+        elif (url := upstream_url(node.address)) is not None:
+            served, port = await stack.enter_async_context(
+                embedded_upstream_node(node.name, url, tracing=tracing)
+            )
+            embedded.append(served)
+            clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
+        else:
+            host, port = split_address(node.address)
+            clients.append(GrpcNodeClient(node.name, host, port, on_cancel_sent=counter))
+    return clients, embedded
+
+
+async def _open_pool(
+    stack: AsyncExitStack, config: Config, clients: list[NodeClient], metrics: EdgeMetrics
+) -> NodePool:
+    """The pool of `clients`, closed by `stack`, after a first look at every node."""
+    pool = NodePool(
+        clients, routing=config.routing, refresh_s=config.server.node_refresh_s,
+        max_runs={n.name: n.max_runs for n in config.nodes if n.max_runs is not None},
+    )  # fmt: skip
+    metrics.watch_nodes((s.client.name, partial(pool.state_value, s)) for s in pool.nodes)
+    stack.push_async_callback(pool.aclose)
+    await pool.refresh()
+    for state in pool.nodes:
+        if not state.healthy:
+            logger.warning(
+                "node {} ({}) is not reachable yet: {}",
+                state.client.name, state.client.address, clip(state.error or ""),
+            )  # fmt: skip
+    return pool
+
+
+def _fleet(config: Config, pool: NodePool, metrics: EdgeMetrics) -> Fleet:
+    """The scheduler's turns, the admission queue, the runs and failover on `pool`, as
+    the config sets them."""
+    turns = Turns(on_defer=metrics.deferred_steps.inc)
+    admission = Admission(pool, config.admission, metrics)
+    runs = Runs(pool, config.timeouts, metrics, admission, turns)
+    return Fleet(pool, turns, admission, runs, Failover(runs, config.routing))
+
+
+def _start_background(
+    root: trio.Nursery, config: Config, fleet: Fleet, metrics: EdgeMetrics
+) -> None:
+    """The tasks that run as long as the edge: node refresh, the scheduler's turns,
+    systemd's watchdog, and (a worker) the metrics other workers' scrapes read."""
+    root.start_soon(fleet.pool.run_refresh)
+    interval = systemd.watchdog_interval()
+    if interval is not None:
+        root.start_soon(systemd.watchdog_loop, interval)
+    if metrics.multiproc_dir is not None:
+        root.start_soon(_sync_metrics, metrics, config.server.node_refresh_s)
+    root.start_soon(fleet.turns.run)
+
+
+def _open_app(
+    stack: AsyncExitStack,
+    config: Config,
+    chat: ChatService,
+    metrics: EdgeMetrics,
+    shared_dir: Path | None,
+) -> EdgeApp:
+    """The app, with the API keys and the limiter of those with limits (closed by
+    `stack`, inside the asyncio loop its Redis client may use)."""
+    keys = KeyRing(config.keys, config.server.api_keys)
+    limiter = open_limiter(keys, config.limits, metrics, shared_dir=shared_dir)
+    if limiter is not None:
+        stack.push_async_callback(limiter.aclose)
+    return create_app(chat, keys=keys, limiter=limiter, max_body_bytes=config.server.max_body_bytes)
+
+
+def _http_server(
+    config: Config,
+    edge_app: EdgeApp,
+    fleet: Fleet,
+    metrics: EdgeMetrics,
+    listen_sockets: Sequence[socket.socket],
+) -> HttpServer:
+    """The HTTP server of `edge_app`, shedding at once what the admission would."""
+    # Workers accepting from one shared socket take one connection per wakeup
+    # each (as nginx's multi_accept off), so that none takes the others' share.
+    shared = bool(listen_sockets) and listen_mode() == "shared"
+    return HttpServer(
+        edge_app.app, _hypercorn_config(config), _server_limits(config), metrics,
+        turns=fleet.turns, shed=partial(shed_at_once, fleet.admission),
+        accept_burst=1 if shared else ACCEPT_BURST,
+    )  # fmt: skip
 
 
 async def _drain(
