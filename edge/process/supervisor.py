@@ -42,7 +42,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +54,7 @@ from edge.config import Config
 from edge.observe.log import count_dropped_lines, flush_logs
 from edge.process import systemd
 from edge.process.listeners import Address, addresses, bind_listeners, listen_mode, rebind, url_of
+from edge.process.signals import IGNORED_SIGNALS, STOP_SIGNALS, drain_then_stop
 
 if TYPE_CHECKING:
     from edge.observe.metrics import SupervisorMetrics
@@ -339,8 +339,6 @@ class Supervisor:
                     slot.process.send_signal(signum)
 
     async def _signals(self, hard_stop_s: float) -> None:
-        from edge.process.signals import IGNORED_SIGNALS, STOP_SIGNALS
-
         with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name
@@ -353,10 +351,7 @@ class Supervisor:
                     self.failed = True
                     continue
                 logger.info("{}: draining {} workers", name, self.workers)
-                self.stop()
-                timer = threading.Timer(hard_stop_s + _KILL_MARGIN_S, self._hard_stop)
-                timer.daemon = True
-                timer.start()
+                drain_then_stop(self.stop, hard_stop_s + _KILL_MARGIN_S, self._hard_stop)
 
     def _hard_stop(self) -> None:
         """A worker outlived its own hard stop: kill what is left, and leave."""
