@@ -59,9 +59,8 @@ from edge.observe.log import count_dropped_lines
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing, setup_tracing
-from edge.process import systemd
+from edge.process import supervisor, systemd
 from edge.process.listeners import LISTEN_BACKLOG, listen_mode
-from edge.process.supervisor import metrics_dir, shared_dir
 
 # After the drain deadline: time for the notice frames to go out before
 # the HTTP server cuts the connections that are left.
@@ -358,7 +357,7 @@ def run_forever(
             nursery.start_soon(signals, shutdown)
             await serve(
                 config, shutdown=shutdown, runs_log=runs_log, listen_sockets=listen_sockets,
-                shared_dir=shared_dir(), metrics_dir=metrics_dir(),
+                shared_dir=supervisor.shared_dir(), metrics_dir=supervisor.metrics_dir(),
             )  # fmt: skip
             nursery.cancel_scope.cancel()
 
