@@ -1,34 +1,19 @@
-"""`iop-edge`: command line -> config -> logging -> trio.run(daemon), and its signals.
+"""`iop-edge`: command line -> config -> logging -> trio.run(daemon).
 
-Signals: SIGTERM and SIGINT drain (a second one exits at once). SIGHUP,
-SIGUSR1 and SIGUSR2, whose default action would end the process on the spot
-(no drain, no CancelRun), are logged and otherwise ignored: the edge has no
-reload, and a stray `kill -HUP` or a closed terminal must not cut streams.
-SIGPIPE stays ignored as Python sets it at start: a write to a socket the
-peer closed fails for that connection only.
-
-`--workers N` (`[server] workers`) above 1 runs a supervisor (`edge.process.supervisor`)
-that owns these signals and starts N worker processes: this same command with
-the hidden `--worker-*` arguments. In a worker SIGTERM drains (a repeat is
-ignored: systemd may send it to every process of the service as well as the
-supervisor forwarding it), SIGINT (the supervisor's second signal) exits at
-once, and the end of the supervisor's socket drains too.
+What its signals do is `edge.process.signals`'s. `--workers N` (`[server] workers`)
+above 1 runs a supervisor (`edge.process.supervisor`) that owns the edge's signals
+and starts N worker processes: this same command with the hidden `--worker-*`
+arguments.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import socket
 import sys
-import threading
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-
-import trio
-from loguru import logger
 
 from edge.config import (
     Config,
@@ -40,8 +25,13 @@ from edge.config import (
     parse_workers,
     split_address,
 )
-from edge.observe.log import flush_logs, setup_logging
-from edge.process.signals import HARD_STOP_GRACE_S, IGNORED_SIGNALS, STOP_SIGNALS
+from edge.observe.log import setup_logging
+from edge.process.signals import (
+    HARD_STOP_GRACE_S,
+    daemon_signals,
+    ignore_signals,
+    worker_signals,
+)
 
 DEFAULT_CONFIG = Path("config.toml")
 
@@ -139,78 +129,8 @@ def resolve_config(args: argparse.Namespace) -> Config:
     return replace(config, server=server, log=log, nodes=nodes)
 
 
-def _exit_now(code: int) -> None:
-    """Leave at once: a client that stopped reading can hold a shielded socket
-    write (hypercorn's) forever, so no graceful path is guaranteed to end."""
-    flush_logs(timeout_s=1.0)  # a stuck reader of the log does not hold the exit
-    os._exit(code)
-
-
-async def _signals(shutdown: trio.Event, hard_stop_s: float) -> None:
-    with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
-        async for signum in signals:
-            if signum in IGNORED_SIGNALS:
-                logger.info(
-                    "{}: ignored (there is no reload; SIGTERM drains and stops)",
-                    signal.Signals(signum).name,
-                )
-                continue
-            if shutdown.is_set():
-                logger.warning("second signal: exiting now")
-                _exit_now(1)
-            logger.info("{}: draining", signal.Signals(signum).name)
-            shutdown.set()
-            # Past the drain and the grace for closing, stop whatever still holds on.
-            timer = threading.Timer(hard_stop_s, _hard_stop, args=(hard_stop_s,))
-            timer.daemon = True
-            timer.start()
-
-
-async def _worker_signals(
-    shutdown: trio.Event, *, control: socket.socket, hard_stop_s: float
-) -> None:
-    """A worker's signals (see the module's docstring), and its supervisor's end."""
-
-    def drain(why: str) -> None:
-        if shutdown.is_set():
-            return
-        logger.info("{}: draining", why)
-        shutdown.set()
-        timer = threading.Timer(hard_stop_s, _hard_stop, args=(hard_stop_s,))
-        timer.daemon = True
-        timer.start()
-
-    async def watch_supervisor() -> None:
-        await trio.lowlevel.wait_readable(control)  # it never writes: this is its end
-        logger.warning("the supervisor is gone")
-        drain("supervisor gone")
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_supervisor)
-        with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
-            async for signum in signals:
-                if signum == signal.SIGINT:
-                    logger.warning("SIGINT from the supervisor: exiting now")
-                    _exit_now(1)
-                elif signum == signal.SIGTERM:
-                    drain("SIGTERM")
-                else:
-                    logger.info("{}: ignored", signal.Signals(signum).name)
-
-
-def _hard_stop(after_s: float) -> None:
-    logger.error("still running {}s after the shutdown signal: exiting", after_s)
-    _exit_now(1)
-
-
-def _ignore_signals() -> None:
-    """Until the daemon's receiver takes them over (and after it), these do nothing."""
-    for signum in IGNORED_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-
-
 def main(argv: list[str] | None = None) -> int:
-    _ignore_signals()
+    ignore_signals()
     args = build_parser().parse_args(argv)
     try:
         config = resolve_config(args)
@@ -229,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     from edge.process.daemon import run_forever
 
     try:
-        run_forever(config, partial(_signals, hard_stop_s=hard_stop_s), runs_log=args.runs_log)
+        run_forever(
+            config, partial(daemon_signals, hard_stop_s=hard_stop_s), runs_log=args.runs_log
+        )
     except KeyboardInterrupt:
         return 130
     except BaseExceptionGroup as group:
@@ -275,7 +197,7 @@ def _worker_main(args: argparse.Namespace, config: Config, hard_stop_s: float) -
 
     run_forever(
         config,
-        partial(_worker_signals, control=control, hard_stop_s=hard_stop_s),
+        partial(worker_signals, control=control, hard_stop_s=hard_stop_s),
         runs_log=args.runs_log,
         listen_sockets=sockets,
     )

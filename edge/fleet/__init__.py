@@ -2,8 +2,10 @@
 
 Owns the pool of nodes (health, circuit breaker, panic routing, affinity),
 admission (node slots, the queue, the memory budget), failover, the run
-(`run`: accept, deadlines, batches, the one CancelRun, the outcome) and the
-scheduler's turns for heavy steps.
+(`run`: accept, deadlines, batches, the one CancelRun, the outcome), the
+scheduler's turns for heavy steps, and per-model policy (`modelpolicy`: a
+request's session settings, what reaches its node). `fleet.Fleet` holds the
+parts a request uses; the daemon builds them, the HTTP handler only uses them.
 
 May import `node` (the client side of the contract), `config`, `api`, `observe`,
 `stream`, `errors`; never `http`, `process`, `limits` or `nodes`.

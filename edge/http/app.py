@@ -29,8 +29,9 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import msgspec
 import trio
@@ -58,7 +59,6 @@ from edge.http.scope import CURRENT as CURRENT_SCOPE
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate, KeyRing, Limiter, RateLimitedError
-from edge.limits.store import open_store
 from edge.observe.log import REQUEST_ID
 from edge.observe.metrics import CONTENT_TYPE
 
@@ -191,35 +191,20 @@ class _HTTPConnection(TrioASGIHTTPConnection):
 CURRENT_GATE: ContextVar[Gate | None] = ContextVar("iop_chat_gate", default=None)
 
 
-def _limiter(chat: ChatService, keys: KeyRing) -> Limiter | None:
-    """The limiter of the keys with limits (None when no key has one)."""
-    config = chat.config
-    limited = [(k.name, k.limits) for k in keys.keys if k.limited]
-    if not limited:
-        return None
-    # A stream lease is short, renewed while its request lives (edge.limits.limiter).
-    store = open_store(
-        limited,
-        redis_url=config.limits.redis_url,
-        key_prefix=config.limits.key_prefix,
-        timeout_s=config.limits.redis_timeout_s,
-        lease_ms=int(config.limits.lease_s * 1000),
-    )
-    logger.info(
-        "API key limits: {} key(s) with limits, counted in {} ({})",
-        len(limited), store.kind,
-        {"redis": "shared by every edge using it", "shared": "shared by this edge's workers",
-         "memory": "this process only"}[store.kind],
-    )  # fmt: skip
-    return Limiter(
-        store, fail_open=config.limits.fail_open, metrics=chat.metrics,
-        renew_s=config.limits.lease_renew_s,
-    )  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class EdgeApp:
+    """The app the server serves, and the one switch the daemon pulls on it."""
+
+    app: QuartTrio
+    # From now on chat requests are answered 503 and /readyz says "draining".
+    start_draining: Callable[[], None]
 
 
 def create_app(
-    chat: ChatService, *, max_body_bytes: int, api_keys: Sequence[str] = ()
-) -> QuartTrio:
+    chat: ChatService, *, keys: KeyRing, limiter: Limiter | None, max_body_bytes: int
+) -> EdgeApp:
+    """The app of `chat`: `keys` tells a request's key, `limiter` (None: no key has
+    limits) counts it."""
     app = QuartTrio("iop-edge")
     app.asgi_http_class = _HTTPConnection
     app.extensions["chat"] = chat
@@ -229,8 +214,7 @@ def create_app(
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     # Routes match as written: `//` is not merged into `/` by a redirect.
     app.url_map.merge_slashes = False
-    keys = KeyRing(chat.config.keys, api_keys)
-    app.extensions["limiter"] = _limiter(chat, keys)
+    app.extensions["limiter"] = limiter
     state = {"draining": False}
 
     @app.before_request
@@ -363,5 +347,4 @@ def create_app(
     def start_draining() -> None:
         state["draining"] = True
 
-    app.extensions["start_draining"] = start_draining
-    return app
+    return EdgeApp(app, start_draining)

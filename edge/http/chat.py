@@ -25,7 +25,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -36,17 +36,15 @@ from quart import Response
 from quart.wrappers.response import ResponseBody
 
 from edge.api.footprint import footprint
-from edge.api.policy import apply_policy
 from edge.api.request import ChatRequest
-from edge.api.surfaces import APIS, CHAT, MESSAGES, Answer, Api, ApiRequest, Folder, Streamer
+from edge.api.surfaces import CHAT, Answer, Api, ApiRequest, Folder, Streamer
 from edge.config import Config
 from edge.errors import RequestError
-from edge.fleet.admission import Admission
-from edge.fleet.failover import Committed, Failover
-from edge.fleet.pool import NodePool
-from edge.fleet.run import OutcomeHook, Run, Runs
+from edge.fleet.failover import Committed
+from edge.fleet.fleet import Fleet
+from edge.fleet.modelpolicy import forwarded_request, session_settings
+from edge.fleet.run import OutcomeHook, Run
 from edge.fleet.turns import Turns
-from edge.http.refusals import REASONS, overloaded_response
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.limits.limiter import Gate
@@ -55,10 +53,8 @@ from edge.observe.logbound import clip_join
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing
 from edge.stream.output import ErrorOut, OutEvent
-from edge.stream.session import SessionSettings, StreamSession
-from edge.stream.toolcheck import tool_validation_mode
+from edge.stream.session import StreamSession
 
-_API_PATHS = {path.encode(): api for path, api in APIS.items()}
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -85,72 +81,27 @@ class ChatService:
     def __init__(
         self,
         config: Config,
-        pool: NodePool,
+        fleet: Fleet,
         metrics: EdgeMetrics,
         on_outcome: OutcomeHook | None = None,
         *,
-        turns: Turns,
         tracing: Tracing | None = None,
     ) -> None:
         self.config = config
         # This edge's tracer (edge.observe.tracing); None: tracing is off.
         self.tracing = tracing
-        # The heavy steps of a request (its start, each batch of its answer, its
-        # end) take turns with every other request's (`edge.http.turns`).
-        self.turns = turns
-        self.pool = pool
+        # The fleet's parts this handler uses (`edge.fleet.fleet.Fleet`), built by the
+        # daemon: the heavy steps of a request take turns (`edge.fleet.turns`).
+        self.turns = fleet.turns
+        self.pool = fleet.pool
+        self.admission = fleet.admission
+        self.runs = fleet.runs
+        self.failover = fleet.failover
         self.metrics = metrics
         self.on_outcome = on_outcome
-        self.admission = Admission(pool, config.admission, metrics)
-        self.runs = Runs(pool, config.timeouts, metrics, self.admission, turns)
-        self.failover = Failover(self.runs, config.routing)
         # Request parsing runs in worker threads (schema checks cost ms per KiB);
         # few at once, so the loop thread waits little for the GIL.
         self.parsing = trio.CapacityLimiter(PARSE_THREADS)
-
-    def settings_for(
-        self, request: ChatRequest, run_id: str, *, stream_holds_text: bool = False
-    ) -> SessionSettings:
-        """The session settings of `request`: its model's policy, then the request's own
-        choices. `stream_holds_text`: the API's streamer keeps the answer's text."""
-        model = self.config.model(request.model)
-        strict = model.strict if request.strict_output is None else request.strict_output
-        buffered = model.stream_buffer if request.stream_buffer is None else request.stream_buffer
-        validation = tool_validation_mode(
-            request.tool_validation,
-            model.tool_validation,
-            request_strict_output=request.strict_output,
-            model_strict=model.strict,
-        )
-        return SessionSettings(
-            run_id=run_id,
-            strict=strict,
-            stream_buffer=buffered,
-            include_reasoning=request.include_reasoning,
-            reasoning_explicit=request.reasoning_explicit,
-            trace=request.trace_stream or model.trace_stream,
-            tools=replace(
-                request.tools,
-                validation=validation,
-                strict_tools=request.tool_validation is None,
-            ),
-            tool_formats=model.tool_call_formats,
-            sentinels=model.sentinels,
-            reasoning_parser=model.reasoning_parser,  # type: ignore[arg-type]
-            response_format=request.response_format,
-            whole_output=not request.stream,
-            text_held=request.stream and stream_holds_text,
-            logprobs=request.logprobs,
-        )
-
-    def forwarded(self, request: ChatRequest) -> ChatRequest:
-        """The request as its model's forwarding policy lets it reach the node."""
-        result = apply_policy(request, self.config.model(request.model).forward_policy)
-        if result.dropped:
-            logger.bind(model=request.model).debug(
-                "not forwarded to the node: {}", clip_join(result.dropped)
-            )
-        return result.request
 
     async def handle(
         self,
@@ -198,7 +149,8 @@ class ChatService:
         if request.model in self.pool.models():  # metric labels: only models nodes serve
             scope.model = request.model
         request, payload = prepared.forwarded()
-        settings = self.settings_for(request, run_id, stream_holds_text=api.stream_holds_text)
+        model = self.config.model(request.model)
+        settings = session_settings(model, request, run_id, stream_holds_text=api.stream_holds_text)
 
         def new_session() -> StreamSession:  # one per attempt, all with the one run id
             return StreamSession(settings, _trace if settings.trace else None)
@@ -246,30 +198,11 @@ class ChatService:
         if trace is not None:
             trace.request(request)
         try:
-            forwarded = self.forwarded(request)
+            forwarded = forwarded_request(self.config.model(request.model), request)
         except RequestError as exc:
             return Prepared(parsed, nbytes, refused=exc)
         payload = prepare_run_request(forwarded, run_id=run_id, model=forwarded.model)
         return Prepared(parsed, nbytes + len(payload), forwarded, payload)
-
-    def shed_at_once(self, request_line: bytes, *, close: bool) -> bytes | None:
-        """For the HTTP server, before it parses a request: the whole HTTP/1.1 answer
-        to a `POST` of one of the APIs that `shed_if_full` would shed, or None. The
-        same `overloaded` answer with Retry-After (in the API's own error shape), in a
-        few scheduler passes instead of the request's whole way through the HTTP
-        stack; `close`: the answer closes the connection."""
-        method, _, rest = request_line.partition(b" ")
-        path = rest.rpartition(b" ")[0].partition(b"?")[0]
-        api = _API_PATHS.get(path) if method == b"POST" else None
-        if api is None:
-            return None
-        error = self.admission.shed_now()
-        if error is None:
-            return None
-        if api is not MESSAGES:
-            return overloaded_response(error, close=close)
-        status, body = api.error(error.status, error.type, error.message)
-        return _http_answer(status, msgspec.json.encode(body), error.retry_after_s, close=close)
 
     def shutdown_streams(self) -> int:
         """Drain deadline: end every run still in flight, with a notice. Returns how many."""
@@ -296,18 +229,6 @@ class Prepared:
         assert self.request is not None
         assert self.payload is not None
         return self.request, self.payload
-
-
-def _http_answer(status: int, body: bytes, retry_after_s: int, *, close: bool) -> bytes:
-    """A whole HTTP/1.1 JSON answer, written by the server itself."""
-    reason = REASONS.get(status, "Overloaded" if status == 529 else "Error")
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nretry-after: {retry_after_s}\r\n"
-        + ("connection: close\r\n" if close else "")
-        + "\r\n"
-    )
-    return head.encode("ascii") + body
 
 
 def _error_answer(api: Api, error: ErrorOut, request_id: str) -> Response:

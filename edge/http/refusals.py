@@ -1,21 +1,49 @@
 # How the HTTP server says no: the answers it writes itself, without hypercorn
-# (OpenAI-shaped HTTP/1.1 errors, an HTTP/2 GOAWAY), and the count and
-# rate-limited log line of each connection it closes. No I/O but logging; knows
-# nothing of connections or of the app.
+# (OpenAI-shaped HTTP/1.1 errors, the `overloaded` answer of a request shed
+# before it is parsed, an HTTP/2 GOAWAY), and the count and rate-limited log
+# line of each connection it closes. Every whole HTTP/1.1 answer is built by
+# `http_answer`. No I/O but logging; knows nothing of connections, nor of the
+# app beyond the APIs' paths and error shapes (`edge.api.surfaces`).
 """Error answers written on the socket directly; connection errors counted without a storm."""
 
 from __future__ import annotations
 
 import json
 
+import msgspec
 import trio
 from loguru import logger
 
+from edge.api.surfaces import APIS, MESSAGES
 from edge.errors import OverloadedError, error_object
+from edge.fleet.admission import Admission
 from edge.observe.metrics import EdgeMetrics
 
 _LOG_INTERVAL_S = 1.0
 _GOAWAY = 0x7
+_API_PATHS = {path.encode(): api for path, api in APIS.items()}
+
+
+def http_answer(
+    status: int,
+    body: bytes,
+    *,
+    reason: str | None = None,
+    retry_after_s: int = 0,
+    close: bool = True,
+) -> bytes:
+    """A whole HTTP/1.1 JSON answer, written by the server itself: Retry-After when
+    `retry_after_s` is set; closing the connection unless `close` is False. `reason`:
+    the status line's (by default the status's own in `REASONS`)."""
+    if reason is None:
+        reason = REASONS.get(status, "Error")
+    retry = f"retry-after: {retry_after_s}\r\n" if retry_after_s > 0 else ""
+    closing = "connection: close\r\n" if close else ""
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n{retry}{closing}\r\n"
+    )
+    return head.encode("ascii") + body
 
 
 def error_response(
@@ -31,13 +59,7 @@ def error_response(
     """A complete HTTP/1.1 answer with an OpenAI-shaped body, closing the connection
     (unless `close` is False)."""
     body = json.dumps(error_object(err_type, message, code=code)).encode()
-    retry = f"retry-after: {retry_after_s}\r\n" if retry_after_s > 0 else ""
-    closing = "connection: close\r\n" if close else ""
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n{retry}{closing}\r\n"
-    )
-    return head.encode("ascii") + body
+    return http_answer(status, body, reason=reason, retry_after_s=retry_after_s, close=close)
 
 
 def overloaded_response(error: OverloadedError, *, close: bool) -> bytes:
@@ -49,6 +71,28 @@ def overloaded_response(error: OverloadedError, *, close: bool) -> bytes:
     )  # fmt: skip
 
 
+def shed_at_once(admission: Admission, request_line: bytes, *, close: bool) -> bytes | None:
+    """For the HTTP server, before it parses a request: the whole HTTP/1.1 answer
+    to a `POST` of one of the APIs that `admission.shed_if_full` would shed, or None.
+    The same `overloaded` answer with Retry-After (in the API's own error shape), in a
+    few scheduler passes instead of the request's whole way through the HTTP
+    stack; `close`: the answer closes the connection."""
+    method, _, rest = request_line.partition(b" ")
+    path = rest.rpartition(b" ")[0].partition(b"?")[0]
+    api = _API_PATHS.get(path) if method == b"POST" else None
+    if api is None:
+        return None
+    error = admission.shed_now()
+    if error is None:
+        return None
+    if api is not MESSAGES:
+        return overloaded_response(error, close=close)
+    status, body = api.error(error.status, error.type, error.message)
+    return http_answer(
+        status, msgspec.json.encode(body), retry_after_s=error.retry_after_s, close=close
+    )
+
+
 def goaway_frame(last_stream_id: int, error_code: int, debug: bytes) -> bytes:
     """An HTTP/2 GOAWAY frame (RFC 9113 6.8): the last stream served, why, and a note."""
     payload = last_stream_id.to_bytes(4, "big") + error_code.to_bytes(4, "big") + debug
@@ -57,7 +101,7 @@ def goaway_frame(last_stream_id: int, error_code: int, debug: bytes) -> bytes:
 
 REASONS = {
     400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
-    503: "Service Unavailable",
+    503: "Service Unavailable", 529: "Overloaded",
 }  # fmt: skip
 
 

@@ -45,7 +45,7 @@ from loguru import logger
 
 from edge.config import KeyConfig
 from edge.errors import EdgeError, NotFoundError
-from edge.limits.store import LimitStore, StoreUnavailable
+from edge.limits.base import LimitStore, StoreUnavailable
 from edge.limits.window import Decision, Limits, rate_headers, retry_after_s
 from edge.observe.log import REQUEST_ID
 from edge.observe.metrics import EdgeMetrics

@@ -37,7 +37,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from edge.limits.store import StoreUnavailable
+from edge.limits.base import StoreUnavailable
 from edge.limits.window import OVER, WINDOW_MS, Decision, Limits
 from edge.node.bridge import call_asyncio
 

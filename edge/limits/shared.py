@@ -1,7 +1,7 @@
 """The counters of one edge's workers: fixed slots in a file they all map.
 
-Without Redis, the workers of one edge (`IOP_EDGE_SHARED_DIR`, a directory
-of that edge run) share one file of fixed slots, one slot per limited key,
+Without Redis, the workers of one edge (in the directory their supervisor
+made for that edge run) share one file of fixed slots, one slot per limited key,
 in the order of the sorted key names (the workers read the same config, so
 they agree on it). A slot holds the key's window (start, requests, tokens)
 and up to `PID_ENTRIES` (pid, streams, expiry) entries: each worker counts
@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 
-from edge.limits.store import monotonic_ms
+from edge.limits.base import monotonic_ms
 from edge.limits.window import Decision, Limits, Window, add_tokens, admit, refund
 
 PID_ENTRIES = 64

@@ -18,8 +18,8 @@ restarts of workers in the same directory (`SupervisorMetrics`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -74,10 +74,11 @@ _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0
 
 
 class EdgeMetrics:
-    def __init__(self) -> None:
-        # Decided when prometheus-client was imported: the variable is set before the
-        # process starts (by the supervisor), never changed after.
-        self.multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+    def __init__(self, multiproc_dir: Path | None = None) -> None:
+        # Where every worker's values are (None: a single process, its own values), as
+        # prometheus-client found it in $PROMETHEUS_MULTIPROC_DIR when it was imported
+        # (the process layer reads the variable, once, and passes it here).
+        self.multiproc_dir = multiproc_dir
         self._node_states: list[tuple[str, Callable[[], float]]] = []
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -301,7 +302,7 @@ class EdgeMetrics:
             return generate_latest(self.registry)
         self.sync()
         merged = CollectorRegistry()
-        MultiProcessCollector(merged, path=self.multiproc_dir)  # type: ignore[no-untyped-call]
+        MultiProcessCollector(merged, path=str(self.multiproc_dir))  # type: ignore[no-untyped-call]
         return generate_latest(merged)
 
 

@@ -1,9 +1,11 @@
 """The process: how the edge runs as a daemon.
 
 Owns the command's process model: `daemon` (one serving process: nodes, pool,
-server, readiness, drain), `supervisor` (`--workers N`: worker processes on
-shared sockets), `listeners` (binding, fd limits, the listen mode), `signals`
-(stop and ignored signals, the hard stop) and `systemd` (sd_notify).
+server, readiness, drain; it builds the fleet, the limiter and the app, and
+wires them), `supervisor` (`--workers N`: worker processes on shared sockets,
+and the environment it gives them, read back once here), `listeners` (binding,
+fd limits, the listen mode), `signals` (what each signal does, in one process
+and in a worker; the drain, then the hard stop) and `systemd` (sd_notify).
 
 The top layer below the command line: it may import every layer of the edge
 (`http`, `fleet`, `limits`, `nodes`, `node`, `config`, `observe`, ...); nothing

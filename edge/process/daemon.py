@@ -33,11 +33,15 @@ from hypercorn.config import Config as HypercornConfig
 from loguru import logger
 
 from edge.config import Config, split_address, upstream_url
+from edge.fleet.admission import Admission
+from edge.fleet.failover import Failover
+from edge.fleet.fleet import Fleet
 from edge.fleet.pool import NodePool
-from edge.fleet.run import OutcomeHook
+from edge.fleet.run import OutcomeHook, Runs
 from edge.fleet.turns import Turns
-from edge.http.app import create_app
+from edge.http.app import EdgeApp, create_app
 from edge.http.chat import ChatService
+from edge.http.refusals import shed_at_once
 from edge.http.server import (
     ACCEPT_BURST,
     HttpServer,
@@ -45,6 +49,8 @@ from edge.http.server import (
     default_max_connections,
     raise_fd_limit,
 )
+from edge.limits.limiter import KeyRing
+from edge.limits.stores import open_limiter
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
 from edge.nodes.embedded import embedded_node
@@ -53,7 +59,7 @@ from edge.observe.log import count_dropped_lines
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing, setup_tracing
-from edge.process import systemd
+from edge.process import supervisor, systemd
 from edge.process.listeners import LISTEN_BACKLOG, listen_mode
 
 # After the drain deadline: time for the notice frames to go out before
@@ -68,6 +74,9 @@ class Edge:
     url: str
     pool: NodePool
     chat: ChatService
+    # The runs in flight, and the queue for node slots (with the memory budget).
+    runs: Runs
+    admission: Admission
     metrics: EdgeMetrics
     shutdown: trio.Event
     embedded: list[object] = field(default_factory=list)
@@ -110,22 +119,25 @@ async def serve(
     on_outcome: OutcomeHook | None = None,
     shutdown: trio.Event | None = None,
     listen_sockets: Sequence[socket.socket] = (),
+    shared_dir: Path | None = None,
+    metrics_dir: Path | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the edge until its `shutdown` event is set, then drain and return.
 
     `listen_sockets`: serve these (bound and listening already) instead of binding
-    `server.listen`.
+    `server.listen`. A worker's `shared_dir` and `metrics_dir` are its supervisor's
+    (`edge.process.supervisor`): the limits and the metrics of every worker of the edge.
     """
     if shutdown is None:
         shutdown = trio.Event()
-    metrics = EdgeMetrics()
+    metrics = EdgeMetrics(metrics_dir)
     count_dropped_lines(metrics.log_lines_dropped.inc)
     tracing = setup_tracing(config.tracing, service="iop-edge")
     metrics.tracing.set(0 if tracing is None else 1)
     try:
         await _serve(config, metrics, tracing, shutdown, runs_log, on_outcome, listen_sockets,
-                     task_status)  # fmt: skip
+                     shared_dir, task_status)  # fmt: skip
     finally:
         if tracing is not None:  # the spans still queued go out (bounded by the exporter)
             with trio.CancelScope(shield=True):
@@ -141,75 +153,140 @@ async def _serve(
     runs_log: Path | None,
     on_outcome: OutcomeHook | None,
     listen_sockets: Sequence[socket.socket],
+    shared_dir: Path | None,
     task_status: trio.TaskStatus[Edge],
 ) -> None:
+    """The root nursery: nodes, pool, background tasks, server, readiness, drain."""
     async with asyncio_loop(), AsyncExitStack() as stack:
-        clients: list[NodeClient] = []
-        embedded: list[object] = []
-        for node in config.nodes:
-            counter = metrics.node_cancels.labels(node.name).inc
-            if node.embedded:
-                sim, port = await stack.enter_async_context(
-                    embedded_node(node.name, runs_log, tracing=tracing)
-                )
-                embedded.append(sim)
-                clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
-            elif (url := upstream_url(node.address)) is not None:
-                served, port = await stack.enter_async_context(
-                    embedded_upstream_node(node.name, url, tracing=tracing)
-                )
-                embedded.append(served)
-                clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
-            else:
-                host, port = split_address(node.address)
-                clients.append(GrpcNodeClient(node.name, host, port, on_cancel_sent=counter))
-        pool = NodePool(
-            clients, routing=config.routing, refresh_s=config.server.node_refresh_s,
-            max_runs={n.name: n.max_runs for n in config.nodes if n.max_runs is not None},
-        )  # fmt: skip
-        metrics.watch_nodes((s.client.name, partial(pool.state_value, s)) for s in pool.nodes)
-        stack.push_async_callback(pool.aclose)
-        await pool.refresh()
-        for state in pool.nodes:
-            if not state.healthy:
-                logger.warning(
-                    "node {} ({}) is not reachable yet: {}",
-                    state.client.name, state.client.address, clip(state.error or ""),
-                )  # fmt: skip
+        clients, embedded = await _open_nodes(stack, config, metrics, tracing, runs_log)
+        pool = await _open_pool(stack, config, clients, metrics)
+        fleet = _fleet(config, pool, metrics)
         async with trio.open_nursery() as root:
-            root.start_soon(pool.run_refresh)
-            interval = systemd.watchdog_interval()
-            if interval is not None:
-                root.start_soon(systemd.watchdog_loop, interval)
-            if metrics.multiproc_dir is not None:
-                root.start_soon(_sync_metrics, metrics, config.server.node_refresh_s)
-            turns = Turns(on_defer=metrics.deferred_steps.inc)
-            root.start_soon(turns.run)
-            chat = ChatService(config, pool, metrics, on_outcome, turns=turns, tracing=tracing)
-            app = create_app(
-                chat, max_body_bytes=config.server.max_body_bytes,
-                api_keys=config.server.api_keys,
-            )  # fmt: skip
-            if (limiter := app.extensions["limiter"]) is not None:
-                stack.push_async_callback(limiter.aclose)  # inside the asyncio loop
+            _start_background(root, config, fleet, metrics)
+            chat = ChatService(config, fleet, metrics, on_outcome, tracing=tracing)
+            edge_app = _open_app(stack, config, chat, metrics, shared_dir)
+            server = _http_server(config, edge_app, fleet, metrics, listen_sockets)
             http_done = trio.Event()
-            # Workers accepting from one shared socket take one connection per wakeup
-            # each (as nginx's multi_accept off), so that none takes the others' share.
-            shared = bool(listen_sockets) and listen_mode() == "shared"
-            server = HttpServer(
-                app, _hypercorn_config(config), _server_limits(config), metrics, turns=turns,
-                shed=chat.shed_at_once, accept_burst=1 if shared else ACCEPT_BURST,
-            )  # fmt: skip
             binds = await root.start(
                 _serve_http, server, config, shutdown, http_done, listen_sockets
             )
             url = binds[0]
             logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
             systemd.notify("READY=1\nSTATUS=serving")
-            task_status.started(Edge(url, pool, chat, metrics, shutdown, embedded))
+            task_status.started(
+                Edge(url, pool, chat, fleet.runs, fleet.admission, metrics, shutdown, embedded)
+            )
             await shutdown.wait()
-            await _drain(config, app.extensions["start_draining"], chat, http_done)
+            await _drain(config, edge_app.start_draining, chat, http_done)
             root.cancel_scope.cancel()
+
+
+async def _open_nodes(
+    stack: AsyncExitStack,
+    config: Config,
+    metrics: EdgeMetrics,
+    tracing: Tracing | None,
+    runs_log: Path | None,
+) -> tuple[list[NodeClient], list[object]]:
+    """A client per configured node, and the nodes served in this process (embedded
+    simulated nodes, iop-node in front of a model server), kept up by `stack`."""
+    clients: list[NodeClient] = []
+    embedded: list[object] = []
+    for node in config.nodes:
+        counter = metrics.node_cancels.labels(node.name).inc
+        if node.embedded:
+            sim, port = await stack.enter_async_context(
+                embedded_node(node.name, runs_log, tracing=tracing)
+            )
+            embedded.append(sim)
+            clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
+        elif (url := upstream_url(node.address)) is not None:
+            served, port = await stack.enter_async_context(
+                embedded_upstream_node(node.name, url, tracing=tracing)
+            )
+            embedded.append(served)
+            clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
+        else:
+            host, port = split_address(node.address)
+            clients.append(GrpcNodeClient(node.name, host, port, on_cancel_sent=counter))
+    return clients, embedded
+
+
+async def _open_pool(
+    stack: AsyncExitStack, config: Config, clients: list[NodeClient], metrics: EdgeMetrics
+) -> NodePool:
+    """The pool of `clients`, closed by `stack`, after a first look at every node."""
+    pool = NodePool(
+        clients, routing=config.routing, refresh_s=config.server.node_refresh_s,
+        max_runs={n.name: n.max_runs for n in config.nodes if n.max_runs is not None},
+    )  # fmt: skip
+    metrics.watch_nodes((s.client.name, partial(pool.state_value, s)) for s in pool.nodes)
+    stack.push_async_callback(pool.aclose)
+    await pool.refresh()
+    for state in pool.nodes:
+        if not state.healthy:
+            logger.warning(
+                "node {} ({}) is not reachable yet: {}",
+                state.client.name, state.client.address, clip(state.error or ""),
+            )  # fmt: skip
+    return pool
+
+
+def _fleet(config: Config, pool: NodePool, metrics: EdgeMetrics) -> Fleet:
+    """The scheduler's turns, the admission queue, the runs and failover on `pool`, as
+    the config sets them."""
+    turns = Turns(on_defer=metrics.deferred_steps.inc)
+    admission = Admission(pool, config.admission, metrics)
+    runs = Runs(pool, config.timeouts, metrics, admission, turns)
+    return Fleet(pool, turns, admission, runs, Failover(runs, config.routing))
+
+
+def _start_background(
+    root: trio.Nursery, config: Config, fleet: Fleet, metrics: EdgeMetrics
+) -> None:
+    """The tasks that run as long as the edge: node refresh, the scheduler's turns,
+    systemd's watchdog, and (a worker) the metrics other workers' scrapes read."""
+    root.start_soon(fleet.pool.run_refresh)
+    interval = systemd.watchdog_interval()
+    if interval is not None:
+        root.start_soon(systemd.watchdog_loop, interval)
+    if metrics.multiproc_dir is not None:
+        root.start_soon(_sync_metrics, metrics, config.server.node_refresh_s)
+    root.start_soon(fleet.turns.run)
+
+
+def _open_app(
+    stack: AsyncExitStack,
+    config: Config,
+    chat: ChatService,
+    metrics: EdgeMetrics,
+    shared_dir: Path | None,
+) -> EdgeApp:
+    """The app, with the API keys and the limiter of those with limits (closed by
+    `stack`, inside the asyncio loop its Redis client may use)."""
+    keys = KeyRing(config.keys, config.server.api_keys)
+    limiter = open_limiter(keys, config.limits, metrics, shared_dir=shared_dir)
+    if limiter is not None:
+        stack.push_async_callback(limiter.aclose)
+    return create_app(chat, keys=keys, limiter=limiter, max_body_bytes=config.server.max_body_bytes)
+
+
+def _http_server(
+    config: Config,
+    edge_app: EdgeApp,
+    fleet: Fleet,
+    metrics: EdgeMetrics,
+    listen_sockets: Sequence[socket.socket],
+) -> HttpServer:
+    """The HTTP server of `edge_app`, shedding at once what the admission would."""
+    # Workers accepting from one shared socket take one connection per wakeup
+    # each (as nginx's multi_accept off), so that none takes the others' share.
+    shared = bool(listen_sockets) and listen_mode() == "shared"
+    return HttpServer(
+        edge_app.app, _hypercorn_config(config), _server_limits(config), metrics,
+        turns=fleet.turns, shed=partial(shed_at_once, fleet.admission),
+        accept_burst=1 if shared else ACCEPT_BURST,
+    )  # fmt: skip
 
 
 async def _drain(
@@ -278,7 +355,10 @@ def run_forever(
         shutdown = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(signals, shutdown)
-            await serve(config, shutdown=shutdown, runs_log=runs_log, listen_sockets=listen_sockets)
+            await serve(
+                config, shutdown=shutdown, runs_log=runs_log, listen_sockets=listen_sockets,
+                shared_dir=supervisor.shared_dir(), metrics_dir=supervisor.metrics_dir(),
+            )  # fmt: skip
             nursery.cancel_scope.cancel()
 
     trio.run(main)

@@ -42,7 +42,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,11 +54,14 @@ from edge.config import Config
 from edge.observe.log import count_dropped_lines, flush_logs
 from edge.process import systemd
 from edge.process.listeners import Address, addresses, bind_listeners, listen_mode, rebind, url_of
+from edge.process.signals import IGNORED_SIGNALS, STOP_SIGNALS, drain_then_stop
 
 if TYPE_CHECKING:
     from edge.observe.metrics import SupervisorMetrics
 
-# CONTRACT with the per-edge limit state (edge.limits): the variable's name and meaning.
+# What the supervisor tells its workers through their environment, read back (once, by
+# the daemon) with `shared_dir` and `metrics_dir`: the edge run's own directory, and the
+# metrics directory in it (prometheus-client's variable: it reads it itself at import).
 SHARED_DIR_ENV = "IOP_EDGE_SHARED_DIR"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # A worker that died is started again after base * 2**(deaths in a row), at most cap.
@@ -76,6 +78,13 @@ def shared_dir() -> Path | None:
     """This edge's shared directory (one per run, every worker sees the same); None
     in a single-process edge."""
     value = os.environ.get(SHARED_DIR_ENV)
+    return Path(value) if value else None
+
+
+def metrics_dir() -> Path | None:
+    """Where prometheus-client keeps every process's values (its multiprocess mode);
+    None: this process counts for itself alone."""
+    value = os.environ.get(METRICS_ENV)
     return Path(value) if value else None
 
 
@@ -330,8 +339,6 @@ class Supervisor:
                     slot.process.send_signal(signum)
 
     async def _signals(self, hard_stop_s: float) -> None:
-        from edge.process.signals import IGNORED_SIGNALS, STOP_SIGNALS
-
         with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name
@@ -344,10 +351,7 @@ class Supervisor:
                     self.failed = True
                     continue
                 logger.info("{}: draining {} workers", name, self.workers)
-                self.stop()
-                timer = threading.Timer(hard_stop_s + _KILL_MARGIN_S, self._hard_stop)
-                timer.daemon = True
-                timer.start()
+                drain_then_stop(self.stop, hard_stop_s + _KILL_MARGIN_S, self._hard_stop)
 
     def _hard_stop(self) -> None:
         """A worker outlived its own hard stop: kill what is left, and leave."""

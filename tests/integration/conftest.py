@@ -191,7 +191,7 @@ class RunningEdge:
     async def wait_idle(self, within_s: float = 10.0) -> None:
         """Every run has ended (its read task over, any CancelRun sent)."""
         with trio.fail_after(within_s):
-            await self.edge.chat.runs.wait_idle()
+            await self.edge.runs.wait_idle()
 
 
 def edge_config(sim: SimProcess, **timeouts: float) -> Config:

@@ -77,7 +77,7 @@ async def test_a_full_queue_answers_503_overloaded_at_once(
     overloaded with Retry-After while the three still wait; once the slots are given back
     the three are answered, in full."""
     edge = await _edge(nursery, node, queue_timeout_s=60)
-    admission = edge.edge.chat.admission
+    admission = edge.edge.admission
     held: list[str] = []
     answers: list[httpx.Response] = []
 
@@ -114,7 +114,7 @@ async def test_a_queued_client_that_leaves_never_starts_a_run(
     """A client that hangs up while its request waits in the queue leaves the queue; no run
     is started for it, on the node or in the edge, and it is counted once, cancelled."""
     edge = await _edge(nursery, node, queue_timeout_s=60)
-    admission = edge.edge.chat.admission
+    admission = edge.edge.admission
     held: list[str] = []
     async with (
         httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S) as http,
@@ -163,7 +163,7 @@ async def test_a_wait_past_the_queue_timeout_answers_503(
             _assert_overloaded(await http.post(CHAT, json=body))
         holders.cancel_scope.cancel()
     assert _sample(edge, "iop_edge_shed_total", reason="queue_timeout") == 2
-    assert edge.edge.chat.admission.depth == 0
+    assert edge.edge.admission.depth == 0
     await stop_edge(edge)
 
 
@@ -199,7 +199,7 @@ async def _full(
     await _poll(lambda: len(held) == 2)
     for _ in range(3):
         waiting.start_soon(partial(http.post, CHAT, json=chat_body("sim-echo", "after the wait")))
-    await _poll(lambda: edge.edge.chat.admission.depth == 3)
+    await _poll(lambda: edge.edge.admission.depth == 3)
     return edge
 
 
@@ -257,7 +257,7 @@ async def test_a_full_queue_sheds_at_the_connection_before_reading_the_body(
             response = await h2.post(CHAT, json=chat_body("sim-echo", "over h2"))
             assert response.http_version == "HTTP/2"
             _assert_overloaded(response)
-        assert edge.edge.chat.admission.depth == 3
+        assert edge.edge.admission.depth == 3
         assert _sample(edge, "iop_edge_shed_total", reason="queue_full") == 3
         holders.cancel_scope.cancel()
     await edge.wait_idle()

@@ -77,7 +77,7 @@ async def _accepted_run_id(edge: RunningEdge, request_id: str) -> str:
     """The run id of the request's run, once its node accepted it (no byte was sent yet)."""
     with trio.fail_after(10):
         while True:
-            for run in edge.edge.chat.runs.live:
+            for run in edge.edge.runs.live:
                 if run.info.request_id == request_id and run.accepted:
                     return run.info.run_id
             await trio.sleep(0.01)  # in-process state with no event of its own

@@ -298,7 +298,7 @@ async def test_a_node_killed_under_load(
 
     def live_on_a(prefix: str) -> int:
         return sum(
-            1 for r in running.edge.chat.runs.live
+            1 for r in running.edge.runs.live
             if r.info.node == "a" and r.accepted and r.info.request_id.startswith(prefix)
         )  # fmt: skip
 

@@ -99,7 +99,7 @@ def _gauge(edge: RunningEdge) -> float:
 
 async def _given_back(edge: RunningEdge) -> None:
     """Every request's bytes are back: the budget's count and its gauge say 0."""
-    admission = edge.edge.chat.admission
+    admission = edge.edge.admission
     await _poll(lambda: admission.held == 0)
     assert _gauge(edge) == 0
 
@@ -125,7 +125,7 @@ async def test_a_full_budget_answers_503_overloaded_and_serves_once_given_back(
     holder = _heavy("sim-script", HANG, stream=True)
     charge = _charge(holder)
     edge = await _edge(nursery, sim, budget=charge + _charge(heavy) // 2)
-    admission = edge.edge.chat.admission
+    admission = edge.edge.admission
     started = trio.Event()
     async with (
         httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S) as http,

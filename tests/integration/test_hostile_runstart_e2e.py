@@ -241,7 +241,7 @@ async def test_a_caller_that_leaves_during_a_run_start_gives_its_slot_back(
     slots back; a valid request is served afterwards."""
     body = _LEAVES[case]
     accepted = case != "accept wait"
-    live = edge.edge.chat.runs.live
+    live = edge.edge.runs.live
 
     def started() -> bool:
         return len(live) == 2 and all(run.accepted == accepted for run in live)

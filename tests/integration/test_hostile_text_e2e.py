@@ -144,7 +144,7 @@ async def test_one_big_delta_of_lt_is_applied_while_healthz_is_answered(
             with trio.fail_after(HEALTHZ_BOUND_S):
                 assert (await http.get("/healthz")).status_code == 200
             answers += 1
-            if any(run.session.resuming for run in edge.edge.chat.runs.live):
+            if any(run.session.resuming for run in edge.edge.runs.live):
                 mid_delta += 1
 
     async def post() -> None:

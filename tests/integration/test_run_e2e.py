@@ -172,7 +172,7 @@ async def _leave_before_accept(edge: RunningEdge, rid: str) -> None:
     """The node holds the accept back; the client hangs up while the edge waits for it."""
     client = await Client.open(edge.url)
     await client.send(_stream({"accept_after_ms": 10_000}, HANG), rid)
-    await poll(lambda: any(not run.accepted for run in edge.edge.chat.runs.live))
+    await poll(lambda: any(not run.accepted for run in edge.edge.runs.live))
     await client.close()
 
 
@@ -187,14 +187,14 @@ async def _leave_before_first_byte(edge: RunningEdge, rid: str) -> None:
     """The run is accepted; the client hangs up without reading a byte."""
     client = await Client.open(edge.url)
     await client.send(_stream(HANG), rid)
-    await poll(lambda: any(run.accepted for run in edge.edge.chat.runs.live))
+    await poll(lambda: any(run.accepted for run in edge.edge.runs.live))
     await client.close()
 
 
 async def _non_stream_disconnect(edge: RunningEdge, rid: str) -> None:
     client = await Client.open(edge.url)
     await client.send(chat_body("sim-script", script({"type": "delta", "delta": "x"}, HANG)), rid)
-    await poll(lambda: any(run.first_event_at for run in edge.edge.chat.runs.live))
+    await poll(lambda: any(run.first_event_at for run in edge.edge.runs.live))
     await client.close()
 
 
@@ -307,7 +307,7 @@ async def test_every_way_a_request_ends_is_counted_once(
 
 def _terminal_at_edge(edge: RunningEdge, run_id: str) -> bool:
     """The edge's read task of `run_id` has the node's terminal event (or the run is over)."""
-    for run in edge.edge.chat.runs.live:
+    for run in edge.edge.runs.live:
         if run.info.run_id == run_id:
             return run.handle is not None and run.handle.events.terminal
     return True
@@ -397,6 +397,6 @@ async def test_no_run_or_task_is_left_after_a_thousand_abandoned_streams(
         for _ in range(1000):
             clients.start_soon(one)
     await edge.wait_idle(within_s=60)
-    assert not edge.edge.chat.runs.live
+    assert not edge.edge.runs.live
     assert gauge(edge, "iop_edge_active_streams") == 0
     await poll(lambda: _live_tasks() <= baseline)

@@ -673,7 +673,7 @@ async def test_bad_tools_are_400_before_any_run(
     assert error["type"] == "invalid_request_error"
     assert param in error["param"]
     assert edge.outcomes == [], "no run was started"
-    assert not edge.edge.chat.runs.live
+    assert not edge.edge.runs.live
 
 
 # --- what is not a call ---------------------------------------------------------

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from edge.config import ConfigError, KeyConfig, parse_config
 from edge.errors import NotFoundError
+from edge.limits.base import StoreUnavailable
 from edge.limits.limiter import LEGACY_NAME, Gate, Key, KeyRing, Limiter
-from edge.limits.store import MemoryStore, StoreUnavailable
+from edge.limits.memory import MemoryStore
 from edge.limits.window import (
     WINDOW_MS,
     Decision,

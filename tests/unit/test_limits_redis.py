@@ -8,9 +8,9 @@ import pytest
 import redis
 import trio
 
+from edge.limits.base import StoreUnavailable
 from edge.limits.limiter import Gate, Key, Limiter
 from edge.limits.redisstore import RedisStore
-from edge.limits.store import StoreUnavailable
 from edge.limits.window import WINDOW_MS, Limits
 from edge.node.bridge import asyncio_loop
 from edge.observe.metrics import EdgeMetrics
