@@ -2,8 +2,8 @@
 
 A grpclib server on asyncio. Each Run is one streaming POST to the
 upstream's `/chat/completions` with httpx; the response's server-sent events
-go through `edge.nodes.upstream.adapter` and out as RunEvents. Ending a run early
-(CancelRun, a reset gRPC stream, the request's deadline) leaves the httpx
+go through `edge.nodes.upstream.chunks` and out as RunEvents. Ending a run
+early (CancelRun, a reset gRPC stream, the request's deadline) leaves the httpx
 stream's block, which closes the upstream connection at once: vLLM,
 llama.cpp, Ollama and SGLang abort a request whose client went away.
 Describe lists the upstream's `/models` (or the configured models) and fails
@@ -14,8 +14,9 @@ on (`edge.observe.tracing`), each run has a span continued from the edge's
 `traceparent`, and its upstream request a child span whose `traceparent`
 the upstream gets as a header.
 
-This module owns the HTTP and gRPC sides; the mapping of chunks is the
-adapter's. It knows nothing of trio or of the edge that calls it.
+This module owns the HTTP and gRPC sides; the mappings are pure modules of
+their own (`request`, `chunks`, `bodies`). It knows nothing of trio or of the
+edge that calls it.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.nodes.kit import Events, NodeService, send_cancelled
-from edge.nodes.upstream.adapter import ChunkMapper, chat_request_body, error_message
-from edge.nodes.upstream.adapter import models_from_body as parse_models
+from edge.nodes.upstream.bodies import error_message
+from edge.nodes.upstream.bodies import models_from_body as parse_models
+from edge.nodes.upstream.chunks import ChunkMapper
+from edge.nodes.upstream.request import chat_request_body
 from edge.nodes.upstream.sse import SSEDecoder
 from edge.observe.tracing import Tracing, inject, set_error
 
