@@ -16,17 +16,19 @@ from __future__ import annotations
 from typing import Any, Final
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.routes import MAX_MESSAGE_BYTES
 
 __all__ = ["MAX_DELTA_CHARS", "MAX_TOP_LOGPROBS", "choice_logprobs", "content_events", "deltas"]
 
 # A text delta longer than this is sent as several RunEvents: each stays well
-# under gRPC's 4 MiB message limit (at most 4 bytes a character in UTF-8).
-MAX_DELTA_CHARS: Final = 512 * 1024
+# under gRPC's message limit. At most 4 bytes a character in UTF-8, the text
+# takes at most half the message (512 Ki characters of the 4 MiB).
+MAX_DELTA_CHARS: Final = MAX_MESSAGE_BYTES // 8
 # OpenAI's bound on top_logprobs, asked of the upstream and kept of its answer.
 MAX_TOP_LOGPROBS: Final = 20
 # Estimated bytes of logprobs one delta event carries at most (the rest goes
-# in the next event).
-MAX_EVENT_LOGPROB_BYTES: Final = 1024 * 1024
+# in the next event): a quarter of the message (1 MiB of the 4), beside its text.
+MAX_EVENT_LOGPROB_BYTES: Final = MAX_MESSAGE_BYTES // 4
 
 
 def deltas(kind: str, text: str) -> list[pb.RunEvent]:

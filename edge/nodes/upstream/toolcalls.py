@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.routes import MAX_MESSAGE_BYTES
 
 __all__ = ["MAX_TOOL_CALLS", "MAX_TOOL_CALL_CHARS", "ToolCallAssembler", "ToolCallLimitError"]
 
 # What one run's streamed tool calls may add up to: their names and argument
 # fragments in characters, and their number. The calls travel in the complete
-# event's typed `tool_calls`, one gRPC message (4 MiB at most).
-MAX_TOOL_CALL_CHARS: Final = 512 * 1024
+# event's typed `tool_calls`, one gRPC message: at most 4 bytes a character in
+# UTF-8, they take at most half of it (512 Ki characters of the 4 MiB).
+MAX_TOOL_CALL_CHARS: Final = MAX_MESSAGE_BYTES // 8
 MAX_TOOL_CALLS: Final = 256
 
 
