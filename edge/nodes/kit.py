@@ -14,6 +14,8 @@
   the node does not know is logged as {"type": "cancel_rpc", "found": false}.
   In-process users read the last FINISHED_KEPT records (`RunsLog.finished`); a
   node keeps nothing per run beyond that window, however long it serves.
+- `NodeSpans`: with tracing on, one SERVER span per run, continued from the
+  edge's `traceparent` (and iop-node's CLIENT span of its upstream request).
 
 HTTP/2 MAX_CONCURRENT_STREAMS stays at the 100 grpclib's h2 connections
 advertise: grpclib 0.4.9 has no public setting for it (its Configuration
@@ -33,20 +35,22 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 from grpclib.const import Handler, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
-from opentelemetry.trace import Span
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
-from edge.observe.tracing import NodeSpans, Tracing
+from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extract, set_error
 
 CANCEL_GRACE_S = 1.0
 # How long a node tries to tell a reading edge that CancelRun stopped its run.
@@ -245,6 +249,71 @@ class RunsLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class NodeSpans:
+    """The node side: one SERVER span per Run, continued from the edge's traceparent.
+
+    Named `chat {model}` with the GenAI attributes a node knows; the run's
+    outcome and event count go on at its end. `client_span` is iop-node's
+    request to its model server (a CLIENT span, whose context the server gets).
+    """
+
+    def __init__(self, tracing: Tracing, node: str) -> None:
+        self.tracing = tracing
+        self._tracer = tracing.tracer
+        self._node = node
+
+    def run_span(self, metadata: Mapping[str, Any], run_id: str, model: str) -> Span:
+        parent = None
+        value = metadata.get(TRACEPARENT)
+        if isinstance(value, str):
+            carrier = {TRACEPARENT: value}
+            state = metadata.get("tracestate")
+            if isinstance(state, str):
+                carrier["tracestate"] = state
+            parent = extract(carrier)
+        return self._tracer.start_span(
+            f"{OPERATION} {model}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                "gen_ai.operation.name": OPERATION,
+                "gen_ai.provider.name": PROVIDER,
+                "gen_ai.request.model": model,
+                "rpc.system": "grpc",
+                "rpc.service": "iop.node.v1.NodeService",
+                "rpc.method": "Run",
+                "iop.node": self._node,
+                "iop.run_id": run_id,
+            },
+        )
+
+    def client_span(self, parent: Span, model: str, url: str) -> Span:
+        """The span of one request to the model server, a child of the run's span."""
+        parts = urlsplit(url)
+        return self._tracer.start_span(
+            f"{OPERATION} {model}",
+            context=trace.set_span_in_context(parent),
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": OPERATION,
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": model,
+                "http.request.method": "POST",
+                "url.full": url,
+                "server.address": parts.hostname or "",
+                "server.port": parts.port or (443 if parts.scheme == "https" else 80),
+            },
+        )
+
+    @staticmethod
+    def end_run(span: Span, outcome: str | None, events_sent: int) -> None:
+        span.set_attribute("iop.outcome", outcome or "unknown")
+        span.set_attribute("iop.events_sent", events_sent)
+        if outcome in ("error", "aborted"):
+            set_error(span, "run_error" if outcome == "error" else "aborted")
+        span.end()
 
 
 class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not type-checked
