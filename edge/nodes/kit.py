@@ -22,8 +22,8 @@ advertise: grpclib 0.4.9 has no public setting for it (its Configuration
 covers windows and keep-alive only), so instead of reaching into its
 protocol the edge opens one connection per `STREAMS_PER_CHANNEL` (90) runs.
 
-Node side only (asyncio, grpclib); the edge imports it only to host the embedded
-simulated node (`edge/nodes/embedded.py`).
+Node side only (asyncio, grpclib); the edge imports it only to host the nodes it
+runs inside itself (`edge/nodes/embedded.py`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,6 @@ The pure mapping: `request` (RunRequest -> request body), `sse` (the body's
 server-sent events), `chunks` (chunks -> RunEvents, with `toolcalls` and
 `logprobs`), `bodies` (error bodies, model lists). `server` is the grpclib
 NodeService on asyncio that calls the upstream with httpx; `cli` is the
-`iop-node` command; `embedded` runs the same service inside the edge for
-`openai+http://` node addresses.
+`iop-node` command. `edge.nodes.embedded` runs the same service inside the
+edge for `openai+http://` node addresses.
 """
