@@ -2,8 +2,9 @@
 
 - `NodeServer`: a grpclib server that listens on a socket it binds itself
   (so the port is known for port 0) and refuses a received message over
-  gRPC's default 4 MiB, the edge's limit (`NodeCodec`, which also sends
-  bytes serialized ahead of time as they are).
+  gRPC's default 4 MiB, the edge's limit, with RESOURCE_EXHAUSTED
+  (`NodeCodec`, on the contract's codec, which also sends messages
+  serialized ahead of time as they are).
 - `NodeService`: the generated `NodeServiceBase` with CancelRun and the runs
   log; a node implements Describe (the generated signature) and Run, which
   is served at the stream level (see `NodeService.__mapping__`).
@@ -38,17 +39,17 @@ from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 from urllib.parse import urlsplit
 
 from grpclib.const import Handler, Status
-from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.codec import ContractCodec
 from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
 from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extract, set_error
 
@@ -65,35 +66,16 @@ FINISHED_KEPT = 1000
 Events = Stream[pb.RunRequest, pb.RunEvent]
 
 
-class Encoded(bytes):
-    """A message serialized already (by the generated code): `NodeCodec` sends it as it is.
+class NodeCodec(ContractCodec):
+    """The contract's codec (`edge.contract.codec`) as a node serves: a received
+    message over MAX_MESSAGE_BYTES ends the RPC with RESOURCE_EXHAUSTED, as
+    gRPC's own limit answers."""
 
-    A node that sends the same event many times serializes it once.
-    """
-
-
-class NodeCodec(ProtoCodec):
-    """grpclib's protobuf codec: `Encoded` bytes pass as they are; received
-    messages over MAX_MESSAGE_BYTES are refused.
-
-    grpclib 0.4.9 (the latest release) has no receive limit of its own
-    (vmagamedov/grpclib#195, open); the codec is the first public place that
-    sees a received message. The RPC ends with RESOURCE_EXHAUSTED, as gRPC's
-    own limit answers.
-    """
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        if type(message) is Encoded:
-            return message
-        return super().encode(message, message_type)
-
-    def decode(self, data: bytes, message_type: Any) -> Any:
-        if len(data) > MAX_MESSAGE_BYTES:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"received message larger than max ({len(data)} vs. {MAX_MESSAGE_BYTES})",
-            )
-        return super().decode(data, message_type)
+    def refuse(self, size: int) -> NoReturn:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED,
+            f"received message larger than max ({size} vs. {MAX_MESSAGE_BYTES})",
+        )
 
 
 class NodeServer(Server):

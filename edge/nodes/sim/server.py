@@ -54,7 +54,8 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from edge.contract._proto.iop.node import v1 as pb
-from edge.nodes.kit import Encoded, Events, NodeService, RunRecord, send_cancelled
+from edge.contract.codec import Encoded
+from edge.nodes.kit import Events, NodeService, RunRecord, send_cancelled
 from edge.nodes.sim.script import ScriptError, message_text, script_items
 from edge.observe.tracing import Tracing
 
