@@ -6,8 +6,10 @@
   (`NodeCodec`, on the contract's codec, which also sends messages
   serialized ahead of time as they are).
 - `NodeService`: the generated `NodeServiceBase` with CancelRun and the runs
-  log; a node implements Describe (the generated signature) and Run, which
-  is served at the stream level (see `NodeService.__mapping__`).
+  log; a node implements Describe (the generated signature) and `play`, one
+  run's events: `serve_run` (Run, served at the stream level, see
+  `NodeService.__mapping__`) owns the rest of a run, the same on every node
+  (its record, span, acceptance, cancellation and outcome).
 - `RunsLog`: the runs in flight and the runs log, one JSON line per run when
   it ends: run_id, model, outcome, cancel_rpc, cancel_rpcs, events_sent. A run
   that ended without CancelRun waits CANCEL_GRACE_S for one (a CancelRun
@@ -49,7 +51,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from edge.contract._proto.iop.node import v1 as pb
-from edge.contract.codec import ContractCodec
+from edge.contract.codec import ContractCodec, Serialized
 from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
 from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extract, set_error
 
@@ -127,7 +129,7 @@ async def wait_for_stop_signal() -> None:
     await stop.wait()
 
 
-async def send_cancelled(stream: Events, run: RunRecord) -> bool:
+async def send_cancelled(run: RunRecord) -> bool:
     """After CancelRun stopped `run`: tell an edge still reading, as the terminal event.
 
     Bounded in time (a reader whose window is closed does not hold the
@@ -135,8 +137,7 @@ async def send_cancelled(stream: Events, run: RunRecord) -> bool:
     """
     with contextlib.suppress(Exception):
         async with asyncio.timeout(CANCELLED_SEND_S):
-            await stream.send_message(pb.RunEvent(type="cancelled", error="run cancelled"))
-            run.events_sent += 1
+            await run.send(pb.RunEvent(type="cancelled", error="run cancelled"))
             return True
     return False
 
@@ -156,6 +157,15 @@ class RunRecord:
     # Wall-clock seconds (comparable across nodes): when the run began and ended here.
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
+    # Where the run's events go while it is served (dropped when it ends).
+    stream: Events | None = field(default=None, repr=False)
+
+    async def send(self, event: pb.RunEvent | Serialized) -> None:
+        """Send one event of the run, counted in its runs-log line (`events_sent`)."""
+        if self.stream is None:
+            raise RuntimeError(f"run {self.run_id} has ended: it sends no more events")
+        await self.stream.send_message(event)
+        self.events_sent += 1
 
 
 class RunsLog:
@@ -171,8 +181,9 @@ class RunsLog:
     def active(self) -> int:
         return sum(1 for run in self._runs.values() if run.outcome is None)
 
-    def start(self, run_id: str, model: str) -> RunRecord:
-        run = RunRecord(run_id, model)
+    def start(self, run_id: str, model: str, stream: Events | None = None) -> RunRecord:
+        """Record a run that began (its events go to `stream`)."""
+        run = RunRecord(run_id, model, stream=stream)
         self._runs[run_id] = run
         return run
 
@@ -194,6 +205,7 @@ class RunsLog:
     def ended(self, run: RunRecord) -> None:
         """The run is over (its outcome set): write its line now, or after the grace."""
         run.task = None
+        run.stream = None
         run.ended_at = time.time()
         if run.outcome in ("complete", "error") or run.cancel_rpcs:
             self._flush(run)
@@ -299,10 +311,11 @@ class NodeSpans:
 
 
 class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not type-checked
-    """A node's NodeService: subclasses implement `serve_run` and `describe`.
+    """A node's NodeService: subclasses implement `play` (and may `hold`) and `describe`.
 
-    CancelRun is common: it is recorded in the runs log, and a live run's
-    task is stopped with `stop_task` (a subclass may stop it its own way).
+    Run (`serve_run`) and CancelRun are common: a run is recorded in the runs
+    log, and CancelRun stops a live run's task with `stop_task` (a subclass
+    may stop it its own way).
     """
 
     def __init__(
@@ -349,6 +362,54 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         return self.runs.finished
 
     async def serve_run(self, stream: Events) -> None:
+        """One Run: what every node does around its `play`, in one order.
+
+        The run is recorded (the runs log, CancelRun's target, Describe's
+        active_runs) and its span opened, then it is accepted (after `hold`:
+        the response headers), then played. Record, then accept: an edge may
+        send CancelRun as soon as it has sent Run, and one that arrives while
+        the run is held or being accepted finds it and stops it, rather than
+        being logged as a run the node does not know while the run plays on.
+
+        A CancelledError (CancelRun, a reset stream, the server stopping) ends
+        a run that has no outcome yet "cancelled"; when CancelRun stopped it,
+        an edge still reading is told (`send_cancelled`). A run that ends any
+        other way without an outcome is an "error". Then its runs-log line is
+        written (or waits for a late CancelRun) and its span ends.
+        """
+        request = await stream.recv_message()
+        assert request is not None
+        run = self.runs.start(request.run_id, request.model, stream)
+        run.task = asyncio.current_task()
+        span = self.run_span(stream, run)
+        try:
+            await self.hold(request)
+            await stream.send_initial_metadata()
+            outcome = await self.play(run, request, span)
+            if run.outcome is None:
+                run.outcome = outcome
+        except asyncio.CancelledError:
+            if run.outcome is None:
+                run.outcome = "cancelled"
+                if run.cancel_rpcs and await send_cancelled(run):
+                    return  # CancelRun stopped it while the caller still reads: it was told
+            raise
+        finally:
+            if run.outcome is None:
+                run.outcome = "error"
+            self.runs.ended(run)
+            self.end_span(span, run)
+
+    async def hold(self, request: pb.RunRequest) -> None:
+        """What the node waits for before it accepts `request` (nothing, unless it says)."""
+
+    async def play(self, run: RunRecord, request: pb.RunRequest, span: Span | None) -> str:
+        """Play an accepted run: send its events (`run.send`); returns its outcome.
+
+        A run stopped by CancelRun raises CancelledError (`serve_run` records it).
+        A node may set `run.outcome` itself (a terminal event it sent, or before
+        raising): that one is kept.
+        """
         raise GRPCError(Status.UNIMPLEMENTED)
 
     def stop_task(self, task: asyncio.Task[Any]) -> None:
