@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 from grpclib.client import Channel
 from grpclib.config import Configuration
 from grpclib.const import Cardinality, Status
-from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.codec import ContractCodec
 from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.node.convert import Refused, RunEventDecoder, Skip
@@ -41,30 +41,25 @@ T = TypeVar("T")
 _CONNECT_ERRORS = (OSError, asyncio.TimeoutError, ConnectionError)
 
 
-class BoundedCodec(ProtoCodec):
-    """grpclib's protobuf codec, refusing a received message over MAX_MESSAGE_BYTES.
+class BoundedCodec(ContractCodec):
+    """The contract's codec (`edge.contract.codec`: a received message over
+    MAX_MESSAGE_BYTES is dropped before it is parsed) as the edge reads a node.
 
-    grpclib 0.4.9 (the latest release) has no receive limit of its own
-    (vmagamedov/grpclib#195, open): it reads a message's 4-byte length prefix
-    and then the whole message before any hook of ours runs. The codec is the
-    first public place that sees a message, so the limit is enforced here:
-    the oversized message is dropped before it is parsed, the run fails with
-    a clear error and the connection's other runs go on. The bytes of that
-    one message were still received (the node's HTTP/2 window is granted
-    again as grpclib reads); the limit bounds what is parsed and kept.
+    The run fails with a clear error and the connection's other runs go on.
+    The bytes of that one message were still received (the node's HTTP/2
+    window is granted again as grpclib reads); the limit bounds what is
+    parsed and kept.
 
     The message is answered with `Refused` (its size only), not an exception:
     raised here, the error's traceback would hold the frames that hold the
     message, kept as long as the error is (see `Refused`). The caller raises.
     """
 
-    def decode(self, data: bytes, message_type: Any) -> Any:
-        if len(data) > MAX_MESSAGE_BYTES:
-            return Refused(
-                f"the node sent a message of {len(data)} bytes, over the"
-                f" {MAX_MESSAGE_BYTES}-byte gRPC message limit"
-            )
-        return super().decode(data, message_type)
+    def refuse(self, size: int) -> Refused:
+        return Refused(
+            f"the node sent a message of {size} bytes, over the"
+            f" {MAX_MESSAGE_BYTES}-byte gRPC message limit"
+        )
 
 
 _CODEC = BoundedCodec()

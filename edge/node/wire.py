@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.codec import Serialized
 from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import PayloadTooLargeError
 from edge.node.convert import run_request_from_chat
@@ -40,11 +41,11 @@ if TYPE_CHECKING:
 _DEADLINE_ROOM = 11
 
 
-class EncodedRunRequest:
+class EncodedRunRequest(Serialized):
     """One attempt's RunRequest bytes: the request's, then its deadline field.
 
-    grpclib's codec calls `SerializeToString` (joined there, once, as the bytes
-    go out)."""
+    The contract's codec calls `SerializeToString` (joined there, once, as the
+    bytes go out)."""
 
     __slots__ = ("_body", "_deadline", "run_id")
 
@@ -59,7 +60,7 @@ class EncodedRunRequest:
     def __bytes__(self) -> bytes:
         return self._body + self._deadline
 
-    def SerializeToString(self) -> bytes:  # the protobuf method grpclib's codec calls
+    def SerializeToString(self) -> bytes:
         return self._body + self._deadline
 
 

@@ -2,11 +2,14 @@
 
 - `NodeServer`: a grpclib server that listens on a socket it binds itself
   (so the port is known for port 0) and refuses a received message over
-  gRPC's default 4 MiB, the edge's limit (`NodeCodec`, which also sends
-  bytes serialized ahead of time as they are).
+  gRPC's default 4 MiB, the edge's limit, with RESOURCE_EXHAUSTED
+  (`NodeCodec`, on the contract's codec, which also sends messages
+  serialized ahead of time as they are).
 - `NodeService`: the generated `NodeServiceBase` with CancelRun and the runs
-  log; a node implements Describe (the generated signature) and Run, which
-  is served at the stream level (see `NodeService.__mapping__`).
+  log; a node implements Describe (the generated signature) and `play`, one
+  run's events: `serve_run` (Run, served at the stream level, see
+  `NodeService.__mapping__`) owns the rest of a run, the same on every node
+  (its record, span, acceptance, cancellation and outcome).
 - `RunsLog`: the runs in flight and the runs log, one JSON line per run when
   it ends: run_id, model, outcome, cancel_rpc, cancel_rpcs, events_sent. A run
   that ended without CancelRun waits CANCEL_GRACE_S for one (a CancelRun
@@ -14,14 +17,16 @@
   the node does not know is logged as {"type": "cancel_rpc", "found": false}.
   In-process users read the last FINISHED_KEPT records (`RunsLog.finished`); a
   node keeps nothing per run beyond that window, however long it serves.
+- `NodeSpans`: with tracing on, one SERVER span per run, continued from the
+  edge's `traceparent` (and iop-node's CLIENT span of its upstream request).
 
 HTTP/2 MAX_CONCURRENT_STREAMS stays at the 100 grpclib's h2 connections
 advertise: grpclib 0.4.9 has no public setting for it (its Configuration
 covers windows and keep-alive only), so instead of reaching into its
 protocol the edge opens one connection per `STREAMS_PER_CHANNEL` (90) runs.
 
-Node side only (asyncio, grpclib); the edge imports it only to host the embedded
-simulated node (`edge/nodes/embedded.py`).
+Node side only (asyncio, grpclib); the edge imports it only to host the nodes it
+runs inside itself (`edge/nodes/embedded.py`).
 """
 
 from __future__ import annotations
@@ -33,20 +38,22 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
+from urllib.parse import urlsplit
 
 from grpclib.const import Handler, Status
-from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
-from opentelemetry.trace import Span
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.codec import ContractCodec, Serialized
 from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
-from edge.observe.tracing import NodeSpans, Tracing
+from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extract, set_error
 
 CANCEL_GRACE_S = 1.0
 # How long a node tries to tell a reading edge that CancelRun stopped its run.
@@ -61,35 +68,16 @@ FINISHED_KEPT = 1000
 Events = Stream[pb.RunRequest, pb.RunEvent]
 
 
-class Encoded(bytes):
-    """A message serialized already (by the generated code): `NodeCodec` sends it as it is.
+class NodeCodec(ContractCodec):
+    """The contract's codec (`edge.contract.codec`) as a node serves: a received
+    message over MAX_MESSAGE_BYTES ends the RPC with RESOURCE_EXHAUSTED, as
+    gRPC's own limit answers."""
 
-    A node that sends the same event many times serializes it once.
-    """
-
-
-class NodeCodec(ProtoCodec):
-    """grpclib's protobuf codec: `Encoded` bytes pass as they are; received
-    messages over MAX_MESSAGE_BYTES are refused.
-
-    grpclib 0.4.9 (the latest release) has no receive limit of its own
-    (vmagamedov/grpclib#195, open); the codec is the first public place that
-    sees a received message. The RPC ends with RESOURCE_EXHAUSTED, as gRPC's
-    own limit answers.
-    """
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        if type(message) is Encoded:
-            return message
-        return super().encode(message, message_type)
-
-    def decode(self, data: bytes, message_type: Any) -> Any:
-        if len(data) > MAX_MESSAGE_BYTES:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"received message larger than max ({len(data)} vs. {MAX_MESSAGE_BYTES})",
-            )
-        return super().decode(data, message_type)
+    def refuse(self, size: int) -> NoReturn:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED,
+            f"received message larger than max ({size} vs. {MAX_MESSAGE_BYTES})",
+        )
 
 
 class NodeServer(Server):
@@ -141,7 +129,7 @@ async def wait_for_stop_signal() -> None:
     await stop.wait()
 
 
-async def send_cancelled(stream: Events, run: RunRecord) -> bool:
+async def send_cancelled(run: RunRecord) -> bool:
     """After CancelRun stopped `run`: tell an edge still reading, as the terminal event.
 
     Bounded in time (a reader whose window is closed does not hold the
@@ -149,8 +137,7 @@ async def send_cancelled(stream: Events, run: RunRecord) -> bool:
     """
     with contextlib.suppress(Exception):
         async with asyncio.timeout(CANCELLED_SEND_S):
-            await stream.send_message(pb.RunEvent(type="cancelled", error="run cancelled"))
-            run.events_sent += 1
+            await run.send(pb.RunEvent(type="cancelled", error="run cancelled"))
             return True
     return False
 
@@ -170,6 +157,15 @@ class RunRecord:
     # Wall-clock seconds (comparable across nodes): when the run began and ended here.
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
+    # Where the run's events go while it is served (dropped when it ends).
+    stream: Events | None = field(default=None, repr=False)
+
+    async def send(self, event: pb.RunEvent | Serialized) -> None:
+        """Send one event of the run, counted in its runs-log line (`events_sent`)."""
+        if self.stream is None:
+            raise RuntimeError(f"run {self.run_id} has ended: it sends no more events")
+        await self.stream.send_message(event)
+        self.events_sent += 1
 
 
 class RunsLog:
@@ -185,8 +181,9 @@ class RunsLog:
     def active(self) -> int:
         return sum(1 for run in self._runs.values() if run.outcome is None)
 
-    def start(self, run_id: str, model: str) -> RunRecord:
-        run = RunRecord(run_id, model)
+    def start(self, run_id: str, model: str, stream: Events | None = None) -> RunRecord:
+        """Record a run that began (its events go to `stream`)."""
+        run = RunRecord(run_id, model, stream=stream)
         self._runs[run_id] = run
         return run
 
@@ -208,6 +205,7 @@ class RunsLog:
     def ended(self, run: RunRecord) -> None:
         """The run is over (its outcome set): write its line now, or after the grace."""
         run.task = None
+        run.stream = None
         run.ended_at = time.time()
         if run.outcome in ("complete", "error") or run.cancel_rpcs:
             self._flush(run)
@@ -247,11 +245,77 @@ class RunsLog:
             self._file = None
 
 
-class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not type-checked
-    """A node's NodeService: subclasses implement `serve_run` and `describe`.
+class NodeSpans:
+    """The node side: one SERVER span per Run, continued from the edge's traceparent.
 
-    CancelRun is common: it is recorded in the runs log, and a live run's
-    task is stopped with `stop_task` (a subclass may stop it its own way).
+    Named `chat {model}` with the GenAI attributes a node knows; the run's
+    outcome and event count go on at its end. `client_span` is iop-node's
+    request to its model server (a CLIENT span, whose context the server gets).
+    """
+
+    def __init__(self, tracing: Tracing, node: str) -> None:
+        self.tracing = tracing
+        self._tracer = tracing.tracer
+        self._node = node
+
+    def run_span(self, metadata: Mapping[str, Any], run_id: str, model: str) -> Span:
+        parent = None
+        value = metadata.get(TRACEPARENT)
+        if isinstance(value, str):
+            carrier = {TRACEPARENT: value}
+            state = metadata.get("tracestate")
+            if isinstance(state, str):
+                carrier["tracestate"] = state
+            parent = extract(carrier)
+        return self._tracer.start_span(
+            f"{OPERATION} {model}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                "gen_ai.operation.name": OPERATION,
+                "gen_ai.provider.name": PROVIDER,
+                "gen_ai.request.model": model,
+                "rpc.system": "grpc",
+                "rpc.service": "iop.node.v1.NodeService",
+                "rpc.method": "Run",
+                "iop.node": self._node,
+                "iop.run_id": run_id,
+            },
+        )
+
+    def client_span(self, parent: Span, model: str, url: str) -> Span:
+        """The span of one request to the model server, a child of the run's span."""
+        parts = urlsplit(url)
+        return self._tracer.start_span(
+            f"{OPERATION} {model}",
+            context=trace.set_span_in_context(parent),
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": OPERATION,
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": model,
+                "http.request.method": "POST",
+                "url.full": url,
+                "server.address": parts.hostname or "",
+                "server.port": parts.port or (443 if parts.scheme == "https" else 80),
+            },
+        )
+
+    @staticmethod
+    def end_run(span: Span, outcome: str | None, events_sent: int) -> None:
+        span.set_attribute("iop.outcome", outcome or "unknown")
+        span.set_attribute("iop.events_sent", events_sent)
+        if outcome in ("error", "aborted"):
+            set_error(span, "run_error" if outcome == "error" else "aborted")
+        span.end()
+
+
+class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not type-checked
+    """A node's NodeService: subclasses implement `play` (and may `hold`) and `describe`.
+
+    Run (`serve_run`) and CancelRun are common: a run is recorded in the runs
+    log, and CancelRun stops a live run's task with `stop_task` (a subclass
+    may stop it its own way).
     """
 
     def __init__(
@@ -298,6 +362,54 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         return self.runs.finished
 
     async def serve_run(self, stream: Events) -> None:
+        """One Run: what every node does around its `play`, in one order.
+
+        The run is recorded (the runs log, CancelRun's target, Describe's
+        active_runs) and its span opened, then it is accepted (after `hold`:
+        the response headers), then played. Record, then accept: an edge may
+        send CancelRun as soon as it has sent Run, and one that arrives while
+        the run is held or being accepted finds it and stops it, rather than
+        being logged as a run the node does not know while the run plays on.
+
+        A CancelledError (CancelRun, a reset stream, the server stopping) ends
+        a run that has no outcome yet "cancelled"; when CancelRun stopped it,
+        an edge still reading is told (`send_cancelled`). A run that ends any
+        other way without an outcome is an "error". Then its runs-log line is
+        written (or waits for a late CancelRun) and its span ends.
+        """
+        request = await stream.recv_message()
+        assert request is not None
+        run = self.runs.start(request.run_id, request.model, stream)
+        run.task = asyncio.current_task()
+        span = self.run_span(stream, run)
+        try:
+            await self.hold(request)
+            await stream.send_initial_metadata()
+            outcome = await self.play(run, request, span)
+            if run.outcome is None:
+                run.outcome = outcome
+        except asyncio.CancelledError:
+            if run.outcome is None:
+                run.outcome = "cancelled"
+                if run.cancel_rpcs and await send_cancelled(run):
+                    return  # CancelRun stopped it while the caller still reads: it was told
+            raise
+        finally:
+            if run.outcome is None:
+                run.outcome = "error"
+            self.runs.ended(run)
+            self.end_span(span, run)
+
+    async def hold(self, request: pb.RunRequest) -> None:
+        """What the node waits for before it accepts `request` (nothing, unless it says)."""
+
+    async def play(self, run: RunRecord, request: pb.RunRequest, span: Span | None) -> str:
+        """Play an accepted run: send its events (`run.send`); returns its outcome.
+
+        A run stopped by CancelRun raises CancelledError (`serve_run` records it).
+        A node may set `run.outcome` itself (a terminal event it sent, or before
+        raising): that one is kept.
+        """
         raise GRPCError(Status.UNIMPLEMENTED)
 
     def stop_task(self, task: asyncio.Task[Any]) -> None:

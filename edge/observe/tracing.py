@@ -23,9 +23,10 @@ client to the edge (HTTP), from the edge to its node (gRPC metadata on the
 Run call), from `iop-node` to its model server (HTTP). `extract` and
 `inject` are the one place it is read and written.
 
-The node side is here too (`NodeSpans`): the span of one run on a node,
-continued from the edge's `traceparent`. This module knows no trio, asyncio,
-HTTP framework or gRPC library: callers hand it headers as mappings.
+The node side's spans (one per run, continued from the edge's `traceparent`)
+are `edge.nodes.kit.NodeSpans`'s, built on `extract` and `set_error` here.
+This module knows no trio, asyncio, HTTP framework or gRPC library: callers
+hand it headers as mappings.
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loguru import logger
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPORTERS",
-    "NodeSpans",
     "Tracing",
     "TracingConfig",
     "extract",
@@ -194,70 +194,3 @@ def set_error(span: Span, error_type: str, description: str = "") -> None:
     """`error.type` and an error status on `span`."""
     span.set_attribute("error.type", error_type)
     span.set_status(Status(StatusCode.ERROR, description or error_type))
-
-
-class NodeSpans:
-    """The node side: one SERVER span per Run, continued from the edge's traceparent.
-
-    Named `chat {model}` with the GenAI attributes a node knows; the run's
-    outcome and event count go on at its end. `client_span` is iop-node's
-    request to its model server (a CLIENT span, whose context the server gets).
-    """
-
-    def __init__(self, tracing: Tracing, node: str) -> None:
-        self.tracing = tracing
-        self._tracer = tracing.tracer
-        self._node = node
-
-    def run_span(self, metadata: Mapping[str, Any], run_id: str, model: str) -> Span:
-        parent = None
-        value = metadata.get(TRACEPARENT)
-        if isinstance(value, str):
-            carrier = {TRACEPARENT: value}
-            state = metadata.get("tracestate")
-            if isinstance(state, str):
-                carrier["tracestate"] = state
-            parent = extract(carrier)
-        return self._tracer.start_span(
-            f"{OPERATION} {model}",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={
-                "gen_ai.operation.name": OPERATION,
-                "gen_ai.provider.name": PROVIDER,
-                "gen_ai.request.model": model,
-                "rpc.system": "grpc",
-                "rpc.service": "iop.node.v1.NodeService",
-                "rpc.method": "Run",
-                "iop.node": self._node,
-                "iop.run_id": run_id,
-            },
-        )
-
-    def client_span(self, parent: Span, model: str, url: str) -> Span:
-        """The span of one request to the model server, a child of the run's span."""
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(url)
-        return self._tracer.start_span(
-            f"{OPERATION} {model}",
-            context=trace.set_span_in_context(parent),
-            kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": OPERATION,
-                "gen_ai.provider.name": "openai",
-                "gen_ai.request.model": model,
-                "http.request.method": "POST",
-                "url.full": url,
-                "server.address": parts.hostname or "",
-                "server.port": parts.port or (443 if parts.scheme == "https" else 80),
-            },
-        )
-
-    @staticmethod
-    def end_run(span: Span, outcome: str | None, events_sent: int) -> None:
-        span.set_attribute("iop.outcome", outcome or "unknown")
-        span.set_attribute("iop.events_sent", events_sent)
-        if outcome in ("error", "aborted"):
-            set_error(span, "run_error" if outcome == "error" else "aborted")
-        span.end()

@@ -53,8 +53,7 @@ from edge.limits.limiter import KeyRing
 from edge.limits.stores import open_limiter
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
-from edge.nodes.embedded import embedded_node
-from edge.nodes.upstream.embedded import embedded_upstream_node
+from edge.nodes.embedded import embedded_node, embedded_upstream_node
 from edge.observe.log import count_dropped_lines
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics

@@ -34,7 +34,7 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import EdgeError
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
-from edge.nodes.upstream.embedded import embedded_upstream_node
+from edge.nodes.embedded import embedded_upstream_node
 from edge.nodes.upstream.server import UpstreamNode
 from edge.stream.events import Delta, Failed, NodeEvent
 from tests.integration.conftest import (

@@ -1,4 +1,5 @@
-"""What every node keeps in memory (`edge.nodes.kit`): its runs log, a refused message.
+"""What every node keeps in memory (`edge.nodes.kit`): its runs log, a refused message;
+and the run bookkeeping every node shares (`NodeService.serve_run`).
 
 A node serves for months: in memory it keeps the runs in flight and a window of
 the last records, never one record per run it ever served; the file gets them all.
@@ -9,19 +10,23 @@ real socket, on asyncio as a node runs).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
+import pytest
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.routes import RUN_ROUTE
-from edge.nodes.kit import FINISHED_KEPT, RunsLog, start_server, stop_server
+from edge.nodes.kit import FINISHED_KEPT, NodeService, RunsLog, start_server, stop_server
 from edge.nodes.sim.server import SimNode
+from edge.nodes.upstream.server import UpstreamNode
 
 MiB = 1024 * 1024
 
@@ -99,3 +104,52 @@ def test_a_refused_oversized_request_is_not_kept() -> None:
             await stop_server(node, server)
 
     assert asyncio.run(main()) < 5 * MiB
+
+
+class _AcceptingStream:
+    """A Run stream whose acceptance (the response headers) waits until the test's end."""
+
+    def __init__(self, request: pb.RunRequest) -> None:
+        self.metadata: dict[str, str] = {}
+        self.request = request
+        self.accepting = asyncio.Event()
+        self.sent: list[Any] = []
+
+    async def recv_message(self) -> pb.RunRequest:
+        return self.request
+
+    async def send_initial_metadata(self) -> None:
+        self.accepting.set()
+        await asyncio.Event().wait()
+
+    async def send_message(self, message: Any) -> None:
+        self.sent.append(message)
+
+
+@pytest.mark.parametrize("kind", ["sim", "upstream"])
+def test_a_cancel_run_while_the_run_is_accepted_finds_it(kind: str) -> None:
+    """Every node records a run before it accepts it: a CancelRun that arrives while the
+    run is being accepted finds it (found: True), stops it, and the caller is told."""
+    request = pb.RunRequest(
+        run_id="r1", model="sim-echo", messages=[pb.Message(role="user", content="hi")]
+    )
+
+    async def main() -> tuple[bool, list[Any], dict[str, Any]]:
+        node: NodeService = (
+            SimNode() if kind == "sim" else UpstreamNode("http://127.0.0.1:9/v1", models=("m",))
+        )
+        stream = _AcceptingStream(request)
+        serving = asyncio.create_task(node.serve_run(stream))  # type: ignore[arg-type]
+        await stream.accepting.wait()
+        answer = await node.cancel_run(pb.CancelRunRequest(run_id="r1", reason="test"))
+        if not answer.found:  # the run plays on: stop it here, the assertions say why
+            serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        await node.aclose()
+        return answer.found, stream.sent, node.finished[-1]
+
+    found, sent, record = asyncio.run(main())
+    assert found
+    assert [(e.type, e.error) for e in sent] == [("cancelled", "run cancelled")]
+    assert (record["outcome"], record["cancel_rpcs"], record["events_sent"]) == ("cancelled", 1, 1)

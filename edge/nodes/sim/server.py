@@ -52,9 +52,11 @@ from typing import Any
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
-from edge.nodes.kit import Encoded, Events, NodeService, RunRecord, send_cancelled
+from edge.contract.codec import Encoded
+from edge.nodes.kit import NodeService, RunRecord
 from edge.nodes.sim.script import ScriptError, message_text, script_items
 from edge.observe.tracing import Tracing
 
@@ -199,82 +201,54 @@ class SimNode(NodeService):
             active_runs=self.active_runs,
         )
 
-    async def serve_run(self, stream: Events) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        run = self.runs.start(request.run_id, request.model)
-        run.task = asyncio.current_task()
-        span = self.run_span(stream, run)
+    async def hold(self, request: pb.RunRequest) -> None:
+        delay_s = _accept_delay_s(request, self.name)
+        if delay_s:
+            await asyncio.sleep(delay_s)
+
+    async def play(self, run: RunRecord, request: pb.RunRequest, span: Span | None) -> str:
+        """The model's events; a script past a bound ends in an error event naming it."""
         try:
-            delay_s = _accept_delay_s(request, self.name)
-            if delay_s:
-                await asyncio.sleep(delay_s)
-            await stream.send_initial_metadata()
-            outcome = await self._play(stream, request, run)
-            run.outcome = outcome
-        except asyncio.CancelledError:
-            run.outcome = "cancelled"
-            if run.cancel_rpcs and await send_cancelled(stream, run):
-                return  # CancelRun stopped it while the caller still reads: it was told
-            raise
+            if request.model == "sim-echo":
+                return await self._echo(run, request)
+            if request.model == "sim-script":
+                return await self._script(run, request, _node_items(request, self.name))
         except ScriptError as exc:
-            run.outcome = "error"
-            await self._send(stream, run, pb.RunEvent(type="error", error=str(exc)))
-        finally:
-            if run.outcome is None:
-                run.outcome = "error"
-            self.runs.ended(run)
-            self.end_span(span, run)
-
-    async def _send(self, stream: Events, run: RunRecord, ev: pb.RunEvent) -> None:
-        await stream.send_message(ev)
-        run.events_sent += 1
-
-    async def _play(self, stream: Events, request: pb.RunRequest, run: RunRecord) -> str:
-        if request.model == "sim-echo":
-            return await self._echo(stream, request, run)
-        if request.model == "sim-script":
-            return await self._script(stream, request, _node_items(request, self.name), run)
-        await self._send(
-            stream,
-            run,
-            pb.RunEvent(type="error", error=f"model {request.model!r} is not served here"),
-        )
+            await run.send(pb.RunEvent(type="error", error=str(exc)))
+            return "error"
+        error = f"model {request.model!r} is not served here"
+        await run.send(pb.RunEvent(type="error", error=error))
         return "error"
 
-    async def _echo(self, stream: Events, request: pb.RunRequest, run: RunRecord) -> str:
+    async def _echo(self, run: RunRecord, request: pb.RunRequest) -> str:
         text = _last_user_text(request)
         words = text.split(" ")
         top = _logprobs_asked(request)
         for i, word in enumerate(words):
             piece = word if i == 0 else " " + word
             logprobs = [] if top is None else [_echo_logprob(piece, top)]
-            await self._send(stream, run, pb.RunEvent(type="delta", delta=piece, logprobs=logprobs))
+            await run.send(pb.RunEvent(type="delta", delta=piece, logprobs=logprobs))
         prompt_tokens = sum(len((m.content or "").split()) for m in request.messages)
         usage = pb.Usage(input_tokens=prompt_tokens, output_tokens=len(words))
-        await self._send(
-            stream,
-            run,
-            pb.RunEvent(type="complete", usage=usage, metadata={"finish_reason": "stop"}),
+        await run.send(
+            pb.RunEvent(type="complete", usage=usage, metadata={"finish_reason": "stop"})
         )
         return "complete"
 
-    async def _send_repeated(
-        self, stream: Events, run: RunRecord, event: pb.RunEvent, n: int
-    ) -> None:
+    @staticmethod
+    async def _send_repeated(run: RunRecord, event: pb.RunEvent, n: int) -> None:
         """The benchmarks' fast path: serialize once, send the bytes n times."""
         payload = Encoded(bytes(event))
-        send = stream.send_message
+        send = run.send
         for i in range(n):
             await send(payload)
-            run.events_sent += 1
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 # send_message does not yield while the window is open: never
                 # starve other RPCs (CancelRun among them).
                 await asyncio.sleep(0)
 
     async def _script(
-        self, stream: Events, request: pb.RunRequest, items: list[dict[str, Any]], run: RunRecord
+        self, run: RunRecord, request: pb.RunRequest, items: list[dict[str, Any]]
     ) -> str:
         for item in items:
             if "accept_after_ms" in item:
@@ -294,9 +268,9 @@ class SimNode(NodeService):
             event = event_from_item(item)
             repeat = int(item.get("repeat", 1))
             if repeat > 1:
-                await self._send_repeated(stream, run, event, repeat)
+                await self._send_repeated(run, event, repeat)
             else:
-                await self._send(stream, run, event)
+                await run.send(event)
             if kind in ("complete", "error", "cancelled"):
                 return "complete" if kind == "complete" else str(kind)
         return "ended"

@@ -2,8 +2,8 @@
 
 A grpclib server on asyncio. Each Run is one streaming POST to the
 upstream's `/chat/completions` with httpx; the response's server-sent events
-go through `edge.nodes.upstream.adapter` and out as RunEvents. Ending a run early
-(CancelRun, a reset gRPC stream, the request's deadline) leaves the httpx
+go through `edge.nodes.upstream.chunks` and out as RunEvents. Ending a run
+early (CancelRun, a reset gRPC stream, the request's deadline) leaves the httpx
 stream's block, which closes the upstream connection at once: vLLM,
 llama.cpp, Ollama and SGLang abort a request whose client went away.
 Describe lists the upstream's `/models` (or the configured models) and fails
@@ -14,8 +14,9 @@ on (`edge.observe.tracing`), each run has a span continued from the edge's
 `traceparent`, and its upstream request a child span whose `traceparent`
 the upstream gets as a header.
 
-This module owns the HTTP and gRPC sides; the mapping of chunks is the
-adapter's. It knows nothing of trio or of the edge that calls it.
+This module owns the HTTP and gRPC sides; the mappings are pure modules of
+their own (`request`, `chunks`, `bodies`). It knows nothing of trio or of the
+edge that calls it.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from grpclib.exceptions import GRPCError
 from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
-from edge.nodes.kit import Events, NodeService, send_cancelled
-from edge.nodes.upstream.adapter import ChunkMapper, chat_request_body, error_message
-from edge.nodes.upstream.adapter import models_from_body as parse_models
+from edge.nodes.kit import NodeService, RunRecord
+from edge.nodes.upstream.bodies import error_message
+from edge.nodes.upstream.bodies import models_from_body as parse_models
+from edge.nodes.upstream.chunks import ChunkMapper
+from edge.nodes.upstream.request import chat_request_body
 from edge.nodes.upstream.sse import SSEDecoder
 from edge.observe.tracing import Tracing, inject, set_error
 
@@ -161,23 +164,18 @@ class UpstreamNode(NodeService):
 
     # --- Run --------------------------------------------------------------------
 
-    async def serve_run(self, stream: Events) -> None:
+    async def play(self, run: RunRecord, request: pb.RunRequest, span: Span | None) -> str:
         """One run. The upstream request runs in its own task, cancelled at most once.
 
         A stream reset (grpclib cancels this handler) and CancelRun both end a
         run, often within a millisecond: a second `Task.cancel()` would cut
         httpcore's shielded close short and leave the upstream request open.
         The work task only ever sees one cancel, from `_stop` (CancelRun uses it too).
+        The outcome is the terminal event's.
         """
-        request = await stream.recv_message()
-        assert request is not None
-        await stream.send_initial_metadata()
-        run = self.runs.start(request.run_id, request.model)
-        span = self.run_span(stream, run)
 
         async def emit(event: pb.RunEvent) -> None:
-            await stream.send_message(event)
-            run.events_sent += 1
+            await run.send(event)
             if event.type in _TERMINAL:
                 run.outcome = "complete" if event.type == "complete" else event.type
 
@@ -186,22 +184,15 @@ class UpstreamNode(NodeService):
         work.add_done_callback(self._work.discard)
         try:
             await asyncio.wait({work})
-            if not work.cancelled():
-                work.result()  # an unexpected error: grpclib logs it and fails the stream
-            elif run.outcome is None:
-                run.outcome = "cancelled"
-                if run.cancel_rpcs:  # CancelRun stopped it: tell a caller still reading
-                    await send_cancelled(stream, run)
         except asyncio.CancelledError:  # the caller reset the stream, or the server stops
             _stop(work)
-            if run.outcome is None:
-                run.outcome = "cancelled"
             raise
-        finally:
-            if run.outcome is None:
-                run.outcome = "error"
-            self.runs.ended(run)
-            self.end_span(span, run)
+        if not work.cancelled() or run.outcome is None:
+            # CancelledError when CancelRun stopped the work before its terminal event
+            # (`serve_run` tells a caller still reading); an unexpected error: grpclib
+            # logs it and fails the stream. Stopped after its terminal: that is the outcome.
+            work.result()
+        return run.outcome or "error"
 
     async def _relay(self, request: pb.RunRequest, emit: Emit, span: Span | None = None) -> None:
         """Serve `request` from the upstream, emitting its events and exactly one terminal."""

@@ -1,0 +1,101 @@
+"""Tests of `openai+http(s)://` node addresses and `iop-node`'s settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge.cli import build_parser as edge_parser
+from edge.config import ConfigError, parse_config, upstream_url
+from edge.nodes.upstream.cli import SettingsError, resolve
+from edge.nodes.upstream.cli import build_parser as node_parser
+
+
+@pytest.mark.parametrize(
+    ("address", "url"),
+    [
+        ("openai+http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+        ("openai+https://models.internal/v1", "https://models.internal/v1"),
+        ("127.0.0.1:50051", None),
+        ("embedded", None),
+    ],
+)
+def test_upstream_addresses(address: str, url: str | None) -> None:
+    """`openai+http(s)://` node addresses name a model server; others are not upstreams."""
+    assert upstream_url(address) == url
+
+
+@pytest.mark.parametrize(
+    "address", ["openai+http://", "openai+http://host:99999/v1", "openai+http://h:x"]
+)
+def test_bad_upstream_addresses_are_config_errors(address: str) -> None:
+    """A malformed upstream address is one config error naming the key."""
+    doc = {"nodes": [{"name": "n", "address": address}]}
+    with pytest.raises(ConfigError, match=r"nodes\[0\]\.address: expected openai\+http://"):
+        parse_config(doc, "edge.toml")
+
+
+def test_config_and_cli_accept_upstream_addresses() -> None:
+    """`[[nodes]]` and `iop-edge --node` both take the scheme."""
+    doc = {"nodes": [{"name": "local", "address": "openai+http://127.0.0.1:8000/v1"}]}
+    assert parse_config(doc, "edge.toml").nodes[0].address == "openai+http://127.0.0.1:8000/v1"
+    args = edge_parser().parse_args(["--node", "openai+http://127.0.0.1:8000/v1"])
+    assert args.node == ["openai+http://127.0.0.1:8000/v1"]
+
+
+def test_node_settings_from_file_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The [node] table is read, flags win, `/v1` is added, the key comes from the env."""
+    path = tmp_path / "node.toml"
+    path.write_text(
+        '[node]\nupstream = "http://gpu:8000"\nlisten = "0.0.0.0:7000"\n'
+        'models = ["a"]\napi_key_env = "UPSTREAM_KEY"\n'
+    )
+    monkeypatch.setenv("UPSTREAM_KEY", "sk-test")
+    args = node_parser().parse_args(["--config", str(path), "--models", "b,c", "--models", "d"])
+    settings = resolve(args)
+    assert (settings.host, settings.port, settings.upstream) == (
+        "0.0.0.0",
+        7000,
+        "http://gpu:8000/v1",
+    )
+    assert settings.models == ("b", "c", "d")
+    assert settings.api_key == "sk-test"
+
+
+def test_node_settings_logprobs(tmp_path: Path) -> None:
+    """Logprobs are on by default; `logprobs = false` in [node] or `--no-logprobs` turn
+    them off; a value that is not a boolean is an error naming the key."""
+    path = tmp_path / "node.toml"
+    path.write_text('[node]\nupstream = "http://h/v1"\n')
+    assert resolve(node_parser().parse_args(["--config", str(path)])).logprobs is True
+    flag = node_parser().parse_args(["--config", str(path), "--no-logprobs"])
+    assert resolve(flag).logprobs is False
+    path.write_text('[node]\nupstream = "http://h/v1"\nlogprobs = false\n')
+    assert resolve(node_parser().parse_args(["--config", str(path)])).logprobs is False
+    path.write_text('[node]\nupstream = "http://h/v1"\nlogprobs = "no"\n')
+    with pytest.raises(SettingsError, match=r"node\.logprobs"):
+        resolve(node_parser().parse_args(["--config", str(path)]))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[node]\nupstream = "http://h/v1"\nport = 1\n', "unknown key node.port"),
+        ('[node]\nupstream = "http://h/v1"\nmodels = [1]\n', "node.models: expected a list"),
+        ('[node]\nupstream = "http://h/v1"\nread_timeout_s = 0\n', "node.read_timeout_s"),
+        ("[node]\nupstream = 5\n", "node.upstream: expected a string"),
+        ('[node]\nupstream = "ftp://h"\n', "expected an http:// or https:// URL"),
+        (
+            '[node]\nupstream = "http://h/v1"\napi_key_env = "IOP_UNSET_KEY_VAR"\n',
+            "IOP_UNSET_KEY_VAR is not set",
+        ),
+        ("[node]\n", "--upstream URL is required"),
+    ],
+)
+def test_node_settings_errors(tmp_path: Path, text: str, message: str) -> None:
+    """Each mistake is one line naming what is wrong."""
+    path = tmp_path / "node.toml"
+    path.write_text(text)
+    with pytest.raises(SettingsError, match=message):
+        resolve(node_parser().parse_args(["--config", str(path)]))
