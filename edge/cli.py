@@ -19,7 +19,6 @@ from edge.config import (
     Config,
     ConfigError,
     NodeConfig,
-    ServerConfig,
     check_node_address,
     load_config,
     parse_workers,
@@ -204,4 +203,4 @@ def _worker_main(args: argparse.Namespace, config: Config, hard_stop_s: float) -
     return 0
 
 
-__all__ = ["ServerConfig", "main"]
+__all__ = ["build_parser", "main"]
