@@ -206,7 +206,9 @@ def test_a_stuck_reader_never_blocks_put_and_drops_are_counted() -> None:
         writer.put(f"dropped {lines}\n")
         noticed.set()
 
-    writer = LineWriter(fd_writer(pipe.write_fd), max_bytes=32 * 1024, on_caught_up=notice)
+    # A queue larger than the pipe's buffer (64 KiB on Linux): what is queued cannot all
+    # fit in the pipe, so the flush below cannot succeed while nobody reads.
+    writer = LineWriter(fd_writer(pipe.write_fd), max_bytes=256 * 1024, on_caught_up=notice)
     writer.on_drop = reported.append
     for i in range(20_000):
         writer.put(f"line {i:05} {'x' * 100}\n")
