@@ -50,7 +50,6 @@ import contextlib
 import errno
 import math
 import os
-import resource
 import selectors
 import socket
 from collections import deque
@@ -69,7 +68,16 @@ from hypercorn.typing import ConnectionState, Framework, LifespanState
 from hypercorn.utils import parse_socket_addr, repr_socket_addr, wrap_app
 
 from edge.fleet.turns import Turns
-from edge.http.headcheck import H2Limits, HeadScanner, Rejection
+from edge.http.headcheck import (
+    H2_MAX_CONCURRENT_STREAMS,
+    H2_MAX_HEADER_LIST_SIZE,
+    H2_MAX_INBOUND_FRAME_SIZE,
+    H2_RESET_BURST,
+    H2_RESETS_PER_S,
+    H2Limits,
+    HeadScanner,
+    Rejection,
+)
 from edge.http.refusals import (
     REASONS,
     ConnectionErrors,
@@ -84,8 +92,6 @@ from edge.observe.metrics import EdgeMetrics
 MAX_RECV = 2**16
 # A write is cut into pieces this big; each must go out within slow_client_s.
 _WRITE_PIECE = 2**16
-# File descriptors kept for what is not a client connection (nodes, logs, files).
-FD_RESERVE = 128
 # Over-limit connections being answered 503 at once; past it they are just closed.
 _MAX_REFUSING = 64
 _REFUSE_DEADLINE_S = 0.25
@@ -105,18 +111,6 @@ _LINGER_BYTES = 2**20
 # Connections taken from the listen queue per wakeup of the accept loop.
 ACCEPT_BURST = 64
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-# HTTP/2 limits (set on hypercorn's Config, and watched per frame by headcheck).
-# Streams one connection may have open at once (a request each; nginx allows 128).
-H2_MAX_CONCURRENT_STREAMS = 100
-# Header list size (RFC 9113 SETTINGS_MAX_HEADER_LIST_SIZE), also the cap on the
-# bytes of one header block as sent.
-H2_MAX_HEADER_LIST_SIZE = 2**16
-# The largest frame a client may send (the protocol's minimum, 16 KiB).
-H2_MAX_INBOUND_FRAME_SIZE = 2**14
-# Stream resets a client may send: a burst (twice the concurrent streams, so a
-# client may cancel all it has open), then this many per second.
-H2_RESET_BURST = 2 * H2_MAX_CONCURRENT_STREAMS
-H2_RESETS_PER_S = 100.0
 # HTTP/2 bytes handed to hypercorn per scheduler pass (~146 frames of the smallest kind).
 _H2_PIECE = 2**11
 _H2_LIMITS = H2Limits(H2_MAX_HEADER_LIST_SIZE, H2_RESET_BURST, H2_RESETS_PER_S)
@@ -133,24 +127,6 @@ H2_MAX_STALLED = 128
 _GOAWAY_WAIT_S = 1.0
 _ENHANCE_YOUR_CALM = 0xB
 _OVER_LIMIT = over_limit_response()
-
-
-def raise_fd_limit() -> int:
-    """Raise the soft file-descriptor limit to the hard one; returns the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft == resource.RLIM_INFINITY or soft >= target:
-        return soft if soft != resource.RLIM_INFINITY else 1 << 20
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError):
-        return soft
-    return target
-
-
-def default_max_connections(fd_limit: int) -> int:
-    """Connections the fd limit allows, keeping `FD_RESERVE` for everything else."""
-    return max(16, fd_limit - FD_RESERVE)
 
 
 @dataclass(frozen=True, slots=True)
