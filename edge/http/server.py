@@ -27,7 +27,7 @@ inside its own `except* Exception`, so whatever it raises closes it, is
 counted (`iop_edge_connection_errors_total{kind="exception"}`) and logged (a
 line per kind per second at most), and never reaches another connection.
 
-A connection that has sent nothing yet has no task: it waits in `_Waiting`
+A connection that has sent nothing yet has no task: it waits in `edge.http.waiting`
 (a selector of the server's own, watched through its one descriptor) until
 it sends, ends, or reaches `idle_timeout_s`; a flood of idle connections costs
 an accept and a registration each, and a request behind them is not kept
@@ -50,9 +50,7 @@ import contextlib
 import errno
 import math
 import os
-import selectors
 import socket
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -87,6 +85,7 @@ from edge.http.refusals import (
     over_limit_response,
 )
 from edge.http.stalls import DataWritten, StallCount, Stalls
+from edge.http.waiting import Waiting
 from edge.observe.metrics import EdgeMetrics
 
 MAX_RECV = 2**16
@@ -172,7 +171,7 @@ class HttpServer:
         self._connections: set[_Connection] = set()
         # Accepted connections that have sent nothing yet (see _accept_loop); None where
         # the platform's selector cannot be waited on (each then waits in a task).
-        self._waiting = _Waiting.open()
+        self._waiting = Waiting.open()
         self._refusing = 0
         # Past the drain deadline no write waits on its client any more.
         self.write_deadline = math.inf
@@ -325,7 +324,7 @@ class HttpServer:
                 if not self._start_if_sent(sock, nursery):
                     waiting.add(sock, deadline)
 
-    async def _watch_waiting(self, waiting: _Waiting, nursery: trio.Nursery) -> None:
+    async def _watch_waiting(self, waiting: Waiting, nursery: trio.Nursery) -> None:
         """Start a connection's task once it sends; close it at idle_timeout_s if it does
         not, or at once if all it sent was its end (FIN or RST)."""
         selector = waiting.fileno()
@@ -422,81 +421,6 @@ class HttpServer:
         finally:
             self._refusing -= 1
             await stream.aclose()
-
-
-class _Waiting:
-    """Accepted connections that have sent nothing yet, without a task or an object each.
-
-    A flood of idle connections (or the connects of a burst of clients) costs an accept
-    and a registration in a selector of the server's own, whose one descriptor the
-    server waits on; a connection gets its task and its HTTP objects once it sends.
-    Linux's epoll and the BSDs' kqueue can be waited on that way; elsewhere `open`
-    says None and each connection waits in a task of its own.
-    """
-
-    __slots__ = ("_expiry", "_selector", "_socks", "wake")
-
-    def __init__(self, selector: selectors.BaseSelector) -> None:
-        self._selector = selector
-        self._socks: dict[int, socket.socket] = {}
-        # (deadline, descriptor, socket), in the order accepted: deadlines only grow.
-        self._expiry: deque[tuple[float, int, socket.socket]] = deque()
-        # The watcher's wait, to move its deadline when the first connection arrives.
-        self.wake: trio.CancelScope | None = None
-
-    @classmethod
-    def open(cls) -> _Waiting | None:
-        selector = selectors.DefaultSelector()
-        if not hasattr(selector, "fileno"):
-            selector.close()
-            return None
-        return cls(selector)
-
-    def __len__(self) -> int:
-        return len(self._socks)
-
-    def fileno(self) -> int:
-        return self._selector.fileno()  # type: ignore[attr-defined, no-any-return]
-
-    def add(self, sock: socket.socket, deadline: float) -> None:
-        fd = sock.fileno()
-        self._selector.register(fd, selectors.EVENT_READ)
-        self._socks[fd] = sock
-        self._expiry.append((deadline, fd, sock))
-        wake = self.wake
-        if wake is not None and wake.deadline > deadline:
-            wake.deadline = deadline
-
-    def next_deadline(self) -> float:
-        return self._expiry[0][0] if self._expiry else math.inf
-
-    def take_ready(self) -> list[socket.socket]:
-        """The connections that sent something (or their end), out of the set."""
-        ready = []
-        for key, _events in self._selector.select(0):
-            ready.append(self._take(key.fd))
-        return ready
-
-    def take_expired(self, now: float) -> list[socket.socket]:
-        expired = []
-        expiry = self._expiry
-        while expiry and expiry[0][0] <= now:
-            _, fd, sock = expiry.popleft()
-            if self._socks.get(fd) is sock:  # else it left the set already
-                expired.append(self._take(fd))
-        return expired
-
-    def take_all(self) -> list[socket.socket]:
-        everything = [self._take(fd) for fd in list(self._socks)]
-        self._expiry.clear()
-        return everything
-
-    def close(self) -> None:
-        self._selector.close()
-
-    def _take(self, fd: int) -> socket.socket:
-        self._selector.unregister(fd)
-        return self._socks.pop(fd)
 
 
 class _Connection:
