@@ -41,8 +41,9 @@ from edge.fleet.run import OutcomeHook, Runs
 from edge.fleet.turns import Turns
 from edge.http.app import EdgeApp, create_app
 from edge.http.chat import ChatService
+from edge.http.connection import ServerLimits
 from edge.http.refusals import shed_at_once
-from edge.http.server import ACCEPT_BURST, HttpServer, ServerLimits
+from edge.http.server import ACCEPT_BURST, HttpServer
 from edge.limits.limiter import KeyRing
 from edge.limits.stores import open_limiter
 from edge.node.bridge import asyncio_loop
@@ -283,7 +284,7 @@ def _http_server(
     shared = bool(listen_sockets) and listen_mode() == "shared"
     return HttpServer(
         edge_app.app, _hypercorn_config(config), _server_limits(config), metrics,
-        turns=fleet.turns, shed=partial(shed_at_once, fleet.admission),
+        turn=fleet.turns.turn, shed=partial(shed_at_once, fleet.admission),
         accept_burst=1 if shared else ACCEPT_BURST,
     )  # fmt: skip
 
