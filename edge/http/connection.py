@@ -50,7 +50,7 @@ from edge.http.headcheck import (
     Rejection,
 )
 from edge.http.refusals import REASONS, ConnectionErrors, error_response, goaway_frame
-from edge.http.stalls import DataWritten, StallCount, Stalls
+from edge.http.stalls import StallCount, Stalls, Unwritten
 
 MAX_RECV = 2**16
 # A write is cut into pieces this big; each must go out within slow_client_s.
@@ -70,9 +70,6 @@ _LINGER_BYTES = 2**20
 # HTTP/2 bytes handed to hypercorn per scheduler pass (~146 frames of the smallest kind).
 _H2_PIECE = 2**11
 _H2_LIMITS = H2Limits(H2_MAX_HEADER_LIST_SIZE, H2_RESET_BURST, H2_RESETS_PER_S)
-# Answer bytes an HTTP/2 connection may hold unwritten (its client's windows closed);
-# past it, the answers' sends wait (and so count as stalled).
-H2_MAX_UNWRITTEN = 2**20
 # How long a GOAWAY waits for a write in progress before the connection closes anyway.
 _GOAWAY_WAIT_S = 1.0
 _ENHANCE_YOUR_CALM = 0xB
@@ -131,11 +128,8 @@ class Connection:
         # Its HTTP/2 streams left unread (edge.http.stalls), once it is served.
         self.stall_count: StallCount | None = None
         self._calming = False
-        # HTTP/2 answer bytes handed to hypercorn and not written yet, and who waits
-        # for them to go (`handed`); `_data` reads the DATA frames written.
-        self._unwritten = 0
-        self._data: DataWritten | None = None
-        self._data_written: trio.Event | None = None
+        # HTTP/2 answer bytes handed to hypercorn and not written yet (`handed`).
+        self._unwritten = Unwritten()
         # What the client sent before the connection's task began (read by the host).
         self._first = first
         self._send_lock = trio.Lock()
@@ -214,24 +208,7 @@ class Connection:
     async def handed(self, nbytes: int) -> None:
         """An HTTP/2 answer's `nbytes` went to hypercorn: wait while the connection holds
         more than H2_MAX_UNWRITTEN unwritten (see `edge.http.stalls`)."""
-        self._unwritten += nbytes
-        while self._unwritten > H2_MAX_UNWRITTEN and not self._closed:
-            if self._data_written is None:
-                self._data_written = trio.Event()
-            await self._data_written.wait()
-
-    def _wrote(self, data: bytes | memoryview) -> None:
-        """Count the DATA payload bytes in what is written, once the connection is HTTP/2."""
-        if self._data is None:
-            if self._scanner.http2 is None:
-                return
-            self._data = DataWritten()  # the server's first HTTP/2 bytes: a frame begins
-        written = self._data.feed(data)
-        if written:
-            self._unwritten -= written
-            if self._data_written is not None and self._unwritten <= H2_MAX_UNWRITTEN:
-                self._data_written.set()
-                self._data_written = None
+        await self._unwritten.handed(nbytes)
 
     def bound_write(self, deadline: float) -> None:
         """Drain: a write in progress gives up at `deadline` at the latest."""
@@ -422,7 +399,8 @@ class Connection:
         if isinstance(event, RawData):
             data: bytes | memoryview = event.data
             self._answer_bytes += len(data)
-            self._wrote(data)
+            if self._scanner.http2 is not None:  # its first bytes then begin a frame
+                self._unwritten.wrote(data)
             lock = self._send_lock
             if not lock.locked() and not self._closed:
                 # The common case, one SSE frame: the kernel takes it whole at once, with
@@ -505,8 +483,7 @@ class Connection:
         if self._closed:
             return
         self._closed = True
-        if self._data_written is not None:  # no more waiting on a window
-            self._data_written.set()
+        self._unwritten.end()  # no more waiting on a window
         self._idle_again.set()
         self._read_scope.cancel()
         try:
