@@ -1,15 +1,12 @@
 # One client connection: the bytes between its socket and hypercorn's protocol.
 #
-# Owns what happens on one connection once it has sent something: the read
-# loop (the head checks of `edge.http.headcheck`, HTTP/2 bytes handed over a
-# piece at a time, a turn per new request, shedding a request from its head),
-# the write path (a deadline per piece; a frame the kernel takes whole written
-# at once), the HTTP/2 answer bytes it may hold unwritten, and what ends it (a
-# refused head, a request sent too slowly, a write that cannot progress, an
-# HTTP/2 flood or streams left unread: GOAWAY). It does not parse HTTP
-# (hypercorn's protocol classes and h11/h2 do), knows nothing of the app it
-# serves, nor of the server that accepted it beyond `ConnectionHost`, nor of
-# any other connection.
+# Owns what happens on a connection once it has sent something: the read loop
+# (the head checks of `edge.http.headcheck`, HTTP/2 bytes a piece at a time, a
+# turn per new request, shedding), the write path (a deadline per piece), and
+# what ends it (a refused head, a request sent too slowly, a write that cannot
+# progress, an HTTP/2 flood or unread streams: GOAWAY). It does not parse HTTP
+# (hypercorn's protocol classes and h11/h2 do), and knows nothing of the app it
+# serves, of other connections, or of its server beyond `ConnectionHost`.
 """Serve one connection: its bytes to hypercorn's protocol and back, within time limits.
 
 Time limits on what a client sends (hypercorn's `read_timeout` is one
@@ -103,13 +100,9 @@ class ConnectionHost(Protocol):
     lifespan_state: LifespanState
     errors: ConnectionErrors  # where what ends a connection is counted and logged
     stalls: Stalls  # the watch over HTTP/2 streams left unread, server-wide
-    # A new request with a body takes a turn (with every run's step) before the
-    # HTTP parser sees it...
-    turn: Callable[[], Awaitable[None]]
-    # ...unless `shed` answers it at once from its request line.
-    shed: Shed | None
-    # Past the drain deadline no write waits on its client any more.
-    write_deadline: float
+    turn: Callable[[], Awaitable[None]]  # a new request with a body waits its turn...
+    shed: Shed | None  # ...unless this answers it at once, from its request line
+    write_deadline: float  # past it (the end of a drain) no write waits on its client
 
 
 class Connection:
@@ -177,17 +170,10 @@ class Connection:
         config = self.host.config
         app, self.stall_count = self.host.stalls.watch(self.host.app, self)
         self._protocol = ProtocolWrapper(
-            app,
-            config,
-            self.host.context,
-            task_group,
-            ConnectionState(dict(self.host.lifespan_state)),
-            False,
-            client,
-            server,
-            self._protocol_send,
-            "http/1.1",
-        )
+            app, config, self.host.context, task_group,
+            ConnectionState(dict(self.host.lifespan_state)), False, client, server,
+            self._protocol_send, "http/1.1",
+        )  # fmt: skip
         await self._protocol.initiate()
         self._set_idle(True)
         await self._read_loop(self._protocol)
