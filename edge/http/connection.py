@@ -60,8 +60,9 @@ _WRITE_PIECE = 2**16
 # issue #308, HTTP/2 connections that never finish). A wait inside a shielded
 # scope, as the app's end of response, runs out its own deadline first.
 _HANDLER_GRACE_S = 1.0
-# A shed request's connection: how long, and how much of the rest of the request,
-# is read and dropped after the answer before the close (so it is not a reset).
+# A request answered before it all came (shed, or refused by the app from its head):
+# how long, and how much of the rest of it, is read and dropped after the answer
+# before the close (so that it is not a reset).
 _LINGER_S = 0.5
 _LINGER_BYTES = 2**20
 # HTTP/2 bytes handed to hypercorn per scheduler pass (~146 frames of the smallest kind).
@@ -139,6 +140,8 @@ class Connection:
         self._answer_bytes = 0  # written since the request in progress began
         self._read_scope = trio.CancelScope()
         self._closed = False
+        # Answered before its request all came: the read loop lingers, then closes.
+        self._lingering = False
         self._write_scope: trio.CancelScope | None = None
 
     async def run(self, wait: bool = True) -> None:
@@ -227,7 +230,7 @@ class Connection:
     async def _read_loop(self, protocol: ProtocolWrapper) -> None:
         body_timeout_s = self.host.limits.body_timeout_s
         bodies = 0
-        while not self._closed:
+        while not self._closed and not self._lingering:
             started = trio.current_time()
             # Only time spent here, waiting on the client, counts against a body.
             body_deadline = started + self._body_left if self._scanner.in_body else math.inf
@@ -240,7 +243,7 @@ class Connection:
                         data = await self.stream.receive_some(MAX_RECV)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         break
-            if self._read_scope.cancelled_caught:
+            if self._read_scope.cancelled_caught or self._lingering:
                 await self._timed_out(body_deadline)
                 break
             now = trio.current_time()
@@ -279,6 +282,8 @@ class Connection:
                 await self._reject(rejection)
                 break
         await protocol.handle(Closed())
+        if self._lingering:
+            await self._linger_and_close()
 
     async def _handle_in_pieces(self, protocol: ProtocolWrapper, data: bytes) -> None:
         """HTTP/2 bytes to hypercorn a piece at a time, with a scheduler pass between:
@@ -313,11 +318,17 @@ class Connection:
         return None if answer is None else (answer, whole)
 
     async def _answer_and_close(self, answer: bytes) -> None:
-        """Write `answer`, then close without a reset: what the client still sends of
-        the request is read and dropped for a moment (bounded), so the answer is read."""
+        """Write `answer` to a request not all read, then linger and close."""
         async with self._send_lock:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await self._write(answer)
+        await self._linger_and_close()
+
+    async def _linger_and_close(self) -> None:
+        """Close without a reset after an answer to a request not all read: the write
+        side is shut, then what the client still sends of the request is read and
+        dropped for a moment (bounded). A close with bytes unread sends a RST, which
+        can destroy the answer before the client reads it (on a lossy network)."""
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             await self.stream.send_eof()
             with trio.move_on_after(_LINGER_S):
@@ -329,7 +340,7 @@ class Connection:
     async def _timed_out(self, body_deadline: float) -> None:
         """A receive's deadline passed: a normal idle close, or a request sent too slowly."""
         limits = self.host.limits
-        if self._closed or self.host.context.terminated.is_set():
+        if self._closed or self._lingering or self.host.context.terminated.is_set():
             return
         if trio.current_time() >= body_deadline:
             what = f"request body not received within {limits.body_timeout_s:g}s"
@@ -414,7 +425,12 @@ class Connection:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     await self._protocol.handle(Closed())
         elif isinstance(event, Closed):
-            await self._close()
+            if self._scanner.in_body and not self._closed:
+                # Answered before the body all came (an API key's 429 from its head).
+                self._lingering = True
+                self._read_scope.cancel()
+            else:
+                await self._close()
             await self._protocol.handle(Closed())
         elif isinstance(event, Updated):
             self._set_idle(event.idle)
