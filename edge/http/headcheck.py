@@ -63,6 +63,21 @@ class Rejection:
     kind: str = "bad_request"  # the connection error it is counted as
 
 
+# The server's HTTP/2 limits (set on hypercorn's Config by `edge.http.server`; the
+# header list size and the resets are watched per frame here, see `H2Limits`).
+# Streams one connection may have open at once (a request each; nginx allows 128).
+H2_MAX_CONCURRENT_STREAMS = 100
+# Header list size (RFC 9113 SETTINGS_MAX_HEADER_LIST_SIZE), also the cap on the
+# bytes of one header block as sent.
+H2_MAX_HEADER_LIST_SIZE = 2**16
+# The largest frame a client may send (the protocol's minimum, 16 KiB).
+H2_MAX_INBOUND_FRAME_SIZE = 2**14
+# Stream resets a client may send: a burst (twice the concurrent streams, so a
+# client may cancel all it has open), then this many per second.
+H2_RESET_BURST = 2 * H2_MAX_CONCURRENT_STREAMS
+H2_RESETS_PER_S = 100.0
+
+
 @dataclass(frozen=True, slots=True)
 class H2Limits:
     """What one HTTP/2 connection may send (see `H2FrameWatch`)."""

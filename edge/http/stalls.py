@@ -3,8 +3,9 @@
 # Owns the watch over the body sends of HTTP/2 requests (an ASGI wrapper between
 # hypercorn and the app, one per connection) and the one deadline-driven task that
 # counts the stalled ones; and `DataWritten`, which reads the headers of the frames
-# the server writes. Knows nothing of sockets: what to do with a connection past a
-# limit is the server's (`Stalls` calls `Watched.calm_down`).
+# the server writes, and `Unwritten`, the answer bytes one connection may hold
+# unwritten. Knows nothing of sockets: what to do with a connection past a limit
+# is the connection's (`Stalls` calls `Watched.calm_down`).
 """Bounds on HTTP/2 streams a client opens and never reads, per connection and in all.
 
 A client that leaves a stream's flow-control window closed (never a WINDOW_UPDATE,
@@ -70,6 +71,9 @@ class Watched(Protocol):
 
 _DATA = 0x0
 _FRAME_HEADER = 9
+# Answer bytes an HTTP/2 connection may hold unwritten (its client's windows closed);
+# past it, the answers' sends wait (and so count as stalled).
+H2_MAX_UNWRITTEN = 2**20
 
 
 class DataWritten:
@@ -103,6 +107,45 @@ class DataWritten:
             self._header.clear()
             self._left = length
         return written
+
+
+class Unwritten:
+    """One HTTP/2 connection's answer bytes handed to hypercorn and not written yet
+    (`DataWritten` reads what is written): a send that takes them past `limit` waits
+    until enough is written, or the connection ends (`end`)."""
+
+    __slots__ = ("_data", "_ended", "_held", "_limit", "_written")
+
+    def __init__(self, limit: int = H2_MAX_UNWRITTEN) -> None:
+        self._limit = limit
+        self._held = 0
+        self._data = DataWritten()
+        self._written: trio.Event | None = None  # set for the sends waiting, if any
+        self._ended = False
+
+    async def handed(self, nbytes: int) -> None:
+        """`nbytes` of an answer went to hypercorn: returns once the bytes held are
+        within the limit again (or the connection is over)."""
+        self._held += nbytes
+        while self._held > self._limit and not self._ended:
+            if self._written is None:
+                self._written = trio.Event()
+            await self._written.wait()
+
+    def wrote(self, data: bytes | memoryview) -> None:
+        """The connection wrote `data` (HTTP/2 frames, from its first byte on)."""
+        written = self._data.feed(data)
+        if written:
+            self._held -= written
+            if self._written is not None and self._held <= self._limit:
+                self._written.set()
+                self._written = None
+
+    def end(self) -> None:
+        """The connection is over: no send waits for its bytes any more."""
+        self._ended = True
+        if self._written is not None:
+            self._written.set()
 
 
 class _Send:

@@ -41,14 +41,9 @@ from edge.fleet.run import OutcomeHook, Runs
 from edge.fleet.turns import Turns
 from edge.http.app import EdgeApp, create_app
 from edge.http.chat import ChatService
+from edge.http.connection import ServerLimits
 from edge.http.refusals import shed_at_once
-from edge.http.server import (
-    ACCEPT_BURST,
-    HttpServer,
-    ServerLimits,
-    default_max_connections,
-    raise_fd_limit,
-)
+from edge.http.server import ACCEPT_BURST, HttpServer
 from edge.limits.limiter import KeyRing
 from edge.limits.stores import open_limiter
 from edge.node.bridge import asyncio_loop
@@ -59,7 +54,12 @@ from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing, setup_tracing
 from edge.process import supervisor, systemd
-from edge.process.listeners import LISTEN_BACKLOG, listen_mode
+from edge.process.listeners import (
+    LISTEN_BACKLOG,
+    default_max_connections,
+    listen_mode,
+    raise_fd_limit,
+)
 
 # After the drain deadline: time for the notice frames to go out before
 # the HTTP server cuts the connections that are left.
@@ -283,7 +283,7 @@ def _http_server(
     shared = bool(listen_sockets) and listen_mode() == "shared"
     return HttpServer(
         edge_app.app, _hypercorn_config(config), _server_limits(config), metrics,
-        turns=fleet.turns, shed=partial(shed_at_once, fleet.admission),
+        turn=fleet.turns.turn, shed=partial(shed_at_once, fleet.admission),
         accept_burst=1 if shared else ACCEPT_BURST,
     )  # fmt: skip
 

@@ -3,12 +3,15 @@
 Owns how a listen address becomes sockets: the addresses it resolves to
 (IPv6 sockets are IPv6-only, as trio binds them), SO_REUSEADDR, the listen
 queue, and for `SO_REUSEPORT` sets (one per worker) the holder that keeps
-the port. Knows nothing of processes (`edge.process.supervisor`) or HTTP.
+the port; and the process's file-descriptor limit, which bounds the
+connections the sockets may carry (`raise_fd_limit`, `default_max_connections`).
+Knows nothing of processes (`edge.process.supervisor`) or HTTP.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +22,8 @@ from edge.config.address import split_address
 LISTEN_BACKLOG = 2048
 LISTEN_MODE_ENV = "IOP_EDGE_LISTEN_MODE"
 LISTEN_MODES = ("shared", "reuseport")
+# File descriptors kept for what is not a client connection (nodes, logs, files).
+FD_RESERVE = 128
 
 
 def listen_mode() -> str:
@@ -99,3 +104,21 @@ def rebind(where: Sequence[Address]) -> list[socket.socket]:
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft file-descriptor limit to the hard one; returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft if soft != resource.RLIM_INFINITY else 1 << 20
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft
+    return target
+
+
+def default_max_connections(fd_limit: int) -> int:
+    """Connections the fd limit allows, keeping `FD_RESERVE` for everything else."""
+    return max(16, fd_limit - FD_RESERVE)

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from edge.config import Config, KeyConfig, NodeConfig, ServerConfig
+from edge.http import connection
 from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
@@ -371,3 +372,65 @@ async def test_a_key_over_its_limits_is_answered_before_its_body_is_read(
         assert "in flight" in body["error"]["message"]
         holders.cancel_scope.cancel()
     assert _sample(keyed, "iop_edge_key_rejections_total", key="streams", limit="streams") == 1
+
+
+async def test_an_early_429_ends_in_a_clean_close_while_the_body_still_comes(
+    keyed: RunningEdge, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key over its rpm sends the head and the first 64 KiB of a 4 MB body, then keeps
+    sending the rest: it reads the whole 429 and then the end of the connection (EOF),
+    never a reset, and the rest of its body goes out. The edge half-closes after the
+    answer and reads and drops what still comes of the request (bounded): a close with
+    unread bytes is a RST, which on a lossy network destroys an answer not read yet."""
+    length = 4 * 2**20 - 2**10
+    # The linger's bounds (0.5 s, 1 MiB) raised to the whole body, so that the client
+    # sending all of it does not depend on the machine's speed.
+    monkeypatch.setattr(connection, "_LINGER_S", 60.0)
+    monkeypatch.setattr(connection, "_LINGER_BYTES", 2 * length)
+    for _ in range(3):
+        ok = await client.post(CHAT, json=chat_body("sim-echo", "hi"), headers=_auth("sk-team-a"))
+        assert ok.status_code == 200
+    host, _, port = keyed.url.removeprefix("http://").partition(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    conn = h11.Connection(h11.CLIENT)
+    head = h11.Request(
+        method="POST", target=CHAT,
+        headers=[("host", host), ("authorization", "Bearer sk-team-a"),
+                 ("content-type", "application/json"), ("content-length", str(length))],
+    )  # fmt: skip
+    first = b'{"model": "sim-echo", "messages": [' + b" " * (2**16 - 35)
+    rest = b" " * (length - len(first))
+    received = bytearray()
+    sent: list[str] = []
+
+    async def send_the_rest() -> None:
+        try:
+            for start in range(0, len(rest), 2**16):
+                await stream.send_all(rest[start : start + 2**16])
+            await stream.send_eof()
+        except trio.BrokenResourceError as exc:
+            sent.append(f"reset: {exc.__cause__!r}")
+        else:
+            sent.append("all")
+
+    try:
+        await stream.send_all(conn.send(head) + conn.send(h11.Data(data=first)))
+        with trio.fail_after(20):
+            async with trio.open_nursery() as sending:
+                sending.start_soon(send_the_rest)
+                while data := await stream.receive_some(2**16):  # a reset raises here
+                    received += data
+    finally:
+        await stream.aclose()
+    conn.receive_data(bytes(received))
+    response = conn.next_event()
+    assert isinstance(response, h11.Response)
+    assert response.status_code == 429
+    content = b""
+    while isinstance(event := conn.next_event(), h11.Data):
+        content += event.data
+    assert isinstance(event, h11.EndOfMessage)  # the whole answer, as its length says
+    assert json.loads(content)["error"]["code"] == "rate_limit_exceeded"
+    conn.receive_data(b"")  # then the end of the connection
+    assert isinstance(conn.next_event(), h11.ConnectionClosed)
+    assert sent == ["all"]

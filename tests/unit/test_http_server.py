@@ -11,8 +11,8 @@ from loguru import logger
 
 from edge.errors import error_object
 from edge.http.refusals import ConnectionErrors, error_response, goaway_frame
-from edge.http.server import default_max_connections
 from edge.observe.metrics import EdgeMetrics
+from edge.process.listeners import default_max_connections
 
 
 def test_connection_errors_are_all_counted_but_logged_once_a_second_per_kind() -> None:

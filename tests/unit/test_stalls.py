@@ -3,7 +3,9 @@
 `Stalls` counts a body send still waiting `stall_s` after it began as a stalled stream,
 calls `calm_down` on its connection past the per-connection or total cap or after
 `limit_s`, and gives the count back as sends end or connections go. `DataWritten`
-reads the same DATA bytes whether the frames come whole or a byte at a time.
+reads the same DATA bytes whether the frames come whole or a byte at a time;
+`Unwritten` holds a send past its limit until DATA bytes are written, or its
+connection ends.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import trio
 import trio.testing
 from hyperframe.frame import DataFrame, HeadersFrame, PingFrame, SettingsFrame
 
-from edge.http.stalls import DataWritten, StallCount, Stalls
+from edge.http.stalls import DataWritten, StallCount, Stalls, Unwritten
 from edge.observe.metrics import EdgeMetrics
 
 
@@ -121,3 +123,30 @@ def test_data_bytes_are_read_the_same_whole_or_byte_by_byte() -> None:
     assert DataWritten().feed(frames) == 1017
     reader = DataWritten()
     assert sum(reader.feed(frames[i : i + 1]) for i in range(len(frames))) == 1017
+
+
+async def test_a_send_past_the_unwritten_limit_waits_for_data_written() -> None:
+    """Bytes handed within the limit return at once; past it the send waits until the
+    DATA frames written bring the bytes held under the limit again, or the end."""
+    unwritten = Unwritten(limit=1000)
+    await unwritten.handed(1000)  # at the limit: no wait
+    returned: list[int] = []
+
+    async def hand(nbytes: int) -> None:
+        await unwritten.handed(nbytes)
+        returned.append(nbytes)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hand, 500)
+        await trio.testing.wait_all_tasks_blocked()
+        unwritten.wrote(DataFrame(1, b"x" * 400).serialize())  # 1100 held: still over
+        await trio.testing.wait_all_tasks_blocked()
+        assert returned == []
+        unwritten.wrote(DataFrame(1, b"x" * 100).serialize())  # 1000 held
+    assert returned == [500]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hand, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert returned == [500]
+        unwritten.end()  # the connection is over: nothing waits any more
+    assert returned == [500, 1]
