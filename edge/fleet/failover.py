@@ -45,7 +45,8 @@ from edge.api.request import ChatRequest
 from edge.config import RoutingConfig
 from edge.errors import EdgeError
 from edge.fleet.pool import NodeState
-from edge.fleet.run import Run, Runs
+from edge.fleet.run import Run
+from edge.fleet.runs import Runs
 from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S
 from edge.node.wire import PreparedRunRequest
 from edge.stream.output import ErrorOut, OutEvent

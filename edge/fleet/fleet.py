@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from edge.fleet.admission import Admission
 from edge.fleet.failover import Failover
 from edge.fleet.pool import NodePool
-from edge.fleet.run import Runs
+from edge.fleet.runs import Runs
 from edge.fleet.turns import Turns
 
 

@@ -1,8 +1,8 @@
-"""One run on one node, from its node slot to its one outcome: `Run`, and `Runs`.
+"""One run on one node, from its node slot to its one outcome: `Run`.
 
-A chat request becomes runs here, the same way for streaming and
-non-streaming answers (`edge.fleet.failover` tries again on another node when one
-cannot start):
+A chat request becomes runs here (`edge.fleet.runs.Runs` opens them), the
+same way for streaming and non-streaming answers (`edge.fleet.failover`
+tries again on another node when one cannot start):
 
     node = await runs.admission.acquire(model)        # a node, its slot taken
     run = runs.open(node, nursery, request, payload, session)
@@ -14,21 +14,22 @@ The slot on the node (`in_flight`) is taken by the admission queue
 (`edge.fleet.admission`) before the run is opened, and is the run's from then
 on: whatever ends it, or fails before its start (`abandon`), gives the slot
 back. Entering the run starts it with the request's RunRequest, serialized
-once off the loop (`edge.node.wire`), this attempt's node deadline
-appended: the node client's read task goes into `nursery`, the request's
-own scope, and entering returns once the node accepted (or raises the
-EdgeError that chooses the HTTP status). `next_batch` feeds node events
-to the session (a delta longer than the session's slice, a slice a batch,
-a scheduler pass between them) and owns every deadline on one clock,
-trio's: first event, idle, total (also the read task's deadline and,
-converted once, the node's `deadline_unix_ms`), keep-alive; the slow
-reader's limit is the event buffer's. Leaving the run
-ends it: if the node did not, its read task is cancelled with an `EndCause`
-and sends the one CancelRun (shielded, bounded); the slot is given back (to
-the next queued request), the node's verdict goes to the pool
-(`run_succeeded` / `run_failed`), and the outcome is fixed, once
-(`outcome`), and handed to whoever counts it (`on_end`). The scope's
-nursery waits for the read task; then the run is retired. A run never outlives its request's scope.
+once off the loop (`edge.node.wire`), this attempt's node deadline appended:
+the node client's read task goes into `nursery`, the request's own scope,
+and entering returns once the node accepted (or raises the EdgeError that
+chooses the HTTP status). `next_batch` feeds node events to the session (a
+delta longer than the session's slice, a slice a batch, a scheduler pass
+between them) and owns every deadline on one clock, trio's: first event,
+idle, total (also the read task's deadline and, converted once, the node's
+`deadline_unix_ms`), keep-alive; the slow reader's limit is the event
+buffer's. Leaving the run ends it: if the node did not, its read task is
+cancelled with an `EndCause` and sends the one CancelRun (shielded,
+bounded); the slot is given back (to the next queued request), the node's
+verdict goes to the pool (`run_succeeded` / `run_failed`), and the outcome
+is fixed, once (`outcome`), and handed to whoever counts it (`on_end`). The
+scope's nursery waits for the read task; then the run is retired. A run
+never outlives its request's scope. It takes what it needs of the fleet as
+`RunServices`, named one by one: no back-reference to `Runs`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from typing import Literal
 import trio
 from loguru import logger
 
-from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.errors import (
     EdgeError,
@@ -87,10 +87,24 @@ OutcomeHook = Callable[[RunInfo, Outcome], None]
 
 
 @dataclass(frozen=True, slots=True)
-class _Start:
+class RunServices:
+    """What a run needs of the fleet around it (`edge.fleet.runs.Runs` gives it): named
+    one by one, so a run holds no back-reference to whoever opened it."""
+
+    pool: NodePool
+    admission: Admission
+    metrics: EdgeMetrics
+    timeouts: TimeoutsConfig
+    # A run entered (in flight, for drain), and a run whose request is over.
+    joined: Callable[[Run], None]
+    left: Callable[[Run], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
     """How a run opened by `Runs.open` starts on its node."""
 
-    runs: Runs
+    services: RunServices
     node: NodeState
     # The request's RunRequest, serialized once for all its attempts.
     payload: PreparedRunRequest
@@ -161,7 +175,7 @@ class Run:
         timeouts: TimeoutsConfig,
         *,
         keepalive_s: float = 0.0,
-        start: _Start | None = None,
+        start: RunStart | None = None,
         deadline: float | None = None,
         on_end: Callable[[], None] | None = None,
         turns: Turns | None = None,
@@ -202,7 +216,7 @@ class Run:
         start = self._start
         assert start is not None, "a run from Runs.open"
         node = start.node
-        start.runs.live.add(self)
+        start.services.joined(self)
         # From here on, whatever raises fixes the outcome and gives the slot back.
         try:
             # The node's deadline, converted once from the run's deadline.
@@ -212,15 +226,15 @@ class Run:
                 start.nursery,
                 encoded,
                 deadline=self.deadline,
-                slow_consumer_s=start.runs.timeouts.slow_client_s,
+                slow_consumer_s=start.services.timeouts.slow_client_s,
                 accept_s=self._first_event_s,
                 metadata=start.metadata,
             )
         except EdgeError as exc:
             self.start_error = exc
             if isinstance(exc, NodeUnavailableError):
-                start.runs.pool.mark_down(node, exc.message)
-            start.runs.metrics.node_errors.labels(self.info.node, exc.type).inc()
+                start.services.pool.mark_down(node, exc.message)
+            start.services.metrics.node_errors.labels(self.info.node, exc.type).inc()
             # The run id ties this to the node's own record of the run.
             logger.bind(
                 request_id=self.info.request_id, run_id=self.info.run_id, node=self.info.node,
@@ -237,7 +251,7 @@ class Run:
             # start_run has cancelled the run and sent its CancelRun.
             self.abandon(exc)
             raise
-        start.runs.metrics.active_streams.inc()
+        start.services.metrics.active_streams.inc()
         return self
 
     async def __aexit__(
@@ -287,7 +301,7 @@ class Run:
         assert session.outcome is not None
         start = self._start
         if start is not None:
-            metrics = start.runs.metrics
+            metrics = start.services.metrics
             metrics.active_streams.dec()
             if self.first_event_at is not None:
                 metrics.ttft.labels(self.info.model, self.info.node, self.info.api).observe(
@@ -323,7 +337,7 @@ class Run:
         self.verdict = self._verdict(outcome)
         start = self._start
         if start is not None:
-            pool = start.runs.pool
+            pool = start.services.pool
             if self.verdict == "ok":
                 pool.run_succeeded(start.node)
             elif self.verdict is not None and not self.output_seen:
@@ -331,7 +345,7 @@ class Run:
                 # node served it until then), and a client can script one: the
                 # breaker counts the runs a node could not answer at all.
                 pool.run_failed(start.node, self.verdict, started_at=self.info.started_at)
-            start.runs.admission.release(start.node)
+            start.services.admission.release(start.node)
         if self.on_end is not None:
             self.on_end()
 
@@ -362,7 +376,7 @@ class Run:
         the run, the request's scope and its tasks into a cycle only the garbage
         collector frees."""
         if self._start is not None:
-            self._start.runs.ended(self)
+            self._start.services.left(self)
             self._start = None
         # A start's error keeps its type and message: its traceback's frames hold this
         # run and the request's bytes, a cycle only a full garbage collection frees.
@@ -495,79 +509,3 @@ class Run:
         self.session.cancel("timeout", f"timed out waiting for {what}")
         if self.handle is not None:
             self.handle.cancel(EndCause.TIMEOUT)
-
-
-class Runs:
-    """Opens runs on the pool's nodes and knows the ones in flight (for drain)."""
-
-    def __init__(
-        self,
-        pool: NodePool,
-        timeouts: TimeoutsConfig,
-        metrics: EdgeMetrics,
-        admission: Admission,
-        turns: Turns | None = None,
-    ) -> None:
-        self.pool = pool
-        self.turns = turns
-        self.timeouts = timeouts
-        self.metrics = metrics
-        self.admission = admission
-        # Runs entered whose request is not over yet (maybe a CancelRun still
-        # to send).
-        self.live: set[Run] = set()
-        self._idle = trio.Event()
-
-    def open(
-        self,
-        node: NodeState,
-        nursery: trio.Nursery,
-        request: ChatRequest,
-        payload: PreparedRunRequest,
-        session: StreamSession,
-        *,
-        request_id: str = "",
-        keepalive_s: float = 0.0,
-        deadline: float | None = None,
-        api: str = "chat",
-        metadata: Mapping[str, str] | None = None,
-    ) -> Run:
-        """A run of `request` on `node`, whose slot the caller took; enter it to start.
-        The slot is the run's from here: given back once its outcome is fixed (its end,
-        a start that failed, or `abandon`).
-
-        `payload` is the request's RunRequest, serialized (once for all attempts).
-
-        `nursery` is the request's own: the run's read task lives and ends there.
-        `deadline` is the request's total deadline (default: total_s from now).
-        Set the run's `on_end` to hear when its outcome is fixed. `api` is the
-        request's API (a metrics label); `metadata` goes with the Run call.
-        """
-        run_id = session.settings.run_id
-        started_at = trio.current_time()
-        info = RunInfo(
-            run_id, request.model, node.client.name, request.stream, started_at, request_id, api
-        )
-        start = _Start(self, node, payload, nursery, metadata)
-        return Run(
-            info, session, self.timeouts, keepalive_s=keepalive_s, start=start, deadline=deadline,
-            turns=self.turns,
-        )  # fmt: skip
-
-    def ended(self, run: Run) -> None:
-        self.live.discard(run)
-        if not self.live:
-            self._idle.set()
-            self._idle = trio.Event()
-
-    async def wait_idle(self) -> None:
-        """Return once no run is in flight."""
-        while self.live:
-            await self._idle.wait()
-
-    def shut_down(self, notice: str) -> int:
-        """Drain deadline: end every run in flight, with a notice. Returns how many."""
-        runs = [run for run in self.live if run.accepted]
-        for run in runs:
-            run.shut_down(notice)
-        return len(runs)

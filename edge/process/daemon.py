@@ -37,7 +37,8 @@ from edge.fleet.admission import Admission
 from edge.fleet.failover import Failover
 from edge.fleet.fleet import Fleet
 from edge.fleet.pool import NodePool
-from edge.fleet.run import OutcomeHook, Runs
+from edge.fleet.run import OutcomeHook
+from edge.fleet.runs import Runs
 from edge.fleet.turns import Turns
 from edge.http.app import EdgeApp, create_app
 from edge.http.chat import ChatService

@@ -27,7 +27,8 @@ from edge.errors import NodeFailedError
 from edge.fleet.admission import Admission
 from edge.fleet.failover import Failover
 from edge.fleet.pool import NodePool
-from edge.fleet.run import Run, Runs
+from edge.fleet.run import Run
+from edge.fleet.runs import Runs
 from edge.http.scope import ChatScope
 from edge.node.bridge import EventBuffer
 from edge.node.client import NodeDescription, RunHandle
