@@ -3,7 +3,8 @@
 grpclib is asyncio-only. The edge runs on trio, with an asyncio loop hosted
 inside it by trio-asyncio. This module opens that loop, runs asyncio
 coroutines from trio, and holds each run's events between the asyncio read
-loop (an `EventSink`) and the trio writer, bounded in count and in bytes.
+loop (an `EventSink`) and the trio writer, bounded in count and in bytes, and
+in sum over the process (`edge.node.backlog`).
 Nothing else in the edge imports trio_asyncio; nothing outside `edge.node`
 (and the simulated node) imports asyncio.
 """
@@ -18,6 +19,7 @@ from typing import ParamSpec, TypeVar, cast
 import trio
 import trio_asyncio
 
+from edge.node.backlog import Backlog
 from edge.node.grpc import Accepted
 from edge.stream.events import Complete, Delta, Failed, LogprobDelta, NodeEvent, ReasoningDelta
 
@@ -61,6 +63,13 @@ class EventBuffer:
     and HTTP/2 flow control slows the node down. One delta larger than the
     bound still passes, alone (the gRPC message cap bounds it).
 
+    And bounded in sum: the text held counts into the process's `backlog`
+    (`edge.node.backlog`), and a producer waiting for room is one of the
+    backlog's waiters. Past the backlog's budget the oldest waiters are `cut`:
+    their wait ends as at `limit_s`. A buffer leaves the backlog once
+    (`release`, at the end of its run's read task, or when cut); what it holds
+    then no longer counts.
+
     The producer side is the `EventSink` of `edge.node.grpc` (`put_nowait`,
     `put`); the consumer side is `receive`/`receive_nowait`, as on a trio
     memory channel (trio.WouldBlock, trio.EndOfChannel).
@@ -68,6 +77,7 @@ class EventBuffer:
 
     __slots__ = (
         "_aborted",
+        "_backlog",
         "_chars",
         "_limit_s",
         "_max_chars",
@@ -75,14 +85,23 @@ class EventBuffer:
         "_put_scope",
         "_receive",
         "_receive_nowait",
+        "_released",
         "_room",
         "_send",
         "_send_nowait",
         "_waiting",
+        "cut_by_backlog",
         "terminal",
     )
 
-    def __init__(self, *, max_events: int, max_chars: int, limit_s: float = math.inf) -> None:
+    def __init__(
+        self,
+        *,
+        max_events: int,
+        max_chars: int,
+        limit_s: float = math.inf,
+        backlog: Backlog | None = None,
+    ) -> None:
         send, receive = trio.open_memory_channel[Item](max_events)
         self._send = send
         self._send_nowait = send.send_nowait
@@ -91,12 +110,18 @@ class EventBuffer:
         self._max_chars = max_chars
         self._chars = 0
         self._limit_s = limit_s
+        # Where the text held is counted: the process's backlog until `release`,
+        # then a tally of this buffer's own (nobody's total).
+        self._backlog = Backlog() if backlog is None else backlog
+        self._released = False
         # The producer parks here while the text bound is reached.
         self._room = trio.lowlevel.ParkingLot()
         self._waiting = False
         # The consumer is gone: a producer waiting for room gives up (see abort).
         self._aborted = False
         self._put_scope: trio.CancelScope | None = None
+        # The backlog's budget ended the producer's wait (see cut).
+        self.cut_by_backlog = False
         # The read loop handed over the node's terminal event: the node ended the
         # run, whether or not the writer has taken the event yet.
         self.terminal = False
@@ -119,6 +144,10 @@ class EventBuffer:
         except trio.WouldBlock:
             return False
         self._chars = held + size
+        backlog = self._backlog
+        backlog.chars += size
+        if backlog.chars > backlog.budget:
+            backlog.over()
         if not size and type(item) in _TERMINAL_EVENTS:
             self.terminal = True
         return True
@@ -127,7 +156,8 @@ class EventBuffer:
         """Wait for room (backpressure reaches the node through HTTP/2 flow control).
 
         Waiting longer than `limit_s` raises trio.TooSlowError: the consumer
-        is stuck (a client that stopped reading).
+        is stuck (a client that stopped reading). So does a wait the backlog
+        cut (`cut`).
         """
         if type(item) in _TERMINAL_EVENTS:
             self.terminal = True
@@ -138,18 +168,50 @@ class EventBuffer:
 
     async def _wait_put(self, item: Item) -> None:
         size = len(item.text) if type(item) in _TEXT_EVENTS else _size(item)  # type: ignore[union-attr]
-        with trio.fail_after(self._limit_s), trio.CancelScope() as scope:
+        backlog = self._backlog
+        with trio.move_on_after(self._limit_s) as scope:
             self._put_scope = scope
-            if self._aborted:
+            if self._aborted or self.cut_by_backlog:
                 scope.cancel()
-            while self._chars and self._chars + size > self._max_chars:
-                self._waiting = True
-                await self._room.park()
-            await self._send.send(item)
-            self._chars += size
+            # A waiter of the backlog from here on: the budget may cut it, now or later.
+            backlog.wait(self)
+            try:
+                while self._chars and self._chars + size > self._max_chars:
+                    self._waiting = True
+                    await self._room.park()
+                await self._send.send(item)
+            finally:
+                backlog.done_waiting(self)
         self._put_scope = None
-        if scope.cancelled_caught:
+        if not scope.cancelled_caught:  # the item is in
+            self._chars += size
+            backlog = self._backlog
+            backlog.chars += size
+            if backlog.chars > backlog.budget:
+                backlog.over()
+        if self._aborted and scope.cancelled_caught:
             raise trio.BrokenResourceError("the run's consumer is gone")
+        if scope.cancelled_caught or self.cut_by_backlog:
+            raise trio.TooSlowError
+
+    def cut(self) -> None:
+        """The backlog's budget passed while this producer waited longest: its wait
+        ends as at `limit_s` (trio.TooSlowError), and the buffer leaves the backlog."""
+        self.cut_by_backlog = True
+        self.release()
+        if self._put_scope is not None:
+            self._put_scope.cancel()
+
+    def release(self) -> None:
+        """Leave the backlog (once): the text held leaves its total, and what the
+        buffer takes or gives from now on counts on a tally of its own."""
+        if self._released:
+            return
+        self._released = True
+        self._backlog.chars -= self._chars
+        own = Backlog()
+        own.chars = self._chars
+        self._backlog = own
 
     def abort(self) -> None:
         """The run was ended from the edge's side: a producer waiting for room gives up.
@@ -166,6 +228,18 @@ class EventBuffer:
         """No more events: the consumer sees trio.EndOfChannel once it took the rest."""
         self._send.close()
 
+    def clear(self) -> None:
+        """Drop the events nobody will read (the run was ended from the edge's side).
+
+        At most `max_events` steps of constant work; the writer, if it ever reads
+        again, finds the end of the events (or what the producer still adds).
+        """
+        while True:
+            try:
+                self.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+
     # --- consumer (the stream's writer) -----------------------------------------
 
     # The first item is always ACCEPTED, taken by whoever starts the run; the
@@ -174,8 +248,9 @@ class EventBuffer:
     def _taken(self, item: Item) -> NodeEvent:
         kind = type(item)
         if kind in _TEXT_EVENTS or kind is LogprobDelta:
-            text_event = kind in _TEXT_EVENTS
-            self._chars -= len(item.text) if text_event else _size(item)  # type: ignore[union-attr]
+            size = len(item.text) if kind in _TEXT_EVENTS else _size(item)  # type: ignore[union-attr]
+            self._chars -= size
+            self._backlog.chars -= size
             if self._waiting:
                 self._waiting = False
                 self._room.unpark_all()
@@ -184,7 +259,9 @@ class EventBuffer:
     def receive_nowait(self) -> NodeEvent:
         item = self._receive_nowait()
         if type(item) in _TEXT_EVENTS:  # _taken, inlined: the per-event path
-            self._chars -= len(item.text)  # type: ignore[union-attr]
+            size = len(item.text)  # type: ignore[union-attr]
+            self._chars -= size
+            self._backlog.chars -= size
             if self._waiting:
                 self._waiting = False
                 self._room.unpark_all()

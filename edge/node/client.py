@@ -31,6 +31,7 @@ from edge.errors import (
     NodeUnavailableError,
     PayloadTooLargeError,
 )
+from edge.node.backlog import Backlog
 from edge.node.bridge import EventBuffer, call_asyncio
 from edge.node.grpc import Accepted, GrpcNode
 from edge.node.wire import EncodedRunRequest
@@ -153,11 +154,15 @@ class GrpcNodeClient:
         port: int,
         *,
         on_cancel_sent: Callable[[], object] | None = None,
+        backlog: Backlog | None = None,
     ) -> None:
+        """`backlog`: the process's, shared by every node client (`edge.process.daemon`);
+        without it the client's runs count on a backlog of their own, with no budget."""
         self.name = name
         self.address = f"{host}:{port}"
         self._grpc = GrpcNode(host, port)
         self._on_cancel_sent = on_cancel_sent
+        self._backlog = Backlog() if backlog is None else backlog
         self._cancel_limiter = trio.CapacityLimiter(CANCEL_CONCURRENCY)
         # Failed CancelRuns not logged yet (a burst is one line a second), and the
         # first CANCEL_FAILED_NAMED of their run ids.
@@ -189,7 +194,9 @@ class GrpcNodeClient:
 
         `deadline` (trio clock) bounds the whole run: past it the run is
         cancelled (EndCause.TIMEOUT). A consumer that takes no event for
-        `slow_consumer_s` while events wait is gone (EndCause.SLOW_CLIENT).
+        `slow_consumer_s` while events wait is gone (EndCause.SLOW_CLIENT), and
+        so is one whose run waits for room while the process's backlog is past
+        its budget, the longest waiting first (`edge.node.backlog`).
         """
         if isinstance(request, EncodedRunRequest) and len(request) > MAX_MESSAGE_BYTES:
             # The node would refuse it (gRPC's 4 MiB limit): say so before starting.
@@ -198,9 +205,11 @@ class GrpcNodeClient:
                 f" {MAX_MESSAGE_BYTES}-byte gRPC message limit of the nodes"
             )
         events = EventBuffer(
-            max_events=EVENT_BUFFER, max_chars=EVENT_BUFFER_CHARS, limit_s=slow_consumer_s
-        )
+            max_events=EVENT_BUFFER, max_chars=EVENT_BUFFER_CHARS, limit_s=slow_consumer_s,
+            backlog=self._backlog,
+        )  # fmt: skip
         handle = RunHandle(request.run_id, self.name, events, deadline=deadline)
+        # The read task leaves the backlog when it ends, whatever ends it (`_run`).
         nursery.start_soon(self._run, handle, request, events, metadata)
         try:
             try:
@@ -244,6 +253,9 @@ class GrpcNodeClient:
         Cancelled through the handle (a cause is set first), by the run's total
         deadline (TIMEOUT), or from outside by the end of the nursery it runs
         in: the request it serves was cut (CLIENT_GONE).
+
+        Whatever ends it, the run's buffer leaves the process's backlog here,
+        once; a run the edge ended also drops the events nobody will read.
         """
         try:
             with handle._scope:
@@ -254,7 +266,10 @@ class GrpcNodeClient:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     handle.cancel(EndCause.CLIENT_GONE)
                 except trio.TooSlowError:
-                    logger.warning("run {}: the client stopped reading; cancelling", handle.run_id)
+                    logger.warning(
+                        "run {}: the client stopped reading{}; cancelling", handle.run_id,
+                        " (over the backlog budget)" if events.cut_by_backlog else "",
+                    )  # fmt: skip
                     handle.cancel(EndCause.SLOW_CLIENT)
                 except Exception as exc:  # a bug, not a node failure: keep the edge serving
                     logger.opt(exception=exc).error("run {} failed in the edge", handle.run_id)
@@ -266,7 +281,10 @@ class GrpcNodeClient:
                 expired = handle._scope.cancelled_caught
                 handle.cause = EndCause.TIMEOUT if expired else EndCause.CLIENT_GONE
             # The cause is final: now the writer may see the end of the events.
+            events.release()
             events.close()
+            if handle.cause is not None:  # ended by the edge: nobody reads the rest
+                events.clear()
             try:
                 if not handle.finished and not isinstance(handle.error, NodeUnavailableError):
                     await self._cancel_on_node(handle)
