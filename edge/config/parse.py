@@ -119,6 +119,9 @@ def _timeouts(r: TableReader) -> TimeoutsConfig:
         idle_s=r.number("idle_s", tmo.idle_s, minimum=0.001),
         total_s=r.number("total_s", tmo.total_s, minimum=0.001),
         slow_client_s=r.number("slow_client_s", tmo.slow_client_s, minimum=0.001),
+        slow_client_backlog_chars=r.integer(
+            "slow_client_backlog_chars", tmo.slow_client_backlog_chars, minimum=65536, maximum=2**40
+        ),
     )
 
 

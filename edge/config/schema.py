@@ -68,6 +68,10 @@ class TimeoutsConfig:
     total_s: float = 900.0
     # A client that reads nothing while this many seconds of output wait is gone.
     slow_client_s: float = 30.0
+    # Characters of output the process holds for its streams in all: past it, the streams
+    # whose clients stopped reading longest ago are ended as slow clients at once (the
+    # default fits 128 stalled streams, 256 Ki characters each).
+    slow_client_backlog_chars: int = 32 * 1024 * 1024
 
 
 ROUTING_POLICIES = ("least_loaded", "affinity")

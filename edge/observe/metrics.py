@@ -142,6 +142,21 @@ class EdgeMetrics:
         self.active_streams = Gauge(
             "iop_edge_active_streams", "Runs in flight.", registry=r, multiprocess_mode="livesum"
         )
+        # The output held for streams, against [timeouts] slow_client_backlog_chars
+        # (edge.node.backlog); read when scraped (`watch_backlog`).
+        self.backlog_chars = Gauge(
+            "iop_edge_backlog_chars",
+            "Characters of output the runs' event buffers hold for their streams, against"
+            " [timeouts] slow_client_backlog_chars.",
+            registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.backlog_cuts = Counter(
+            "iop_edge_backlog_cuts",
+            "Runs ended as slow clients because the output held for streams passed"
+            " [timeouts] slow_client_backlog_chars (the longest waiting first).",
+            registry=r,
+        )  # fmt: skip
+        self._backlog_chars: Callable[[], float] | None = None
         self.node_cancels = Counter(
             "iop_edge_node_cancels", "CancelRun RPCs sent to nodes.", ["node"], registry=r
         )
@@ -292,10 +307,20 @@ class EdgeMetrics:
                 self._node_states.append((name, value))
         self.sync()
 
+    def watch_backlog(self, chars: Callable[[], float]) -> None:
+        """`iop_edge_backlog_chars` read from `chars` when scraped (as `watch_nodes`)."""
+        if self.multiproc_dir is None:
+            self.backlog_chars.set_function(chars)
+        else:
+            self._backlog_chars = chars
+            self.sync()
+
     def sync(self) -> None:
         """Write the values read from functions (worker processes only)."""
         for name, value in self._node_states:
             self.node_state.labels(name).set(value())
+        if self._backlog_chars is not None:
+            self.backlog_chars.set(self._backlog_chars())
 
     def render(self) -> bytes:
         if self.multiproc_dir is None:

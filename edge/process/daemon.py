@@ -47,6 +47,7 @@ from edge.http.refusals import shed_at_once
 from edge.http.server import ACCEPT_BURST, HttpServer
 from edge.limits.limiter import KeyRing
 from edge.limits.stores import open_limiter
+from edge.node.backlog import Backlog
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient, NodeClient
 from edge.nodes.embedded import embedded_node, embedded_upstream_node
@@ -192,23 +193,27 @@ async def _open_nodes(
     simulated nodes, iop-node in front of a model server), kept up by `stack`."""
     clients: list[NodeClient] = []
     embedded: list[object] = []
+    # What the runs' buffers of all the nodes hold for their streams, bounded in sum.
+    backlog = Backlog(config.timeouts.slow_client_backlog_chars, on_cut=metrics.backlog_cuts.inc)
+    metrics.watch_backlog(lambda: backlog.chars)
     for node in config.nodes:
         counter = metrics.node_cancels.labels(node.name).inc
+        client = partial(GrpcNodeClient, on_cancel_sent=counter, backlog=backlog)
         if node.embedded:
             sim, port = await stack.enter_async_context(
                 embedded_node(node.name, runs_log, tracing=tracing)
             )
             embedded.append(sim)
-            clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
+            clients.append(client(node.name, "127.0.0.1", port))
         elif (url := upstream_url(node.address)) is not None:
             served, port = await stack.enter_async_context(
                 embedded_upstream_node(node.name, url, tracing=tracing)
             )
             embedded.append(served)
-            clients.append(GrpcNodeClient(node.name, "127.0.0.1", port, on_cancel_sent=counter))
+            clients.append(client(node.name, "127.0.0.1", port))
         else:
             host, port = split_address(node.address)
-            clients.append(GrpcNodeClient(node.name, host, port, on_cancel_sent=counter))
+            clients.append(client(node.name, host, port))
     return clients, embedded
 
 
