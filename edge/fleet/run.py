@@ -50,6 +50,7 @@ from edge.errors import (
     NodeFailedError,
     NodeTimeoutError,
     NodeUnavailableError,
+    OverloadedError,
     RequestError,
     ShuttingDownError,
 )
@@ -68,6 +69,13 @@ from edge.stream.session import StreamSession
 # blocked on a client that stopped reading holds no more than about that much.
 MAX_BATCH = 256
 MAX_BATCH_CHARS = 64 * 1024
+# The end of a stream whose client read nothing while its output waited (the run was
+# cancelled on its node), for a client that reads again.
+SLOW_CLIENT_NOTICE = "the stream was ended: its client read nothing while its output waited"
+SLOW_CLIENT_CUT = (
+    "the stream was ended: its client read nothing while the edge held too much unread"
+    " output for clients that stopped reading"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,6 +502,12 @@ class Run:
             self.session.fail_stream(handle.error.type, handle.error.message)
         elif handle.cause is EndCause.TIMEOUT:
             self.timeout()
+        elif handle.cause is EndCause.SLOW_CLIENT:  # said to a client that reads again
+            if handle.events.cut_by_backlog:
+                notice, kind = SLOW_CLIENT_CUT, OverloadedError.type
+            else:
+                notice, kind = SLOW_CLIENT_NOTICE, NodeTimeoutError.type
+            self.session.cancel("cancelled", notice, notice_type=kind)
         elif handle.cause is not None:
             self.session.cancel("cancelled")
         else:

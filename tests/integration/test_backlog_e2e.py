@@ -223,6 +223,17 @@ async def _stalled_reader(url: str, body: bytes) -> tuple[trio.SocketStream, str
     return stream, match.group(1).decode()
 
 
+async def _read_to_the_end(stream: trio.SocketStream) -> bytes:
+    """Read a chunked answer to its last chunk; its last 64 KiB."""
+    tail = b""
+    with trio.fail_after(WAIT_S):
+        while not tail.endswith(b"\r\n0\r\n\r\n"):
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"the connection closed before the answer's end: {tail[-300:]!r}"
+            tail = (tail + chunk)[-65536:]
+    return tail
+
+
 def _metric(text: str, name: str) -> float:
     match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     assert match is not None, name
@@ -236,7 +247,8 @@ async def test_stalled_readers_past_the_budget_are_cut_oldest_first(
     buffers: the edge cuts the 5 that stopped first (each run cancelled on the node,
     iop_edge_backlog_cuts_total 5), keeps the 3 newest, and serves a reading client
     meanwhile; the gauge never passes the budget by more than one delta per stream. Once
-    the stalled clients close, the gauge is back to 0 and every run ended on the node."""
+    the stalled clients close, the gauge is back to 0 and every run ended on the node. A cut
+    client that reads again gets the end of its stream: an `overloaded` error frame."""
     body = json.dumps(
         chat_body("sim-script", script(BIG_DELTAS, {"type": "complete"}), stream=True)
     ).encode()
@@ -282,6 +294,10 @@ async def test_stalled_readers_past_the_budget_are_cut_oldest_first(
                 assert "still served" in reply.text
                 text = await metrics()
                 assert _metric(text, "iop_edge_backlog_cuts_total") == STALLED - KEPT
+                # The oldest reads again: what was written goes out, then the stream's end.
+                tail = await _read_to_the_end(streams[0])
+                assert b'"type":"overloaded"' in tail
+                assert b"[DONE]" not in tail
                 assert all(sim.run(run_id) is None for run_id in run_ids[STALLED - KEPT :])
         finally:
             for stream in streams:

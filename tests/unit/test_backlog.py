@@ -2,8 +2,9 @@
 
 Pure: waiters of the tests' own for the choice of victims; real EventBuffers
 (trio memory channels, the asyncio bridge for a producer's wait) for what they
-report; trio's MockClock where the slow-client limit plays. Every kind of end
-of a real run, read task included, is in tests/integration/test_backlog_e2e.py.
+report, and a Run for the end a client that reads again sees; trio's MockClock
+where the slow-client limit plays. Every kind of end of a real run, read task
+included, is in tests/integration/test_backlog_e2e.py.
 """
 
 from __future__ import annotations
@@ -11,10 +12,16 @@ from __future__ import annotations
 import trio
 import trio.testing
 
+from edge.config import TimeoutsConfig
+from edge.errors import NodeTimeoutError, OverloadedError
+from edge.fleet.run import SLOW_CLIENT_CUT, SLOW_CLIENT_NOTICE, Run, RunInfo
 from edge.node.backlog import Backlog
 from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
+from edge.node.client import EndCause, RunHandle
 from edge.stream.events import Complete, Delta, LogprobDelta, ReasoningDelta
 from edge.stream.logprobs import TokenLogprob
+from edge.stream.output import ContentOut, ErrorOut, RoleOut
+from edge.stream.session import SessionSettings, StreamSession
 
 
 class _Held:
@@ -172,3 +179,38 @@ async def test_the_slow_client_limit_still_ends_a_wait_under_the_budget(
     assert isinstance(outcome[0], trio.TooSlowError)
     assert not buffer.cut_by_backlog
     assert (backlog.chars, backlog.waiting, backlog.cuts) == (100, 0, 0)
+
+
+async def _slow_client_end(*, cut: bool) -> list[object]:
+    """What a stream's writer gives a client that reads again after its run ended as a
+    slow client (by the budget when `cut`), the events it had not taken dropped."""
+    events = EventBuffer(max_events=16, max_chars=100)
+    handle = RunHandle("r1", "node", events)
+    session = StreamSession(SessionSettings(run_id="r1"))
+    info = RunInfo("r1", "m", "node", stream=True, started_at=trio.current_time())
+    run = Run(info, session, TimeoutsConfig())
+    run.handle = handle
+    assert events.put_nowait(Delta("taken"))
+    assert await run.next_batch() == [RoleOut()]
+    assert await run.next_batch() == [ContentOut("taken")]
+    assert events.put_nowait(Delta("dropped"))
+    events.cut_by_backlog = cut
+    handle.cancel(EndCause.SLOW_CLIENT)  # as the read task does, then its cleanup:
+    events.release()
+    events.close()
+    events.clear()
+    out: list[object] = []
+    while batch := await run.next_batch():
+        assert isinstance(batch, list)
+        out += batch
+    return out
+
+
+async def test_a_stream_cut_by_the_budget_ends_with_an_overloaded_frame() -> None:
+    """A client that reads again after the budget cut its run gets no more of its output
+    (dropped when the run ended) and an `overloaded` error frame as its stream's end; one
+    ended by slow_client_s gets a `timeout` frame."""
+    assert await _slow_client_end(cut=True) == [ErrorOut(OverloadedError.type, SLOW_CLIENT_CUT)]
+    assert await _slow_client_end(cut=False) == [
+        ErrorOut(NodeTimeoutError.type, SLOW_CLIENT_NOTICE)
+    ]
