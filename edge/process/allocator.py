@@ -20,9 +20,10 @@ defaults keep such blocks long after they are freed:
   so more arenas buy little but more high-water marks. Two are kept.
 
 Measured with the hostile mix's `all` phase (every attack at once, beside
-normal traffic, 3 to 4 runs each): the RSS peak above idle was +224..309 MiB
-with glibc's defaults, +192..220 MiB with both settings, of which the heap's
-free bytes at the peak fell from 50..139 MiB to 13..17 MiB.
+normal traffic): the RSS peak above idle was +224..309 MiB with glibc's
+defaults (3 runs) and +192..266 MiB with both settings (11 runs), the heap's
+free bytes at the peak 50..139 MiB and 13..29 MiB. Either setting alone did
+about half as well (+213..298 and +226..248, 3 to 4 runs each).
 
 An operator's own choice wins: with MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_,
 MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES in the environment, nothing is set.
