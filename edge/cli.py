@@ -15,6 +15,8 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+from loguru import logger
+
 from edge.config import (
     Config,
     ConfigError,
@@ -25,6 +27,7 @@ from edge.config import (
     split_address,
 )
 from edge.observe.log import setup_logging
+from edge.process.allocator import tune_allocator
 from edge.process.signals import (
     HARD_STOP_GRACE_S,
     daemon_signals,
@@ -129,6 +132,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
+    allocator = tune_allocator()  # before any thread starts (edge.process.allocator)
     ignore_signals()
     args = build_parser().parse_args(argv)
     try:
@@ -143,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         config.log.level, config.log.format, worker=0 if config.server.workers > 1 else None,
         queue_bytes=config.log.queue_bytes,
     )  # fmt: skip
+    logger.info("allocator: {}", allocator)
     if config.server.workers > 1:
         return _supervisor_main(argv, config, hard_stop_s)
     from edge.process.daemon import run_forever

@@ -83,7 +83,7 @@ def decode_object(body: bytes) -> dict[str, Any]:
     except msgspec.DecodeError:
         raise RequestError(_MALFORMED) from None
     if not isinstance(value, dict):
-        got = TYPE_WORDS.get(_json_type(value), "a value")
+        got = TYPE_WORDS.get(json_type(value), "a value")
         raise RequestError(f"The request body must be a JSON object, but got {got}.")
     check_json_bounds(value)
     return value
@@ -116,7 +116,8 @@ def check_json_bounds(value: object) -> None:
         ]
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
+    """A decoded JSON value's type, as msgspec names it (a key of TYPE_WORDS)."""
     for kind, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"),
                        (list, "array"), (type(None), "null")):  # fmt: skip
         if isinstance(value, kind):

@@ -26,7 +26,14 @@ from edge.api.body import (
     decode_object,
     deep_is_refused,
 )
-from edge.api.chatwire import EXTRA_FIELDS, WireMessage, WireRequest, WireToolCall, wire_request
+from edge.api.chatwire import (
+    EXTRA_FIELDS,
+    WireMessage,
+    WireRequest,
+    WireToolCall,
+    not_an_object,
+    wire_request,
+)
 from edge.api.checks import check_chars, check_choice, check_count, check_range, invalid, missing
 from edge.errors import RequestError
 from edge.stream import bounds
@@ -277,7 +284,7 @@ def _message(wire: WireMessage, at: str) -> ChatMessage:
     )
 
 
-def _parts(raw_parts: list[dict[str, Any]], at: str) -> tuple[ContentPart, ...]:
+def _parts(raw_parts: list[Any], at: str) -> tuple[ContentPart, ...]:
     """The message's parts; equal ones (a text, or a part of plain values) are one object.
 
     A part costs ~300 bytes as objects for as few as 13 of JSON; sharing the equal ones
@@ -287,6 +294,8 @@ def _parts(raw_parts: list[dict[str, Any]], at: str) -> tuple[ContentPart, ...]:
     parts = []
     same: dict[object, ContentPart] = {}
     for j, raw in enumerate(raw_parts):
+        if type(raw) is not dict:
+            raise not_an_object(f"{at}.content[{j}]", raw)
         kind, text = raw.get("type"), raw.get("text", "")
         if not isinstance(kind, str):
             raise invalid(f"{at}.content[{j}].type", "each content part needs a string type")

@@ -286,11 +286,15 @@ def create_app(
             await gate.admit()
             if gate.renews:
                 scope.keep(gate.heartbeat)
-        body = await request.get_data(cache=False)
-        assert isinstance(body, bytes)
         session_id = request.headers.get("X-Session-Id") or None
+        # The body goes to the handler without a name here: once parsed, the handler's
+        # reference is the last, and a request queued or running holds no body.
         response = await chat.handle(
-            body, scope, session_id=session_id, gate=CURRENT_GATE.get(), api=api
+            await request.get_data(cache=False, as_text=False, parse_form_data=False),
+            scope,
+            session_id=session_id,
+            gate=CURRENT_GATE.get(),
+            api=api,
         )
         response.timeout = None
         return response

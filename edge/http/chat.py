@@ -139,6 +139,7 @@ class ChatService:
             )
         finally:
             peak()
+        del body  # parsed: a request queued for a slot, or running, holds no body
         scope.at_end(self.admission.hold(prepared.nbytes))
         parsed = prepared.parsed
         request = parsed.chat
@@ -189,7 +190,7 @@ class ChatService:
         A refusal of the forwarding policy is kept for the caller to raise after the
         API key's checks (its 403 or 429 comes first, as before the policy)."""
         parsed = api.parse(body)
-        nbytes = footprint(parsed) + len(body)
+        nbytes = footprint(parsed)
         request = parsed.chat
         if parsed.dropped:
             logger.bind(model=request.model, api=api.name).info(
@@ -214,8 +215,8 @@ class Prepared:
     """A request made ready off the loop (`ChatService.prepare`)."""
 
     parsed: ApiRequest
-    # The bytes it holds while queued and running: its parsed form, its body and its
-    # RunRequest (`edge.api.footprint`), for the memory budget.
+    # The bytes it holds while queued and running: its parsed form (`edge.api.footprint`)
+    # and its RunRequest (its body is let go once parsed), for the memory budget.
     nbytes: int
     # As forwarded to the node, and its RunRequest; None: the policy refused it.
     request: ChatRequest | None = None

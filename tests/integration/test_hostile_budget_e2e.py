@@ -8,7 +8,8 @@ running; the edge charges its estimate (`edge.api.footprint`) to one budget
 request of many small parts: a second one is answered 503 `overloaded` with
 Retry-After while the first holds its share, and every way a request ends (answered,
 streamed, its client gone mid-stream, a node error, refused after its parse) gives
-its bytes back: the count and its gauge return to 0.
+its bytes back: the count and its gauge return to 0. The body a request came as is
+let go once it is parsed: a request whose run hangs holds no copy of it.
 
 HTTP/2 streams left unread: a client opens streams and never opens their
 flow-control window, so their answers cannot be written. Over a real `iop-edge`
@@ -22,6 +23,7 @@ Waits are bounded polls on in-process state or on /metrics; nothing asserts a du
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 from collections.abc import Callable
@@ -43,6 +45,7 @@ from edge.config import AdmissionConfig
 from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
+    chat_body,
     edge_config,
     script,
     start_edge,
@@ -71,9 +74,9 @@ def _heavy(model: str, content: str, parts: int = PARTS, **extra: Any) -> dict[s
 
 
 def _charge(body: dict[str, Any]) -> int:
-    """What the edge charges for `body`, about: its parsed form's estimate and its bytes."""
-    data = json.dumps(body).encode()
-    return footprint(CHAT_API.parse(data)) + len(data)
+    """What the edge charges for `body`, about: its parsed form's estimate (the body itself
+    is let go once parsed)."""
+    return footprint(CHAT_API.parse(json.dumps(body).encode()))
 
 
 HANG = script({"type": "delta", "delta": "x"}, {"type": "hang"})
@@ -312,3 +315,45 @@ async def test_h2_streams_left_unread_cost_bounded_memory_and_are_given_back(
         closed = _metric(metrics, 'iop_edge_connection_errors_total{kind="h2_stalled_streams"}')
         assert closed == CONNECTIONS
         assert edge.process.poll() is None
+
+
+def _bodies_held(length: int, prefix: bytes, ours: bytes) -> int:
+    """Bytes objects of `length` starting with `prefix` (not `ours`) that an object the
+    collector sees refers to (frames of suspended coroutines included)."""
+    found: dict[int, bytes] = {}
+    for holder in gc.get_objects():
+        for value in gc.get_referents(holder):
+            if (
+                type(value) is bytes
+                and len(value) == length
+                and value is not ours
+                and value.startswith(prefix)
+            ):
+                found[id(value)] = value
+    return len(found)
+
+
+async def test_a_running_request_holds_no_body(edge: RunningEdge) -> None:
+    """While a non-streamed request's run hangs on its node (its handler waiting for the
+    answer), no copy of its 1 MiB body is held in the edge: the parse took what it
+    needed, then the body was let go."""
+    padding = "p" * MiB
+    body = chat_body("sim-script", script({"type": "hang"}))
+    body["messages"].insert(0, {"role": "user", "content": padding})
+    data = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode()
+    port = int(edge.url.rsplit(":", 1)[1])
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    try:
+        await stream.send_all(head)
+        await stream.send_all(data)
+        with trio.fail_after(WAIT_S):
+            while not any(run.accepted for run in edge.edge.runs.live):  # noqa: ASYNC110
+                await trio.sleep(0.01)  # in-process state with no event to wait on
+        assert _bodies_held(len(data), data[:64], data) == 0
+    finally:
+        await stream.aclose()
+    await edge.wait_idle(WAIT_S)
