@@ -312,8 +312,9 @@ class _WatchedApp:
             await count.connection.handed(len(message.get("body", b"")))
             # (A send given up on raises instead: its bytes stay behind, its stream
             # stalled, until the stream closes.)
-            waiting.remove(record)
-            stalls.ended(record)
+            if record in waiting:  # else the stream closed meanwhile, and ended it
+                waiting.remove(record)
+                stalls.ended(record)
 
         async def watched_receive() -> ASGIReceiveEvent:
             event = await receive()

@@ -150,3 +150,48 @@ async def test_a_send_past_the_unwritten_limit_waits_for_data_written() -> None:
         assert returned == [500]
         unwritten.end()  # the connection is over: nothing waits any more
     assert returned == [500, 1]
+
+
+class _Handing(_Connection):
+    """A connection whose `handed` waits until the test lets it go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = trio.Event()
+
+    async def handed(self, nbytes: int) -> None:
+        await self.go.wait()
+
+
+async def test_a_stream_that_closes_while_its_send_waits_ends_once() -> None:
+    """The client's disconnect arrives while a body send still waits (the stream closed
+    under it): the disconnect ends the send's record, and the send's own end, later,
+    neither fails nor counts it again."""
+    stalls = _stalls()
+    conn = _Handing()
+    disconnected = trio.Event()
+
+    async def app(scope: object, receive: object, send: object, *_: object) -> None:
+        async def body() -> None:
+            await send({"type": "http.response.body", "body": b"x"})  # type: ignore[operator]
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(body)
+            await trio.testing.wait_all_tasks_blocked()
+            assert await receive() == {"type": "http.disconnect"}  # type: ignore[operator]
+            disconnected.set()
+
+    async def receive() -> dict[str, str]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: object) -> None:
+        pass
+
+    watched, count = stalls.watch(app, conn)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            watched, {"type": "http", "http_version": "2"}, receive, send, None, None
+        )
+        await disconnected.wait()
+        conn.go.set()
+    assert (stalls.stalled, count.stalled) == (0, 0)
