@@ -185,30 +185,44 @@ def _metric(metrics: str, prefix: str) -> float:
     return sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(prefix))
 
 
+@asynccontextmanager
+async def _one_stream_held(
+    tmp_path: Path, sim: SimProcess, redis_server: RedisServer
+) -> AsyncIterator[tuple[EdgeProcess, httpx.AsyncClient, redis.Redis, trio.CancelScope]]:
+    """An edge whose key has max_streams = 1 and short leases, with that one stream held
+    open by a client: (the edge, an HTTP client, a Redis client, the holder's scope, whose
+    cancel makes the client leave)."""
+    (tmp_path / "shared.key").write_text(SECRET + "\n")
+    toml = _toml(sim, redis_server, 'key_file = "shared.key"', rpm=1000,
+                 extra="max_streams = 1\n", limits=_SHORT_LEASES)  # fmt: skip
+    client = redis_server.client()
+    try:
+        async with (
+            edge_process(tmp_path, toml, name="edge") as edge,
+            httpx.AsyncClient(timeout=30) as http,
+            trio.open_nursery() as nursery,
+        ):
+            holding = trio.Event()
+            holder = trio.CancelScope()
+
+            async def hold() -> None:
+                with holder:
+                    await _hold(http, edge, holding)
+
+            nursery.start_soon(hold)
+            await holding.wait()
+            yield edge, http, client, holder
+    finally:
+        client.close()
+
+
 async def test_a_stream_outliving_many_leases_keeps_its_stream(
     tmp_path: Path, sim: SimProcess, redis_server: RedisServer
 ) -> None:
     """max_streams = 1, leases of 1 s renewed every 0.3 s: a stream that lives for several
     leases is still counted (a second request is 429 in flight) until it ends; then
     the key's streams are 0 and a request passes."""
-    (tmp_path / "shared.key").write_text(SECRET + "\n")
-    toml = _toml(sim, redis_server, 'key_file = "shared.key"', rpm=1000,
-                 extra="max_streams = 1\n", limits=_SHORT_LEASES)  # fmt: skip
-    client = redis_server.client()
-    async with (
-        edge_process(tmp_path, toml, name="edge") as edge,
-        httpx.AsyncClient(timeout=30) as http,
-        trio.open_nursery() as nursery,
-    ):
-        holding = trio.Event()
-        holder = trio.CancelScope()
-
-        async def hold() -> None:
-            with holder:
-                await _hold(http, edge, holding)
-
-        nursery.start_soon(hold)
-        await holding.wait()
+    async with _one_stream_held(tmp_path, sim, redis_server) as (edge, http, client, holder):
         ((lease, first),) = client.zrange("e2e:s:shared", 0, -1, withscores=True)
         with trio.fail_after(30):  # Redis's clock passes three leases' ends
             while (await trio.to_thread.run_sync(client.time))[0] * 1000 < first + 3000:  # noqa: ASYNC110 - another process's clock
@@ -223,7 +237,6 @@ async def test_a_stream_outliving_many_leases_keeps_its_stream(
             while await trio.to_thread.run_sync(_live_leases, client):  # noqa: ASYNC110 - Redis's state
                 await trio.sleep(0.05)
         assert (await _chat(http, edge)).status_code == 200
-    client.close()
 
 
 async def test_a_redis_blip_during_a_release_does_not_leak_the_stream(
@@ -232,24 +245,7 @@ async def test_a_redis_blip_during_a_release_does_not_leak_the_stream(
     """Redis paused while the key's one stream ends: the release fails (and so do its
     first retries); once Redis is back, the key's streams return to 0 within a few lease
     periods (retried, or expired), and the key's next request passes, not 429."""
-    (tmp_path / "shared.key").write_text(SECRET + "\n")
-    toml = _toml(sim, redis_server, 'key_file = "shared.key"', rpm=1000,
-                 extra="max_streams = 1\n", limits=_SHORT_LEASES)  # fmt: skip
-    client = redis_server.client()
-    async with (
-        edge_process(tmp_path, toml, name="edge") as edge,
-        httpx.AsyncClient(timeout=30) as http,
-        trio.open_nursery() as nursery,
-    ):
-        holding = trio.Event()
-        holder = trio.CancelScope()
-
-        async def hold() -> None:
-            with holder:
-                await _hold(http, edge, holding)
-
-        nursery.start_soon(hold)
-        await holding.wait()
+    async with _one_stream_held(tmp_path, sim, redis_server) as (edge, http, client, holder):
         assert await trio.to_thread.run_sync(_live_leases, client) == 1
         gauge = 'iop_edge_key_streams{key="shared"}'
         errors = "iop_edge_limits_store_errors_total"
@@ -273,4 +269,3 @@ async def test_a_redis_blip_during_a_release_does_not_leak_the_stream(
                 await trio.sleep(0.05)
         passed = await _chat(http, edge)
         assert passed.status_code == 200, passed.text
-    client.close()
