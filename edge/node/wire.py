@@ -37,8 +37,9 @@ if TYPE_CHECKING:
     from edge.api.request import ChatRequest
 
 
-# The most bytes an attempt's deadline adds: a tag and a varint of up to 10 bytes.
-_DEADLINE_ROOM = 11
+# The most bytes an attempt's deadline adds: its tag (2 bytes: field 16) and a varint
+# of up to 10 bytes (a negative int64), as the generated code writes them.
+_DEADLINE_ROOM = len(bytes(pb.RunRequest(deadline_unix_ms=-1)))
 
 
 class EncodedRunRequest(Serialized):
