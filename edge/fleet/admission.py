@@ -37,6 +37,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from itertools import islice
 
 import trio
 from loguru import logger
@@ -213,7 +214,8 @@ class Admission:
         pick = self._pool.pick
         full: set[tuple[str, bool]] = set()  # picks that found no slot in this pass
         handed: list[_Waiter] = []
-        for waiter in _head(waiters, SCAN):
+        # A copy of the head: the loop hands some of them out.
+        for waiter in list(islice(waiters, SCAN)):
             key = (waiter.model, waiter.logprobs)
             plain = not waiter.exclude and waiter.affinity_key is None
             if plain and key in full:
@@ -260,13 +262,3 @@ class Admission:
             f"The edge is overloaded ({why}); retry after {RETRY_AFTER_S}s.",
             retry_after_s=RETRY_AFTER_S,
         )
-
-
-def _head(waiters: deque[_Waiter], n: int) -> list[_Waiter]:
-    """The first `n` waiters (a copy: the loop over them may hand some out)."""
-    out: list[_Waiter] = []
-    for waiter in waiters:
-        if len(out) == n:
-            break
-        out.append(waiter)
-    return out
