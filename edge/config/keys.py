@@ -76,9 +76,8 @@ def _secret(source: str, r: TableReader, how: str, value: str) -> str:
             raise r.fail(how, f"the environment variable {value!r} is not set or empty")
         return secret
     if how == "key_file":
-        base = Path(source).parent if source != "<defaults>" else Path(".")
         try:
-            secret = (base / value).read_text(encoding="utf-8").strip()
+            secret = _beside(source, value).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise r.fail(how, f"cannot read {value}: {exc.strerror or exc}") from None
         if not secret:
@@ -91,9 +90,8 @@ def _secret(source: str, r: TableReader, how: str, value: str) -> str:
 
 def _read_keys(source: str, path: str) -> tuple[str, ...]:
     """API keys from a file: one per line; blank lines and # comments skipped."""
-    base = Path(source).parent if source != "<defaults>" else Path(".")
     try:
-        text = (base / path).read_text(encoding="utf-8")
+        text = _beside(source, path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(
             f"{source}: server.api_keys_file: cannot read {path}: {exc.strerror or exc}"
@@ -103,3 +101,8 @@ def _read_keys(source: str, path: str) -> tuple[str, ...]:
     if not keys:
         raise ConfigError(f"{source}: server.api_keys_file: {path} holds no key")
     return keys
+
+
+def _beside(source: str, path: str) -> Path:
+    """`path` relative to the config file `source` (the working directory for defaults)."""
+    return (Path(source).parent if source != "<defaults>" else Path(".")) / path
