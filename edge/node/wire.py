@@ -100,11 +100,3 @@ def prepare_run_request(request: ChatRequest, *, run_id: str, model: str) -> Pre
             f" {MAX_MESSAGE_BYTES}-byte gRPC message limit of the nodes"
         )
     return PreparedRunRequest(body, run_id)
-
-
-def encode_run_request(
-    request: ChatRequest, *, run_id: str, model: str, deadline_unix_ms: int = 0
-) -> EncodedRunRequest:
-    """The RunRequest `run_request_from_chat` builds, serialized, with its deadline."""
-    prepared = prepare_run_request(request, run_id=run_id, model=model)
-    return prepared.attempt(deadline_unix_ms)

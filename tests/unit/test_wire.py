@@ -12,7 +12,7 @@ from edge.api.request import parse_chat_request
 from edge.contract._proto.iop.node import v1 as pb
 from edge.node.convert import run_request_from_chat
 from edge.node.grpc import BoundedCodec
-from edge.node.wire import EncodedRunRequest, encode_run_request, prepare_run_request
+from edge.node.wire import EncodedRunRequest, prepare_run_request
 from edge.nodes.kit import NodeCodec
 
 _TEXT = st.text(max_size=12)
@@ -75,7 +75,7 @@ def test_encoded_request_reads_back_whole(body: dict[str, Any], deadline: int) -
     """
     request = parse_chat_request(json.dumps(body).encode())
     expected = run_request_from_chat(request, run_id="r1", model="m", deadline_unix_ms=deadline)
-    encoded = encode_run_request(request, run_id="r1", model="m", deadline_unix_ms=deadline)
+    encoded = prepare_run_request(request, run_id="r1", model="m").attempt(deadline)
     assert encoded.run_id == "r1"
     sent = BoundedCodec().encode(encoded, EncodedRunRequest)
     assert sent == bytes(encoded)
