@@ -293,7 +293,7 @@ def create_app(
             await request.get_data(cache=False, as_text=False, parse_form_data=False),
             scope,
             session_id=session_id,
-            gate=CURRENT_GATE.get(),
+            gate=gate,
             api=api,
         )
         response.timeout = None

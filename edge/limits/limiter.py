@@ -387,7 +387,7 @@ class Gate:
         if decision is not None:
             self.headers = rate_headers(key.limits, decision)
         if key.limits.max_streams is not None:
-            limiter.metrics.key_streams.labels(key.name).inc()
+            self._metrics.key_streams.labels(key.name).inc()
 
     @property
     def renews(self) -> bool:

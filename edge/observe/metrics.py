@@ -79,7 +79,8 @@ class EdgeMetrics:
         # prometheus-client found it in $PROMETHEUS_MULTIPROC_DIR when it was imported
         # (the process layer reads the variable, once, and passes it here).
         self.multiproc_dir = multiproc_dir
-        self._node_states: list[tuple[str, Callable[[], float]]] = []
+        # Gauges read from functions: in a worker, written by `sync` (see `_watch`).
+        self._watched: list[tuple[Gauge, Callable[[], float]]] = []
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -156,7 +157,6 @@ class EdgeMetrics:
             " [timeouts] slow_client_backlog_chars (the longest waiting first).",
             registry=r,
         )  # fmt: skip
-        self._backlog_chars: Callable[[], float] | None = None
         self.node_cancels = Counter(
             "iop_edge_node_cancels", "CancelRun RPCs sent to nodes.", ["node"], registry=r
         )
@@ -301,26 +301,26 @@ class EdgeMetrics:
         them (at each scrape of this worker, and every node refresh).
         """
         for name, value in nodes:
-            if self.multiproc_dir is None:
-                self.node_state.labels(name).set_function(value)
-            else:
-                self._node_states.append((name, value))
+            self._watch(self.node_state.labels(name), value)
         self.sync()
 
     def watch_backlog(self, chars: Callable[[], float]) -> None:
         """`iop_edge_backlog_chars` read from `chars` when scraped (as `watch_nodes`)."""
+        self._watch(self.backlog_chars, chars)
+        self.sync()
+
+    def _watch(self, gauge: Gauge, value: Callable[[], float]) -> None:
+        """`gauge` read from `value`: when scraped in a single process; in a worker,
+        written by `sync` (another process's scrape reads the file, not the function)."""
         if self.multiproc_dir is None:
-            self.backlog_chars.set_function(chars)
+            gauge.set_function(value)
         else:
-            self._backlog_chars = chars
-            self.sync()
+            self._watched.append((gauge, value))
 
     def sync(self) -> None:
         """Write the values read from functions (worker processes only)."""
-        for name, value in self._node_states:
-            self.node_state.labels(name).set(value())
-        if self._backlog_chars is not None:
-            self.backlog_chars.set(self._backlog_chars())
+        for gauge, value in self._watched:
+            gauge.set(value())
 
     def render(self) -> bytes:
         if self.multiproc_dir is None:

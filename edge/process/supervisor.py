@@ -51,10 +51,10 @@ import trio
 from loguru import logger
 
 from edge.config import Config
-from edge.observe.log import count_dropped_lines, flush_logs
+from edge.observe.log import count_dropped_lines
 from edge.process import systemd
 from edge.process.listeners import Address, addresses, bind_listeners, listen_mode, rebind, url_of
-from edge.process.signals import IGNORED_SIGNALS, STOP_SIGNALS, drain_then_stop
+from edge.process.signals import IGNORED_SIGNALS, STOP_SIGNALS, drain_then_stop, exit_now
 
 if TYPE_CHECKING:
     from edge.observe.metrics import SupervisorMetrics
@@ -358,8 +358,7 @@ class Supervisor:
         logger.error("workers still running after the drain deadline: killing them")
         self._send(signal.SIGKILL)
         self.cleanup()
-        flush_logs(timeout_s=1.0)  # a stuck reader of the log does not hold the exit
-        os._exit(1)
+        exit_now(1)
 
 
 def _describe(code: int) -> str:
