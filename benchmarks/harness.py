@@ -119,20 +119,17 @@ class Bench:
         start_at = mono() + START_DELAY_S + (0.5 if count > 200 else 0.0)
         if via == "edge":
             workers = min(self.pool.size, max(1, count // 100)) if count > 1 else 1
-            shares = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
-            request = self.post(text, stream=True)
-            for i, share in enumerate(shares):
-                self.pool.submit(
-                    i,
-                    "streams",
-                    host=self.host,
-                    port=self.port,
-                    request=request,
-                    count=share,
-                    connect_limit=self.settings.connect_limit,
-                    start_at=start_at,
-                    timeout_s=timeout_s,
-                )
+            self.pool.spread(
+                workers,
+                "streams",
+                count,
+                host=self.host,
+                port=self.port,
+                request=self.post(text, stream=True),
+                connect_limit=self.settings.connect_limit,
+                start_at=start_at,
+                timeout_s=timeout_s,
+            )
         else:
             workers = 1
             self.pool.submit(

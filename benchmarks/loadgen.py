@@ -72,6 +72,11 @@ class Pool:
     def submit(self, i: int, job: str, **kwargs: Any) -> None:
         self.conns[i].send((job, kwargs))
 
+    def spread(self, workers: int, job: str, count: int, **kwargs: Any) -> None:
+        """`job` on clients 0..workers-1, `count` split among them as evenly as can be."""
+        for i in range(workers):
+            self.submit(i, job, count=count // workers + (i < count % workers), **kwargs)
+
     def send(self, i: int, value: object) -> None:
         self.conns[i].send(value)
 

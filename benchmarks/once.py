@@ -40,19 +40,17 @@ def client_alone(bench: Bench, chunks: int, conc: tuple[int, int] | None) -> dic
             request = build_post(bench.host, port, "/v1/chat/completions", b"{}")
             start_at = mono() + START_DELAY_S
             workers = min(bench.pool.size, max(1, count // 100))
-            shares = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
-            for i, share in enumerate(shares):
-                bench.pool.submit(
-                    i,
-                    "streams",
-                    host=bench.host,
-                    port=port,
-                    request=request,
-                    count=share,
-                    connect_limit=bench.settings.connect_limit,
-                    start_at=start_at,
-                    timeout_s=60.0,
-                )
+            bench.pool.spread(
+                workers,
+                "streams",
+                count,
+                host=bench.host,
+                port=port,
+                request=request,
+                connect_limit=bench.settings.connect_limit,
+                start_at=start_at,
+                timeout_s=60.0,
+            )
             parts = [bench.pool.result(i, 90.0) for i in range(workers)]
         finally:
             stop_process(proc)  # type: ignore[arg-type]
@@ -129,21 +127,19 @@ def open_streams(bench: Bench, count: int) -> dict[str, Any]:
     node_rss0 = bench.node.rss()
     e0, n0 = bench.cpus()
     workers = bench.pool.size if count >= 200 else 1
-    shares = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
     request = bench.post(HANG_SCRIPT, stream=True)
     open_timeout = max(30.0, min(150.0, bench.left() - 30.0))
     t0 = mono()
-    for i, share in enumerate(shares):
-        bench.pool.submit(
-            i,
-            "open_streams",
-            host=bench.host,
-            port=bench.port,
-            request=request,
-            count=share,
-            connect_limit=bench.settings.connect_limit,
-            timeout_s=open_timeout,
-        )
+    bench.pool.spread(
+        workers,
+        "open_streams",
+        count,
+        host=bench.host,
+        port=bench.port,
+        request=request,
+        connect_limit=bench.settings.connect_limit,
+        timeout_s=open_timeout,
+    )
     reports = [bench.pool.result(i, open_timeout + 30.0) for i in range(workers)]
     open_s = mono() - t0
     e1, n1 = bench.cpus()

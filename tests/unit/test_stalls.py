@@ -54,6 +54,7 @@ async def test_sends_that_end_in_time_are_never_stalled(
         nursery.start_soon(stalls.run)
         quick = stalls.began(count)
         await trio.sleep(0.1)
+        assert (stalls.stalled, count.stalled) == (0, 0)
         stalls.ended(quick)
         slow = stalls.began(count)
         await trio.sleep(1.0)
