@@ -211,8 +211,7 @@ class StreamSession(SessionState):
         if self._reasoning is not None and self._reasoning_chars_ <= self.settings.max_held_chars:
             self._reasoning.append(text)
         if self._expose_reasoning:
-            held = self.settings.whole_output or self.settings.text_held
-            if held and self._hold(len(text)):
+            if self._holds_reasoning and self._hold(len(text)):
                 return
             self._trace_seq += 1
             self._trace_chunk("reasoning", len(text))

@@ -41,6 +41,7 @@ class SessionState:
         "_held_chars",
         "_held_content",
         "_holds",
+        "_holds_reasoning",
         "_lp",
         "_reasoning",
         "_reasoning_chars_",
@@ -103,6 +104,8 @@ class SessionState:
             tools or strict_json or settings.stream_buffer or settings.whole_output
             or settings.text_held
         )  # fmt: skip
+        # Shown reasoning counts against max_held_chars only when the caller keeps it.
+        self._holds_reasoning = settings.whole_output or settings.text_held
         self._held_chars = 0
         self._content_sentinel = SentinelFilter(settings.sentinels)
         self._reasoning_sentinel = SentinelFilter(settings.sentinels)
