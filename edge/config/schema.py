@@ -151,8 +151,8 @@ class LimitsConfig:
     # was last renewed: a stream whose release failed (Redis unreachable) or whose
     # process hangs is given back within it.
     lease_s: float = 10.0
-    # How often a live request renews its lease (one store call per process per
-    # renewal, for all its leases); at most half of lease_s.
+    # How often the leases a process holds are renewed (one store call per process
+    # per renewal, for all of them); at most half of lease_s.
     lease_renew_s: float = 3.0
 
 

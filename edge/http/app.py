@@ -19,8 +19,8 @@ holds, sent as `Authorization: Bearer <key>` or (Anthropic's way) `x-api-key`.
 A chat request's `Gate` (its key's allow-list and limits) is opened
 with its HTTP cycle, admits it in the handler before its body is read (a
 key over its limits is answered 429 without its body being parsed), checks
-its model once parsed, renews its stream lease while it lives (a heartbeat
-in its scope), puts the rate-limit headers on whatever answer goes out, and
+its model once parsed (its stream lease is renewed by the limiter while it
+lives), puts the rate-limit headers on whatever answer goes out, and
 is ended once: with its run, else when the cycle ends, however it ends.
 """
 
@@ -284,8 +284,6 @@ def create_app(
             # The key's limits before its body is read: a key over them costs no parse.
             chat.admission.shed_if_full()  # (a shed request is not counted against them)
             await gate.admit()
-            if gate.renews:
-                scope.keep(gate.heartbeat)
         session_id = request.headers.get("X-Session-Id") or None
         # The body goes to the handler without a name here: once parsed, the handler's
         # reference is the last, and a request queued or running holds no body.

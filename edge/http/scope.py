@@ -27,7 +27,7 @@ None when tracing is off, and then nothing of it costs anything).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 
@@ -109,18 +109,6 @@ class ChatScope:
                 # reference cycle only the garbage collector frees: unlinked, they go
                 # when the request's last reference does.
                 run.on_end = None
-
-    def keep(self, task: Callable[[], Awaitable[None]]) -> None:
-        """Run `task` beside the request (a lease's heartbeat) until its cycle ends: then
-        it is cancelled, and the request's nursery waits for nothing of it."""
-        done = trio.CancelScope()
-
-        async def run() -> None:
-            with done:
-                await task()
-
-        self._stack.callback(done.cancel)
-        self.nursery.start_soon(run)
 
     def at_end(self, callback: Callable[[], object]) -> None:
         """Call `callback` when the request's cycle ends, however it ends (after its runs:

@@ -14,12 +14,12 @@ how many failures it stands for), counted, and then `fail_open` decides:
 let the request in (no rate-limit headers: nothing is known) or answer 503.
 
 A stream is a lease that expires (`[limits] lease_s`) unless renewed. The
-limiter knows the leases this process holds; each request holding one runs a
-heartbeat (in its own scope, cancelled when it ends) and every `renew_s` the
-first heartbeat due renews all of them in one store call (`renew`): one call
-per process per renewal, however many streams. A release the store did not
-take (down, or past its deadline) is retried in the background, a few times
-with backoff (never holding the request), then left to expire with its lease.
+limiter knows the leases this process holds, and while it holds any, one task
+of its own renews them all every `renew_s` in one store call (`renew`): one
+call per process per renewal, however many streams, and no task per request.
+A release the store did not take (down, or past its deadline) is retried in
+the background, a few times with backoff (never holding the request), then
+left to expire with its lease.
 
 `Gate` is one chat request's part in it: the key, whether it was admitted,
 its headers, and the one end (`end` is idempotent, shielded and bounded,
@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import hmac
-import math
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -170,7 +169,7 @@ class Limiter:
         # The leases this process holds, by key name (a key stays, emptied, until the
         # next renewal has told the store that it holds none of its streams any more).
         self._live: dict[str, set[str]] = {}
-        self._renewed_at = -math.inf
+        self._renewer: trio.CancelScope | None = None
         # Releases the store did not take, waiting for the retrier (key name, lease).
         self._unreleased: dict[tuple[str, str], None] = {}
         self._retrier: trio.CancelScope | None = None
@@ -215,6 +214,8 @@ class Limiter:
             )
         if key.limits.max_streams is not None:
             self._live.setdefault(key.name, set()).add(lease)
+            if self._renewer is None and not self._closed:
+                self._renewer = self._system_task(self._renew_leases, "limits: renew leases")
         return decision
 
     def held(self, key: Key, lease: str) -> bool:
@@ -257,15 +258,39 @@ class Limiter:
             return  # left to expire with its lease
         self._unreleased[(name, lease)] = None
         if self._retrier is None:
-            self._retrier = trio.CancelScope()
-            # A system task: it outlives the request, which never waits for it. In a copy
-            # of this context (the store's asyncio bridge lives there), minus the request.
-            context = contextvars.copy_context()
-            context.run(REQUEST_ID.set, None)
-            trio.lowlevel.spawn_system_task(
-                self._retry_releases, self._retrier, name="limits: retry releases",
-                context=context,
-            )  # fmt: skip
+            self._retrier = self._system_task(self._retry_releases, "limits: retry releases")
+
+    def _system_task(
+        self, fn: Callable[[trio.CancelScope], Awaitable[None]], name: str
+    ) -> trio.CancelScope:
+        """Start `fn(scope)` as a system task: it outlives the request that started it,
+        which never waits for it. In a copy of this context (the store's asyncio bridge
+        lives there), minus the request. Returns the scope that stops it."""
+        scope = trio.CancelScope()
+        context = contextvars.copy_context()
+        context.run(REQUEST_ID.set, None)
+        trio.lowlevel.spawn_system_task(fn, scope, name=name, context=context)
+        return scope
+
+    async def _renew_leases(self, scope: trio.CancelScope) -> None:
+        """Every `renew_s` while this process holds leases, all of them in one store
+        call; a key whose last stream ended is named once more, empty (the store then
+        forgets this process's count of it). Ends when nothing is held."""
+        try:
+            with scope:
+                while self._live:
+                    await trio.sleep(self.renew_s)
+                    leases = {name: frozenset(held) for name, held in self._live.items()}
+                    for name in [name for name, held in self._live.items() if not held]:
+                        del self._live[name]
+                    try:
+                        await self.store.renew(leases)
+                    except StoreUnavailable as exc:
+                        self._store_failed("renew", exc)
+        except Exception as exc:  # never out of a system task: it would end the edge
+            logger.opt(exception=exc).error("renewing the limits store's leases failed")
+        finally:
+            self._renewer = None
 
     async def _retry_releases(self, scope: trio.CancelScope) -> None:
         """Rounds of the failed releases, with backoff, until none is left or the rounds
@@ -292,37 +317,11 @@ class Limiter:
             self._unreleased.clear()
             self._retrier = None
 
-    async def heartbeat(self) -> None:
-        """A request's, while it holds a lease: renew this process's leases on each tick
-        of `renew_s` (the ticks of every heartbeat fall together, on multiples of
-        `renew_s`: the first one due renews, the others see it done), so each lease is
-        renewed once a period (`lease_s` is at least two), in one store call."""
-        period = self.renew_s
-        while True:
-            await trio.sleep_until((math.floor(trio.current_time() / period) + 1) * period)
-            if trio.current_time() - self._renewed_at < period / 2:
-                continue
-            self._renewed_at = trio.current_time()
-            leases = {name: frozenset(held) for name, held in self._live.items()}
-            for name in [name for name, held in self._live.items() if not held]:
-                del self._live[name]
-            done = False
-            try:
-                await self.store.renew(leases)
-                done = True
-            except StoreUnavailable as exc:
-                self._store_failed("renew", exc)
-                done = True
-            finally:
-                if not done:  # cancelled (its request ended): the next heartbeat renews
-                    self._renewed_at = -math.inf
-                    for name in leases:
-                        self._live.setdefault(name, set())
-
     async def aclose(self) -> None:
         self._closed = True
-        if self._retrier is not None:
-            self._retrier.cancel()
+        for task in (self._retrier, self._renewer):
+            if task is not None:
+                task.cancel()
         await self.store.aclose()
 
 
@@ -351,7 +350,7 @@ class Gate:
     model (once it is parsed), renew the stream while the request lives, end once."""
 
     __slots__ = (
-        "_admitted", "_checked", "_ended", "_lease", "_limiter", "_metrics", "_renewal",
+        "_admitted", "_checked", "_ended", "_lease", "_limiter", "_metrics",
         "headers", "key",
     )  # fmt: skip
 
@@ -363,8 +362,6 @@ class Gate:
         self._checked = False
         self._admitted = False
         self._ended = False
-        # The heartbeat's scope: cancelled when the request ends (or is refunded).
-        self._renewal = trio.CancelScope()
         # The rate-limit headers the answer carries (a limited key's, once admitted).
         self.headers: dict[str, str] = {}
 
@@ -389,22 +386,6 @@ class Gate:
         if key.limits.max_streams is not None:
             self._metrics.key_streams.labels(key.name).inc()
 
-    @property
-    def renews(self) -> bool:
-        """Whether the request holds a stream lease its heartbeat must renew."""
-        limiter, key = self._limiter, self.key
-        return (
-            self._admitted and not self._ended and limiter is not None and key is not None
-            and limiter.held(key, self._lease)
-        )  # fmt: skip
-
-    async def heartbeat(self) -> None:
-        """Renew the request's lease (with the process's others) until it ends."""
-        limiter = self._limiter
-        assert limiter is not None
-        with self._renewal:
-            await limiter.heartbeat()
-
     async def check_model(self, model: str) -> None:
         """Admit the request (if not yet) for `model`, its body parsed: a model the key
         may not use is answered like one that does not exist, and not counted."""
@@ -424,7 +405,6 @@ class Gate:
         if not self._admitted or key is None or limiter is None:
             return
         self._admitted = False
-        self._renewal.cancel()
         self.headers = {}
         if key.limits.max_streams is not None:
             self._metrics.key_streams.labels(key.name).dec()
@@ -438,7 +418,6 @@ class Gate:
         if self._ended:
             return
         self._ended = True
-        self._renewal.cancel()
         key, limiter = self.key, self._limiter
         if key is None:
             return

@@ -345,37 +345,32 @@ async def test_a_release_that_keeps_failing_is_given_up_after_a_few_rounds(
     assert limiter._retrier is None
 
 
-async def test_heartbeats_renew_every_lease_of_the_process_in_one_call(
+async def test_one_task_renews_every_lease_of_the_process_in_one_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Ten requests holding streams: each renewal is one store call naming all ten
-    leases, one per period (not one per request); once they ended, a later request's
-    renewal names only its own lease, and nothing is renewed while none is held."""
+    leases, one per period (not one per request, and no task per request); once they
+    ended, the key is named once more, empty, with a later request's lease if one came;
+    and once nothing is held, nothing is renewed and the renewing task is gone."""
     store = _FlakyStore()
     limiter = Limiter(store, fail_open=True, metrics=EdgeMetrics(), renew_s=3.0)
     key = Key("k", Limits(max_streams=100))
     gates = [_gate(limiter, key) for _ in range(10)]
-    async with trio.open_nursery() as nursery:
-        for gate in gates:
-            await gate.admit()
-            assert gate.renews
-            nursery.start_soon(gate.heartbeat)
-            await trio.sleep(0.25)  # heartbeats out of phase
-        await trio.sleep(30 - 2.5 + 0.1)  # ticks at 3, 6, ..., 30 s
-        assert len(store.renewals) == 10
-        assert all(r == {"k": frozenset(g._lease for g in gates)} for r in store.renewals)
-        for gate in gates:
-            await gate.end(None)
-        assert not any(g.renews for g in gates)
+    for gate in gates:
+        await gate.admit()
+    await trio.sleep(30.1)  # renewals at 3, 6, ..., 30 s
+    assert len(store.renewals) == 10
+    assert all(r == {"k": frozenset(g._lease for g in gates)} for r in store.renewals)
+    for gate in gates:
+        await gate.end(None)
     other = _gate(limiter, key)
     await other.admit()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(other.heartbeat)
-        await trio.sleep(3.0)
-        await other.end(None)
+    await trio.sleep(3.0)
     assert store.renewals[10] == {"k": frozenset({other._lease})}
+    await other.end(None)
     await trio.sleep(30)
-    assert len(store.renewals) == 11
+    assert store.renewals[11:] == [{"k": frozenset()}]  # told once, then nothing
+    assert limiter._renewer is None
 
 
 async def test_a_model_outside_the_allow_list_refunds_the_admission() -> None:
