@@ -20,6 +20,7 @@ __all__ = (
     "ToolCall",
     "TopLogprob",
     "Usage",
+    "WatchRequest",
 )
 
 import builtins
@@ -91,13 +92,52 @@ default_message_pool.register_message("iop.node.v1", "DescribeRequest", Describe
 
 @dataclass(eq=False, repr=False)
 class DescribeResponse(betterproto2.Message):
+    """
+    A node's state: the answer to Describe and each report on Watch. The load
+    fields are the node's whole load (every edge's runs, and its model server's
+    queue where it sees one), not one caller's share. An unset optional field
+    is one the node does not know.
+    """
+
     node_name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     models: "list[ModelInfo]" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, repeated=True)
 
     active_runs: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+    """
+    Runs being generated now.
+    """
 
     max_runs: "int" = betterproto2.field(4, betterproto2.TYPE_UINT32)
+    """
+    The runs the node takes at once (0: no cap it knows of).
+    """
+
+    waiting_runs: "int | None" = betterproto2.field(5, betterproto2.TYPE_UINT32, optional=True)
+    """
+    Runs accepted but waiting for a place (the node's or its model server's
+    queue).
+    """
+
+    kv_cache_tokens: "int | None" = betterproto2.field(6, betterproto2.TYPE_UINT64, optional=True)
+    """
+    The KV cache's capacity and what of it is in use, in tokens.
+    """
+
+    kv_cache_used_tokens: "int | None" = betterproto2.field(
+        7, betterproto2.TYPE_UINT64, optional=True
+    )
+
+    heartbeat_ms: "int" = betterproto2.field(8, betterproto2.TYPE_UINT32)
+    """
+    On Watch: the heartbeat this node keeps (ms), so the caller knows when
+    silence means trouble; 0 on Describe.
+    """
+
+    seq: "int" = betterproto2.field(9, betterproto2.TYPE_UINT64)
+    """
+    On Watch: numbers the reports from 1, per stream.
+    """
 
 
 default_message_pool.register_message("iop.node.v1", "DescribeResponse", DescribeResponse)
@@ -152,6 +192,14 @@ class ModelInfo(betterproto2.Message):
     The node gives token log-probabilities (RunEvent.logprobs) for this
     model. A node older than this field leaves it false: the edge answers
     a request with logprobs for such a model with a 400.
+    """
+
+    max_context_tokens: "int | None" = betterproto2.field(
+        4, betterproto2.TYPE_UINT32, optional=True
+    )
+    """
+    The longest context (prompt + output, tokens) the model takes; unset:
+    not known.
     """
 
 
@@ -210,6 +258,15 @@ class RunEvent(betterproto2.Message):
     tokens whose text is this delta's, in order. Their texts should add up
     to the delta; the edge places each token at the end of its text in the
     delta (see docs/apis.md, Logprobs). Empty otherwise.
+    """
+
+    http_status: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
+    """
+    On error: the HTTP status the failure stands for, as the node's model
+    server gave it (0: none, the node failed). 400-499 but 408 and 429: the
+    request is refused (see the top of this file); `error` may then carry a
+    machine-readable code (e.g. "context_length_exceeded") and `message` the
+    model server's own words, which the client sees.
     """
 
 
@@ -386,6 +443,18 @@ class Usage(betterproto2.Message):
 default_message_pool.register_message("iop.node.v1", "Usage", Usage)
 
 
+@dataclass(eq=False, repr=False)
+class WatchRequest(betterproto2.Message):
+    heartbeat_ms: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+    """
+    The longest the caller wants to wait between two reports; the node may
+    report more often, and clamps it to its own range. 0: the node's default.
+    """
+
+
+default_message_pool.register_message("iop.node.v1", "WatchRequest", WatchRequest)
+
+
 class NodeServiceStub(betterproto2_grpclib.ServiceStub):
     async def run(
         self,
@@ -454,6 +523,31 @@ class NodeServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def watch(
+        self,
+        message: "WatchRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AsyncIterator[DescribeResponse]":
+        """
+        The node's state, pushed: one DescribeResponse at once, then one whenever
+        its load or models change (at most one per min_interval_ms) and at least
+        one every heartbeat_ms, until the caller leaves. A node older than this
+        RPC answers UNIMPLEMENTED: the edge polls Describe instead.
+        """
+
+        async for response in self._unary_stream(
+            "/iop.node.v1.NodeService/Watch",
+            message,
+            DescribeResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
 
 class NodeServiceBase(betterproto2_grpclib.ServiceBase):
     async def run(self, message: "RunRequest") -> "AsyncIterator[RunEvent]":
@@ -477,6 +571,17 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def watch(self, message: "WatchRequest") -> "AsyncIterator[DescribeResponse]":
+        """
+        The node's state, pushed: one DescribeResponse at once, then one whenever
+        its load or models change (at most one per min_interval_ms) and at least
+        one every heartbeat_ms, until the caller leaves. A node older than this
+        RPC answers UNIMPLEMENTED: the edge polls Describe instead.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield DescribeResponse()
 
     async def __rpc_run(self, stream: "grpclib.server.Stream[RunRequest, RunEvent]") -> None:
         request = await stream.recv_message()
@@ -503,6 +608,17 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.describe(request)
         await stream.send_message(response)
 
+    async def __rpc_watch(
+        self, stream: "grpclib.server.Stream[WatchRequest, DescribeResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await self._call_rpc_handler_server_stream(
+            self.watch,
+            stream,
+            request,
+        )
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/iop.node.v1.NodeService/Run": grpclib.const.Handler(
@@ -521,6 +637,12 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
                 self.__rpc_describe,
                 grpclib.const.Cardinality.UNARY_UNARY,
                 DescribeRequest,
+                DescribeResponse,
+            ),
+            "/iop.node.v1.NodeService/Watch": grpclib.const.Handler(
+                self.__rpc_watch,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                WatchRequest,
                 DescribeResponse,
             ),
         }
