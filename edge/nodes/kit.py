@@ -356,6 +356,12 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
     def active_runs(self) -> int:
         return self.runs.active
 
+    def state_changed(self) -> None:
+        """The node's state (what `describe` answers) changed: Watch reports it.
+
+        The kit calls it when a run starts or ends; a node calls it when its
+        load changes otherwise (its model server's queue, its KV cache)."""
+
     @property
     def finished(self) -> deque[dict[str, Any]]:
         """The last FINISHED_KEPT runs-log records written (for in-process users)."""
