@@ -1,16 +1,36 @@
-"""`iop-sim-node`: the simulated node as a standalone process."""
+"""`iop-sim-node`: the simulated node as a standalone process.
+
+    iop-sim-node [--listen HOST:PORT] [--runs-log FILE] [--name NAME]
+                 [--max-runs N] [--nodes K]
+
+One process serves K simulated nodes (`--nodes`, for benchmarks of many node
+connections): node i (1..K) is named NAME-i and listens on PORT+i-1 (each on
+a port of its own choosing when PORT is 0), with its own runs log,
+FILE's name with `-i` before its suffix. With K = 1 (the default) the node is
+NAME on PORT, its runs log FILE. Once every node listens, the process prints
+one line per node, in order: `iop-sim-node listening on HOST:PORT` (K = 1) or
+`iop-sim-node NAME-i listening on HOST:PORT`. The nodes share the process's
+asyncio loop and do nothing while idle.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from edge.config.address import split_address
-from edge.nodes.kit import start_server, stop_server, wait_for_stop_signal
+from edge.nodes.kit import NodeServer, start_server, stop_server, wait_for_stop_signal
 from edge.nodes.sim.server import SimNode
 from edge.observe.tracing import setup_tracing
+
+# Files a node holds besides its connections: its listening socket and its runs log.
+FILES_PER_NODE = 2
+MAX_PORT = 65535
 
 
 def _parse_listen(value: str) -> tuple[str, int]:
@@ -20,16 +40,82 @@ def _parse_listen(value: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-async def _serve(host: str, port: int, runs_log: Path | None, name: str) -> None:
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, not {number}")
+        return number
+
+    return parse
+
+
+def node_names(name: str, nodes: int) -> list[str]:
+    """NAME for one node; NAME-1 .. NAME-K for K."""
+    return [name] if nodes == 1 else [f"{name}-{i}" for i in range(1, nodes + 1)]
+
+
+def node_runs_log(runs_log: Path | None, index: int, nodes: int) -> Path | None:
+    """FILE for one node; node i of K writes FILE's name with `-i` before its suffix."""
+    if runs_log is None or nodes == 1:
+        return runs_log
+    return runs_log.with_name(f"{runs_log.stem}-{index}{runs_log.suffix}")
+
+
+def _allow_open_files(nodes: int) -> None:
+    """Raise the soft limit on open files towards the hard one for many nodes.
+
+    Each node holds a listening socket, a runs log and its connections; a
+    default soft limit of 1024 is too few for hundreds of nodes. Best effort:
+    a node that cannot listen still says why.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1024 + 4 * FILES_PER_NODE * nodes
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+async def _serve(
+    host: str, port: int, runs_log: Path | None, name: str, nodes: int, max_runs: int
+) -> int:
     # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-sim-node")
-    node = SimNode(name=name, runs_log=runs_log, tracing=tracing)
-    server, bound = await start_server(node, host, port)
-    print(f"iop-sim-node listening on {host}:{bound}", flush=True)
-    await wait_for_stop_signal()
-    await stop_server(node, server)
-    if tracing is not None:
-        await asyncio.to_thread(tracing.shutdown)
+    served: list[tuple[SimNode, NodeServer, int]] = []
+    try:
+        for index, node_name in enumerate(node_names(name, nodes), start=1):
+            node = SimNode(
+                name=node_name,
+                runs_log=node_runs_log(runs_log, index, nodes),
+                tracing=tracing,
+                max_runs=max_runs,
+            )
+            node_port = port + index - 1 if port else 0
+            try:
+                server, bound = await start_server(node, host, node_port)
+            except OSError as exc:
+                await node.aclose()
+                print(
+                    f"iop-sim-node: {node_name} cannot listen on {host}:{node_port}: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+            served.append((node, server, bound))
+        for node, _, bound in served:
+            who = "" if nodes == 1 else f" {node.name}"
+            print(f"iop-sim-node{who} listening on {host}:{bound}", flush=True)
+        await wait_for_stop_signal()
+        return 0
+    finally:
+        for node, server, _ in served:
+            await stop_server(node, server)
+        if tracing is not None:
+            await asyncio.to_thread(tracing.shutdown)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,10 +123,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 50051))
     parser.add_argument("--runs-log", type=Path, default=None, help="append one JSON line per run")
     parser.add_argument("--name", default="iop-sim-node")
+    parser.add_argument(
+        "--max-runs",
+        type=_count(0),
+        default=0,
+        metavar="N",
+        help="runs played at once; more wait in the node's queue (0: no cap)",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=_count(1),
+        default=1,
+        metavar="K",
+        help="serve K nodes, NAME-1..NAME-K, on PORT..PORT+K-1 (default 1)",
+    )
     args = parser.parse_args(argv)
     host, port = args.listen
-    asyncio.run(_serve(host, port, args.runs_log, args.name))
-    return 0
+    if port and port + args.nodes - 1 > MAX_PORT:
+        parser.error(f"--nodes {args.nodes} from port {port} passes port {MAX_PORT}")
+    if args.nodes > 1:
+        _allow_open_files(args.nodes)
+    return asyncio.run(_serve(host, port, args.runs_log, args.name, args.nodes, args.max_runs))
 
 
 if __name__ == "__main__":

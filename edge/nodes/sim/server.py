@@ -37,7 +37,12 @@ edge hosts (a node whose address is "embedded"). Models:
   sizes, what one turn sends): a script past one is answered with an error
   event naming it, never an exception in the node's loop.
 
-Describe says both models give logprobs.
+Describe says both models give logprobs, and the node's load: `active_runs`
+(runs playing), `waiting_runs` (runs queued) and `max_runs`. With
+`max_runs` N (0: no cap, the default), at most N runs play at once; the
+others wait in the node's queue (`Places`), first come first served, not yet
+accepted: a CancelRun or a reset stream takes a waiting run out of the queue,
+and a run that ends hands its place to the first one waiting.
 
 The runs log (`edge.nodes.kit.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
@@ -47,6 +52,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +63,7 @@ from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import Encoded
-from edge.nodes.kit import NodeService, RunRecord
+from edge.nodes.kit import Events, NodeService, RunRecord
 from edge.nodes.sim.script import ScriptError, message_text, script_items
 from edge.observe.tracing import Tracing
 
@@ -180,8 +187,67 @@ def _accept_delay_s(request: pb.RunRequest, node: str) -> float:
     return 0.0
 
 
+class Places:
+    """At most `cap` runs play at once (0: no cap); the others wait, first come first served.
+
+    A waiting run is a future in `_queue`; a run that leaves hands its place
+    straight to the first one still waiting (so a newcomer never overtakes
+    the queue). A waiting run that is stopped leaves its future behind,
+    cancelled, and is skipped; the queue is rebuilt once such leftovers
+    outnumber the runs still waiting, so a stream of stopped runs costs
+    constant time each and the queue holds at most twice the runs waiting.
+    """
+
+    def __init__(self, cap: int = 0) -> None:
+        if cap < 0:
+            raise ValueError(f"max_runs must be 0 (no cap) or more, not {cap}")
+        self.cap = cap
+        self.playing = 0
+        self.waiting = 0
+        self._queue: deque[asyncio.Future[None]] = deque()
+
+    async def take(self, on_wait: Callable[[], None]) -> None:
+        """Return once the caller has a place (calling `on_wait` if it has to wait first).
+
+        Cancelled while waiting: it leaves the queue (or, handed a place at that
+        very moment, passes it on) and the CancelledError goes on.
+        """
+        if self.waiting == 0 and (self.cap == 0 or self.playing < self.cap):
+            self.playing += 1
+            return
+        place = asyncio.get_running_loop().create_future()
+        self._queue.append(place)
+        self.waiting += 1
+        on_wait()
+        try:
+            await place
+        except asyncio.CancelledError:
+            if place.done() and not place.cancelled():
+                self.give_back()  # handed a place as it was stopped: the next one has it
+            else:
+                place.cancel()
+                self.waiting -= 1
+                if len(self._queue) > 2 * self.waiting + 16:
+                    self._queue = deque(p for p in self._queue if not p.done())
+            raise
+
+    def give_back(self) -> None:
+        """A playing run left: its place goes to the first run waiting, or is free."""
+        while self._queue:
+            place = self._queue.popleft()
+            if not place.done():
+                self.waiting -= 1
+                place.set_result(None)
+                return
+        self.playing -= 1
+
+
 class SimNode(NodeService):
-    """The NodeService of the simulated node."""
+    """The NodeService of the simulated node.
+
+    `max_runs`: at most this many runs play at once (0: no cap); the others
+    wait in `hold`, before they are accepted.
+    """
 
     def __init__(
         self,
@@ -189,8 +255,17 @@ class SimNode(NodeService):
         runs_log: Path | None = None,
         *,
         tracing: Tracing | None = None,
+        max_runs: int = 0,
     ) -> None:
         super().__init__(name, runs_log, tracing=tracing)
+        self.places = Places(max_runs)
+        # The handler tasks of the runs holding a place (given back when they end).
+        self._placed: set[asyncio.Task[Any]] = set()
+
+    @property
+    def active_runs(self) -> int:
+        """The runs playing (holding a place); those waiting are `places.waiting`."""
+        return self.places.playing
 
     # --- RPCs -------------------------------------------------------------------
 
@@ -198,10 +273,29 @@ class SimNode(NodeService):
         return pb.DescribeResponse(
             node_name=self.name,
             models=[pb.ModelInfo(id=m, owned_by="iop-sim", logprobs=True) for m in MODELS],
-            active_runs=self.active_runs,
+            active_runs=self.places.playing,
+            max_runs=self.places.cap,
+            waiting_runs=self.places.waiting,
         )
 
+    async def serve_run(self, stream: Events) -> None:
+        """The kit's run, whose place (taken in `hold`) is given back however it ends."""
+        task = asyncio.current_task()
+        try:
+            await super().serve_run(stream)
+        finally:
+            if task in self._placed:
+                self._placed.discard(task)
+                self.places.give_back()
+                self.state_changed()
+
     async def hold(self, request: pb.RunRequest) -> None:
+        """Wait for a place (the queue), then for the script's `accept_after_ms`."""
+        task = asyncio.current_task()
+        assert task is not None
+        await self.places.take(self.state_changed)
+        self._placed.add(task)
+        self.state_changed()
         delay_s = _accept_delay_s(request, self.name)
         if delay_s:
             await asyncio.sleep(delay_s)
