@@ -106,6 +106,9 @@ async def _respond(
             *_whole_response(200, json.dumps({"object": "list", "data": data}).encode()),
         )
         return True
+    if target == b"/metrics":  # iop-node reads the load of its upstream: none here
+        await send_events(stream, conn, *_whole_response(404, b"Not Found", "text/plain"))
+        return True
     doc = json.loads(body)
     upstream.requests.append(doc)
     model = doc["model"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from edge.nodes.upstream.bodies import error_message, models_from_body
+from edge.nodes.upstream.bodies import context_limits_from_body, error_message, models_from_body
 from tests.unit.upstream_replay import FIXTURES
 
 
@@ -52,3 +54,23 @@ def test_models_from_body_shapes() -> None:
     ]
     with pytest.raises(ValueError, match="no model list"):
         models_from_body(b'{"object":"list"}')
+
+
+def test_context_limits_from_body() -> None:
+    """vLLM's and SGLang's `max_model_len` is each model's context length; a value that
+    is not a whole number in the uint32 range, or a list without it, gives none."""
+    body = (FIXTURES / "metrics" / "vllm-models.json").read_bytes()
+    assert context_limits_from_body(body) == {"Qwen/Qwen3-8B": 40960}
+    items = [
+        {"id": "a", "max_model_len": 0},
+        {"id": "b", "max_model_len": 2**32},
+        {"id": "c", "max_model_len": "8192"},
+        {"id": "d", "max_model_len": True},
+        {"id": "e", "max_model_len": 1.5e3},
+        {"id": "f"},
+        {"max_model_len": 4096},
+        "g",
+    ]
+    assert context_limits_from_body(json.dumps({"data": items}).encode()) == {}
+    assert context_limits_from_body(b'{"models":[{"name":"qwen3:8b"}]}') == {}
+    assert context_limits_from_body(b"not json") == {}

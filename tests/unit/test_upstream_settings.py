@@ -99,3 +99,25 @@ def test_node_settings_errors(tmp_path: Path, text: str, message: str) -> None:
     path.write_text(text)
     with pytest.raises(SettingsError, match=message):
         resolve(node_parser().parse_args(["--config", str(path)]))
+
+
+def test_node_load_settings_from_file_and_flags(tmp_path: Path) -> None:
+    """The load's source and interval come from the [node] table, flags win, and the
+    defaults are auto every second; a bad value is one error naming its key."""
+    path = tmp_path / "node.toml"
+    path.write_text(
+        '[node]\nupstream = "http://gpu:8000"\nload_source = "sglang"\nload_interval_s = 5\n'
+    )
+    settings = resolve(node_parser().parse_args(["--config", str(path)]))
+    assert (settings.load_source, settings.load_interval_s) == ("sglang", 5.0)
+    args = ["--config", str(path), "--load-source", "none", "--load-interval-s", "0"]
+    settings = resolve(node_parser().parse_args(args))
+    assert (settings.load_source, settings.load_interval_s) == ("none", 0.0)
+    settings = resolve(node_parser().parse_args(["--upstream", "http://gpu:8000"]))
+    assert (settings.load_source, settings.load_interval_s) == ("auto", 1.0)
+    path.write_text('[node]\nupstream = "http://gpu:8000"\nload_source = "ollama"\n')
+    with pytest.raises(SettingsError, match="load_source: 'ollama' is not one of"):
+        resolve(node_parser().parse_args(["--config", str(path)]))
+    path.write_text('[node]\nupstream = "http://gpu:8000"\nload_interval_s = 0.01\n')
+    with pytest.raises(SettingsError, match=r"load_interval_s: 0\.01 is not 0"):
+        resolve(node_parser().parse_args(["--config", str(path)]))

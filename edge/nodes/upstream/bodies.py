@@ -2,7 +2,8 @@
 
 `error_message` digs the message out of any server's error body (quoted,
 bounded); `models_from_body` reads the ids of a `/models` answer in
-OpenAI's, llama.cpp's or Ollama's shape.
+OpenAI's, llama.cpp's or Ollama's shape, and `context_limits_from_body` the
+models' context lengths where it gives them (vLLM's and SGLang's `max_model_len`).
 
 Pure: it must not know sockets, httpx, grpclib or asyncio.
 """
@@ -12,10 +13,12 @@ from __future__ import annotations
 import json
 from typing import Final, cast
 
-__all__ = ["MAX_ERROR_CHARS", "error_message", "models_from_body"]
+__all__ = ["MAX_ERROR_CHARS", "context_limits_from_body", "error_message", "models_from_body"]
 
 # Error bodies are quoted up to this many characters.
 MAX_ERROR_CHARS: Final = 500
+# The largest context length taken from a model list (ModelInfo.max_context_tokens is a uint32).
+MAX_CONTEXT_TOKENS: Final = 2**32 - 1
 
 
 def error_message(status: int, body: bytes, reason: str = "") -> str:
@@ -67,3 +70,33 @@ def models_from_body(body: bytes) -> list[tuple[str, str]]:
             if isinstance(model, str) and model:
                 out.append((model, str(item.get("owned_by") or "")))
     return out
+
+
+def context_limits_from_body(body: bytes) -> dict[str, int]:
+    """Each model's context length (tokens) where a `/models` answer gives it.
+
+    vLLM and SGLang put `max_model_len` on each item of OpenAI's `data` list;
+    a value that is not a whole number in 1..MAX_CONTEXT_TOKENS is left out,
+    as is a body that is not such a list (llama.cpp, Ollama: none is known).
+    """
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return {}
+    items = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        return {}
+    limits: dict[str, int] = {}
+    for item in cast(list[object], items):
+        if not isinstance(item, dict):
+            continue
+        model, limit = item.get("id"), item.get("max_model_len")
+        if (
+            isinstance(model, str)
+            and model
+            and isinstance(limit, int)
+            and not isinstance(limit, bool)
+            and 0 < limit <= MAX_CONTEXT_TOKENS
+        ):
+            limits[model] = limit
+    return limits

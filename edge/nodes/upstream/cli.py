@@ -2,11 +2,12 @@
 
     iop-node --listen HOST:PORT --upstream URL [--api-key-env NAME]
              [--models NAME ...] [--name NAME] [--runs-log FILE] [--config FILE]
-             [--no-logprobs]
+             [--no-logprobs] [--load-source auto|vllm|sglang|llamacpp|none]
+             [--load-interval-s S]
 
 `--config FILE` reads a TOML file's `[node]` table (listen, upstream,
-api_key_env, models, name, runs_log, read_timeout_s, logprobs); flags win
-over it.
+api_key_env, models, name, runs_log, read_timeout_s, logprobs, load_source,
+load_interval_s); flags win over it.
 The API key is read from the environment, never from a flag or a file.
 Prints `iop-node listening on HOST:PORT` once it serves. This module turns
 arguments into settings and runs the server; it knows nothing of the mapping.
@@ -25,11 +26,16 @@ from typing import Any
 from edge.config.address import split_address
 from edge.config.toml import ConfigError, TableReader, read_toml
 from edge.nodes.kit import start_server, stop_server, wait_for_stop_signal
+from edge.nodes.upstream.load import SOURCES
 from edge.nodes.upstream.server import UpstreamNode, normalize_upstream
 from edge.observe.tracing import setup_tracing
 
 DEFAULT_LISTEN = "127.0.0.1:50061"
-_STRING_KEYS = ("listen", "upstream", "api_key_env", "name", "runs_log")
+_STRING_KEYS = ("listen", "upstream", "api_key_env", "name", "runs_log", "load_source")
+DEFAULT_LOAD_INTERVAL_S = 1.0
+# A load interval other than 0 (off) is at least this, at most the other.
+MIN_LOAD_INTERVAL_S = 0.05
+MAX_LOAD_INTERVAL_S = 3600.0
 
 
 class SettingsError(Exception):
@@ -47,6 +53,8 @@ class NodeSettings:
     runs_log: Path | None = None
     read_timeout_s: float = 600.0
     logprobs: bool = True
+    load_source: str = "auto"
+    load_interval_s: float = DEFAULT_LOAD_INTERVAL_S
 
 
 def _split_listen(value: str) -> tuple[str, int]:
@@ -74,6 +82,8 @@ def _file_table(path: Path) -> dict[str, Any]:
             table["read_timeout_s"] = r.number("read_timeout_s", 0.0, minimum=0.001)
         if "logprobs" in r.table:
             table["logprobs"] = r.get("logprobs", bool, True)
+        if "load_interval_s" in r.table:
+            table["load_interval_s"] = r.number("load_interval_s", DEFAULT_LOAD_INTERVAL_S)
         r.done()
     except ConfigError as exc:
         raise SettingsError(str(exc)) from None
@@ -99,6 +109,14 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
         if not api_key:
             raise SettingsError(f"api key: the environment variable {key_env} is not set")
     runs_log = args.runs_log or (Path(table["runs_log"]) if "runs_log" in table else None)
+    load_source = args.load_source or table.get("load_source") or "auto"
+    if load_source not in SOURCES:
+        raise SettingsError(f"load_source: {load_source!r} is not one of {', '.join(SOURCES)}")
+    load_interval_s = _load_interval(
+        args.load_interval_s
+        if args.load_interval_s is not None
+        else table.get("load_interval_s", DEFAULT_LOAD_INTERVAL_S)
+    )
     return NodeSettings(
         host=host,
         port=port,
@@ -109,6 +127,18 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
         runs_log=runs_log,
         read_timeout_s=float(args.read_timeout_s or table.get("read_timeout_s") or 600.0),
         logprobs=not args.no_logprobs and bool(table.get("logprobs", True)),
+        load_source=load_source,
+        load_interval_s=load_interval_s,
+    )
+
+
+def _load_interval(seconds: float) -> float:
+    """0 (off), or MIN_LOAD_INTERVAL_S to MAX_LOAD_INTERVAL_S seconds."""
+    if seconds == 0 or MIN_LOAD_INTERVAL_S <= seconds <= MAX_LOAD_INTERVAL_S:
+        return float(seconds)
+    raise SettingsError(
+        f"load_interval_s: {seconds} is not 0 (off) nor between "
+        f"{MIN_LOAD_INTERVAL_S} and {MAX_LOAD_INTERVAL_S} seconds"
     )
 
 
@@ -135,6 +165,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the upstream cannot give logprobs: Describe says so (the edge answers 400)",
     )
+    parser.add_argument(
+        "--load-source",
+        choices=SOURCES,
+        help="how the upstream's /metrics is read for Describe's load (default auto: by "
+        "its metric prefix; none: not read)",
+    )
+    parser.add_argument(
+        "--load-interval-s",
+        type=float,
+        metavar="S",
+        help=f"seconds between reads of the upstream's load (default "
+        f"{DEFAULT_LOAD_INTERVAL_S}; 0: off)",
+    )
     return parser
 
 
@@ -150,6 +193,8 @@ async def _serve(settings: NodeSettings) -> None:
         read_timeout_s=settings.read_timeout_s,
         logprobs=settings.logprobs,
         tracing=tracing,
+        load_source=settings.load_source,
+        load_interval_s=settings.load_interval_s,
     )
     server, bound = await start_server(node, settings.host, settings.port)
     print(f"iop-node listening on {settings.host}:{bound}", flush=True)

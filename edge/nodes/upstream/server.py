@@ -6,8 +6,16 @@ go through `edge.nodes.upstream.chunks` and out as RunEvents. Ending a run
 early (CancelRun, a reset gRPC stream, the request's deadline) leaves the httpx
 stream's block, which closes the upstream connection at once: vLLM,
 llama.cpp, Ollama and SGLang abort a request whose client went away.
-Describe lists the upstream's `/models` (or the configured models) and fails
-UNAVAILABLE while the upstream cannot be reached.
+Describe lists the upstream's `/models` (or the configured models, with
+the context length vLLM and SGLang give there) and fails UNAVAILABLE while
+the upstream cannot be reached. It also says the upstream's load, read from
+its `/metrics` every `load_interval_s` (`edge.nodes.upstream.loadpoll`) from
+the first Describe on:
+`waiting_runs` and the KV cache are the upstream's; `active_runs` is the
+upstream's running requests, or, when more, this node's own runs less those
+the upstream says wait (its own runs are at least that many, whatever a
+scrape a second old says). A load the upstream does not say leaves those
+fields unset and `active_runs` this node's own runs.
 
 The runs log is the simulated node's (`edge.nodes.kit.RunsLog`). With tracing
 on (`edge.observe.tracing`), each run has a span continued from the edge's
@@ -38,9 +46,11 @@ from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.nodes.kit import NodeService, RunRecord
-from edge.nodes.upstream.bodies import error_message
+from edge.nodes.upstream.bodies import context_limits_from_body, error_message
 from edge.nodes.upstream.bodies import models_from_body as parse_models
 from edge.nodes.upstream.chunks import ChunkMapper
+from edge.nodes.upstream.load import SOURCES
+from edge.nodes.upstream.loadpoll import LoadPoll, metrics_url
 from edge.nodes.upstream.request import chat_request_body
 from edge.nodes.upstream.sse import SSEDecoder
 from edge.observe.tracing import Tracing, inject, set_error
@@ -84,6 +94,9 @@ class UpstreamNode(NodeService):
         logprobs: whether Describe says the models give token logprobs
             (False for an upstream that cannot: the edge then refuses such
             requests with a 400 instead of answering without them).
+        load_source: how the upstream's `/metrics` is read: `auto` (by its
+            metric prefix), `vllm`, `sglang`, `llamacpp`, or `none` (not read).
+        load_interval_s: seconds between reads of `/metrics` (0: not read).
     """
 
     def __init__(
@@ -97,7 +110,13 @@ class UpstreamNode(NodeService):
         read_timeout_s: float = 600.0,
         logprobs: bool = True,
         tracing: Tracing | None = None,
+        load_source: str = "auto",
+        load_interval_s: float = 1.0,
     ) -> None:
+        if load_source not in SOURCES:
+            raise ValueError(f"load source {load_source!r} is not one of {', '.join(SOURCES)}")
+        if load_interval_s < 0:
+            raise ValueError(f"load interval must be 0 (off) or more, not {load_interval_s}")
         super().__init__(name, runs_log, tracing=tracing)
         self._logprobs = logprobs
         self.upstream = normalize_upstream(upstream)
@@ -111,21 +130,51 @@ class UpstreamNode(NodeService):
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
         self._models: list[tuple[str, str]] = []
+        # Each model's context length, where the upstream's /models says it.
+        self._context: dict[str, int] = {}
         self._models_at = -MODELS_TTL_S
         self._models_lock = asyncio.Lock()
         self._work: set[asyncio.Task[None]] = set()  # strong references until done
+        self.load_poll: LoadPoll | None = None
+        if load_source != "none" and load_interval_s > 0:
+            self.load_poll = LoadPoll(
+                self._client,
+                metrics_url(self.upstream),
+                source=load_source,
+                interval_s=load_interval_s,
+                on_change=self.state_changed,
+                name=name,
+            )
 
     # --- Describe ---------------------------------------------------------------
 
     async def describe(self, message: pb.DescribeRequest) -> pb.DescribeResponse:
+        """The models, and the load: read from the first Describe (or Watch) on, so a
+        node nobody asks asks its upstream nothing; until the first read, unset."""
+        if self.load_poll is not None:
+            self.load_poll.start()
         models = await self.models()
-        return pb.DescribeResponse(
+        described = pb.DescribeResponse(
             node_name=self.name,
             models=[
-                pb.ModelInfo(id=m, owned_by=owner, logprobs=self._logprobs) for m, owner in models
+                pb.ModelInfo(
+                    id=m,
+                    owned_by=owner,
+                    logprobs=self._logprobs,
+                    max_context_tokens=self._context.get(m),
+                )
+                for m, owner in models
             ],
             active_runs=self.active_runs,
         )
+        load = self.load_poll.load if self.load_poll is not None else None
+        if load is not None:
+            own_running = max(0, self.active_runs - (load.waiting or 0))
+            described.active_runs = max(load.running or 0, own_running)
+            described.waiting_runs = load.waiting
+            described.kv_cache_tokens = load.kv_cache_tokens
+            described.kv_cache_used_tokens = load.kv_cache_used_tokens
+        return described
 
     async def models(self) -> list[tuple[str, str]]:
         """(id, owned_by) per model; GRPCError UNAVAILABLE while the upstream is not healthy."""
@@ -146,6 +195,8 @@ class UpstreamNode(NodeService):
                 Status.UNAVAILABLE, f"upstream {url} is unreachable: {_reason(exc)}"
             ) from None
         configured = [(m, "") for m in self._configured]
+        if response.status_code == 200:
+            self._context = context_limits_from_body(response.content)
         # With configured models any answer short of a server error means "up".
         if configured and response.status_code < 500:
             return configured
@@ -310,7 +361,10 @@ class UpstreamNode(NodeService):
             await emit(event)
 
     async def aclose(self) -> None:
-        """Stop the runs still working (their upstream requests close), then the client."""
+        """Stop reading the load and the runs still working (their upstream requests
+        close), then the client."""
+        if self.load_poll is not None:
+            await self.load_poll.aclose()
         for work in self._work:
             _stop(work)
         if self._work:
