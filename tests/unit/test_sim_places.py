@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from edge.nodes.sim.server import Places
+from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.sim.server import Places, SimNode
 
 
 def _run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -124,3 +125,34 @@ def test_a_negative_cap_is_refused() -> None:
     """max_runs below 0 is an error naming it."""
     with pytest.raises(ValueError, match="max_runs"):
         Places(-1)
+
+
+class _Watched(SimNode):
+    """A simulated node that records its load at each `state_changed`."""
+
+    def __init__(self, max_runs: int) -> None:
+        super().__init__(max_runs=max_runs)
+        self.seen: list[tuple[int, int]] = []
+
+    def state_changed(self) -> None:
+        self.seen.append((self.places.playing, self.places.waiting))
+
+
+def test_every_change_of_the_queue_is_told() -> None:
+    """The node calls state_changed when a run starts playing, starts waiting, and when a
+    waiting run leaves the queue: what Watch reports never lags the queue."""
+
+    async def scenario() -> None:
+        node = _Watched(max_runs=1)
+        request = pb.RunRequest(run_id="r", model="sim-echo")
+        await node.hold(request)
+        assert node.seen[-1] == (1, 0)
+        waiting = asyncio.create_task(node.hold(request))
+        await asyncio.sleep(0)
+        assert node.seen[-1] == (1, 1)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert node.seen[-1] == (1, 0)
+        await node.aclose()
+
+    _run(scenario)

@@ -293,7 +293,11 @@ class SimNode(NodeService):
         """Wait for a place (the queue), then for the script's `accept_after_ms`."""
         task = asyncio.current_task()
         assert task is not None
-        await self.places.take(self.state_changed)
+        try:
+            await self.places.take(self.state_changed)
+        except asyncio.CancelledError:
+            self.state_changed()  # it left the queue
+            raise
         self._placed.add(task)
         self.state_changed()
         delay_s = _accept_delay_s(request, self.name)
