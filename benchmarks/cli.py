@@ -3,7 +3,8 @@
 The flags are in `benchmarks.flags`; the main run's summary and tables in
 `benchmarks.summary`. Here: the machine's description, the temporary directory, and one
 command per mode (the main run, `--ab`, `--peers-only`, `--overload-only`,
-`--workers-only`, `--tracing-only`), each writing its JSON and printing its tables.
+`--workers-only`, `--tracing-only`, `--control-plane-only`), each writing its JSON and
+printing its tables.
 """
 
 from __future__ import annotations
@@ -267,6 +268,20 @@ def main_tracing(args: argparse.Namespace, settings: Settings) -> int:
     return _only(args, settings, "tracing", tracing_run, render_tracing)
 
 
+def control_plane_run(args: argparse.Namespace, tmp: Path, clients: int) -> dict[str, Any]:
+    """The control-plane cost, on processes of its own (no load generator)."""
+    from benchmarks.controlplane import QUICK, ControlPlaneSettings, measure_control_plane
+
+    return measure_control_plane(tmp, QUICK if args.quick else ControlPlaneSettings())
+
+
+def main_control_plane(args: argparse.Namespace, settings: Settings) -> int:
+    """`--control-plane-only`: the control-plane cost; writes control-plane.json."""
+    from benchmarks.controlplane import render_control_plane
+
+    return _only(args, settings, "control-plane", control_plane_run, render_control_plane)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from(args)
@@ -285,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         return main_workers(args, settings)
     if args.tracing_only:
         return main_tracing(args, settings)
+    if args.control_plane_only:
+        return main_control_plane(args, settings)
     if args.ab:
         return main_ab(args, settings)
     if args.peers_only:
@@ -310,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             result["workers"] = workers_run(args, tmp, settings.clients)
         if not args.no_tracing:
             result["tracing"] = tracing_run(args, tmp, settings.clients)
+        if not args.no_control_plane:
+            result["control_plane"] = control_plane_run(args, tmp, settings.clients)
         if args.peers or args.litellm:
             result["peers"] = peers(args, settings, tmp)
     _write(args.out, result, started)
@@ -324,5 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.tracing import render_tracing
 
         print("\n" + "\n".join(render_tracing(result["tracing"])))
+    if "control_plane" in result:
+        from benchmarks.controlplane import render_control_plane
+
+        print("\n" + "\n".join(render_control_plane(result["control_plane"])))
     print(f"\nwritten: {args.out}")
     return 0

@@ -12,7 +12,9 @@ Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--cl
 the peer tool with LiteLLM and SMG; it installs both into ~/.cache) and `--ab REV`
 (A/B against a git revision), `--workers-only` / `--no-workers` (throughput by worker
 count, `benchmarks.workers`), `--tracing-only` / `--no-tracing` (the edge's CPU per
-request and per chunk with tracing off and on, `benchmarks.tracing`).
+request and per chunk with tracing off and on, `benchmarks.tracing`),
+`--control-plane-only` / `--no-control-plane` (the edge's CPU per node to know its
+nodes' state, Watch against Describe polling, `benchmarks.controlplane`).
 """
 
 from __future__ import annotations
@@ -126,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the tracing cost (off and on, side by side); writes results/tracing.json",
     )
     p.add_argument("--no-tracing", action="store_true", help="leave the tracing cost run out")
+    p.add_argument(
+        "--control-plane-only",
+        action="store_true",
+        help="only the control-plane cost (Watch against Describe polling, N = 10, 100, 300 "
+        "nodes); writes results/control-plane.json",
+    )
+    p.add_argument(
+        "--no-control-plane", action="store_true", help="leave the control-plane cost run out"
+    )
     return p
 
 
