@@ -134,7 +134,15 @@ class EventBuffer:
     # --- producer (the node's read loop) ----------------------------------------
 
     def put_nowait(self, item: Item) -> bool:
-        """Queue `item` if both bounds leave room; False when the caller must `put`."""
+        """Queue `item` if both bounds leave room; False when the caller must `put`.
+
+        Once the consumer is gone (`abort`), items are dropped (a terminal noted):
+        a run whose client left reads on only to see whether its terminal comes.
+        """
+        if self._aborted:
+            if type(item) in _TERMINAL_EVENTS:
+                self.terminal = True
+            return True
         size = len(item.text) if type(item) in _TEXT_EVENTS else _size(item)  # type: ignore[union-attr]
         held = self._chars
         if held and held + size > self._max_chars:

@@ -8,7 +8,9 @@ read by one task in the caller's nursery (the run's own request scope).
 idempotent, first cause wins. CancelRun is sent from exactly one place, the
 read task's cleanup, and only when the node did not end the run itself: a
 run whose terminal event reached the edge is finished, even if nobody read
-that event yet.
+that event yet. A run whose client left first reads on a little (`settling`:
+a few passes of the asyncio loop, bounded), so that a terminal the node had
+already sent, still in the connection, ends it as the node ended it.
 """
 
 from __future__ import annotations
@@ -120,6 +122,24 @@ class RunHandle:
             self.cause = EndCause(cause)
         self._scope.cancel()
         self.events.abort()
+
+    def settling(self) -> bool:
+        """The read task was cancelled: whether its read goes on a little first
+        (`edge.node.grpc.SETTLE_PASSES`), to take what the node already sent.
+
+        Yes when the run's client left (CLIENT_GONE, or the request was cut
+        from outside before its deadline): a run whose terminal was on its way
+        ends as the node ended it, without a CancelRun. No for a deadline, a
+        slow client or shutdown: those end the run at once. Settling, nobody
+        reads the events any more: they are dropped as they come.
+        """
+        if self.cause is None:
+            settles = trio.current_time() < self._scope.deadline
+        else:
+            settles = self.cause is EndCause.CLIENT_GONE
+        if settles:
+            self.events.abort()
+        return settles
 
 
 class NodeClient(Protocol):
@@ -260,7 +280,9 @@ class GrpcNodeClient:
         try:
             with handle._scope:
                 try:
-                    await call_asyncio(self._grpc.read_run, request, events, metadata)
+                    await call_asyncio(
+                        self._grpc.read_run, request, events, metadata, settles=handle.settling
+                    )
                 except EdgeError as exc:
                     handle.error = _detached(exc)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -38,6 +38,15 @@ _H2_CONFIG = Configuration(
     http2_stream_window_size=256 * 1024,
 )
 T = TypeVar("T")
+# A run given up because its client left reads on for this many passes of the
+# asyncio loop, at most SETTLE_S, before its stream is reset (`GrpcNode.read_run`).
+# A pass runs every callback queued before it: the first hands over what grpclib
+# already holds, the next ones what the socket held, once the loop reads it. On
+# an idle edge four passes take microseconds; a loaded one runs one callback per
+# trio scheduler pass (trio-asyncio), behind every stream's, so a pass takes as
+# long as the backlog of the loop.
+SETTLE_PASSES = 4
+SETTLE_S = 0.25
 _CONNECT_ERRORS = (OSError, asyncio.TimeoutError, ConnectionError)
 
 
@@ -99,6 +108,21 @@ def translate_error(exc: BaseException, *, accepted: bool, address: str) -> Edge
     return NodeFailedError(f"node {address} stream broke: {exc or type(exc).__name__}")
 
 
+async def settle_read(reading: asyncio.Task[None], passes: int) -> None:
+    """Let `reading` go on for `passes` passes of the loop (at most SETTLE_S), then
+    cancel it if it is not over; returns once it is (its stream closed or reset)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + SETTLE_S
+    for _ in range(passes):
+        if reading.done() or loop.time() >= until:
+            break
+        await asyncio.sleep(0)  # behind every callback queued so far
+    reading.cancel()
+    await asyncio.wait((reading,))
+    if not reading.cancelled():
+        reading.exception()  # retrieved: the run was given up, its error says nothing more
+
+
 @dataclass(slots=True)
 class _PooledChannel:
     channel: Channel
@@ -150,6 +174,8 @@ class GrpcNode:
         request: pb.RunRequest | EncodedRunRequest,
         sink: EventSink,
         metadata: Mapping[str, str] | None = None,
+        *,
+        settles: Callable[[], bool] = lambda: False,
     ) -> None:
         """Run `request` on the node, putting ACCEPTED and then each event into `sink`.
 
@@ -158,7 +184,29 @@ class GrpcNode:
         Returns once the node sent its terminal event (complete, error,
         cancelled). Raises an EdgeError when the node cannot be reached, the
         stream breaks, or it ends without a terminal event.
+
+        Cancelled while `settles()` says so (the run's client left), the read
+        goes on for SETTLE_PASSES passes of this loop (at most SETTLE_S) before
+        the stream is reset: what the node sent before the edge gave up (in the
+        connection's socket or grpclib's buffers, read and handed over in the
+        loop's order) is taken, and a run whose terminal was on its way is over,
+        not cancelled. Cancelled otherwise, the stream is reset at once.
         """
+        reading = asyncio.ensure_future(self._read_run(request, sink, metadata))
+        try:
+            await asyncio.shield(reading)
+        except asyncio.CancelledError:
+            await settle_read(reading, SETTLE_PASSES if settles() else 0)
+            raise
+
+    async def _read_run(
+        self,
+        request: pb.RunRequest | EncodedRunRequest,
+        sink: EventSink,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        """The read loop of `read_run`, a task of its own: cancelling the caller
+        does not cut it (between a message's header and its body)."""
         pooled = self._acquire()
         accepted = False
         terminal = False

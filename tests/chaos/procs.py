@@ -9,6 +9,7 @@ wait here is bounded in time; nothing listens beyond 127.0.0.1.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -38,9 +39,14 @@ class ProcessError(RuntimeError):
     """A process of the run did not start, or died when it should not have."""
 
 
-async def _open(argv: list[str], out: Path) -> trio.Process:
+async def _open(argv: list[str], out: Path, source: Path | None = None) -> trio.Process:
+    """Start `argv` with its output to `out`; with `source`, its `edge` package is the one
+    in that checkout (its working directory and first on PYTHONPATH: an A/B run)."""
+    env = None
+    if source is not None:
+        env = {**os.environ, "PYTHONPATH": str(source)}
     with out.open("ab") as sink:
-        return await trio.lowlevel.open_process(argv, stdout=sink, stderr=sink)
+        return await trio.lowlevel.open_process(argv, stdout=sink, stderr=sink, env=env, cwd=source)
 
 
 async def stop_process(process: trio.Process | None, sig: int = signal.SIGTERM) -> int | None:
@@ -174,6 +180,8 @@ class EdgeProcess:
     timeouts: dict[str, float] | None = field(default_factory=lambda: dict(CHAOS_TIMEOUTS))
     # More config tables, appended to the generated config.toml.
     extra_config: str = ""
+    # A checkout whose edge runs instead of this tree's (an A/B run); None: this tree's.
+    source: Path | None = None
 
     def __post_init__(self) -> None:
         self.log = self.workdir / "edge.log"
@@ -197,7 +205,7 @@ class EdgeProcess:
                 )
             )
             argv = [sys.executable, "-m", "edge", "--config", str(config)]
-            self.process = await _open(argv, self.log)
+            self.process = await _open(argv, self.log, self.source)
             if await self._ready():
                 return
             await stop_process(self.process, signal.SIGKILL)
