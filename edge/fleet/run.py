@@ -131,9 +131,8 @@ START_FAILURES: tuple[tuple[type[EdgeError], str], ...] = (
 # The reasons a run ended before any output that another node may do better on (an
 # overloaded node's 429 among them; never a refusal: every node would refuse alike).
 RETRYABLE = frozenset(
-    {"unavailable", "accept_timeout", "start_failed", "error_event", "stream_broken",
-     "overloaded"}
-)  # fmt: skip
+    {"unavailable", "accept_timeout", "start_failed", "error_event", "stream_broken", "overloaded"}
+)
 # Verdicts that say nothing of the node's health (the pool's `run_refused`): the node
 # refused the request (4xx: the request's fault) or was overloaded (429).
 REFUSALS = frozenset({"refused", "overloaded"})

@@ -8,6 +8,9 @@ serialized RunRequest, the node client) or by cancelling the caller there; after
 the request's scope is over every node's `in_flight` is 0. The steps a real node
 can fail (refused, no accept, an error event, a broken stream) are in
 tests/integration/test_hostile_runstart_e2e.py.
+
+The same fakes play a node that refuses the request (a 4xx error event) or is
+overloaded (a 429): which node answers, and what the breakers make of it.
 """
 
 from __future__ import annotations
