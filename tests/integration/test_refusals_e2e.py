@@ -71,8 +71,8 @@ BUSY = json.dumps({"error": {"message": BUSY_WORDS, "type": "rate_limit_error"}}
 @dataclass
 class MockUpstream:
     """An OpenAI-compatible server: a model named in `errors` gets that (status, body),
-    any other a short streamed answer ("fine"). Counts the chat completions asked of it,
-    by model."""
+    any other a short streamed answer ("fine"); a path other than its model list and
+    chat completions is a 404. Counts the chat completions asked of it, by model."""
 
     errors: dict[str, tuple[int, bytes]]
     url: str = ""
@@ -103,6 +103,8 @@ async def _serve(upstream: MockUpstream, stream: trio.SocketStream) -> None:
                 if request.target == b"/v1/models":
                     models = [{"id": m, "object": "model"} for m in upstream.errors]
                     events = _whole(200, json.dumps({"object": "list", "data": models}).encode())
+                elif request.target != b"/v1/chat/completions":  # its /metrics, say: none
+                    events = _whole(404, b'{"detail":"Not Found"}')
                 else:
                     model = json.loads(body)["model"]
                     upstream.requests[model] += 1
