@@ -116,6 +116,14 @@ class OverloadedError(EdgeError):
         self.retry_after_s = retry_after_s
 
 
+class NodeRateLimitedError(EdgeError):
+    """Every node tried for the run was overloaded (its model server answered 429): the
+    caller should retry after a moment (the Retry-After header)."""
+
+    status = 429
+    type = "rate_limit_exceeded"
+
+
 class ShuttingDownError(EdgeError):
     """The edge is draining and takes no new requests."""
 

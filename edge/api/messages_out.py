@@ -59,6 +59,7 @@ def anthropic_error(status: int, edge_type: str, message: str) -> tuple[int, dic
     """An edge error as Anthropic's (status, body): `{"type": "error", "error": {...}}`.
 
     `overloaded` (every node slot taken) is Anthropic's 529 `overloaded_error`;
+    another 4xx (a node's refusal) is `invalid_request_error` with its status;
     other server-side errors keep the edge's status as `api_error`. The message
     names the edge's own error type, so nothing of it is lost.
     """
@@ -66,6 +67,8 @@ def anthropic_error(status: int, edge_type: str, message: str) -> tuple[int, dic
         kind, status = "overloaded_error", 529
     elif status in _BY_STATUS:
         kind, status = _BY_STATUS[status]
+    elif 400 <= status <= 499:  # another status of the request's fault (a node's refusal)
+        kind = "invalid_request_error"
     else:
         kind = "api_error"
     text = message if edge_type in ("invalid_request_error", "") else f"{edge_type}: {message}"
@@ -131,7 +134,8 @@ class MessagesRenderer:
                 self._emit("message_stop")
             elif isinstance(event, ErrorOut):
                 self.error = event
-                _, body = anthropic_error(self._status_of(event.type), event.type, event.message)
+                status = event.status or self._status_of(event.type)
+                _, body = anthropic_error(status, event.type, event.message)
                 self._emit("error", error=body["error"])
 
     @property

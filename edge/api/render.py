@@ -91,9 +91,9 @@ def logprobs_object(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def error_frame(error_type: str, message: str) -> bytes:
+def error_frame(error_type: str, message: str, code: str | None = None) -> bytes:
     """A mid-stream error: the same OpenAI error object a JSON answer carries."""
-    return b"data: " + _encode(error_object(error_type, message)) + b"\n\n"
+    return b"data: " + _encode(error_object(error_type, message, code=code)) + b"\n\n"
 
 
 class SSEEncoder:
@@ -160,7 +160,7 @@ class SSEEncoder:
                 frame += self._usage_head + _encode(usage_dict(event.usage)) + b"}\n\n"
             return frame + DONE
         if isinstance(event, ErrorOut):
-            return error_frame(event.type, event.message)
+            return error_frame(event.type, event.message, event.code)
         raise TypeError(f"not an output event: {event!r}")
 
 

@@ -37,6 +37,13 @@ _encode = msgspec.json.encode
 _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
+def _error(error: ErrorOut | None) -> dict[str, Any] | None:
+    """A failed Response's error: its code (a node's refusal's own, else the type)."""
+    if error is None:
+        return None
+    return {"code": error.code or error.type, "message": error.message}
+
+
 def responses_usage(usage: Usage | None) -> dict[str, Any]:
     """Node usage as a Response's usage."""
     u = usage or Usage()
@@ -205,7 +212,7 @@ class ResponsesRenderer:
             "object": "response",
             "created_at": self._created,
             "status": status,
-            "error": None if error is None else {"code": error.type, "message": error.message},
+            "error": _error(error),
             "incomplete_details": None if incomplete is None else {"reason": incomplete},
             "model": self._model,
             "output": output,

@@ -92,13 +92,17 @@ class Api:
     def folder(self, request: ApiRequest, answer: Answer) -> Folder:
         return _ChatFolder(answer, logprobs=request.chat.logprobs)
 
-    def error(self, status: int, error_type: str, message: str) -> tuple[int, dict[str, Any]]:
+    def error(
+        self, status: int, error_type: str, message: str, code: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
         """An error as this API's (status, body)."""
-        return status, error_object(error_type, message)
+        return status, error_object(error_type, message, code=code)
 
     def run_error(self, error: ErrorOut) -> tuple[int, dict[str, Any]]:
-        """A run's error as the whole answer: its status and this API's body."""
-        return self.error(status_of(error.type), error.type, error.message)
+        """A run's error as the whole answer: its status (a node's refusal: the node's)
+        and this API's body."""
+        status = error.status or status_of(error.type)
+        return self.error(status, error.type, error.message, error.code)
 
 
 class _ChatStreamer(SSEEncoder):
@@ -153,8 +157,10 @@ class MessagesApi(Api):
     def folder(self, request: ApiRequest, answer: Answer) -> Folder:
         return _MessagesOut(answer.run_id, answer.model, status_of=status_of)
 
-    def error(self, status: int, error_type: str, message: str) -> tuple[int, dict[str, Any]]:
-        return anthropic_error(status, error_type, message)
+    def error(
+        self, status: int, error_type: str, message: str, code: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        return anthropic_error(status, error_type, message)  # Anthropic's errors have no code
 
 
 class _MessagesOut(MessagesRenderer):

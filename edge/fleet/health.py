@@ -17,9 +17,11 @@ Two parts, one state shown (`state`):
   (no new runs); `cooldown_s` later it is half-open: one probe run may start;
   a run that succeeds closes it, one that fails opens it again. A probe whose
   verdict never comes (its caller left before the first event) frees the
-  probe after another `cooldown_s`. A node that comes back up from down has
-  its breaker closed and its count reset: its failures were those of the
-  process that died (its own failures open the breaker again).
+  probe after another `cooldown_s`; one the node refused (4xx) or was too
+  busy for (429) frees it at once (neither counts either way). A node that
+  comes back up from down has its breaker closed and its count reset: its
+  failures were those of the process that died (its own failures open the
+  breaker again).
 
 The state shown is `down` when unreachable, else `open`, `half_open` or `up`
 (closed breaker). STATE_VALUES gives the number each has on the
@@ -188,6 +190,16 @@ class NodeHealth:
             self._opened_at = now
             self._probe_taken_at = None
             return True
+        return False
+
+    def run_refused(self, now: float) -> bool:
+        """A run the node refused (4xx: the request's fault) or was too busy for (429):
+        neither a success nor a failure, so the count stands. A half-open probe is freed
+        at once (the node's health is still unknown: the next run probes it) rather than
+        held for a cooldown. True when that frees the probe of a reachable node."""
+        if self.breaker == "half_open" and self._probe_taken_at is not None:
+            self._probe_taken_at = None
+            return self.up
         return False
 
     def advance(self, now: float) -> bool:

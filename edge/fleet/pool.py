@@ -254,6 +254,13 @@ class NodePool:
             )  # fmt: skip
             self._wake()
 
+    def run_refused(self, state: NodeState) -> None:
+        """A run on `state` that the node refused (4xx: the request's fault) or was too
+        busy for (429): nothing for the breaker; a half-open probe is free again."""
+        if state.health.run_refused(self._clock()):
+            self._available()
+            self._wake()
+
     # --- picking a node ----------------------------------------------------------------
 
     def pick(

@@ -25,7 +25,8 @@ idle, total (also the read task's deadline and, converted once, the node's
 buffer's. Leaving the run ends it: if the node did not, its read task is
 cancelled with an `EndCause` and sends the one CancelRun (shielded,
 bounded); the slot is given back (to the next queued request), the node's
-verdict goes to the pool (`run_succeeded` / `run_failed`), and the outcome
+verdict goes to the pool (`run_succeeded` / `run_failed`; `run_refused` for
+a run the node refused or was too busy for), and the outcome
 is fixed, once (`outcome`), and handed to whoever counts it (`on_end`). The
 scope's nursery waits for the read task; then the run is retired. A run
 never outlives its request's scope. It takes what it needs of the fleet as
@@ -127,10 +128,14 @@ START_FAILURES: tuple[tuple[type[EdgeError], str], ...] = (
     (NodeTimeoutError, "accept_timeout"),
     (NodeFailedError, "start_failed"),
 )
-# The reasons a run ended before any output that another node may do better on.
+# The reasons a run ended before any output that another node may do better on (an
+# overloaded node's 429 among them; never a refusal: every node would refuse alike).
 RETRYABLE = frozenset(
-    {"unavailable", "accept_timeout", "start_failed", "error_event", "stream_broken"}
+    {"unavailable", "accept_timeout", "start_failed", "error_event", "stream_broken", "overloaded"}
 )
+# Verdicts that say nothing of the node's health (the pool's `run_refused`): the node
+# refused the request (4xx: the request's fault) or was overloaded (429).
+REFUSALS = frozenset({"refused", "overloaded"})
 
 
 class Run:
@@ -213,8 +218,9 @@ class Run:
         # Whether output beyond the role chunk was taken (see `first_batch`).
         self.output_seen = False
         # What the run says of its node, once its outcome is fixed: a failure reason
-        # (START_FAILURES, "error_event", "stream_broken", "timeout"), "ok", or None
-        # (nothing: the caller left, or its request was refused).
+        # (START_FAILURES, "error_event", "stream_broken", "timeout"), "ok", a refusal
+        # of the node's (REFUSALS), or None (nothing: the caller left, or the edge
+        # refused the request).
         self.verdict: str | None = None
 
     # --- the run's life -------------------------------------------------------------
@@ -348,6 +354,11 @@ class Run:
             pool = start.services.pool
             if self.verdict == "ok":
                 pool.run_succeeded(start.node)
+            elif self.verdict in REFUSALS:
+                pool.run_refused(start.node)
+                start.services.metrics.run_refusals.labels(
+                    self.info.node, str(outcome.node_status)
+                ).inc()
             elif self.verdict is not None and not self.output_seen:
                 # A failure after output says more of the run than of the node (the
                 # node served it until then), and a client can script one: the
@@ -370,6 +381,8 @@ class Run:
         if outcome.status == "error":
             if not outcome.usage_sample:
                 return "stream_broken"
+            if outcome.node_status:  # the node's refusal (4xx) or overload (429)
+                return "overloaded" if outcome.node_status == 429 else "refused"
             # The node's error event, or a run it ended unfinished; anything else
             # (tool validation, output past the edge's cap) is the answer's, not the node's.
             return "error_event" if outcome.error_type == NodeFailedError.type else "ok"

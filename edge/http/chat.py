@@ -16,8 +16,9 @@ left (even before quart began the body), or the connection was cut.
 The status is committed at the first byte: the handler returns only once
 the answer's first output (or first keep-alive comment) is ready. A run that
 failed before it, after every retry, is a real status with an OpenAI error
-body (`edge.errors.status_of` of its type), never 200 and an error frame; a
-request no node slot was found for in time is 503 `overloaded`.
+body (`edge.errors.status_of` of its type; a node's refusal: the node's
+status), never 200 and an error frame; a request no node slot was found for
+in time is 503 `overloaded`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from edge.api.footprint import footprint
 from edge.api.request import ChatRequest
 from edge.api.surfaces import CHAT, Answer, Api, ApiRequest, Folder, Streamer
 from edge.config import Config
-from edge.errors import RequestError
+from edge.errors import NodeRateLimitedError, RequestError
+from edge.fleet.admission import RETRY_AFTER_S
 from edge.fleet.failover import Committed
 from edge.fleet.fleet import Fleet
 from edge.fleet.modelpolicy import forwarded_request, session_settings
@@ -233,10 +235,14 @@ class Prepared:
 
 
 def _error_answer(api: Api, error: ErrorOut, request_id: str) -> Response:
-    """A run's error as the whole answer: its status and the API's error object."""
+    """A run's error as the whole answer: its status and the API's error object (a
+    node's refusal: the node's status and words; every node overloaded: 429 with
+    Retry-After)."""
     status, body = api.run_error(error)
     response = Response(msgspec.json.encode(body), status=status, content_type="application/json")
     response.headers["X-Request-Id"] = request_id
+    if status == NodeRateLimitedError.status:
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
 

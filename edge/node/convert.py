@@ -44,6 +44,11 @@ __all__ = [
     "run_request_from_chat",
 ]
 
+# The most of an error's `error` and `message` kept, in characters: a node is not
+# trusted, and the caller may be shown them (a refusal's words, a run_error's reason).
+# Cut, never added to: what the caller sees is always what the node sent.
+MAX_FAILURE_CHARS = 2048
+
 # A RunEvent carrying only `type` and `delta`, serialized in field order, starts
 # with one of these; its bytes are decoded by hand (most events of a stream).
 _DELTA_PREFIX = b"\x0a\x05delta\x12"
@@ -95,8 +100,13 @@ def event_from_pb(message: pb.RunEvent) -> NodeEvent | None:
             ),
         )
     if kind == "error" or kind == "cancelled":
+        status = message.http_status
         return Failed(
-            kind=kind, error=message.error, message=message.message, usage=_usage(message.usage)
+            kind=kind,
+            error=message.error[:MAX_FAILURE_CHARS],
+            message=message.message[:MAX_FAILURE_CHARS],
+            usage=_usage(message.usage),
+            http_status=status if 100 <= status <= 599 else 0,
         )
     return None
 

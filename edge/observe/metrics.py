@@ -167,6 +167,14 @@ class EdgeMetrics:
             ["node", "kind"],
             registry=r,
         )
+        self.run_refusals = Counter(
+            "iop_edge_run_refusals",
+            "Runs a node refused, by the HTTP status it gave: 4xx but 408 and 429, the"
+            " request's fault (answered with that status, not retried); 429, the node"
+            " overloaded (tried on another node). Neither is a node error nor counts on"
+            " its circuit breaker.",
+            ["node", "status"], registry=r,
+        )  # fmt: skip
 
         # Fleet health and admission (issue 14). The pool sets node_state (its values:
         # edge.fleet.health.STATE_VALUES); the run side and the admission queue the rest.

@@ -72,19 +72,57 @@ class Complete:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
+# The longest machine-readable code of a refusal the caller is shown (`Failed.code`).
+MAX_CODE_CHARS = 64
+_CODE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
+
+
+def failure_class(kind: str, http_status: int) -> Literal["refused", "overloaded", "failed"]:
+    """What an ended run says, by the HTTP status its node gave (the contract's table).
+
+    An `error` with 400-499 but 408 and 429 is a refusal: the request is at
+    fault (the node is fine; another node would answer the same). 429: the node
+    is overloaded (another node may take the run). Anything else (no status, 408,
+    5xx, a status that is no HTTP error, a `cancelled` run) is the node's failure.
+    """
+    if kind != "error" or not 400 <= http_status <= 499 or http_status == 408:
+        return "failed"
+    return "overloaded" if http_status == 429 else "refused"
+
+
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The run ended with `error` or `cancelled` on the node's side."""
+    """The run ended with `error` or `cancelled` on the node's side.
+
+    `http_status`: the status the node's model server gave for an `error`
+    (0: none); `failure_class` says what it makes of the run. A refusal's
+    (or an overload's) `error` may be a machine-readable code and its
+    `message` the model server's own words (`code`, `words`)."""
 
     kind: Literal["error", "cancelled"]
     error: str = ""
     message: str = ""
     usage: Usage | None = None
+    http_status: int = 0
 
     @property
     def reason(self) -> str:
         """The text a caller sees: error, else message, else "run failed"."""
         return self.error or self.message or "run failed"
+
+    @property
+    def words(self) -> str:
+        """A refusal's text for the caller: the model server's message, else the error."""
+        return self.message or self.error or "the node refused the request"
+
+    @property
+    def code(self) -> str | None:
+        """A refusal's machine-readable code: `error` when the message says the rest and
+        `error` is a short token (letters, digits, `_.:-`); else None."""
+        code = self.error
+        if not self.message or not code or len(code) > MAX_CODE_CHARS:
+            return None
+        return code if all(c in _CODE_CHARS for c in code) else None
 
 
 NodeEvent = Delta | LogprobDelta | ReasoningDelta | Complete | Failed

@@ -55,10 +55,16 @@ class FinishOut:
 
 @dataclass(frozen=True, slots=True)
 class ErrorOut:
-    """Terminal failure as the caller sees it: an error frame (or error response)."""
+    """Terminal failure as the caller sees it: an error frame (or error response).
+
+    `status`: the HTTP status it stands for when the type does not say it (a
+    node's refusal, 4xx, or overload, 429: the node's status); 0: the type's
+    (`edge.errors.status_of`). `code`: the error object's `code` (None: null)."""
 
     type: str
     message: str
+    status: int = 0
+    code: str | None = None
 
 
 OutEvent = (
@@ -88,3 +94,6 @@ class Outcome:
     # What the returned tool calls break (the report mode); counted and logged by the
     # HTTP layer, never here.
     tool_violations: tuple[Violation, ...] = ()
+    # The HTTP status of the node's refusal (4xx) or overload (429) that ended the run
+    # (`edge.stream.events.failure_class`); 0: neither.
+    node_status: int = 0

@@ -5,7 +5,7 @@ how each node event flows through the filters (sentinels, think blocks, tool
 calls written as text) into content and reasoning, and the finish: the
 answer's tool calls, the strict output check, the placeholder for a run that
 only reasoned. What it keeps, how that is built, and its single terminal
-(`finish`, `fail`, `fail_stream` or `cancel`) are its base's,
+(`finish`, `fail`, `refuse`, `fail_stream` or `cancel`) are its base's,
 `edge.stream.sessionstate.SessionState`: once a terminal is reached, further
 events are ignored and further terminal attempts are no-ops, by
 construction. The decisions made once at the end are
@@ -25,6 +25,7 @@ gets the rest applied first, in that one step.
 
 from __future__ import annotations
 
+from edge.errors import NodeFailedError, NodeRateLimitedError, RequestError
 from edge.stream.events import (
     Complete,
     Delta,
@@ -33,6 +34,7 @@ from edge.stream.events import (
     NodeEvent,
     ReasoningDelta,
     Usage,
+    failure_class,
 )
 from edge.stream.finish import finish_of
 from edge.stream.logprobs import MAX_LOGPROB_ENTRIES
@@ -124,7 +126,7 @@ class StreamSession(SessionState):
         elif type(event) is Complete:
             self._finish(event)
         elif type(event) is Failed:
-            self.fail("run_error", event.reason)
+            self._failed(event)
         elif type(event) is LogprobDelta:
             if self._lp is not None:  # else the caller did not ask: text only
                 self._add_logprobs(event)  # anchored where they fall: the slices follow
@@ -133,6 +135,16 @@ class StreamSession(SessionState):
         return self.outcome is not None or self._rest != ""
 
     # --- events -----------------------------------------------------------------
+
+    def _failed(self, event: Failed) -> None:
+        """The node's error or cancelled event: its failure, or its refusal (the node's
+        status and words, for the caller) or overload (429), as its status says."""
+        kind = failure_class(event.kind, event.http_status)
+        if kind == "failed":
+            self.fail(NodeFailedError.type, event.reason)
+        else:
+            error_type = RequestError.type if kind == "refused" else NodeRateLimitedError.type
+            self.refuse(event.http_status, error_type, event.words, event.code)
 
     def _on_delta(self, source: str) -> None:
         if not source:

@@ -2,7 +2,7 @@
 
 This module owns what one stream keeps (its accumulators, filters and
 counters, each present only when a feature reads it), the one terminal
-(`fail`, `fail_stream`, `cancel`: a second attempt is a no-op, by
+(`fail`, `refuse`, `fail_stream`, `cancel`: a second attempt is a no-op, by
 construction), the cap on an answer held whole, and the trace records.
 `SessionState` is the base of `edge.stream.session.StreamSession`, which
 applies the node's events to this state: the per-delta path lives there; what
@@ -151,6 +151,20 @@ class SessionState:
         ):
             self.out.append(ErrorOut(error_type, message))
             self._trace_event("error", {"error_type": error_type})
+
+    def refuse(self, status: int, error_type: str, message: str, code: str | None) -> None:
+        """Terminal: the node refused the run (4xx, the request's fault) or was overloaded
+        (429). An error frame (or response) with the node's status; no node error."""
+        if self._terminate(
+            Outcome(
+                "error",
+                error_type=error_type,
+                reasoning_chars=self._reasoning_chars(),
+                node_status=status,
+            )
+        ):
+            self.out.append(ErrorOut(error_type, message, status, code))
+            self._trace_event("error", {"error_type": error_type, "http_status": status})
 
     def fail_stream(self, error_type: str, message: str) -> None:
         """Terminal: the run's event stream broke. An error frame, no usage sample."""

@@ -274,28 +274,32 @@ async def test_server_that_does_not_stream(replay_edge: RunningEdge) -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "expected", "before_output"),
+    ("model", "expected", "status"),
     [
-        ("vllm-too-long", "upstream returned 400: This model's maximum context length", True),
-        ("llamacpp-loading", "upstream returned 503: Loading model", True),
-        ("ollama-missing", 'upstream returned 404: model "llama3.2" not found', True),
-        ("stream-error", "upstream error: The engine died unexpectedly. (code 500)", False),
-        ("truncated", "upstream stream ended early", False),
-        ("abort", "upstream stream ended early", False),
-        ("web-ui", "upstream answered text/html, not an event stream: '<!doctype html>", True),
+        ("vllm-too-long", "This model's maximum context length", 400),
+        ("llamacpp-loading", "upstream returned 503: Loading model", 502),
+        ("ollama-missing", 'model "llama3.2" not found', 404),
+        ("stream-error", "upstream error: The engine died unexpectedly. (code 500)", None),
+        ("truncated", "upstream stream ended early", None),
+        ("abort", "upstream stream ended early", None),
+        ("web-ui", "upstream answered text/html, not an event stream: '<!doctype html>", 502),
     ],
 )
 async def test_upstream_failures_are_error_frames(
-    replay_edge: RunningEdge, model: str, expected: str, before_output: bool
+    replay_edge: RunningEdge, model: str, expected: str, status: int | None
 ) -> None:
     """Error statuses, in-stream errors and broken streams end in one error frame that
-    quotes the upstream; nothing hangs. A failure before any output is not 200 and a
-    frame but a real status (502) with the same error."""
+    quotes the upstream; nothing hangs. A failure before any output (`status`) is not
+    200 and a frame but a real status with the same error: 502, or the upstream's own
+    for a request it refused (400, 404), with its words as they are."""
     async with httpx.AsyncClient(base_url=replay_edge.url, timeout=WAIT_S) as client:
         response = await client.post("/v1/chat/completions", json=_chat(model, stream=True))
-    if before_output:
-        assert response.status_code == 502, response.text
-        assert expected in response.json()["error"]["message"]
+    if status is not None:
+        assert response.status_code == status, response.text
+        message = response.json()["error"]["message"]
+        assert expected in message
+        if status != 502:
+            assert message.startswith(expected)
         return
     payloads = _sse_payloads(response.content)
     assert b"data: [DONE]" not in response.content

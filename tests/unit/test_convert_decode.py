@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.node.convert import (
+    MAX_FAILURE_CHARS,
     REASON_CHARS,
     SKIP,
     Refused,
@@ -16,7 +17,7 @@ from edge.node.convert import (
     decode_run_event,
     event_from_pb,
 )
-from edge.stream.events import Complete, Delta, ReasoningDelta
+from edge.stream.events import Complete, Delta, Failed, ReasoningDelta
 
 _TYPES = st.sampled_from(["delta", "reasoning_delta", "complete", "error", "cancelled", "x", ""])
 
@@ -167,3 +168,23 @@ def test_bytes_that_are_no_run_event_are_refused_not_raised() -> None:
     refused = RunEventDecoder.FromString(garbage)
     assert isinstance(refused, Refused)
     assert len(refused.reason) < REASON_CHARS + 100
+
+
+@given(
+    st.integers(min_value=0, max_value=2**32 - 1), st.text(max_size=3000), st.text(max_size=3000)
+)
+def test_an_error_event_is_bounded_and_its_status_an_http_one(
+    status: int, error: str, message: str
+) -> None:
+    """A node's error event reaches the core with its error and message cut (never added
+    to) at MAX_FAILURE_CHARS, and its http_status kept only when it is an HTTP status
+    (100-599; else 0, a node failure)."""
+    event = decode_run_event(
+        bytes(pb.RunEvent(type="error", error=error, message=message, http_status=status))
+    )
+    assert event == Failed(
+        "error",
+        error[:MAX_FAILURE_CHARS],
+        message[:MAX_FAILURE_CHARS],
+        http_status=status if 100 <= status <= 599 else 0,
+    )

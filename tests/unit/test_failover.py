@@ -8,6 +8,9 @@ serialized RunRequest, the node client) or by cancelling the caller there; after
 the request's scope is over every node's `in_flight` is 0. The steps a real node
 can fail (refused, no accept, an error event, a broken stream) are in
 tests/integration/test_hostile_runstart_e2e.py.
+
+The same fakes play a node that refuses the request (a 4xx error event) or is
+overloaded (a 429): which node answers, and what the breakers make of it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from edge.node.bridge import EventBuffer
 from edge.node.client import NodeDescription, RunHandle
 from edge.node.wire import EncodedRunRequest, PreparedRunRequest
 from edge.observe.metrics import EdgeMetrics
+from edge.stream.events import Complete, Delta, Failed, NodeEvent
+from edge.stream.output import ErrorOut
 from edge.stream.session import SessionSettings, StreamSession
 
 REQUEST = parse_chat_request(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
@@ -133,8 +138,8 @@ _CASES: dict[str, tuple[tuple[Start, ...], type[PreparedRunRequest], type[ChatSc
 }  # fmt: skip
 
 
-def _pool(starts: tuple[Start, ...]) -> NodePool:
-    pool = NodePool([_Client(f"n{i}", start) for i, start in enumerate(starts)])
+def _pool(starts: tuple[Start, ...], clock: Callable[[], float] = trio.current_time) -> NodePool:
+    pool = NodePool([_Client(f"n{i}", start) for i, start in enumerate(starts)], clock=clock)
     for state in pool.nodes:
         pool._described(state, NodeDescription(state.client.name, ("m",)))
         state.max_runs = 2
@@ -210,3 +215,87 @@ async def test_a_start_that_failed_keeps_nothing_of_the_request() -> None:
         tracemalloc.stop()
         gc.enable()
     assert held < 1 << 20
+
+
+def _answering(*events: NodeEvent) -> Start:
+    """A node that accepts the run and ends it with `events` (its read task over)."""
+
+    async def start(nursery: trio.Nursery, request: EncodedRunRequest) -> RunHandle:
+        handle = RunHandle(request.run_id, "n", EventBuffer(max_events=16, max_chars=1 << 20))
+        for event in events:
+            assert handle.events.put_nowait(event)
+        handle.finished = True
+        handle.events.close()
+        handle.done.set()
+        return handle
+
+    return start
+
+
+_REFUSAL = Failed("error", "context_length_exceeded", "too long", http_status=400)
+_BUSY = Failed("error", "", "busy", http_status=429)
+_ANSWER = (Delta("hi"), Complete())
+
+
+@pytest.mark.parametrize(
+    ("starts", "answered_by", "terminal"),
+    [
+        # A refusal answers at once: no other node is tried.
+        ((_answering(_REFUSAL), _answering(*_ANSWER)), 0,
+         ErrorOut("invalid_request_error", "too long", 400, "context_length_exceeded")),
+        # 429: another node is tried, and answers.
+        ((_answering(_BUSY), _answering(*_ANSWER)), 1, None),
+        # 429 on every node: the last one's 429 answers.
+        ((_answering(_BUSY), _answering(_BUSY)), 1,
+         ErrorOut("rate_limit_exceeded", "busy", 429, None)),
+    ],
+)  # fmt: skip
+async def test_a_refusal_is_not_retried_an_overload_is_and_no_breaker_counts_them(
+    starts: tuple[Start, ...], answered_by: int, terminal: ErrorOut | None
+) -> None:
+    """A node's refusal (4xx) is the answer, from the first node; its overload (429) is
+    tried on the next node. Neither moves a breaker (no failure counted, none reset), and
+    each refusal is counted by node and status."""
+    pool = _pool(starts)
+    for state in pool.nodes:
+        state.health.run_failures = 2  # failures in a row before: a success would reset them
+    metrics = EdgeMetrics()
+    admission = Admission(pool, AdmissionConfig(), metrics)
+    timeouts = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
+    failover = Failover(Runs(pool, timeouts, metrics, admission), RoutingConfig(retries=2))
+    scope = ChatScope(metrics)
+    async with scope.serve():
+        committed = await failover.start(scope, REQUEST, PreparedRunRequest(b"", "r1"), _session)
+        await committed.run.end()
+    assert committed.run.info.node == f"n{answered_by}"
+    assert committed.error == terminal
+    assert [state.health.run_failures for state in pool.nodes] == [2, 2 if terminal else 0]
+    assert [state.health.breaker for state in pool.nodes] == ["closed", "closed"]
+    assert [state.in_flight for state in pool.nodes] == [0, 0]
+    refusals = metrics.registry.get_sample_value
+    first = 400 if terminal is not None and terminal.status == 400 else 429
+    assert refusals("iop_edge_run_refusals_total", {"node": "n0", "status": str(first)}) == 1
+
+
+async def test_a_refused_probe_frees_the_half_open_node_at_once() -> None:
+    """A half-open node's probe run that the node refuses leaves the breaker half-open
+    with its probe free: the next request probes it at once (no cooldown), and a success
+    closes the breaker."""
+    clock = [0.0]
+    pool = _pool((_answering(_REFUSAL),), clock=lambda: clock[0])
+    (state,) = pool.nodes
+    for _ in range(pool.policy.breaker_failures):
+        pool.run_failed(state, "error_event")
+    clock[0] = pool.policy.cooldown_s
+    metrics = EdgeMetrics()
+    admission = Admission(pool, AdmissionConfig(), metrics)
+    timeouts = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
+    failover = Failover(Runs(pool, timeouts, metrics, admission), RoutingConfig(retries=0))
+    scope = ChatScope(metrics)
+    async with scope.serve():
+        committed = await failover.start(scope, REQUEST, PreparedRunRequest(b"", "r1"), _session)
+        await committed.run.end()
+    assert committed.error is not None
+    assert committed.error.status == 400
+    assert pool.state_of(state) == "half_open"
+    assert state.health.admits(clock[0])

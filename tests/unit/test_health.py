@@ -115,6 +115,28 @@ def test_the_probe_run_decides() -> None:
     assert health.admits(12.6)
 
 
+def test_a_refused_run_counts_neither_way_and_frees_the_probe_at_once() -> None:
+    """A run the node refused (4xx) or was too busy for (429) is neither a success nor a
+    failure: the count of failures in a row stands, the breaker does not move; a
+    half-open probe so answered is free again at once (not after a cooldown), and the
+    next run is the probe."""
+    health = up_node()
+    health.run_failed(1.0)
+    health.run_failed(2.0)
+    assert not health.run_refused(2.5)
+    assert (health.run_failures, health.state(2.5)) == (2, "up")
+    assert health.run_failed(3.0)  # the third in a row: the refusal did not reset the count
+    health.take(8.0)
+    assert not health.admits(8.1)
+    assert health.run_refused(8.1)
+    assert health.state(8.1) == "half_open"
+    assert health.admits(8.1)
+    assert health.wake_at(describing=True) == math.inf
+    health.take(8.2)
+    assert health.run_succeeded(8.3)
+    assert health.state(8.3) == "up"
+
+
 def test_advance_half_opens_on_time_and_says_so_once() -> None:
     """The pool's background task learns of the half-opening from `advance` (once), and
     a probe whose verdict never came is freed after another cooldown."""
@@ -173,7 +195,9 @@ def test_breaker_state_does_not_matter_while_down() -> None:
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["ok", "fail", "down", "run_ok", "run_fail", "take", "advance"]),
+            st.sampled_from(
+                ["ok", "fail", "down", "run_ok", "run_fail", "refused", "take", "advance"]
+            ),
             st.floats(min_value=0.0, max_value=3.0),
         ),
         max_size=60,
@@ -198,6 +222,8 @@ def test_any_sequence_keeps_the_invariants(steps: list[tuple[str, float]]) -> No
             health.run_succeeded(now)
         elif action == "run_fail":
             health.run_failed(now)
+        elif action == "refused":
+            health.run_refused(now)
         elif action == "take" and health.admits(now):
             health.take(now)
         else:

@@ -293,6 +293,48 @@ def test_event_error_and_cancelled_fail_with_run_error(
     assert (result.outcome.status, result.outcome.error_type) == ("error", "run_error")
 
 
+@pytest.mark.parametrize(
+    ("event", "terminal", "node_status"),
+    [
+        # A refusal: the node's status, its words, its code (a short token beside words).
+        (Failed("error", "context_length_exceeded", "too long", http_status=400),
+         ErrorOut("invalid_request_error", "too long", 400, "context_length_exceeded"), 400),
+        (Failed("error", "no such model", http_status=404),
+         ErrorOut("invalid_request_error", "no such model", 404, None), 404),
+        (Failed("error", "not a code!", "words", http_status=422),
+         ErrorOut("invalid_request_error", "words", 422, None), 422),
+        (Failed("error", "c" * 65, "words", http_status=413),
+         ErrorOut("invalid_request_error", "words", 413, None), 413),
+        (Failed("error", http_status=400),
+         ErrorOut("invalid_request_error", "the node refused the request", 400, None), 400),
+        # Overloaded: 429, rate_limit_exceeded.
+        (Failed("error", "", "slow down", http_status=429),
+         ErrorOut("rate_limit_exceeded", "slow down", 429, None), 429),
+        # Failures, whatever their status: run_error, as ever.
+        (Failed("error", "boom", http_status=408), ErrorOut("run_error", "boom"), 0),
+        (Failed("error", "boom", http_status=503), ErrorOut("run_error", "boom"), 0),
+        (Failed("error", "boom", http_status=200), ErrorOut("run_error", "boom"), 0),
+        (Failed("cancelled", "gone", http_status=400), ErrorOut("run_error", "gone"), 0),
+    ],
+)  # fmt: skip
+def test_an_error_event_is_a_refusal_an_overload_or_a_failure_by_its_status(
+    event: Failed, terminal: ErrorOut, node_status: int
+) -> None:
+    """An error event with 4xx but 408 and 429 is a refusal (invalid_request_error, the
+    node's status, its message, else its error, and a code only when error is a short
+    token beside a message); 429 is rate_limit_exceeded; anything else, a cancelled event
+    included, is run_error as before. The outcome carries the refusal's status."""
+    for events in ([event], [Delta("x"), event]):
+        result = run(events)
+        assert result.terminal == terminal
+        assert result.outcome is not None
+        assert result.outcome.status == "error"
+        assert (result.outcome.error_type, result.outcome.node_status) == (
+            terminal.type,
+            node_status,
+        )
+
+
 # --- finish -----------------------------------------------------------------------
 
 

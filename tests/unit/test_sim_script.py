@@ -196,6 +196,11 @@ def test_pauses_within_the_bound_play(value: float) -> None:
             {"type": "delta", "logprobs": [{"top_logprobs": [{"logprob": float("nan")}]}]},
             r"top_logprobs\[0\]\.logprob must be a finite",
         ),
+        ({"type": "error", "http_status": 200}, r"http_status must be 0 or an HTTP error"),
+        ({"type": "error", "http_status": 600}, r"http_status must be an integer from 0 to 599"),
+        ({"type": "error", "http_status": "400"}, r"http_status must be an integer"),
+        ({"type": "error", "http_status": 400.0}, r"http_status must be an integer"),
+        ({"type": "delta", "http_status": 400}, r"http_status belongs on an error event"),
     ],
 )
 def test_bad_numbers_and_shapes_are_script_errors(item: dict[str, Any], message: str) -> None:
@@ -204,6 +209,20 @@ def test_bad_numbers_and_shapes_are_script_errors(item: dict[str, Any], message:
     text = json.dumps({"events": [{"type": "delta", "delta": "ok"}, item]})
     with pytest.raises(ScriptError, match=message):
         script_items(request(msg("user", text)))
+
+
+@pytest.mark.parametrize("status", [0, 400, 404, 413, 422, 429, 408, 500, 503, 599])
+def test_an_error_plays_the_model_servers_status(status: int) -> None:
+    """An error step's http_status (0, or an HTTP error status) reaches the RunEvent as
+    written, with its error and message; an error step without one plays 0 (as before)."""
+    item = {"type": "error", "error": "context_length_exceeded", "message": "too long",
+            "http_status": status}  # fmt: skip
+    (played,) = script_items(request(msg("user", {"events": [item]})))
+    assert event_from_item(played) == pb.RunEvent(
+        type="error", error="context_length_exceeded", message="too long", http_status=status
+    )
+    (plain,) = script_items(request(msg("user", {"events": [{"type": "error", "error": "x"}]})))
+    assert event_from_item(plain) == pb.RunEvent(type="error", error="x")
 
 
 def test_what_a_turn_sends_is_bounded_repeats_counted() -> None:
@@ -253,12 +272,14 @@ _KEYS = (
     "error",
     "message",
     "on_node",
+    "http_status",
 )
 _SMALL_INTS = st.integers(min_value=-3, max_value=70_000)
 _VALUES = {
     "type": st.sampled_from(["delta", "complete", "error", "request"]) | _JSON,
     "delta_times": _SMALL_INTS | _JSON,
     "repeat": _SMALL_INTS | _JSON,
+    "http_status": st.integers(min_value=-1, max_value=700) | _JSON,
     "usage": st.dictionaries(
         st.sampled_from(["input_tokens", "output_tokens", "bogus"]), _SMALL_INTS | _JSON
     )

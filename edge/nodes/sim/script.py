@@ -27,10 +27,11 @@ a JSON number (a bool is not one), finite, within its bound. `sleep_ms` and
 `accept_after_ms` are 0 to MAX_SLEEP_MS; `repeat` an integer from 1 to
 MAX_REPEAT; `delta_times` an integer from 0 whose delta is at most
 MAX_DELTA_CHARS; `usage` counts integers that fit their uint32; a logprob a
-finite number. The turn played sends at most MAX_SCRIPT_EVENTS events and
-MAX_SCRIPT_CHARS characters of delta text, repeats counted. A script past any
-of these is a ScriptError naming the item and the bound: the node answers with
-an error event, its timers and the runs beside it untouched.
+finite number; `http_status`, on an error only, 0 or 400 to 599. The turn
+played sends at most MAX_SCRIPT_EVENTS events and MAX_SCRIPT_CHARS characters
+of delta text, repeats counted. A script past any of these is a ScriptError
+naming the item and the bound: the node answers with an error event, its
+timers and the runs beside it untouched.
 """
 
 from __future__ import annotations
@@ -148,6 +149,15 @@ def check_item(item: dict[str, Any], where: str) -> None:
             _number(item, key, where, MAX_SLEEP_MS)
     if "repeat" in item:
         _integer(item, "repeat", where, 1, MAX_REPEAT)
+    if "http_status" in item:
+        if item.get("type") != "error":
+            raise ScriptError(f"sim-script: {where}.http_status belongs on an error event")
+        status = _integer(item, "http_status", where, 0, 599)
+        if 0 < status < 400:
+            raise ScriptError(
+                f"sim-script: {where}.http_status must be 0 or an HTTP error status, 400 to 599"
+                f" (got {status})"
+            )
     if "delta_times" in item:
         times = _integer(item, "delta_times", where, 0, MAX_DELTA_CHARS)
         if len(_delta(item)) * times > MAX_DELTA_CHARS:

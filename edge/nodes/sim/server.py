@@ -162,6 +162,7 @@ def event_from_item(item: dict[str, Any]) -> pb.RunEvent:
         metadata=metadata,
         tool_calls=[_tool_call_from_json(c) for c in item.get("tool_calls") or ()],
         logprobs=[_token_logprob(t) for t in item.get("logprobs") or ()],
+        http_status=int(item.get("http_status", 0)),
     )
 
 

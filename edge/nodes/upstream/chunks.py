@@ -166,10 +166,11 @@ class ChunkMapper:
             return [self._complete()]
         return [self.error("upstream stream ended early (no [DONE] and no finish_reason)")]
 
-    def error(self, text: str) -> pb.RunEvent:
-        """The terminal error event (callers check `terminated` first)."""
+    def error(self, text: str, *, message: str = "", http_status: int = 0) -> pb.RunEvent:
+        """The terminal error event (callers check `terminated` first); a refusal's
+        `text` is its code, `message` its words (`edge.nodes.upstream.bodies.UpstreamError`)."""
         self.outcome = "error"
-        return pb.RunEvent(type="error", error=text)
+        return pb.RunEvent(type="error", error=text, message=message, http_status=http_status)
 
     def _chunk(self, payload: dict[str, Any]) -> list[pb.RunEvent]:
         usage = payload.get("usage")

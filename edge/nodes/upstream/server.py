@@ -46,7 +46,7 @@ from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.nodes.kit import NodeService, RunRecord
-from edge.nodes.upstream.bodies import context_limits_from_body, error_message
+from edge.nodes.upstream.bodies import context_limits_from_body, error_message, upstream_error
 from edge.nodes.upstream.bodies import models_from_body as parse_models
 from edge.nodes.upstream.chunks import ChunkMapper
 from edge.nodes.upstream.load import SOURCES
@@ -61,7 +61,10 @@ DESCRIBE_TIMEOUT_S = 1.5
 CONNECT_TIMEOUT_S = 10.0
 # After the terminal event, read the rest of the body (to reuse the connection) this long.
 DRAIN_TIMEOUT_S = 1.0
-MAX_ERROR_BODY = 64 * 1024
+# An error answer's body is read up to this many bytes (then the request is closed):
+# room for any server's error object, a validation error's list of fields included;
+# what is quoted of it is bounded again (`edge.nodes.upstream.bodies.MAX_ERROR_CHARS`).
+MAX_ERROR_BODY = 16 * 1024
 # A whole (non-streamed) answer is read up to this many bytes; past it the run
 # ends with an error event and the upstream request is closed.
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -286,7 +289,8 @@ class UpstreamNode(NodeService):
     async def _stream_upstream(
         self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit, span: Span | None = None
     ) -> None:
-        """One streaming POST; every HTTP failure becomes the terminal error event.
+        """One streaming POST; every HTTP failure becomes the terminal error event (an
+        error status: a refusal, an overload or a failure, as `upstream_error` says).
 
         Leaving the `client.stream` block before the body ends (cancellation,
         the deadline) closes the connection: the upstream's abort signal.
@@ -303,8 +307,9 @@ class UpstreamNode(NodeService):
                     span.set_attribute("http.response.status_code", response.status_code)
                 if response.status_code >= 400:
                     raw = await _read_capped(response)
-                    status, reason = response.status_code, response.reason_phrase
-                    await emit(mapper.error(error_message(status, raw, reason)))
+                    failure = upstream_error(response.status_code, raw, response.reason_phrase)
+                    await emit(mapper.error(failure.error, message=failure.message,
+                                            http_status=failure.http_status))  # fmt: skip
                     return
                 content_type = response.headers.get("content-type", "")
                 if not content_type or "event-stream" in content_type:
