@@ -20,10 +20,10 @@ def _parse_listen(value: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-async def _serve(host: str, port: int, runs_log: Path | None, name: str) -> None:
+async def _serve(host: str, port: int, runs_log: Path | None, name: str, watch: bool) -> None:
     # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-sim-node")
-    node = SimNode(name=name, runs_log=runs_log, tracing=tracing)
+    node = SimNode(name=name, runs_log=runs_log, tracing=tracing, watch=watch)
     server, bound = await start_server(node, host, port)
     print(f"iop-sim-node listening on {host}:{bound}", flush=True)
     await wait_for_stop_signal()
@@ -37,9 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 50051))
     parser.add_argument("--runs-log", type=Path, default=None, help="append one JSON line per run")
     parser.add_argument("--name", default="iop-sim-node")
+    parser.add_argument(
+        "--no-watch", action="store_true",
+        help="answer Watch UNIMPLEMENTED, as a node older than that RPC",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     host, port = args.listen
-    asyncio.run(_serve(host, port, args.runs_log, args.name))
+    asyncio.run(_serve(host, port, args.runs_log, args.name, not args.no_watch))
     return 0
 
 

@@ -37,7 +37,9 @@ edge hosts (a node whose address is "embedded"). Models:
   sizes, what one turn sends): a script past one is answered with an error
   event naming it, never an exception in the node's loop.
 
-Describe says both models give logprobs.
+Describe says both models give logprobs. With `watch=False` (`--no-watch`) the
+node has no Watch route: it answers Watch UNIMPLEMENTED, as a node older than
+that RPC (the edge polls its Describe).
 
 The runs log (`edge.nodes.kit.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
@@ -50,12 +52,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpclib.const import Status
+from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import Encoded
+from edge.contract.routes import WATCH_ROUTE
 from edge.nodes.kit import NodeService, RunRecord
 from edge.nodes.sim.script import ScriptError, message_text, script_items
 from edge.observe.tracing import Tracing
@@ -189,8 +192,16 @@ class SimNode(NodeService):
         runs_log: Path | None = None,
         *,
         tracing: Tracing | None = None,
+        watch: bool = True,
     ) -> None:
         super().__init__(name, runs_log, tracing=tracing)
+        self.serves_watch = watch
+
+    def __mapping__(self) -> dict[str, Handler]:
+        mapping = super().__mapping__()
+        if not self.serves_watch:
+            del mapping[WATCH_ROUTE]
+        return mapping
 
     # --- RPCs -------------------------------------------------------------------
 
