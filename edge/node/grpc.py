@@ -163,7 +163,11 @@ class NodeWatch:
             raise self._error(exc) from exc
         except Exception as exc:  # a malformed report (protobuf decode), or any other surprise
             raise NodeFailedError(f"node {self.address} sent a bad report: {exc!r}") from exc
-        if report is None:
+        if report is None:  # the stream's end: its status says why (a node stopping)
+            try:
+                await self._stream.recv_trailing_metadata()
+            except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
+                raise self._error(exc) from exc
             raise NodeFailedError(f"node {self.address} ended its Watch stream")
         if isinstance(report, Refused):  # over the message limit (the codec's answer)
             raise NodeFailedError(f"node {self.address}: {report.reason}")

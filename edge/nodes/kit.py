@@ -27,8 +27,10 @@
   WATCH_HEARTBEAT_MS when it asks for none). At most MAX_WATCHERS at once
   (one more: RESOURCE_EXHAUSTED); a report waits for a watcher that does not
   read (HTTP/2 flow control) at most WATCH_SEND_S, then that watcher is
-  dropped (both are class attributes a node may set); a watcher that leaves is released with its stream. A watcher
-  costs one waiting task, woken by a change or its heartbeat: no polling.
+  dropped (both are class attributes a node may set); a watcher that leaves
+  is released with its stream, and one still there when the node stops is
+  told so (UNAVAILABLE). A watcher costs one waiting task, woken by a change
+  or its heartbeat: no polling.
 
 HTTP/2 MAX_CONCURRENT_STREAMS stays at the 100 grpclib's h2 connections
 advertise: grpclib 0.4.9 has no public setting for it (its Configuration
@@ -441,19 +443,32 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
     async def serve_watch(self, stream: Reports) -> None:
         """One Watch: `watch`'s reports sent, each waiting at most `watch_send_s` for the
         watcher to read; the reports are closed (the watcher released) however the
-        stream ends: the watcher leaving, the node stopping, a send that waited too long."""
+        stream ends: the watcher leaving, the node stopping, a send that waited too long.
+
+        Stopped (the server closing), it tells a watcher still there at once, with
+        UNAVAILABLE (bounded, as `send_cancelled`), rather than leave it waiting for
+        its silence bound on a connection that outlives the handler.
+        """
         request = await stream.recv_message()
         assert request is not None
         limit_s = self.watch_send_s
-        async with contextlib.aclosing(self.watch(request)) as reports:
-            async for report in reports:
-                try:
-                    async with asyncio.timeout(limit_s):
-                        await stream.send_message(report)
-                except TimeoutError:
-                    raise GRPCError(
-                        Status.UNAVAILABLE, f"the watcher read no report for {limit_s:g}s"
-                    ) from None
+        try:
+            async with contextlib.aclosing(self.watch(request)) as reports:
+                async for report in reports:
+                    try:
+                        async with asyncio.timeout(limit_s):
+                            await stream.send_message(report)
+                    except TimeoutError:
+                        raise GRPCError(
+                            Status.UNAVAILABLE, f"the watcher read no report for {limit_s:g}s"
+                        ) from None
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CANCELLED_SEND_S):
+                    await stream.send_trailing_metadata(
+                        status=Status.UNAVAILABLE, status_message="the node is stopping"
+                    )
+            raise
 
     @property
     def watchers(self) -> int:

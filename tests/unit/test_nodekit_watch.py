@@ -53,7 +53,7 @@ class CountingNode(SimNode):
 async def _until(condition: Callable[[], bool]) -> None:
     """Wait for another party's state (a server handler's), bounded."""
     async with asyncio.timeout(WAIT_S):
-        while not condition():
+        while not condition():  # noqa: ASYNC110 - a server handler's state: no event
             await asyncio.sleep(0.005)
 
 
@@ -119,7 +119,8 @@ def test_a_report_at_once_on_a_run_start_and_end_and_at_the_heartbeat() -> None:
             assert [m.id for m in first.models] == ["sim-echo", "sim-script"]
             runner = Channel("127.0.0.1", port)
             try:
-                run = runner.request(RUN_ROUTE, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent)
+                route = (RUN_ROUTE, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent)
+                run = runner.request(*route)
                 async with run:
                     request = pb.RunRequest(
                         run_id="w1", model="sim-script",
@@ -231,5 +232,29 @@ def test_a_node_without_watch_answers_as_an_older_node() -> None:
             with pytest.raises(GRPCError) as refused:
                 await _report(stream)
             assert refused.value.status in (Status.UNIMPLEMENTED, Status.UNKNOWN)
+
+    _run(main)
+
+
+def test_a_node_that_stops_tells_its_watchers() -> None:
+    """The node stops while watched: the watcher is told at once (UNAVAILABLE, "the node is
+    stopping"), not left to find out from its silence bound; no watcher is left."""
+
+    async def main() -> None:
+        node = CountingNode()
+        server, port = await start_server(node, "127.0.0.1", 0)
+        try:
+            async with _watching(port) as stream:
+                await _report(stream)
+                await stop_server(node, server)
+                async with asyncio.timeout(WAIT_S):
+                    assert await stream.recv_message() is None  # the end: the status follows
+                    with pytest.raises(GRPCError) as told:
+                        await stream.recv_trailing_metadata()
+                assert told.value.status is Status.UNAVAILABLE
+                assert told.value.message == "the node is stopping"
+                assert node.watchers == 0
+        finally:
+            server.close()
 
     _run(main)
