@@ -157,7 +157,7 @@ def test_many_changes_between_two_reports_are_one_report() -> None:
                 node.state_changed()
             assert (await _report(stream)).seq == 2
             with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.5):  # ten minimum intervals: nothing more
+                async with asyncio.timeout(0.5):  # five minimum intervals: nothing more
                     await stream.recv_message()
             assert node.describes == 2
 
