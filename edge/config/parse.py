@@ -135,6 +135,9 @@ def _routing(r: TableReader) -> RoutingConfig:
         breaker_cooldown_s=r.number(
             "breaker_cooldown_s", rtg.breaker_cooldown_s, minimum=0.01, maximum=3600
         ),
+        watch_heartbeat_s=r.number(
+            "watch_heartbeat_s", rtg.watch_heartbeat_s, minimum=0.1, maximum=60
+        ),
     )
 
 

@@ -92,6 +92,10 @@ class RoutingConfig:
     breaker_failures: int = 5
     # How long an open breaker keeps new runs off the node before one probe run.
     breaker_cooldown_s: float = 5.0
+    # The heartbeat the edge asks of each node's Watch stream: a node reports its load
+    # when it changes and at least this often; one silent for 3 heartbeats (at least 1 s)
+    # is suspect and subscribed to again.
+    watch_heartbeat_s: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)

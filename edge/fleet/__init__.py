@@ -1,6 +1,7 @@
 """The fleet: which node runs a request, and the run's one lifecycle there.
 
-Owns the pool of nodes (health, circuit breaker, panic routing, affinity),
+Owns the pool of nodes (health, Watch or Describe, circuit breaker, panic
+routing, affinity, the rank of a node by its load: `load`),
 admission (node slots, the queue, the memory budget), failover, the run
 (`run`: accept, deadlines, batches, the one CancelRun, the outcome), the
 scheduler's turns for heavy steps, and per-model policy (`modelpolicy`: a

@@ -6,13 +6,20 @@ drive it with plain numbers. The pool (`edge.fleet.pool`) feeds it and acts on
 what it answers; this module knows nothing of nodes, requests or trio.
 
 Two parts, one state shown (`state`):
-- Reachability, from Describe and run starts: `up` or `down`. A node that
-  answered before goes down after DOWN_AFTER_FAILURES Describe failures in a
-  row (one slow answer from a busy node must not take it out), or at once
-  when it refuses a run (`mark_down`). Down, or suspect (one failure), it is
-  probed again soon: PROBE_FIRST_S, doubling, capped at PROBE_MAX_S and the
-  refresh interval; so a restarted node serves again within about a second.
-  Up, it is asked every refresh interval.
+- Reachability, from Describe (or Watch) and run starts: `up` or `down`. A
+  node that answered before goes down after DOWN_AFTER_FAILURES Describe
+  failures in a row (one slow answer from a busy node must not take it out),
+  or at once when it refuses a run (`mark_down`). Down, or suspect (one
+  failure), it is probed again soon: PROBE_FIRST_S, doubling, capped at
+  PROBE_MAX_S and the refresh interval; so a restarted node serves again
+  within about a second. Up, it is asked every refresh interval.
+- A watched node (Watch) gives the same inputs: each report is a Describe
+  answer (`reported`), a broken stream or a failed subscription a failed
+  Describe (`watch_failed`), so it is suspect at once and subscribed to again
+  on the probes' schedule (`next_check`). Its silence is bounded: a report
+  is due within `silence_bound` of the last one (or of the subscription),
+  SILENCE_HEARTBEATS heartbeats and at least SILENCE_MIN_S; past it (`silent`)
+  the watch has failed.
 - The breaker, from runs: `breaker_failures` run failures in a row open it
   (no new runs); `cooldown_s` later it is half-open: one probe run may start;
   a run that succeeds closes it, one that fails opens it again. A probe whose
@@ -45,6 +52,14 @@ DOWN_AFTER_FAILURES = 2
 # Probes of a down (or suspect) node: the first this long after the failure, then doubling.
 PROBE_FIRST_S = 0.25
 PROBE_MAX_S = 1.0
+# A watched node silent for this many of its heartbeats, and at least this long, has failed.
+SILENCE_HEARTBEATS = 3
+SILENCE_MIN_S = 1.0
+
+
+def silence_bound(heartbeat_s: float) -> float:
+    """How long a watched node with this heartbeat may stay silent."""
+    return max(SILENCE_HEARTBEATS * heartbeat_s, SILENCE_MIN_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +96,7 @@ class NodeHealth:
         "policy",
         "reason",
         "run_failures",
+        "silent_at",
         "up",
         "up_since",
     )
@@ -102,6 +118,8 @@ class NodeHealth:
         self._probe_taken_at: float | None = None
         # The last failure of any kind (panic routing tries the least recent first).
         self.last_failed_at = -math.inf
+        # Watched: when the next report is overdue (inf: no subscription open).
+        self.silent_at = math.inf
 
     # --- reachability ---------------------------------------------------------------
 
@@ -145,6 +163,29 @@ class NodeHealth:
         self._backoff = self.policy.probe_first_s
         self._schedule_probe(now)
         return True
+
+    # --- reachability, watched (Watch) -------------------------------------------------
+
+    def subscribed(self, now: float, heartbeat_s: float) -> None:
+        """A Watch subscription was opened, asking for `heartbeat_s`: its first report is
+        due within that heartbeat's silence bound."""
+        self.silent_at = now + silence_bound(heartbeat_s)
+
+    def reported(self, now: float, heartbeat_s: float) -> bool:
+        """A Watch report arrived (the node keeps `heartbeat_s`): a Describe answer, and the
+        next report is due within the silence bound. True when the node came up."""
+        self.silent_at = now + silence_bound(heartbeat_s)
+        return self.describe_ok(now)
+
+    def silent(self, now: float) -> bool:
+        """Whether the watched node's next report is overdue."""
+        return now >= self.silent_at
+
+    def watch_failed(self, now: float, reason: str) -> bool:
+        """The Watch stream broke, stayed silent past its bound, or could not be opened: a
+        failed Describe (suspect, then down). True when this took the node down."""
+        self.silent_at = math.inf
+        return self.describe_failed(now, reason)
 
     def _schedule_probe(self, now: float) -> None:
         if self.next_check <= now:  # this was the check due: the next one after the backoff

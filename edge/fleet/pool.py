@@ -1,17 +1,27 @@
 """The nodes an edge routes to: their models, health, slots, and the pick of one per run.
 
-The pool learns each node's models (and its max_runs) from its Describe RPC,
-in one background task (`run_refresh`): healthy nodes every refresh
-interval, down or suspect nodes soon and with backoff (`edge.fleet.health`),
-and the breakers' half-opening on time. Nothing of it runs per request:
-`pick` only reads the states, and the run side reports each run's verdict
-(`run_succeeded`, `run_failed`) and refusals (`mark_down`).
+The pool learns each node's models, max_runs and load from its Watch stream:
+one task per node (`_watch`) holds one subscription, each report is what a
+Describe answer was plus the node's load (`edge.fleet.load`). A broken
+stream, or one silent past its bound, makes the node suspect at once (as a
+failed Describe); it is subscribed to again on the probes' schedule
+(PROBE_FIRST_S, doubling: `edge.fleet.health`). A node that answers Watch
+UNIMPLEMENTED (older than that RPC) is asked with Describe instead, by the
+background task (`run_refresh`): healthy nodes every refresh interval, down
+or suspect ones soon and with backoff; Watch is tried again when such a node
+comes back up from down (it may have been upgraded). The same task half-opens
+the breakers on time. Nothing of it runs per request: `pick` only reads the
+states, and the run side reports each run's verdict (`run_succeeded`,
+`run_failed`) and refusals (`mark_down`, which also ends a watched node's
+subscription: it is subscribed to again as a down node is probed).
 
 `pick` chooses a node for a new run: one serving the model, healthy (up,
 its breaker closed or half-open with the probe run free), not excluded
 (the nodes a failing-over run already tried), with a free slot
-(`in_flight < max_runs`); least loaded, or the session's node under the
-affinity policy (`edge.fleet.affinity`). When every node serving the model
+(`in_flight < max_runs`, the edge's own bound whatever the node reports);
+least loaded (`edge.fleet.load.rank`: by the node's own load where it
+reports it, else by this process's runs on it), or the session's node under
+the affinity policy (`edge.fleet.affinity`). When every node serving the model
 (and not excluded) is marked down, panic routing tries one anyway, the one
 that failed least recently: a down mark may be stale, and answering 503
 outright would turn a blip into an outage. An open breaker is not stale: a
@@ -23,6 +33,7 @@ none is left to try.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
@@ -32,9 +43,17 @@ from loguru import logger
 
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
-from edge.fleet import affinity
-from edge.fleet.health import STATE_VALUES, HealthPolicy, NodeHealth, NodeStateName
-from edge.node.client import NodeClient, NodeDescription
+from edge.fleet import affinity, load
+from edge.fleet.health import (
+    SILENCE_HEARTBEATS,
+    SILENCE_MIN_S,
+    STATE_VALUES,
+    HealthPolicy,
+    NodeHealth,
+    NodeStateName,
+)
+from edge.fleet.load import NodeLoad
+from edge.node.client import NodeClient, NodeDescription, WatchUnsupported
 from edge.observe.logbound import clip, clip_join
 
 REFRESH_INTERVAL_S = 5.0
@@ -55,15 +74,21 @@ class NodeState:
     """
 
     __slots__ = (
+        "at_report",
         "client",
         "configured_max_runs",
         "describing",
         "description",
         "health",
         "in_flight",
+        "kick",
+        "load",
         "logprobs_models",
         "max_runs",
         "models",
+        "polled",
+        "watch_scope",
+        "watching",
     )
 
     def __init__(
@@ -86,6 +111,18 @@ class NodeState:
         self.max_runs: float = _max_runs(max_runs, None)
         self.description: NodeDescription | None = None
         self.describing = False
+        # Its load as its last Watch report gave it (None: no report on the stream open
+        # now, or the node is polled), and this process's runs on it when it came.
+        self.load: NodeLoad | None = None
+        self.at_report = 0
+        # Asked with Describe: the node answered Watch UNIMPLEMENTED (until it is down
+        # and back). Else its watch task (`watching`) keeps its state.
+        self.polled = False
+        self.watching = False
+        # The open subscription (cancelled by a refusal), and what wakes a watch task
+        # waiting for its next subscription.
+        self.watch_scope: trio.CancelScope | None = None
+        self.kick = trio.Event()
 
     @property
     def healthy(self) -> bool:
@@ -98,6 +135,10 @@ class NodeState:
 
     def has_slot(self) -> bool:
         return self.in_flight < self.max_runs
+
+    def rank(self) -> load.Rank:
+        """Its place for a new run, lower first (`edge.fleet.load.rank`)."""
+        return load.rank(self.load, self.in_flight, self.at_report, self.max_runs)
 
     def __repr__(self) -> str:
         return f"NodeState({self.client.name!r}, in_flight={self.in_flight})"
@@ -135,6 +176,7 @@ class NodePool:
             refresh_s=refresh_s,
         )
         self.affinity = routing.policy == "affinity"
+        self.watch_heartbeat_s = routing.watch_heartbeat_s
         caps = max_runs or {}
         self.nodes = [
             NodeState(c, NodeHealth(self.policy), max_runs=caps.get(c.name)) for c in clients
@@ -154,10 +196,11 @@ class NodePool:
     async def run_refresh(self, interval: float | None = None) -> None:
         """Keep every node's health, forever (in the daemon's nursery).
 
-        Each node is asked when its health says (at most one Describe each at a
-        time, so a node that takes its whole Describe timeout holds up no other);
-        in between the task sleeps until the next thing due, or until a run's
-        verdict or a refusal changed a schedule.
+        Each node gets its watch task (`_watch`), or, polled, is asked when
+        its health says (at most one Describe each at a time, so a node that
+        takes its whole Describe timeout holds up no other); in between the
+        task sleeps until the next thing due, or until a run's verdict, a
+        refusal or a watch task changed a schedule.
         """
         if interval is not None and interval != self.policy.refresh_s:
             self.policy = replace(self.policy, refresh_s=interval)
@@ -175,6 +218,13 @@ class NodePool:
                             "node {}: circuit half-open, one probe run may start", state.client.name
                         )
                         self._available()
+                    if not state.polled:
+                        if not state.watching:
+                            state.watching = True
+                            nursery.start_soon(self._watch, state)
+                        # Its watch task keeps its schedule: here only its breaker's.
+                        wake = min(wake, health.wake_at(describing=True))
+                        continue
                     if not state.describing and health.next_check <= now:
                         state.describing = True
                         nursery.start_soon(self._refresh_one, state)
@@ -183,8 +233,89 @@ class NodePool:
                     await self._changed.wait()
 
     def _wake(self) -> None:
-        """Something changed a node's schedule: the background task looks again."""
+        """Something changed a node's schedule: the background task, and the watch
+        tasks waiting for their next subscription, look again."""
         self._changed.set()
+        for state in self.nodes:
+            state.kick.set()
+
+    # --- Watch ----------------------------------------------------------------------------
+
+    async def _watch(self, state: NodeState) -> None:
+        """Keep `state` from its Watch stream while the node has one (the watch task).
+
+        Subscribes at once, then again after each end of the stream, when its
+        health says (`next_check`: the probes' backoff). Returns when the node
+        answers UNIMPLEMENTED, after asking it with Describe: from then on the
+        background task polls it.
+        """
+        health = state.health
+        try:
+            first = True
+            while True:
+                if not first:
+                    await self._next_subscription(state)
+                first = False
+                try:
+                    with trio.CancelScope() as scope:
+                        state.watch_scope = scope
+                        reason = await self._subscription(state)
+                    if scope.cancelled_caught:
+                        continue  # a refused run ended it: the node is down, probed as such
+                except WatchUnsupported as exc:
+                    logger.info(
+                        "node {} is asked with Describe every {:g}s: {}",
+                        state.client.name, self.policy.refresh_s, clip(str(exc)),
+                    )  # fmt: skip
+                    await self._refresh_one(state)
+                    state.polled = True
+                    return
+                except Exception as exc:  # EdgeError, or a bug: never kill the pool
+                    reason = str(exc) or type(exc).__name__
+                finally:
+                    state.watch_scope = None
+                    state.load = None
+                if health.watch_failed(self._clock(), reason):
+                    logger.warning("node {} is down: {}", state.client.name, clip(reason))
+        finally:
+            state.watching = False
+            self._wake()
+
+    async def _subscription(self, state: NodeState) -> str:
+        """One subscription, report after report, until it fails (it raises) or a report
+        is overdue (returns why)."""
+        health = state.health
+        health.subscribed(self._clock(), self.watch_heartbeat_s)
+        reports = state.client.watch(self.watch_heartbeat_s)
+        async with contextlib.aclosing(reports):
+            while True:
+                with trio.move_on_at(health.silent_at):
+                    description = await anext(reports)
+                    scope = state.watch_scope
+                    if scope is None or not scope.cancel_called:  # not after a refusal
+                        self._reported(state, description)
+                    continue
+                return (
+                    f"no Watch report within its silence bound ({SILENCE_HEARTBEATS} heartbeats,"
+                    f" at least {SILENCE_MIN_S:g}s)"
+                )
+
+    async def _next_subscription(self, state: NodeState) -> None:
+        """Wait until the node's next check is due (`next_check`, read again whenever the
+        pool's schedules change: a run on the node that succeeded brings it forward)."""
+        while self._clock() < state.health.next_check:
+            state.kick = trio.Event()
+            with trio.move_on_at(state.health.next_check):
+                await state.kick.wait()
+
+    def _reported(self, state: NodeState, description: NodeDescription) -> None:
+        """A Watch report: the node's models and load; this process's runs on it are
+        counted from here (the node's numbers now include those it had)."""
+        heartbeat_s = (description.heartbeat_ms or self.watch_heartbeat_s * 1000) / 1000
+        came_up = state.health.reported(self._clock(), heartbeat_s)
+        self._learned(state, description, came_up)
+        state.load = NodeLoad.of(description)
+        state.at_report = state.in_flight
 
     async def _refresh_one(self, state: NodeState) -> None:
         state.describing = True
@@ -204,6 +335,11 @@ class NodePool:
     def _described(self, state: NodeState, description: NodeDescription) -> None:
         came_up = state.health.describe_ok(self._clock())
         if came_up:
+            state.polled = False  # back from down: Watch is tried again
+        self._learned(state, description, came_up)
+
+    def _learned(self, state: NodeState, description: NodeDescription, came_up: bool) -> None:
+        if came_up:
             logger.info(
                 "node {} is up, models: {}", state.client.name, clip_join(description.models)
             )
@@ -222,9 +358,12 @@ class NodePool:
     # --- what the run side reports --------------------------------------------------------
 
     def mark_down(self, state: NodeState, reason: str) -> None:
-        """The node refused a run: out of routing until its Describe answers again."""
+        """The node refused a run: out of routing until its Describe answers again (or,
+        watched, its first report on a new subscription)."""
         if state.health.mark_down(self._clock(), reason):
             logger.warning("node {} is down: {}", state.client.name, clip(reason))
+            if state.watch_scope is not None:
+                state.watch_scope.cancel()
         self._wake()
 
     def run_succeeded(self, state: NodeState) -> None:
@@ -338,12 +477,16 @@ class NodePool:
 
     def _choose(self, free: list[NodeState], affinity_key: str | None) -> NodeState:
         if self.affinity and affinity_key is not None and len(free) > 1:
-            i = affinity.choose(affinity_key, [(s.client.name, s.in_flight) for s in free])
-            return free[i]
+            loads = [(s.client.name, load.runs(s.load, s.in_flight, s.at_report)) for s in free]
+            return free[affinity.choose(affinity_key, loads)]
         best = free[0]
+        if len(free) == 1:
+            return best
+        best_rank = best.rank()
         for state in free[1:]:
-            if state.in_flight < best.in_flight:
-                best = state
+            rank = state.rank()
+            if rank < best_rank:
+                best, best_rank = state, rank
         return best
 
     # --- what the edge shows -------------------------------------------------------------
@@ -379,10 +522,28 @@ class NodePool:
                 "in_flight": s.in_flight,
                 "max_runs": None if math.isinf(s.max_runs) else int(s.max_runs),
                 "failed_runs_in_a_row": s.health.run_failures,
+                "watched": not s.polled,
+                **({"load": self._load_status(s.load)} if s.load is not None else {}),
                 **({"error": s.error} if s.error else {}),
             }
             for s in self.nodes
         ]
+
+    def load_values(self, state: NodeState) -> tuple[float, float, float, bool]:
+        """What the node last reported of its load, for the gauges: (waiting runs, active
+        runs, KV cache usage; 0 each without a report) and whether it is watched."""
+        reported = state.load
+        if reported is None:
+            return 0.0, 0.0, 0.0, not state.polled
+        return reported.waiting, reported.active, reported.kv_usage, not state.polled
+
+    @staticmethod
+    def _load_status(reported: NodeLoad) -> dict[str, object]:
+        return {
+            "active_runs": reported.active,
+            "waiting_runs": reported.waiting,
+            "kv_cache_usage": round(reported.kv_usage, 4),
+        }
 
     async def aclose(self) -> None:
         for state in self.nodes:

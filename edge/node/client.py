@@ -11,14 +11,17 @@ run whose terminal event reached the edge is finished, even if nobody read
 that event yet. A run whose client left first reads on a little (`settling`:
 a few passes of the asyncio loop, bounded), so that a terminal the node had
 already sent, still in the connection, ends it as the node ended it.
+
+`NodeClient.watch` is the node's Watch stream as an async iterator of checked
+`NodeDescription`s (`edge.node.describe`), one subscription on a connection
+of its own; leaving the iterator closes it.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Protocol
 
 import trio
@@ -35,7 +38,10 @@ from edge.errors import (
 )
 from edge.node.backlog import Backlog
 from edge.node.bridge import EventBuffer, call_asyncio
-from edge.node.grpc import Accepted, GrpcNode
+from edge.node.describe import NodeDescription as NodeDescription
+from edge.node.describe import description_from_pb
+from edge.node.grpc import Accepted, GrpcNode, NodeWatch
+from edge.node.grpc import WatchUnsupported as WatchUnsupported
 from edge.node.wire import EncodedRunRequest
 from edge.observe.logbound import clip
 
@@ -77,16 +83,6 @@ class EndCause(enum.StrEnum):
     SLOW_CLIENT = "slow_client"  # output waited slow_client_s for a reader
     SHUTDOWN = "shutdown"  # the drain deadline passed
     STREAM_BROKEN = "stream_broken"  # the node's stream broke (CancelRun just in case)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeDescription:
-    name: str
-    models: tuple[str, ...]
-    active_runs: int = 0
-    max_runs: int = 0
-    # The models this node gives token logprobs for (ModelInfo.logprobs).
-    logprobs_models: frozenset[str] = frozenset()
 
 
 class RunHandle:
@@ -161,6 +157,13 @@ class NodeClient(Protocol):
 
     async def describe(self) -> NodeDescription: ...
 
+    def watch(self, heartbeat_s: float) -> AsyncGenerator[NodeDescription, None]:
+        """The node's reports, pushed (Watch): one at once, then as its state changes
+        and at least every `heartbeat_s` (what it keeps is each report's heartbeat_ms).
+        Raises WatchUnsupported for a node older than Watch, an EdgeError when the
+        stream breaks or a report is past a bound. Close it (`contextlib.aclosing`)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -175,13 +178,16 @@ class GrpcNodeClient:
         *,
         on_cancel_sent: Callable[[], object] | None = None,
         backlog: Backlog | None = None,
+        on_state_rpc: Callable[[str], object] | None = None,
     ) -> None:
         """`backlog`: the process's, shared by every node client (`edge.process.daemon`);
-        without it the client's runs count on a backlog of their own, with no budget."""
+        without it the client's runs count on a backlog of their own, with no budget.
+        `on_state_rpc` hears each Describe ("describe") and Watch ("watch") sent."""
         self.name = name
         self.address = f"{host}:{port}"
         self._grpc = GrpcNode(host, port)
         self._on_cancel_sent = on_cancel_sent
+        self._on_state_rpc = on_state_rpc
         self._backlog = Backlog() if backlog is None else backlog
         self._cancel_limiter = trio.CapacityLimiter(CANCEL_CONCURRENCY)
         # Failed CancelRuns not logged yet (a burst is one line a second), and the
@@ -361,15 +367,26 @@ class GrpcNodeClient:
         self._cancel_warned_at = trio.current_time()
 
     async def describe(self) -> NodeDescription:
+        if self._on_state_rpc is not None:
+            self._on_state_rpc("describe")
         with trio.fail_after(DESCRIBE_TIMEOUT_S):
             response = await call_asyncio(self._grpc.describe)
-        return NodeDescription(
-            name=response.node_name or self.name,
-            models=tuple(m.id for m in response.models),
-            active_runs=response.active_runs,
-            max_runs=response.max_runs,
-            logprobs_models=frozenset(m.id for m in response.models if m.logprobs),
-        )
+        return description_from_pb(response, self.name, self.address)
+
+    async def watch(self, heartbeat_s: float) -> AsyncGenerator[NodeDescription, None]:
+        """One Watch subscription (see `NodeClient.watch`). Bounded in nothing but its
+        reports: how long to wait for one is the caller's (the pool's silence bound)."""
+        if self._on_state_rpc is not None:
+            self._on_state_rpc("watch")
+        watch = NodeWatch(self._grpc.host, self._grpc.port)
+        try:
+            await call_asyncio(watch.open, max(1, round(heartbeat_s * 1000)))
+            while True:
+                report = await call_asyncio(watch.next)
+                yield description_from_pb(report, self.name, self.address)
+        finally:
+            with trio.CancelScope(shield=True):
+                await call_asyncio(watch.aclose)
 
     async def aclose(self) -> None:
         if self._cancel_failures:

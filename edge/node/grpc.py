@@ -1,4 +1,5 @@
-"""The asyncio side of talking to a node: grpclib channels, the run read loop.
+"""The asyncio side of talking to a node: grpclib channels, the run read loop, and
+Watch subscriptions (`NodeWatch`).
 
 Everything here runs on the asyncio loop that `edge.node.bridge` hosts inside
 trio. It knows nothing of trio: events leave through an `EventSink`, and every
@@ -8,18 +9,20 @@ grpclib/OS error is translated here, once, into the edge's error tree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
-from grpclib.client import Channel
+from grpclib.client import Channel, Stream
 from grpclib.config import Configuration
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import ContractCodec
-from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
+from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.node.convert import Refused, RunEventDecoder, Skip
 from edge.node.wire import EncodedRunRequest
@@ -121,6 +124,88 @@ async def settle_read(reading: asyncio.Task[None], passes: int) -> None:
     await asyncio.wait((reading,))
     if not reading.cancelled():
         reading.exception()  # retrieved: the run was given up, its error says nothing more
+
+
+class WatchUnsupported(Exception):
+    """The node refused Watch before any report: it is older than that RPC, or has all
+    the watchers it takes (ask it with Describe instead)."""
+
+
+# What a node answers Watch with, before any report, when it will not be watched:
+# UNIMPLEMENTED (an older node; grpclib's server sends it without a content-type,
+# which grpclib's client reads as UNKNOWN, as it reads a handler's own failure), and
+# RESOURCE_EXHAUSTED (its watchers' cap).
+_NO_WATCH = frozenset({Status.UNIMPLEMENTED, Status.UNKNOWN, Status.RESOURCE_EXHAUSTED})
+
+
+class NodeWatch:
+    """One Watch subscription, on a connection of its own.
+
+    `open` sends the request, `next` waits for the next report, `aclose`
+    closes the connection: whatever state the stream is in (a report half
+    received, a node that stopped answering), nothing of it is left at either
+    end, and the node's handler sees its watcher leave. A subscription is
+    opened again (after a broken stream, a silence) on a new connection.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.address = f"{host}:{port}"
+        self._channel: Channel | None = None
+        self._stack = AsyncExitStack()
+        self._stream: Stream[pb.WatchRequest, pb.DescribeResponse | Refused] | None = None
+        self._reports = 0
+
+    def _error(self, exc: BaseException) -> Exception:
+        if isinstance(exc, GRPCError) and exc.status in _NO_WATCH and not self._reports:
+            return WatchUnsupported(
+                f"node {self.address} takes no watcher: {_describe_status(exc)}"
+            )
+        return translate_error(exc, accepted=False, address=self.address)
+
+    async def open(self, heartbeat_ms: int) -> None:
+        """Subscribe, asking for a report at least every `heartbeat_ms`."""
+        self._channel = Channel(self.host, self.port, codec=_CODEC, config=_H2_CONFIG)
+        stream = self._channel.request(
+            WATCH_ROUTE, Cardinality.UNARY_STREAM, pb.WatchRequest, pb.DescribeResponse
+        )
+        try:
+            await self._stack.enter_async_context(stream)
+            await stream.send_message(pb.WatchRequest(heartbeat_ms=heartbeat_ms), end=True)
+        except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
+            raise self._error(exc) from exc
+        self._stream = stream
+
+    async def next(self) -> pb.DescribeResponse:
+        """The next report. Raises WatchUnsupported, or an EdgeError when the stream
+        broke, ended, or carried a message past the limit or not a report."""
+        assert self._stream is not None, "open the subscription first"
+        try:
+            report = await self._stream.recv_message()
+        except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
+            raise self._error(exc) from exc
+        except Exception as exc:  # a malformed report (protobuf decode), or any other surprise
+            raise NodeFailedError(f"node {self.address} sent a bad report: {exc!r}") from exc
+        if report is None:  # the stream's end: its status says why (a node stopping)
+            try:
+                await self._stream.recv_trailing_metadata()
+            except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
+                raise self._error(exc) from exc
+            raise NodeFailedError(f"node {self.address} ended its Watch stream")
+        if isinstance(report, Refused):  # over the message limit (the codec's answer)
+            raise NodeFailedError(f"node {self.address}: {report.reason}")
+        self._reports += 1
+        return cast("pb.DescribeResponse", report)
+
+    async def aclose(self) -> None:
+        """Close the connection, then the stream (which then waits for nothing)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        self._stream = None
+        with contextlib.suppress(Exception):
+            await self._stack.aclose()
 
 
 @dataclass(slots=True)

@@ -19,6 +19,18 @@
   node keeps nothing per run beyond that window, however long it serves.
 - `NodeSpans`: with tracing on, one SERVER span per run, continued from the
   edge's `traceparent` (and iop-node's CLIENT span of its upstream request).
+- Watch (`NodeService.watch`, served by `serve_watch`): the node's `describe`
+  pushed to each watcher: one report at once, then one after each
+  `state_changed` (changes closer than WATCH_MIN_INTERVAL_S are one report:
+  coalesced, never queued), and at least one every heartbeat (the watcher's
+  `heartbeat_ms`, clamped to WATCH_HEARTBEAT_MIN_MS..WATCH_HEARTBEAT_MAX_MS;
+  WATCH_HEARTBEAT_MS when it asks for none). At most MAX_WATCHERS at once
+  (one more: RESOURCE_EXHAUSTED); a report waits for a watcher that does not
+  read (HTTP/2 flow control) at most WATCH_SEND_S, then that watcher is
+  dropped (both are class attributes a node may set); a watcher that leaves
+  is released with its stream, and one still there when the node stops is
+  told so (UNAVAILABLE). A watcher costs one waiting task, woken by a change
+  or its heartbeat: no polling.
 
 HTTP/2 MAX_CONCURRENT_STREAMS stays at the 100 grpclib's h2 connections
 advertise: grpclib 0.4.9 has no public setting for it (its Configuration
@@ -38,7 +50,7 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncGenerator, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -52,7 +64,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import ContractCodec, Serialized
-from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE
+from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
 from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extract, set_error
 
 CANCEL_GRACE_S = 1.0
@@ -64,8 +76,28 @@ BACKLOG = 2048
 # The runs-log records a node keeps in memory for in-process users (the file gets
 # every one): a window, so that a node serving for months holds no record per run.
 FINISHED_KEPT = 1000
+# Watch: changes closer than this are one report (a busy node sends each watcher at
+# most 10 reports a second: about 1 ms of CPU each, node and edge together, measured on
+# the simulated node); the heartbeat a watcher gets when it asks for none, and the range
+# its own is clamped to (ms).
+WATCH_MIN_INTERVAL_S = 0.1
+WATCH_HEARTBEAT_MS = 2000
+WATCH_HEARTBEAT_MIN_MS = 100
+WATCH_HEARTBEAT_MAX_MS = 60_000
+# Watchers of one node at once (edges x their worker processes); one more is refused.
+MAX_WATCHERS = 256
+# How long a report waits for its watcher to read before the watcher is dropped.
+WATCH_SEND_S = 10.0
 
 Events = Stream[pb.RunRequest, pb.RunEvent]
+Reports = Stream[pb.WatchRequest, pb.DescribeResponse]
+
+
+def watch_heartbeat_ms(asked: int) -> int:
+    """The heartbeat a watcher that asked for `asked` ms gets (0: the node's default)."""
+    if not asked:
+        return WATCH_HEARTBEAT_MS
+    return max(WATCH_HEARTBEAT_MIN_MS, min(asked, WATCH_HEARTBEAT_MAX_MS))
 
 
 class NodeCodec(ContractCodec):
@@ -315,8 +347,13 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
 
     Run (`serve_run`) and CancelRun are common: a run is recorded in the runs
     log, and CancelRun stops a live run's task with `stop_task` (a subclass
-    may stop it its own way).
+    may stop it its own way). So is Watch (`watch`, `serve_watch`), on what
+    `describe` answers.
     """
+
+    # Watchers at once, and how long a report waits for its watcher to read.
+    max_watchers = MAX_WATCHERS
+    watch_send_s = WATCH_SEND_S
 
     def __init__(
         self, name: str, runs_log: Path | None = None, *, tracing: Tracing | None = None
@@ -325,6 +362,8 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         self.runs = RunsLog(runs_log)
         # One span per run, continued from the edge's traceparent (None: tracing off).
         self.spans = NodeSpans(tracing, name) if tracing is not None else None
+        # One event per watcher, set by `state_changed`.
+        self._watchers: set[asyncio.Event] = set()
 
     def run_span(self, stream: Events, run: RunRecord) -> Span | None:
         """The span of `run` (None: tracing is off), a child of the edge's span when the
@@ -339,17 +378,20 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
             NodeSpans.end_run(span, run.outcome, run.events_sent)
 
     def __mapping__(self) -> dict[str, Handler]:
-        """The generated mapping, with Run served at the stream level.
+        """The generated mapping, with Run and Watch served at the stream level.
 
         The generated Run handler sends the response headers with the first
         event; a node accepts a run (the headers) before its first event,
-        which may be a long way off, so Run gets the stream itself.
+        which may be a long way off, so Run gets the stream itself. Watch
+        gets it to bound each send and to close its reports however the
+        stream ends (`serve_watch`).
         """
         mapping: dict[str, Handler] = super().__mapping__()
-        generated = mapping[RUN_ROUTE]
-        mapping[RUN_ROUTE] = Handler(
-            self.serve_run, generated.cardinality, generated.request_type, generated.reply_type
-        )
+        for route, serve in ((RUN_ROUTE, self.serve_run), (WATCH_ROUTE, self.serve_watch)):
+            generated = mapping[route]
+            mapping[route] = Handler(
+                serve, generated.cardinality, generated.request_type, generated.reply_type
+            )
         return mapping
 
     @property
@@ -360,7 +402,80 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         """The node's state (what `describe` answers) changed: Watch reports it.
 
         The kit calls it when a run starts or ends; a node calls it when its
-        load changes otherwise (its model server's queue, its KV cache)."""
+        load changes otherwise (its model server's queue, its KV cache).
+        Cheap: it wakes each watcher (at most MAX_WATCHERS), which reports
+        once however many changes came since its last report."""
+        for changed in self._watchers:
+            changed.set()
+
+    async def watch(self, message: pb.WatchRequest) -> AsyncGenerator[pb.DescribeResponse, None]:
+        """The reports of one watcher: `describe` with `heartbeat_ms` and `seq`.
+
+        One at once, then one after each change (`state_changed`; changes
+        within WATCH_MIN_INTERVAL_S of the last report wait for its end, and
+        are one report), and one every heartbeat without a change. A report
+        is made when the caller takes it: a watcher that reads slowly gets
+        the state of when it reads, never a queue of old ones.
+        """
+        if len(self._watchers) >= self.max_watchers:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED, f"this node has {self.max_watchers} watchers already"
+            )
+        heartbeat_ms = watch_heartbeat_ms(message.heartbeat_ms)
+        changed = asyncio.Event()
+        self._watchers.add(changed)
+        loop = asyncio.get_running_loop()
+        try:
+            seq = 0
+            while True:
+                changed.clear()  # a change from here on is in the next report
+                report = await self.describe(pb.DescribeRequest())
+                seq += 1
+                report.heartbeat_ms = heartbeat_ms
+                report.seq = seq
+                yield report
+                sent_at = loop.time()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(heartbeat_ms / 1000):
+                        await changed.wait()
+                await asyncio.sleep(max(0.0, sent_at + WATCH_MIN_INTERVAL_S - loop.time()))
+        finally:
+            self._watchers.discard(changed)
+
+    async def serve_watch(self, stream: Reports) -> None:
+        """One Watch: `watch`'s reports sent, each waiting at most `watch_send_s` for the
+        watcher to read; the reports are closed (the watcher released) however the
+        stream ends: the watcher leaving, the node stopping, a send that waited too long.
+
+        Stopped (the server closing), it tells a watcher still there at once, with
+        UNAVAILABLE (bounded, as `send_cancelled`), rather than leave it waiting for
+        its silence bound on a connection that outlives the handler.
+        """
+        request = await stream.recv_message()
+        assert request is not None
+        limit_s = self.watch_send_s
+        try:
+            async with contextlib.aclosing(self.watch(request)) as reports:
+                async for report in reports:
+                    try:
+                        async with asyncio.timeout(limit_s):
+                            await stream.send_message(report)
+                    except TimeoutError:
+                        raise GRPCError(
+                            Status.UNAVAILABLE, f"the watcher read no report for {limit_s:g}s"
+                        ) from None
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CANCELLED_SEND_S):
+                    await stream.send_trailing_metadata(
+                        status=Status.UNAVAILABLE, status_message="the node is stopping"
+                    )
+            raise
+
+    @property
+    def watchers(self) -> int:
+        """Watch streams open on this node now."""
+        return len(self._watchers)
 
     @property
     def finished(self) -> deque[dict[str, Any]]:
@@ -387,6 +502,7 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         assert request is not None
         run = self.runs.start(request.run_id, request.model, stream)
         run.task = asyncio.current_task()
+        self.state_changed()
         span = self.run_span(stream, run)
         try:
             await self.hold(request)
@@ -404,6 +520,7 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
             if run.outcome is None:
                 run.outcome = "error"
             self.runs.ended(run)
+            self.state_changed()
             self.end_span(span, run)
 
     async def hold(self, request: pb.RunRequest) -> None:

@@ -19,6 +19,7 @@ restarts of workers in the same directory (`SupervisorMetrics`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -184,6 +185,36 @@ class EdgeMetrics:
             " one probe run through), 3 open (circuit breaker: no new runs).",
             ["node"], registry=r, multiprocess_mode="liveall",
         )  # fmt: skip
+        # What each node reports of itself on its Watch stream (edge.fleet.load), read from
+        # the pool when scraped (`watch_node_load`); 0 while it reports none.
+        self.node_waiting_runs = Gauge(
+            "iop_edge_node_waiting_runs",
+            "Runs waiting for a place on each node (its queue, every edge's runs), as its"
+            " last Watch report said.",
+            ["node"], registry=r, multiprocess_mode="livemax",
+        )  # fmt: skip
+        self.node_active_runs = Gauge(
+            "iop_edge_node_active_runs",
+            "Runs in flight on each node (every edge's), as its last Watch report said.",
+            ["node"], registry=r, multiprocess_mode="livemax",
+        )  # fmt: skip
+        self.node_kv_cache_usage = Gauge(
+            "iop_edge_node_kv_cache_usage",
+            "The part of each node's KV cache in use (0 to 1), as its last Watch report said.",
+            ["node"], registry=r, multiprocess_mode="livemax",
+        )  # fmt: skip
+        self.node_watched = Gauge(
+            "iop_edge_node_watched",
+            "1 when a node's state comes from its Watch stream, 0 when it is asked with"
+            " Describe (a node older than Watch).",
+            ["node"], registry=r, multiprocess_mode="liveall",
+        )  # fmt: skip
+        self.node_state_rpcs = Counter(
+            "iop_edge_node_state_rpcs",
+            "Describe and Watch RPCs sent to each node, by rpc: describe, watch (a"
+            " subscription).",
+            ["node", "rpc"], registry=r,
+        )  # fmt: skip
         self.retries = Counter(
             "iop_edge_retries",
             "Runs retried on another node before the first byte, by the node that failed"
@@ -312,6 +343,20 @@ class EdgeMetrics:
             self._watch(self.node_state.labels(name), value)
         self.sync()
 
+    def watch_node_load(
+        self, nodes: Iterable[tuple[str, Callable[[], tuple[float, float, float, bool]]]]
+    ) -> None:
+        """The node load gauges, read when scraped (as `watch_nodes`) from each node's
+        function: (waiting runs, active runs, KV cache usage, watched)."""
+        gauges = (
+            self.node_waiting_runs, self.node_active_runs, self.node_kv_cache_usage,
+            self.node_watched,
+        )  # fmt: skip
+        for name, values in nodes:
+            for i, gauge in enumerate(gauges):
+                self._watch(gauge.labels(name), partial(_item, values, i))
+        self.sync()
+
     def watch_backlog(self, chars: Callable[[], float]) -> None:
         """`iop_edge_backlog_chars` read from `chars` when scraped (as `watch_nodes`)."""
         self._watch(self.backlog_chars, chars)
@@ -337,6 +382,10 @@ class EdgeMetrics:
         merged = CollectorRegistry()
         MultiProcessCollector(merged, path=str(self.multiproc_dir))  # type: ignore[no-untyped-call]
         return generate_latest(merged)
+
+
+def _item(values: Callable[[], tuple[float, float, float, bool]], i: int) -> float:
+    return float(values()[i])
 
 
 class SupervisorMetrics:

@@ -182,6 +182,10 @@ async def _serve(
             root.cancel_scope.cancel()
 
 
+def _count_state_rpc(metrics: EdgeMetrics, node: str, rpc: str) -> None:
+    metrics.node_state_rpcs.labels(node, rpc).inc()
+
+
 async def _open_nodes(
     stack: AsyncExitStack,
     config: Config,
@@ -198,7 +202,10 @@ async def _open_nodes(
     metrics.watch_backlog(lambda: backlog.chars)
     for node in config.nodes:
         counter = metrics.node_cancels.labels(node.name).inc
-        client = partial(GrpcNodeClient, on_cancel_sent=counter, backlog=backlog)
+        state_rpcs = partial(_count_state_rpc, metrics, node.name)
+        client = partial(
+            GrpcNodeClient, on_cancel_sent=counter, backlog=backlog, on_state_rpc=state_rpcs
+        )
         if node.embedded:
             sim, port = await stack.enter_async_context(
                 embedded_node(node.name, runs_log, tracing=tracing)
@@ -226,6 +233,7 @@ async def _open_pool(
         max_runs={n.name: n.max_runs for n in config.nodes if n.max_runs is not None},
     )  # fmt: skip
     metrics.watch_nodes((s.client.name, partial(pool.state_value, s)) for s in pool.nodes)
+    metrics.watch_node_load((s.client.name, partial(pool.load_values, s)) for s in pool.nodes)
     stack.push_async_callback(pool.aclose)
     await pool.refresh()
     for state in pool.nodes:

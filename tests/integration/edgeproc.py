@@ -184,10 +184,18 @@ async def edge_process(
         process.stderr.close()
 
 
-def start_sim_on(port: int, runs_log: Path) -> subprocess.Popen[str]:
-    """`iop-sim-node` on a fixed 127.0.0.1 port; returns once it listens."""
+def start_sim_on(port: int, runs_log: Path, *args: str) -> subprocess.Popen[str]:
+    """`iop-sim-node` on a fixed 127.0.0.1 port (`args` added to its command); returns
+    once it listens."""
     process = subprocess.Popen(
-        [*_script("iop-sim-node"), "--listen", f"127.0.0.1:{port}", "--runs-log", str(runs_log)],
+        [
+            *_script("iop-sim-node"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--runs-log",
+            str(runs_log),
+            *args,
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         text=True,

@@ -81,7 +81,13 @@ def _allow_open_files(nodes: int) -> None:
 
 
 async def _serve(
-    host: str, port: int, runs_log: Path | None, name: str, nodes: int, max_runs: int
+    host: str,
+    port: int,
+    runs_log: Path | None,
+    name: str,
+    nodes: int,
+    max_runs: int,
+    watch: bool,
 ) -> int:
     # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-sim-node")
@@ -93,6 +99,7 @@ async def _serve(
                 runs_log=node_runs_log(runs_log, index, nodes),
                 tracing=tracing,
                 max_runs=max_runs,
+                watch=watch,
             )
             node_port = port + index - 1 if port else 0
             try:
@@ -137,13 +144,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="serve K nodes, NAME-1..NAME-K, on PORT..PORT+K-1 (default 1)",
     )
+    parser.add_argument(
+        "--no-watch", action="store_true",
+        help="answer Watch UNIMPLEMENTED, as a node older than that RPC",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     host, port = args.listen
     if port and port + args.nodes - 1 > MAX_PORT:
         parser.error(f"--nodes {args.nodes} from port {port} passes port {MAX_PORT}")
     if args.nodes > 1:
         _allow_open_files(args.nodes)
-    return asyncio.run(_serve(host, port, args.runs_log, args.name, args.nodes, args.max_runs))
+    return asyncio.run(
+        _serve(host, port, args.runs_log, args.name, args.nodes, args.max_runs, not args.no_watch)
+    )
 
 
 if __name__ == "__main__":

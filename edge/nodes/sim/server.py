@@ -43,6 +43,9 @@ Describe says both models give logprobs, and the node's load: `active_runs`
 others wait in the node's queue (`Places`), first come first served, not yet
 accepted: a CancelRun or a reset stream takes a waiting run out of the queue,
 and a run that ends hands its place to the first one waiting.
+With `watch=False` (`--no-watch`) the node has no Watch route: it answers
+Watch UNIMPLEMENTED, as a node older than that RPC (the edge polls its
+Describe).
 
 The runs log (`edge.nodes.kit.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
@@ -57,12 +60,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grpclib.const import Status
+from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import Encoded
+from edge.contract.routes import WATCH_ROUTE
 from edge.nodes.kit import Events, NodeService, RunRecord
 from edge.nodes.sim.script import ScriptError, message_text, script_items
 from edge.observe.tracing import Tracing
@@ -257,8 +261,10 @@ class SimNode(NodeService):
         *,
         tracing: Tracing | None = None,
         max_runs: int = 0,
+        watch: bool = True,
     ) -> None:
         super().__init__(name, runs_log, tracing=tracing)
+        self.serves_watch = watch
         self.places = Places(max_runs)
         # The handler tasks of the runs holding a place (given back when they end).
         self._placed: set[asyncio.Task[Any]] = set()
@@ -267,6 +273,12 @@ class SimNode(NodeService):
     def active_runs(self) -> int:
         """The runs playing (holding a place); those waiting are `places.waiting`."""
         return self.places.playing
+
+    def __mapping__(self) -> dict[str, Handler]:
+        mapping = super().__mapping__()
+        if not self.serves_watch:
+            del mapping[WATCH_ROUTE]
+        return mapping
 
     # --- RPCs -------------------------------------------------------------------
 

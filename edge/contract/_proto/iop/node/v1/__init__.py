@@ -533,9 +533,13 @@ class NodeServiceStub(betterproto2_grpclib.ServiceStub):
     ) -> "AsyncIterator[DescribeResponse]":
         """
         The node's state, pushed: one DescribeResponse at once, then one whenever
-        its load or models change (at most one per min_interval_ms) and at least
-        one every heartbeat_ms, until the caller leaves. A node older than this
-        RPC answers UNIMPLEMENTED: the edge polls Describe instead.
+        its load or models change (changes closer together than the node's
+        minimum interval, 100 ms on this repository's nodes, are one report) and
+        at least one every heartbeat_ms, until the caller leaves. A report is
+        made when the caller can take it: a slow reader gets the latest state,
+        never a queue. A node older than this RPC answers UNIMPLEMENTED: the edge
+        polls Describe instead (as it does a node at its cap of watchers, which
+        answers RESOURCE_EXHAUSTED).
         """
 
         async for response in self._unary_stream(
@@ -575,9 +579,13 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
     async def watch(self, message: "WatchRequest") -> "AsyncIterator[DescribeResponse]":
         """
         The node's state, pushed: one DescribeResponse at once, then one whenever
-        its load or models change (at most one per min_interval_ms) and at least
-        one every heartbeat_ms, until the caller leaves. A node older than this
-        RPC answers UNIMPLEMENTED: the edge polls Describe instead.
+        its load or models change (changes closer together than the node's
+        minimum interval, 100 ms on this repository's nodes, are one report) and
+        at least one every heartbeat_ms, until the caller leaves. A report is
+        made when the caller can take it: a slow reader gets the latest state,
+        never a queue. A node older than this RPC answers UNIMPLEMENTED: the edge
+        polls Describe instead (as it does a node at its cap of watchers, which
+        answers RESOURCE_EXHAUSTED).
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
