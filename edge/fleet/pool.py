@@ -21,7 +21,10 @@ its breaker closed or half-open with the probe run free), not excluded
 (`in_flight < max_runs`, the edge's own bound whatever the node reports);
 least loaded (`edge.fleet.load.rank`: by the node's own load where it
 reports it, else by this process's runs on it), or the session's node under
-the affinity policy (`edge.fleet.affinity`). When every node serving the model
+the affinity policy (`edge.fleet.affinity`). A node whose reported queue is
+longer than that of a node only full here is not picked: the run waits at
+the edge for the other's slot (`pick` answers None) rather than join the
+queue. When every node serving the model
 (and not excluded) is marked down, panic routing tries one anyway, the one
 that failed least recently: a down mark may be stale, and answering 503
 outright would turn a blip into an outage. An open breaker is not stale: a
@@ -142,6 +145,15 @@ class NodeState:
 
     def __repr__(self) -> str:
         return f"NodeState({self.client.name!r}, in_flight={self.in_flight})"
+
+
+def _queued_behind(chosen: NodeState, healthy: list[NodeState]) -> bool:
+    """Whether `chosen` has runs waiting in its queue (as it reports it) while a node with
+    fewer is only full here (no slot of this process's): the run is better off waiting
+    at the edge for that node's slot than behind the queue, where no edge can take it
+    back. Without reports, nobody's queue is known: never."""
+    queue = chosen.rank()[0]
+    return queue > 0 and any(s.rank()[0] < queue for s in healthy if not s.has_slot())
 
 
 def _max_runs(configured: int | None, described: NodeDescription | None) -> float:
@@ -443,6 +455,8 @@ class NodePool:
             if not free:
                 return None
             chosen = self._choose(free, affinity_key)
+            if len(free) < len(healthy) and _queued_behind(chosen, healthy):
+                return None  # wait here for a place on a node without that queue
             chosen.health.take(now)
             return chosen
         if down and not blocked:

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -357,3 +357,79 @@ async def test_a_node_older_than_watch_is_polled_and_watched_once_upgraded(
         await stop_edge(running)
     finally:
         kill(process)
+
+
+QUEUED = 12  # another tenant's runs on n1: 2 playing, 10 in its queue
+
+
+async def _busy_queued(
+    client: GrpcNodeClient, nursery: trio.Nursery, count: int
+) -> list[RunHandle]:
+    """`count` runs that hang on the node, started on it directly (another tenant's), each
+    in a task of its own: those past the node's places wait unaccepted in its queue."""
+    handles: list[RunHandle] = []
+    content = script({"type": "delta", "delta": "x"}, {"type": "hang"})
+
+    async def start(i: int) -> None:
+        request = pb.RunRequest(
+            run_id=f"busy-{i}", model="sim-script",
+            messages=[pb.Message(role="user", content=content)],
+        )  # fmt: skip
+        with contextlib.suppress(EdgeError):
+            handles.append(
+                await client.start_run(nursery, request, deadline=trio.current_time() + 120)
+            )
+
+    for i in range(count):
+        nursery.start_soon(start, i)
+    return handles
+
+
+async def test_two_edges_wait_for_a_node_without_a_queue_rather_than_join_one(
+    tmp_path: Path,
+) -> None:
+    """n1 and n2 each play 2 runs at once (`--max-runs 2`); another tenant holds n1's two
+    places and 10 more runs wait in its queue. Two edge processes each send 8 requests at
+    once: every one runs on n2, though n2 is full (2 runs from an edge) for most of them:
+    a request waits at its edge for a place on n2 rather than join n1's queue, where it
+    would wait behind 10 runs that never end. (Picking among the nodes with a slot here,
+    an edge with n2 full would send its third request to n1.)"""
+    with ExitStack() as stack:
+        n1 = start_sim(tmp_path, "n1", "--name", "n1", "--max-runs", "2")
+        stack.callback(stop_process, n1.process)
+        n2 = start_sim(tmp_path, "n2", "--name", "n2", "--max-runs", "2")
+        stack.callback(stop_process, n2.process)
+        host, port = n1.address.rsplit(":", 1)
+        tenant = GrpcNodeClient("n1", host, int(port))
+        answers: list[httpx.Response] = []
+        async with asyncio_loop():
+            try:
+                async with trio.open_nursery() as runs:
+                    await _busy_queued(tenant, runs, QUEUED)
+                    async with (
+                        edge_process(tmp_path, _edge_toml(n1, n2), name="edge1") as edge1,
+                        edge_process(tmp_path, _edge_toml(n1, n2), name="edge2") as edge2,
+                        httpx.AsyncClient(base_url=edge1.url, timeout=WAIT_S) as http1,
+                        httpx.AsyncClient(base_url=edge2.url, timeout=WAIT_S) as http2,
+                    ):
+                        for http in (http1, http2):
+                            await _poll_metrics(
+                                http, "iop_edge_node_waiting_runs", QUEUED - 2, node="n1"
+                            )
+
+                        async def ask(http: httpx.AsyncClient, i: int) -> None:
+                            body = chat_body("sim-echo", f"q{i}")
+                            answers.append(await http.post(CHAT, json=body))
+
+                        async with trio.open_nursery() as asks:
+                            for i in range(REQUESTS):
+                                asks.start_soon(ask, http1, i)
+                                asks.start_soon(ask, http2, REQUESTS + i)
+                    runs.cancel_scope.cancel()
+            finally:
+                await tenant.aclose()
+        assert [a.status_code for a in answers] == [200] * (2 * REQUESTS)
+        ran_on_n1 = [r for r in n1.runs() if not str(r.get("run_id", "")).startswith("busy-")]
+        ran_on_n2 = [r for r in n2.runs() if "outcome" in r]
+        assert ran_on_n1 == []
+        assert len(ran_on_n2) == 2 * REQUESTS

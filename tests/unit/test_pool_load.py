@@ -152,6 +152,22 @@ def test_runs_between_two_reports_count_and_a_report_counts_them_again() -> None
     assert b.rank() == (0.0, 0.0, 3 / 8)
 
 
+def test_a_run_waits_for_a_node_full_here_rather_than_join_a_queue() -> None:
+    """a has 10 runs waiting in its queue; b, no queue, has its 2 places taken by this
+    process: no pick (the run waits here for b), until one of b's runs ends. Without a
+    node full here, a queue is no bar: a node with a queue is still picked when it is
+    the only one with a slot."""
+    pool, _, (a, b) = make_pool("a", "b")
+    report(pool, a, active=2, waiting=10, max_runs=2)
+    report(pool, b, active=0, max_runs=2)
+    assert [take(pool).client.name for _ in range(2)] == ["b", "b"]
+    assert pool.pick("m") is None
+    b.in_flight -= 1
+    assert pool.pick("m") is b
+    pool.nodes.remove(b)
+    assert pool.pick("m") is a
+
+
 def test_a_node_without_reports_is_ranked_by_this_processs_runs() -> None:
     """Reported and unreported nodes side by side: the unreported one by its runs in
     flight here over its cap (here 0: it is picked over a reported node with runs)."""
