@@ -139,6 +139,22 @@ class DescribeResponse(betterproto2.Message):
     On Watch: numbers the reports from 1, per stream.
     """
 
+    kv_blocks_stored: "list[int]" = betterproto2.field(10, betterproto2.TYPE_FIXED64, repeated=True)
+    """
+    On Watch, from a node that keeps its KV cache by the edge's prefix blocks
+    (RunRequest.prefix_blocks): the blocks it stored and evicted since this
+    stream's previous report, in that order; or, with kv_blocks_snapshot, the
+    whole set it holds now in kv_blocks_stored (the stream's first report, and
+    after more changes than one report carries). At most 65,536 hashes in all
+    per report. A node that does not track blocks leaves all three empty.
+    """
+
+    kv_blocks_evicted: "list[int]" = betterproto2.field(
+        11, betterproto2.TYPE_FIXED64, repeated=True
+    )
+
+    kv_blocks_snapshot: "bool" = betterproto2.field(12, betterproto2.TYPE_BOOL)
+
 
 default_message_pool.register_message("iop.node.v1", "DescribeResponse", DescribeResponse)
 
@@ -345,6 +361,24 @@ class RunRequest(betterproto2.Message):
     """
     Any other sampling fields of the request (logit_bias, top_k, min_p, ...)
     as one JSON object; empty when absent.
+    """
+
+    prefix_blocks: "list[int]" = betterproto2.field(19, betterproto2.TYPE_FIXED64, repeated=True)
+    """
+    The prompt's prefix fingerprint, for cache-aware routing (docs/fleet.md):
+    the chained hashes of its whole blocks of PREFIX_BLOCK_CHARS (256)
+    characters of one canonical rendering of the prompt (the model, the tools,
+    then the messages in order); the hash of block i covers blocks 0..i, so two
+    prompts share their first k hashes exactly when they share their first k
+    blocks. At most 4,096 blocks (a longer prompt: its first 4,096). A node
+    that keeps its KV cache by these blocks may report which it stores and
+    evicts (DescribeResponse.kv_blocks_stored); any other node ignores them.
+    """
+
+    prompt_chars: "int" = betterproto2.field(20, betterproto2.TYPE_UINT64)
+    """
+    The length of that rendering in characters (the prompt's size as the
+    fingerprint saw it; a partial last block is in it, not in prefix_blocks).
     """
 
 
