@@ -23,7 +23,7 @@ from edge.api.render import KEEPALIVE, ResponseBuilder, SSEEncoder
 from edge.api.request import ChatRequest, parse_chat_request
 from edge.api.responses import parse_responses_request
 from edge.api.responses_out import ResponsesRenderer
-from edge.errors import error_object, status_of
+from edge.errors import EdgeError, error_object, status_of
 from edge.stream.output import ErrorOut, OutEvent
 
 CHAT_PATH = "/v1/chat/completions"
@@ -98,6 +98,11 @@ class Api:
         """An error as this API's (status, body)."""
         return status, error_object(error_type, message, code=code)
 
+    def edge_error(self, error: EdgeError) -> tuple[int, dict[str, Any]]:
+        """The edge's own error (a bad request, overload, a limit) as this API's (status,
+        body): OpenAI's error object, its `param` and `code` included."""
+        return error.status, error.to_dict()
+
     def run_error(self, error: ErrorOut) -> tuple[int, dict[str, Any]]:
         """A run's error as the whole answer: its status (a node's refusal: the node's)
         and this API's body."""
@@ -161,6 +166,9 @@ class MessagesApi(Api):
         self, status: int, error_type: str, message: str, code: str | None = None
     ) -> tuple[int, dict[str, Any]]:
         return anthropic_error(status, error_type, message)  # Anthropic's errors have no code
+
+    def edge_error(self, error: EdgeError) -> tuple[int, dict[str, Any]]:
+        return anthropic_error(error.status, error.type, error.message)
 
 
 class _MessagesOut(MessagesRenderer):

@@ -73,11 +73,8 @@ def _json_response(value: object, status: int = 200) -> Response:
 
 def _error_response(error: EdgeError) -> Response:
     api = APIS.get(request.path) if request else None
-    if api is MESSAGES:
-        status, body = api.error(error.status, error.type, error.message)
-        response = _json_response(body, status)
-    else:
-        response = _json_response(error.to_dict(), error.status)
+    status, body = api.edge_error(error) if api else (error.status, error.to_dict())
+    response = _json_response(body, status)
     if isinstance(error, OverloadedError | RateLimitedError):
         response.headers["Retry-After"] = str(error.retry_after_s)
     if isinstance(error, RateLimitedError):

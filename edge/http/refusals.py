@@ -14,8 +14,8 @@ import msgspec
 import trio
 from loguru import logger
 
-from edge.api.surfaces import APIS, MESSAGES
-from edge.errors import OverloadedError, error_object
+from edge.api.surfaces import APIS
+from edge.errors import error_object
 from edge.fleet.admission import Admission
 from edge.observe.metrics import EdgeMetrics
 
@@ -62,15 +62,6 @@ def error_response(
     return http_answer(status, body, reason=reason, retry_after_s=retry_after_s, close=close)
 
 
-def overloaded_response(error: OverloadedError, *, close: bool) -> bytes:
-    """The app's 503 `overloaded` answer (same body, same Retry-After), written by the
-    server itself for a request it sheds before parsing it."""
-    return error_response(
-        error.status, REASONS[503], error.message, error.code or error.type, error.type,
-        retry_after_s=error.retry_after_s, close=close,
-    )  # fmt: skip
-
-
 def shed_at_once(admission: Admission, request_line: bytes, *, close: bool) -> bytes | None:
     """For the HTTP server, before it parses a request: the whole HTTP/1.1 answer
     to a `POST` of one of the APIs that `admission.shed_if_full` would shed, or None.
@@ -85,9 +76,7 @@ def shed_at_once(admission: Admission, request_line: bytes, *, close: bool) -> b
     error = admission.shed_now()
     if error is None:
         return None
-    if api is not MESSAGES:
-        return overloaded_response(error, close=close)
-    status, body = api.error(error.status, error.type, error.message)
+    status, body = api.edge_error(error)
     return http_answer(
         status, msgspec.json.encode(body), retry_after_s=error.retry_after_s, close=close
     )
