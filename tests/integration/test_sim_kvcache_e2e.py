@@ -249,6 +249,52 @@ async def test_an_uncached_prompts_prefill_delays_its_first_event_past_a_cached_
     assert seen["order"] == ["cached"]
 
 
+async def _queued_behind_prefill(address: str) -> tuple[int, int | None, bool]:
+    """On a node that plays one run at a time: a long prefill accepted, then a cached run;
+    the load once the second one waits, and whether it was accepted by then."""
+    channel = _channel(address)
+    stub = pb.NodeServiceStub(channel)
+    route = (RUN_ROUTE, Cardinality.UNARY_STREAM, pb.RunRequest, pb.RunEvent)
+    accepted = {"long": asyncio.Event(), "next": asyncio.Event()}
+
+    async def run(name: str, request: pb.RunRequest) -> None:
+        async with channel.request(*route) as stream:
+            await stream.send_message(request, end=True)
+            await stream.recv_initial_metadata()
+            accepted[name].set()
+            await stream.recv_message()
+
+    tasks = [asyncio.create_task(run("long", _request("long", [501], chars=100_000)))]
+    try:
+        async with asyncio.timeout(WAIT_S):
+            await accepted["long"].wait()
+            tasks.append(asyncio.create_task(run("next", _request("next", []))))
+            while (described := await stub.describe(pb.DescribeRequest())).waiting_runs != 1:  # noqa: ASYNC110 - another process's state
+                await asyncio.sleep(0.01)
+        return described.active_runs, described.waiting_runs, accepted["next"].is_set()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        channel.close()
+
+
+async def test_a_prefill_holds_the_runs_place_so_the_queue_waits(tmp_path: Path) -> None:
+    """With --max-runs 1, a run in its prefill holds the node's one place: a run that comes
+    next waits in the queue, not accepted (as a GPU busy with a prefill)."""
+    node = await trio.to_thread.run_sync(
+        start_sim, tmp_path, "kv", "--kv-tokens", "4096", "--max-runs", "1",
+        "--prefill-us-per-token", str(PREFILL_US),
+    )  # fmt: skip
+    try:
+        async with asyncio_loop():
+            with trio.fail_after(WAIT_S * 2):
+                seen = await call_asyncio(_queued_behind_prefill, node.address)
+    finally:
+        await trio.to_thread.run_sync(stop_process, node.process)
+    assert seen == (1, 1, False)
+
+
 async def _paced(address: str, words: int) -> tuple[float, int]:
     channel = _channel(address)
     stub = pb.NodeServiceStub(channel)

@@ -20,6 +20,7 @@ from edge.contract.prefix import (
     MAX_KV_BLOCKS_PER_REPORT,
     MAX_PREFIX_BLOCKS,
 )
+from edge.nodes.sim import cli
 from edge.nodes.sim.kvcache import MAX_KV_TOKENS, KVCache, KVSettings, prompt
 
 
@@ -206,3 +207,27 @@ def test_any_workload_keeps_the_bound_whole_prefixes_and_a_true_log(
             read()
     read()
     assert seen == set(cache.blocks())
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--kv-tokens", str(MAX_KV_TOKENS + 1)], "must be 4194304 or less"),
+        (["--kv-tokens", "-1"], "must be 0 or more"),
+        (["--prefill-us-per-token", "-1"], "must be a finite number from 0"),
+        (["--prefill-us-per-token", "nan"], "must be a finite number from 0"),
+        (["--decode-tokens-per-s", "inf"], "must be a finite number from 0"),
+        (["--decode-tokens-per-s", "fast"], "not a number"),
+    ],
+)
+def test_the_node_refuses_a_cache_model_flag_out_of_range(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`iop-sim-node` answers a cache size past one report, or a time that is negative or
+    not finite, with a usage error naming the flag and the bound, before it serves."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--listen", "127.0.0.1:0", *flags])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert flags[0] in error
+    assert message in error
