@@ -29,6 +29,7 @@ import trio
 
 from edge.node.bridge import call_asyncio
 from edge.nodes.kit import start_server, stop_server
+from edge.nodes.sim.kvcache import KVSettings
 from edge.nodes.sim.server import SimNode
 from edge.nodes.upstream.server import UpstreamNode
 from edge.observe.tracing import Tracing
@@ -41,11 +42,16 @@ THREAD_JOIN_S = 10.0
 
 @asynccontextmanager
 async def embedded_node(
-    name: str, runs_log: Path | None = None, *, tracing: Tracing | None = None
+    name: str,
+    runs_log: Path | None = None,
+    *,
+    tracing: Tracing | None = None,
+    kv: KVSettings | None = None,
 ) -> AsyncIterator[tuple[SimNode, int]]:
     """Serve a simulated node for the duration of the block; yields (node, port).
-    With `tracing`, its runs' spans go out with the edge's."""
-    node = SimNode(name=name, runs_log=runs_log, tracing=tracing)
+    With `tracing`, its runs' spans go out with the edge's; `kv`: its KV cache model
+    (off by default)."""
+    node = SimNode(name=name, runs_log=runs_log, tracing=tracing, kv=kv)
     server, port = await call_asyncio(start_server, node, "127.0.0.1", 0)
     try:
         yield node, port

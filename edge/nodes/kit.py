@@ -31,6 +31,14 @@
   is released with its stream, and one still there when the node stops is
   told so (UNAVAILABLE). A watcher costs one waiting task, woken by a change
   or its heartbeat: no polling.
+  A node that keeps its KV cache by the edge's prefix blocks sets
+  `NodeService.block_log` (`edge.nodes.blocklog`): each report then also
+  carries the blocks stored and evicted since that watcher's previous report
+  (each block once, as its last event left it, so applying the stored ones
+  then the evicted ones, the contract's order, gives the node's set), or a
+  snapshot of the whole set on its first report and after it fell behind the
+  log. A watcher keeps only its position in the log. Other nodes leave the
+  fields empty.
 
 HTTP/2 MAX_CONCURRENT_STREAMS stays at the 100 grpclib's h2 connections
 advertise: grpclib 0.4.9 has no public setting for it (its Configuration
@@ -65,6 +73,7 @@ from opentelemetry.trace import Span, SpanKind
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import ContractCodec, Serialized
 from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
+from edge.nodes.blocklog import BlockLog
 from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extract, set_error
 
 CANCEL_GRACE_S = 1.0
@@ -354,6 +363,9 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
     # Watchers at once, and how long a report waits for its watcher to read.
     max_watchers = MAX_WATCHERS
     watch_send_s = WATCH_SEND_S
+    # The KV block events of a node that keeps its cache by the edge's prefix blocks,
+    # for its watchers' reports (None: it does not; its reports carry no blocks).
+    block_log: BlockLog | None = None
 
     def __init__(
         self, name: str, runs_log: Path | None = None, *, tracing: Tracing | None = None
@@ -415,7 +427,9 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         within WATCH_MIN_INTERVAL_S of the last report wait for its end, and
         are one report), and one every heartbeat without a change. A report
         is made when the caller takes it: a watcher that reads slowly gets
-        the state of when it reads, never a queue of old ones.
+        the state of when it reads, never a queue of old ones. With a
+        `block_log`, each report carries the KV blocks stored and evicted
+        since this watcher's previous one (a snapshot on its first).
         """
         if len(self._watchers) >= self.max_watchers:
             raise GRPCError(
@@ -427,9 +441,12 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         loop = asyncio.get_running_loop()
         try:
             seq = 0
+            position: int | None = None  # in `block_log`: None until the first report
             while True:
                 changed.clear()  # a change from here on is in the next report
                 report = await self.describe(pb.DescribeRequest())
+                if self.block_log is not None:
+                    position = self.block_log.report(report, position)
                 seq += 1
                 report.heartbeat_ms = heartbeat_ms
                 report.seq = seq

@@ -60,6 +60,16 @@ def test_llamacpp_null_first_delta_timings_and_usage_on_finishchunk() -> None:
     assert events[-1] == ("complete", "", "", {"finish_reason": "stop"}, (24, 12, 0, 16))
 
 
+def test_llamacpp_current_usage_chunk_counts_cached_prompt_tokens() -> None:
+    """A current llama.cpp: usage in its own last chunk, its cached prompt tokens in
+    `prompt_tokens_details.cached_tokens` (the `timings.cache_n` beside it says the same).
+    Its native `/completion` field `tokens_cached` is not in a chat completion (and counts
+    the whole context after the run, output included): nothing else is read."""
+    events = replay([body("llamacpp-cached")])
+    assert [e[:2] for e in events[:-1]] == [("delta", "Paris"), ("delta", ".")]
+    assert events[-1] == ("complete", "", "", {"finish_reason": "stop"}, (6150, 3, 0, 6144))
+
+
 def test_ollama_whole_tool_call_without_index_and_no_usage() -> None:
     """Ollama: `reasoning`, one chunk with the whole call, finish "stop", no usage chunk."""
     events = replay([body("ollama")])

@@ -15,7 +15,7 @@ from edge.nodes.upstream.sse import SSEDecoder, SSEMessage
 FIXTURES = Path(__file__).parent.parent / "integration" / "upstream_fixtures"
 STREAMS = (
     "vllm", "llamacpp", "ollama", "sglang", "stream-error", "truncated",
-    "vllm-logprobs", "llamacpp-logprobs",
+    "vllm-logprobs", "llamacpp-logprobs", "llamacpp-cached",
 )  # fmt: skip
 TERMINAL = {"complete", "error", "cancelled"}
 

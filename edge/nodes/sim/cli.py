@@ -1,7 +1,8 @@
 """`iop-sim-node`: the simulated node as a standalone process.
 
     iop-sim-node [--listen HOST:PORT] [--runs-log FILE] [--name NAME]
-                 [--max-runs N] [--nodes K]
+                 [--max-runs N] [--nodes K] [--no-watch]
+                 [--kv-tokens N] [--prefill-us-per-token U] [--decode-tokens-per-s R]
 
 One process serves K simulated nodes (`--nodes`, for benchmarks of many node
 connections): node i (1..K) is named NAME-i and listens on PORT+i-1 (each on
@@ -11,6 +12,11 @@ NAME on PORT, its runs log FILE. Once every node listens, the process prints
 one line per node, in order: `iop-sim-node listening on HOST:PORT` (K = 1) or
 `iop-sim-node NAME-i listening on HOST:PORT`. The nodes share the process's
 asyncio loop and do nothing while idle.
+
+`--kv-tokens N` turns on each node's KV cache model (`edge.nodes.sim.kvcache`:
+N // 64 blocks, at most 4,194,304 tokens), with `--prefill-us-per-token U`
+per uncached prompt token before a run's first event; `--decode-tokens-per-s
+R` paces deltas (docs/simulated-node.md).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 from edge.config.address import split_address
 from edge.nodes.kit import NodeServer, start_server, stop_server, wait_for_stop_signal
+from edge.nodes.sim.kvcache import MAX_KV_TOKENS, KVSettings
 from edge.nodes.sim.server import SimNode
 from edge.observe.tracing import setup_tracing
 
@@ -40,7 +47,7 @@ def _parse_listen(value: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(minimum: int) -> Callable[[str], int]:
+def _count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     def parse(value: str) -> int:
         try:
             number = int(value)
@@ -48,9 +55,22 @@ def _count(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
         if number < minimum:
             raise argparse.ArgumentTypeError(f"must be {minimum} or more, not {number}")
+        if maximum is not None and number > maximum:
+            raise argparse.ArgumentTypeError(f"must be {maximum} or less, not {number}")
         return number
 
     return parse
+
+
+def _rate(value: str) -> float:
+    """A finite number from 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 <= number < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number from 0, not {value}")
+    return number
 
 
 def node_names(name: str, nodes: int) -> list[str]:
@@ -88,6 +108,7 @@ async def _serve(
     nodes: int,
     max_runs: int,
     watch: bool,
+    kv: KVSettings,
 ) -> int:
     # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-sim-node")
@@ -100,6 +121,7 @@ async def _serve(
                 tracing=tracing,
                 max_runs=max_runs,
                 watch=watch,
+                kv=kv,
             )
             node_port = port + index - 1 if port else 0
             try:
@@ -148,14 +170,40 @@ def main(argv: list[str] | None = None) -> int:
         "--no-watch", action="store_true",
         help="answer Watch UNIMPLEMENTED, as a node older than that RPC",
     )  # fmt: skip
+    parser.add_argument(
+        "--kv-tokens",
+        type=_count(0, MAX_KV_TOKENS),
+        default=0,
+        metavar="N",
+        help="model a KV cache of N tokens, N // 64 blocks, LRU (0: no cache model, the default)",
+    )
+    parser.add_argument(
+        "--prefill-us-per-token",
+        type=_rate,
+        default=100.0,
+        metavar="U",
+        help="with --kv-tokens: microseconds per uncached prompt token before a run's first"
+        " event (default 100)",
+    )
+    parser.add_argument(
+        "--decode-tokens-per-s",
+        type=_rate,
+        default=0.0,
+        metavar="R",
+        help="send deltas at R tokens a second, 4 characters a token (0: as fast as the model"
+        " or script says, the default)",
+    )
     args = parser.parse_args(argv)
     host, port = args.listen
+    kv = KVSettings(args.kv_tokens, args.prefill_us_per_token, args.decode_tokens_per_s)
     if port and port + args.nodes - 1 > MAX_PORT:
         parser.error(f"--nodes {args.nodes} from port {port} passes port {MAX_PORT}")
     if args.nodes > 1:
         _allow_open_files(args.nodes)
     return asyncio.run(
-        _serve(host, port, args.runs_log, args.name, args.nodes, args.max_runs, not args.no_watch)
+        _serve(
+            host, port, args.runs_log, args.name, args.nodes, args.max_runs, not args.no_watch, kv
+        )
     )
 
 

@@ -47,6 +47,17 @@ With `watch=False` (`--no-watch`) the node has no Watch route: it answers
 Watch UNIMPLEMENTED, as a node older than that RPC (the edge polls its
 Describe).
 
+The KV cache model (`kv`, `edge.nodes.sim.kvcache`; off by default): with a
+capacity, a run (once it holds its place) finds its prompt's cached blocks,
+waits its prefill time (`prefill_us_per_token` per uncached prompt token),
+then stores its blocks and plays; its `complete` event's usage says its
+prompt tokens and the cached ones (`input_tokens`, `cached_input_tokens`)
+unless a script gives its own usage. Describe reports the capacity and use
+(`kv_cache_tokens`, `kv_cache_used_tokens`), and Watch the blocks stored and
+evicted (the cache's `BlockLog`). `decode_tokens_per_s` paces deltas, cache
+model or not: a delta of N characters is max(1, N // 4) tokens, sent once
+they are decoded.
+
 The runs log (`edge.nodes.kit.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
 """
@@ -66,8 +77,10 @@ from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import Encoded
+from edge.contract.prefix import BLOCK_TOKENS, CHARS_PER_TOKEN
 from edge.contract.routes import WATCH_ROUTE
 from edge.nodes.kit import Events, NodeService, RunRecord
+from edge.nodes.sim.kvcache import KVCache, KVSettings, prompt
 from edge.nodes.sim.script import ScriptError, message_text, script_items
 from edge.observe.tracing import Tracing
 
@@ -247,11 +260,36 @@ class Places:
         self.playing -= 1
 
 
+class Pace:
+    """One run's decode pace: at most `tokens_per_s` tokens of deltas a second (0: no
+    pace). A delta waits until its tokens are decoded, counted from the later of the
+    previous delta's time and now (a reader that stalls the run earns no burst)."""
+
+    __slots__ = ("_due", "tokens_per_s")
+
+    def __init__(self, tokens_per_s: float) -> None:
+        self.tokens_per_s = tokens_per_s
+        self._due = 0.0
+
+    async def wait(self, text: str) -> None:
+        """Wait for a delta of `text` (max(1, len // CHARS_PER_TOKEN) tokens) to be due."""
+        if not self.tokens_per_s:
+            return
+        now = asyncio.get_running_loop().time()
+        tokens = max(1, len(text) // CHARS_PER_TOKEN)
+        self._due = max(self._due, now) + tokens / self.tokens_per_s
+        await asyncio.sleep(self._due - now)
+
+
+_PACED = frozenset({"delta", "reasoning_delta"})
+
+
 class SimNode(NodeService):
     """The NodeService of the simulated node.
 
     `max_runs`: at most this many runs play at once (0: no cap); the others
-    wait in `hold`, before they are accepted.
+    wait in `hold`, before they are accepted. `kv`: the KV cache model and
+    the run's timing (the module says what they do).
     """
 
     def __init__(
@@ -262,10 +300,16 @@ class SimNode(NodeService):
         tracing: Tracing | None = None,
         max_runs: int = 0,
         watch: bool = True,
+        kv: KVSettings | None = None,
     ) -> None:
         super().__init__(name, runs_log, tracing=tracing)
         self.serves_watch = watch
         self.places = Places(max_runs)
+        self.kv = kv or KVSettings()
+        # The cache (None: the model is off), whose block log Watch reports from.
+        self.cache = KVCache(self.kv.kv_tokens // BLOCK_TOKENS) if self.kv.kv_tokens else None
+        if self.cache is not None:
+            self.block_log = self.cache.log
         # The handler tasks of the runs holding a place (given back when they end).
         self._placed: set[asyncio.Task[Any]] = set()
 
@@ -283,12 +327,15 @@ class SimNode(NodeService):
     # --- RPCs -------------------------------------------------------------------
 
     async def describe(self, message: pb.DescribeRequest) -> pb.DescribeResponse:
+        cache = self.cache
         return pb.DescribeResponse(
             node_name=self.name,
             models=[pb.ModelInfo(id=m, owned_by="iop-sim", logprobs=True) for m in MODELS],
             active_runs=self.places.playing,
             max_runs=self.places.cap,
             waiting_runs=self.places.waiting,
+            kv_cache_tokens=None if cache is None else cache.capacity * BLOCK_TOKENS,
+            kv_cache_used_tokens=None if cache is None else cache.held * BLOCK_TOKENS,
         )
 
     async def serve_run(self, stream: Events) -> None:
@@ -318,12 +365,14 @@ class SimNode(NodeService):
             await asyncio.sleep(delay_s)
 
     async def play(self, run: RunRecord, request: pb.RunRequest, span: Span | None) -> str:
-        """The model's events; a script past a bound ends in an error event naming it."""
+        """The model's events (after the prefill, with the cache model); a script past a
+        bound ends in an error event naming it."""
         try:
             if request.model == "sim-echo":
-                return await self._echo(run, request)
+                return await self._echo(run, request, await self._prefill(request))
             if request.model == "sim-script":
-                return await self._script(run, request, _node_items(request, self.name))
+                items = _node_items(request, self.name)  # a bad script fails before prefill
+                return await self._script(run, request, items, await self._prefill(request))
         except ScriptError as exc:
             await run.send(pb.RunEvent(type="error", error=str(exc)))
             return "error"
@@ -331,27 +380,52 @@ class SimNode(NodeService):
         await run.send(pb.RunEvent(type="error", error=error))
         return "error"
 
-    async def _echo(self, run: RunRecord, request: pb.RunRequest) -> str:
+    async def _prefill(self, request: pb.RunRequest) -> pb.Usage | None:
+        """With the cache model: match the prompt's blocks (touching the cached ones, in
+        use now), wait the prefill time of the others, then store them all. Returns the
+        usage the cache model gives the run (its prompt and cached tokens), else None."""
+        cache = self.cache
+        if cache is None:
+            return None
+        asked = prompt(request)
+        hit = cache.match(asked.blocks)
+        cache.store(asked.blocks[:hit])
+        cached = min(hit * BLOCK_TOKENS, asked.tokens)
+        uncached = asked.tokens - cached
+        if uncached and self.kv.prefill_us_per_token:
+            await asyncio.sleep(uncached * self.kv.prefill_us_per_token / 1e6)
+        if cache.store(asked.blocks):
+            self.state_changed()
+        return pb.Usage(input_tokens=asked.tokens, cached_input_tokens=cached)
+
+    async def _echo(self, run: RunRecord, request: pb.RunRequest, usage: pb.Usage | None) -> str:
         text = _last_user_text(request)
         words = text.split(" ")
         top = _logprobs_asked(request)
+        pace = Pace(self.kv.decode_tokens_per_s)
         for i, word in enumerate(words):
             piece = word if i == 0 else " " + word
             logprobs = [] if top is None else [_echo_logprob(piece, top)]
+            await pace.wait(piece)
             await run.send(pb.RunEvent(type="delta", delta=piece, logprobs=logprobs))
-        prompt_tokens = sum(len((m.content or "").split()) for m in request.messages)
-        usage = pb.Usage(input_tokens=prompt_tokens, output_tokens=len(words))
+        if usage is None:
+            prompt_tokens = sum(len((m.content or "").split()) for m in request.messages)
+            usage = pb.Usage(input_tokens=prompt_tokens)
+        usage.output_tokens = len(words)
         await run.send(
             pb.RunEvent(type="complete", usage=usage, metadata={"finish_reason": "stop"})
         )
         return "complete"
 
     @staticmethod
-    async def _send_repeated(run: RunRecord, event: pb.RunEvent, n: int) -> None:
+    async def _send_repeated(run: RunRecord, event: pb.RunEvent, n: int, pace: Pace) -> None:
         """The benchmarks' fast path: serialize once, send the bytes n times."""
         payload = Encoded(bytes(event))
         send = run.send
+        paced = event.type in _PACED and pace.tokens_per_s
         for i in range(n):
+            if paced:
+                await pace.wait(event.delta)
             await send(payload)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 # send_message does not yield while the window is open: never
@@ -359,8 +433,14 @@ class SimNode(NodeService):
                 await asyncio.sleep(0)
 
     async def _script(
-        self, run: RunRecord, request: pb.RunRequest, items: list[dict[str, Any]]
+        self,
+        run: RunRecord,
+        request: pb.RunRequest,
+        items: list[dict[str, Any]],
+        usage: pb.Usage | None,
     ) -> str:
+        """The script's items; a complete item without usage gets the cache model's."""
+        pace = Pace(self.kv.decode_tokens_per_s)
         for item in items:
             if "accept_after_ms" in item:
                 continue  # played before the run was accepted
@@ -377,10 +457,14 @@ class SimNode(NodeService):
                 # Non-OK trailers: the events sent so far still arrive, in order.
                 raise GRPCError(Status.ABORTED, "simulated abort")
             event = event_from_item(item)
+            if kind == "complete" and usage is not None and "usage" not in item:
+                event.usage = usage
             repeat = int(item.get("repeat", 1))
             if repeat > 1:
-                await self._send_repeated(run, event, repeat)
+                await self._send_repeated(run, event, repeat, pace)
             else:
+                if event.type in _PACED:
+                    await pace.wait(event.delta)
                 await run.send(event)
             if kind in ("complete", "error", "cancelled"):
                 return "complete" if kind == "complete" else str(kind)
