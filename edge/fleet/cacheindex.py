@@ -20,10 +20,14 @@ prefix fingerprints (`edge.api.fingerprint`), fed from one of two sources:
 `longest` finds a request's longest cached prefix on the node by binary
 search over its chain, O(log blocks) lookups: chained hashes mean that a
 node holding block k normally holds blocks 0..k-1 too (it computed them
-first). An exact index may hold k without some earlier block after an
-eviction (a node that evicts a prefix's head first); the search then finds
-a shorter prefix than held, never a longer one than the first gap: a lower
-bound, which only makes the policy undervalue that node.
+first, and the approximate index records and evicts a prefix tail first).
+The search answers a boundary of what is held: block k-1 held and block k
+not (or the chain's end), exact when the held blocks of the chain are a
+prefix of it. An exact index may hold k without some earlier block (a node
+that evicted a prefix's middle): the search then lands on one of the
+boundaries, short of the first gap or past it. Either is a block the node
+said it holds, and the error is the node's holes, not the index's; a node
+that evicts leaves first (vLLM, SGLang, the simulated node) has none.
 
 Bounded: an index holds at most its capacity in blocks, never more than
 MAX_BLOCKS (whatever a node reports; blocks an exact node says it stored

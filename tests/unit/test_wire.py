@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from edge.api.fingerprint import fingerprint
 from edge.api.request import ChatRequest, parse_chat_request
 from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS
 from edge.node.convert import run_request_from_chat
 from edge.node.grpc import BoundedCodec
 from edge.node.wire import EncodedRunRequest, prepare_run_request
-from edge.contract.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS
 from edge.nodes.kit import NodeCodec
 
 _TEXT = st.text(max_size=12)
@@ -71,9 +71,7 @@ def _bodies(draw: st.DrawFn) -> dict[str, Any]:
 def _expected(request: ChatRequest, deadline: int) -> pb.RunRequest:
     """The RunRequest the edge builds, with its prefix fingerprint."""
     expected = run_request_from_chat(request, run_id="r1", model="m", deadline_unix_ms=deadline)
-    prefix = fingerprint(
-        request, "m", block_chars=PREFIX_BLOCK_CHARS, max_blocks=MAX_PREFIX_BLOCKS
-    )
+    prefix = fingerprint(request, "m", block_chars=PREFIX_BLOCK_CHARS, max_blocks=MAX_PREFIX_BLOCKS)
     expected.prefix_blocks = prefix.blocks.tolist()
     expected.prompt_chars = prefix.chars
     return expected
