@@ -107,18 +107,29 @@ class _Hasher:
             self._pending_chars = 0
             start = need
         end = len(text)
-        while end - start >= size and len(self.blocks) < self._max_blocks:
-            self._block(text[start : start + size])
-            start += size
-        if start < end and len(self.blocks) < self._max_blocks:
+        room = self._max_blocks - len(self.blocks)
+        whole = min((end - start) // size, room)
+        if whole:
+            self._blocks(text, start, whole)
+            start += whole * size
+        if start < end and whole < room:
             self._pending.append(text[start:])
             self._pending_chars = end - start
 
     def _block(self, block: str) -> None:
-        digest = hashlib.blake2b(self._previous, digest_size=8)
-        digest.update(block.encode("utf-8", "surrogatepass"))
-        self._previous = digest.digest()
-        self.blocks.append(int.from_bytes(self._previous, "big"))
+        self._blocks(block, 0, 1)
+
+    def _blocks(self, text: str, start: int, count: int) -> None:
+        """Hash `count` whole blocks of `text` from `start` (the hot loop: locals only)."""
+        size = self._block_chars
+        previous = self._previous
+        append = self.blocks.append
+        blake2b, from_bytes = hashlib.blake2b, int.from_bytes
+        for offset in range(start, start + count * size, size):
+            data = text[offset : offset + size].encode("utf-8", "surrogatepass")
+            previous = blake2b(previous + data, digest_size=8).digest()
+            append(from_bytes(previous, "big"))
+        self._previous = previous
 
 
 def _field(tag: str, value: str) -> Iterator[str]:
