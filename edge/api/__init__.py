@@ -2,8 +2,8 @@
 
 Owns parsing and validating the bodies of chat completions, Responses and
 Messages into one `ChatRequest`, rendering the session's output events as each
-API's stream events and whole answers, each API's error shape, and the
-forwarding policy.
+API's stream events and whole answers, each API's error shape, the
+forwarding policy, and a request's prefix fingerprint (`fingerprint`).
 
 May import `observe` (bounded log values), `stream` and `errors` only.
 """

@@ -138,6 +138,10 @@ def _routing(r: TableReader) -> RoutingConfig:
         watch_heartbeat_s=r.number(
             "watch_heartbeat_s", rtg.watch_heartbeat_s, minimum=0.1, maximum=60
         ),
+        cache_blocks=r.integer("cache_blocks", rtg.cache_blocks, minimum=1, maximum=1 << 20),
+        cache_load_factor=r.number(
+            "cache_load_factor", rtg.cache_load_factor, minimum=1.0, maximum=100
+        ),
     )
 
 

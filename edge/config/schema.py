@@ -74,7 +74,7 @@ class TimeoutsConfig:
     slow_client_backlog_chars: int = 32 * 1024 * 1024
 
 
-ROUTING_POLICIES = ("least_loaded", "affinity")
+ROUTING_POLICIES = ("least_loaded", "affinity", "cache_aware")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,9 @@ class RoutingConfig:
     """How runs are spread over nodes, retried, and kept off failing nodes (`[routing]`)."""
 
     # least_loaded: the node with the fewest runs in flight; affinity: the session's
-    # node (X-Session-Id, else the request's `user`) while its load stays bounded.
+    # node (X-Session-Id, else the request's `user`) while its load stays bounded;
+    # cache_aware: the node whose KV cache holds the longest prefix of the prompt, within
+    # a bound on load (docs/fleet.md, Cache-aware routing).
     policy: str = "least_loaded"
     # Retries of a run that could not start (on another node), before the first byte.
     retries: int = 2
@@ -96,6 +98,12 @@ class RoutingConfig:
     # when it changes and at least this often; one silent for 3 heartbeats (at least 1 s)
     # is suspect and subscribed to again.
     watch_heartbeat_s: float = 2.0
+    # cache_aware: a node's KV cache, in blocks of 64 tokens (256 characters of prompt),
+    # when it does not report its capacity (kv_cache_tokens).
+    cache_blocks: int = 16384
+    # cache_aware: no node is chosen for its cache with more than this many times the
+    # mean runs of the candidates + 1.
+    cache_load_factor: float = 1.25
 
 
 @dataclass(frozen=True, slots=True)

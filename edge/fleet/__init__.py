@@ -1,13 +1,15 @@
 """The fleet: which node runs a request, and the run's one lifecycle there.
 
 Owns the pool of nodes (health, Watch or Describe, circuit breaker, panic
-routing, affinity, the rank of a node by its load: `load`),
+routing, affinity, the rank of a node by its load: `load`; cache-aware routing:
+`cacheaware`, over each node's `cacheindex`),
 admission (node slots, the queue, the memory budget), failover, the run
 (`run`: accept, deadlines, batches, the one CancelRun, the outcome), the
 scheduler's turns for heavy steps, and per-model policy (`modelpolicy`: a
 request's session settings, what reaches its node). `fleet.Fleet` holds the
 parts a request uses; the daemon builds them, the HTTP handler only uses them.
 
-May import `node` (the client side of the contract), `config`, `api`, `observe`,
+May import `node` (the client side of the contract), `config`, `api`, `contract`,
+`observe`,
 `stream`, `errors`; never `http`, `process`, `limits` or `nodes`.
 """

@@ -44,6 +44,7 @@ from loguru import logger
 
 from edge.config import AdmissionConfig
 from edge.errors import EdgeError, OverloadedError, PayloadTooLargeError
+from edge.fleet.cacheaware import Route
 from edge.fleet.pool import NodePool, NodeState
 from edge.observe.metrics import EdgeMetrics
 
@@ -62,6 +63,7 @@ class _Waiter:
     logprobs: bool
     exclude: Collection[NodeState]
     affinity_key: str | None
+    route: Route | None
     woken: trio.Event = field(default_factory=trio.Event)
     node: NodeState | None = None  # its slot is taken
     error: EdgeError | None = None  # the pool's answer: no node can serve it at all
@@ -149,6 +151,7 @@ class Admission:
         logprobs: bool = False,
         exclude: Collection[NodeState] = (),
         affinity_key: str | None = None,
+        route: Route | None = None,
         first: bool = False,
         on_queue: Callable[[float], object] | None = None,
     ) -> NodeState:
@@ -157,20 +160,23 @@ class Admission:
         Raises what the pool raises when no node can serve the model at all
         (NotFoundError, RequestError, NodeUnavailableError), and
         OverloadedError when the queue is full or the wait passed
-        `queue_timeout_s`. `first` queues at the head (a retry of a request
+        `queue_timeout_s`. `route` is the request's prefix blocks, for the
+        cache-aware policy (`NodePool.pick`). `first` queues at the head (a retry of a request
         that already waited its turn). `on_queue` hears the (trio) time the
         request joined the queue, if it had to.
         """
         pool = self._pool
         if self._waiters:
             self.dispatch()  # a slot free now goes to those who waited first
-        node = pool.pick(model, logprobs=logprobs, exclude=exclude, affinity_key=affinity_key)
+        node = pool.pick(
+            model, logprobs=logprobs, exclude=exclude, affinity_key=affinity_key, route=route
+        )
         if node is not None:
             node.in_flight += 1
             return node
         if len(self._waiters) >= self._config.max_queue:
             raise self._shed_full()
-        waiter = _Waiter(model, logprobs, exclude, affinity_key)
+        waiter = _Waiter(model, logprobs, exclude, affinity_key, route)
         if first:
             self._waiters.appendleft(waiter)
         else:
@@ -217,13 +223,14 @@ class Admission:
         # A copy of the head: the loop hands some of them out.
         for waiter in list(islice(waiters, SCAN)):
             key = (waiter.model, waiter.logprobs)
-            plain = not waiter.exclude and waiter.affinity_key is None
+            routed = waiter.route is not None and self._pool.cache_aware
+            plain = not waiter.exclude and waiter.affinity_key is None and not routed
             if plain and key in full:
                 continue
             try:
                 node = pick(
                     waiter.model, logprobs=waiter.logprobs, exclude=waiter.exclude,
-                    affinity_key=waiter.affinity_key,
+                    affinity_key=waiter.affinity_key, route=waiter.route,
                 )  # fmt: skip
             except EdgeError as exc:  # nothing can serve it any more: it is told why
                 waiter.error = exc

@@ -44,6 +44,7 @@ from loguru import logger
 from edge.api.request import ChatRequest
 from edge.config import RoutingConfig
 from edge.errors import EdgeError
+from edge.fleet.cacheaware import Route
 from edge.fleet.pool import NodeState
 from edge.fleet.run import Run
 from edge.fleet.runs import Runs
@@ -150,12 +151,14 @@ class Failover:
         deadline = began + runs.timeouts.total_s
         queued: list[float] = []
         slot: NodeState | None = None  # a slot taken here that no run holds yet
+        prefix = payload.prefix
+        route = Route(prefix.blocks) if prefix is not None and prefix.blocks else None
         run: Run | None = None  # the attempt under way
         try:
             try:
                 slot = await admission.acquire(
                     request.model, logprobs=request.logprobs, affinity_key=affinity_key,
-                    on_queue=queued.append,
+                    route=route, on_queue=queued.append,
                 )  # fmt: skip
             finally:
                 scope.slot_wait(began, queued[0] if queued else None)
@@ -168,7 +171,7 @@ class Failover:
                 run = runs.open(
                     node, scope.nursery, request, payload, new_session(),
                     request_id=scope.request_id, keepalive_s=keepalive_s, deadline=deadline,
-                    api=api, metadata=metadata,
+                    api=api, metadata=metadata, predicted=route.predicted if route else 0,
                 )  # fmt: skip
                 slot = None  # the run's now
                 first: list[OutEvent] = []
@@ -189,7 +192,7 @@ class Failover:
                         return Committed(run, first, False)
                 # The run failed before any byte, on its node's side: another node?
                 if attempt < retries and trio.current_time() < deadline:
-                    slot = await self._next_node(request, tried, affinity_key)
+                    slot = await self._next_node(request, tried, affinity_key, route)
                 if slot is None or not await self._dropped(run, attempt, deadline):
                     if run.start_error is not None:
                         raise run.start_error
@@ -208,13 +211,17 @@ class Failover:
                 admission.release(slot)
 
     async def _next_node(
-        self, request: ChatRequest, tried: list[NodeState], affinity_key: str | None
+        self,
+        request: ChatRequest,
+        tried: list[NodeState],
+        affinity_key: str | None,
+        route: Route | None,
     ) -> NodeState | None:
         """Another node for a retry, its slot taken (queued first); None: there is none."""
         try:
             return await self.runs.admission.acquire(
                 request.model, logprobs=request.logprobs, exclude=tried,
-                affinity_key=affinity_key, first=True,
+                affinity_key=affinity_key, route=route, first=True,
             )  # fmt: skip
         except EdgeError:
             return None

@@ -120,6 +120,8 @@ class RunStart:
     nursery: trio.Nursery
     # Sent with the Run call: the request's trace context (None: tracing is off).
     metadata: Mapping[str, str] | None = None
+    # The prefix blocks the pick expected cached on the node (cache-aware routing).
+    predicted: int = 0
 
 
 # What a run that did not start says of its node (the pool's `run_failed` reason).
@@ -352,6 +354,9 @@ class Run:
         start = self._start
         if start is not None:
             pool = start.services.pool
+            prefix = start.payload.prefix
+            if prefix is not None and outcome.usage is not None and outcome.usage_sample:
+                pool.run_usage(start.node, prefix.blocks, start.predicted, outcome.usage)
             if self.verdict == "ok":
                 pool.run_succeeded(start.node)
             elif self.verdict in REFUSALS:

@@ -60,6 +60,7 @@ class Runs:
         deadline: float | None = None,
         api: str = "chat",
         metadata: Mapping[str, str] | None = None,
+        predicted: int = 0,
     ) -> Run:
         """A run of `request` on `node`, whose slot the caller took; enter it to start.
         The slot is the run's from here: given back once its outcome is fixed (its end,
@@ -71,13 +72,15 @@ class Runs:
         `deadline` is the request's total deadline (default: total_s from now).
         Set the run's `on_end` to hear when its outcome is fixed. `api` is the
         request's API (a metrics label); `metadata` goes with the Run call.
+        `predicted` is the prefix blocks the pick expected cached on `node` (the
+        cache-aware policy's prediction, corrected by the run's usage).
         """
         run_id = session.settings.run_id
         started_at = trio.current_time()
         info = RunInfo(
             run_id, request.model, node.client.name, request.stream, started_at, request_id, api
         )
-        start = RunStart(self._services, node, payload, nursery, metadata)
+        start = RunStart(self._services, node, payload, nursery, metadata, predicted)
         return Run(
             info, session, self.timeouts, keepalive_s=keepalive_s, start=start, deadline=deadline,
             turns=self.turns,

@@ -8,17 +8,21 @@ error naming the bound (`NodeFailedError`: to the pool, the node failed to
 answer), rather than cut short: a node that lists a thousand and one models
 has a bug its operator should see. Numbers are clamped to their field's range
 (a varint may carry more than its declared width), the KV cache in use to its
-capacity, the heartbeat to HEARTBEAT_MIN_MS..HEARTBEAT_MAX_MS.
+capacity, the heartbeat to HEARTBEAT_MIN_MS..HEARTBEAT_MAX_MS. A report's KV
+block events (a node that keeps its cache by the edge's prefix blocks) are
+at most MAX_KV_BLOCKS_PER_REPORT hashes, stored and evicted together.
 
 Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.prefix import MAX_KV_BLOCKS_PER_REPORT
 from edge.errors import NodeFailedError
 
 # The models one node may list, and the characters of a model id or node name.
@@ -52,6 +56,12 @@ class NodeDescription:
     seq: int = 0
     # The longest context of each model that says (ModelInfo.max_context_tokens).
     max_context_tokens: Mapping[str, int] = field(default_factory=dict)
+    # On Watch, from a node that keeps its KV cache by prefix blocks: the blocks it
+    # stored, then evicted, since the stream's previous report; with `kv_snapshot`,
+    # `kv_stored` is every block it holds now. Empty, False: it does not say.
+    kv_stored: array[int] = field(default_factory=lambda: array("Q"))
+    kv_evicted: array[int] = field(default_factory=lambda: array("Q"))
+    kv_snapshot: bool = False
 
     @property
     def kv_cache_usage(self) -> float | None:
@@ -85,6 +95,12 @@ def description_from_pb(
             f"node {address} reported {len(response.models)} models, over the limit of {MAX_MODELS}"
         )
     models = tuple(_name(m.id, "a model id", address) for m in response.models)
+    kv_events = len(response.kv_blocks_stored) + len(response.kv_blocks_evicted)
+    if kv_events > MAX_KV_BLOCKS_PER_REPORT:
+        raise NodeFailedError(
+            f"node {address} reported {kv_events} KV block events in one report, over the"
+            f" limit of {MAX_KV_BLOCKS_PER_REPORT}"
+        )
     total = _count(response.kv_cache_tokens, _U64)
     used = _count(response.kv_cache_used_tokens, _U64)
     if used is not None and total is not None:
@@ -106,4 +122,13 @@ def description_from_pb(
         max_context_tokens={
             m.id: c for m in response.models if (c := _count(m.max_context_tokens)) is not None
         },
+        kv_stored=_hashes(response.kv_blocks_stored),
+        kv_evicted=_hashes(response.kv_blocks_evicted),
+        kv_snapshot=response.kv_blocks_snapshot,
     )
+
+
+def _hashes(values: list[int]) -> array[int]:
+    """Block hashes as unsigned 64-bit values (a fixed64 field's range, whatever the
+    decoder gives)."""
+    return array("Q", (v & _U64 for v in values))

@@ -8,6 +8,12 @@ sends the same bytes, and grpclib's codec sends them as they are. The bytes
 come from `edge.node.convert.run_request_from_chat` and betterproto2, so a
 field added to `protos/` is written by the generated code alone.
 
+The same step takes the request's prefix fingerprint (`edge.api.fingerprint`,
+with the contract's block size and bound): its hashes go into the RunRequest
+(`prefix_blocks`, `prompt_chars`) and stay with the prepared request
+(`PreparedRunRequest.prefix`) for the pool's pick under the cache-aware
+policy.
+
 One field differs between attempts: `deadline_unix_ms`, the request's total
 deadline as wall-clock time when the attempt starts. The bytes are
 serialized without it and each attempt's deadline is appended as the field
@@ -27,8 +33,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from edge.api.fingerprint import Fingerprint, fingerprint
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import Serialized
+from edge.contract.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS
 from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import PayloadTooLargeError
 from edge.node.convert import run_request_from_chat
@@ -66,13 +74,15 @@ class EncodedRunRequest(Serialized):
 
 
 class PreparedRunRequest:
-    """A request's RunRequest, serialized once without its deadline, for every attempt."""
+    """A request's RunRequest, serialized once without its deadline, for every attempt,
+    and its prefix fingerprint (for routing; None: not taken)."""
 
-    __slots__ = ("body", "run_id")
+    __slots__ = ("body", "prefix", "run_id")
 
-    def __init__(self, body: bytes, run_id: str) -> None:
+    def __init__(self, body: bytes, run_id: str, prefix: Fingerprint | None = None) -> None:
         self.body = body
         self.run_id = run_id
+        self.prefix = prefix
 
     def __len__(self) -> int:
         return len(self.body)
@@ -85,18 +95,24 @@ class PreparedRunRequest:
 
 
 def prepare_run_request(request: ChatRequest, *, run_id: str, model: str) -> PreparedRunRequest:
-    """The RunRequest `run_request_from_chat` builds, serialized without its deadline.
-    Work that grows with the request: run it off the event loop.
+    """The RunRequest `run_request_from_chat` builds, with the request's prefix
+    fingerprint, serialized without its deadline. Work that grows with the request:
+    run it off the event loop.
 
     Raises:
         PayloadTooLargeError: (413) the bytes, with room for any deadline, are over
             the nodes' gRPC message limit: refused before a node slot is taken.
     """
     message = run_request_from_chat(request, run_id=run_id, model=model)
+    prefix = fingerprint(
+        request, model, block_chars=PREFIX_BLOCK_CHARS, max_blocks=MAX_PREFIX_BLOCKS
+    )
+    message.prefix_blocks = prefix.blocks.tolist()
+    message.prompt_chars = prefix.chars
     body = bytes(message)
     if len(body) + _DEADLINE_ROOM > MAX_MESSAGE_BYTES:
         raise PayloadTooLargeError(
             f"the request is {len(body)} bytes as a RunRequest, over the"
             f" {MAX_MESSAGE_BYTES}-byte gRPC message limit of the nodes"
         )
-    return PreparedRunRequest(body, run_id)
+    return PreparedRunRequest(body, run_id, prefix)

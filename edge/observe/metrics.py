@@ -54,6 +54,8 @@ SHED_REASONS = (
 )
 # Why a key's request was refused: over rpm, over tpm, at max_streams, a model outside its
 # allow-list (answered 404), the limits store down with fail_open = false (503).
+# How the cache-aware policy chose a node (edge.fleet.cacheaware).
+CACHE_ROUTING_OUTCOMES = ("hit", "miss", "load_bound", "session", "short")
 KEY_REJECTIONS = ("requests", "tokens", "streams", "model", "store")
 # Seconds a request waited for a node slot (most wait none: the first bucket).
 _QUEUE_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -238,6 +240,23 @@ class EdgeMetrics:
         )  # fmt: skip
         for reason in SHED_REASONS:
             self.shed.labels(reason)
+        self.cache_routing = Counter(
+            "iop_edge_cache_routing",
+            "Runs routed by the cache-aware policy, by how their node was chosen: hit (the"
+            " longest cached prefix), miss (no node held its first block: rendezvous),"
+            " load_bound (a node holding a longer prefix was past the load bound), session"
+            " (X-Session-Id), short (a prompt under one block).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        for outcome in CACHE_ROUTING_OUTCOMES:
+            self.cache_routing.labels(outcome)
+        self.cache_predicted_tokens = Counter(
+            "iop_edge_cache_predicted_tokens",
+            "Prompt tokens the cache-aware policy expected cached on the node it chose (its"
+            " index's prediction; the nodes' own count is iop_edge_tokens_total"
+            ' {type="cached_input"}).',
+            ["node"], registry=r,
+        )  # fmt: skip
         self.request_memory = Gauge(
             "iop_edge_request_memory_bytes",
             "Bytes held by the requests queued and running, as their parsed form is"
@@ -356,6 +375,12 @@ class EdgeMetrics:
             for i, gauge in enumerate(gauges):
                 self._watch(gauge.labels(name), partial(_item, values, i))
         self.sync()
+
+    def cache_routed(self, outcome: str, node: str, predicted_tokens: int) -> None:
+        """A cache-aware pick: how it chose, and the cached tokens it expected."""
+        self.cache_routing.labels(outcome).inc()
+        if predicted_tokens:
+            self.cache_predicted_tokens.labels(node).inc(predicted_tokens)
 
     def watch_backlog(self, chars: Callable[[], float]) -> None:
         """`iop_edge_backlog_chars` read from `chars` when scraped (as `watch_nodes`)."""

@@ -234,6 +234,7 @@ async def _open_pool(
     )  # fmt: skip
     metrics.watch_nodes((s.client.name, partial(pool.state_value, s)) for s in pool.nodes)
     metrics.watch_node_load((s.client.name, partial(pool.load_values, s)) for s in pool.nodes)
+    pool.on_routed = metrics.cache_routed
     stack.push_async_callback(pool.aclose)
     await pool.refresh()
     for state in pool.nodes:

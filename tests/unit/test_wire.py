@@ -8,8 +8,10 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.api.request import parse_chat_request
+from edge.api.fingerprint import fingerprint
+from edge.api.request import ChatRequest, parse_chat_request
 from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS
 from edge.node.convert import run_request_from_chat
 from edge.node.grpc import BoundedCodec
 from edge.node.wire import EncodedRunRequest, prepare_run_request
@@ -66,6 +68,15 @@ def _bodies(draw: st.DrawFn) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
+def _expected(request: ChatRequest, deadline: int) -> pb.RunRequest:
+    """The RunRequest the edge builds, with its prefix fingerprint."""
+    expected = run_request_from_chat(request, run_id="r1", model="m", deadline_unix_ms=deadline)
+    prefix = fingerprint(request, "m", block_chars=PREFIX_BLOCK_CHARS, max_blocks=MAX_PREFIX_BLOCKS)
+    expected.prefix_blocks = prefix.blocks.tolist()
+    expected.prompt_chars = prefix.chars
+    return expected
+
+
 @given(_bodies(), st.integers(0, 2**62))
 def test_encoded_request_reads_back_whole(body: dict[str, Any], deadline: int) -> None:
     """For any request, the bytes a node receives parse to the RunRequest the edge built.
@@ -74,7 +85,7 @@ def test_encoded_request_reads_back_whole(body: dict[str, Any], deadline: int) -
     sends the encoded bytes as they are, the node's parses them.
     """
     request = parse_chat_request(json.dumps(body).encode())
-    expected = run_request_from_chat(request, run_id="r1", model="m", deadline_unix_ms=deadline)
+    expected = _expected(request, deadline)
     encoded = prepare_run_request(request, run_id="r1", model="m").attempt(deadline)
     assert encoded.run_id == "r1"
     sent = BoundedCodec().encode(encoded, EncodedRunRequest)
@@ -102,5 +113,5 @@ def test_one_serialization_serves_every_attempt_with_its_own_deadline(
         assert bytes(encoded).startswith(prepared.body)
         decoded = NodeCodec().decode(BoundedCodec().encode(encoded, EncodedRunRequest),
                                      pb.RunRequest)  # fmt: skip
-        expected = run_request_from_chat(request, run_id="r1", model="m", deadline_unix_ms=deadline)
+        expected = _expected(request, deadline)
         assert bytes(decoded) == bytes(expected)

@@ -1,0 +1,149 @@
+"""Which prefix blocks a node holds in its KV cache, as this edge knows it: `CacheIndex`.
+
+One index per node, keyed by the chained block hashes of requests'
+prefix fingerprints (`edge.api.fingerprint`), fed from one of two sources:
+
+- **approximate** (any node): the blocks of each request the edge routed
+  to the node (`routed`), in an LRU of the node's capacity in blocks (its
+  reported `kv_cache_tokens` // BLOCK_TOKENS; `[routing] cache_blocks`
+  when it does not say), corrected by each run's usage: a node that says it
+  had fewer cached input tokens than the index predicted (`corrected`) did
+  not hold the blocks past that point, and they are dropped. A request's
+  blocks are recorded deepest first, so the LRU evicts a prefix's tail
+  before its head, as a paged KV cache does.
+- **exact** (a node whose Watch reports carry KV block events): the node's
+  own stores and evictions, and nothing else (`snapshot`, `stored`,
+  `evicted`): a snapshot replaces the set, stores then evictions apply in
+  the order the report gives them. Every edge watching the node then has
+  the same view, with no gossip.
+
+`longest` finds a request's longest cached prefix on the node by binary
+search over its chain, O(log blocks) lookups: chained hashes mean that a
+node holding block k normally holds blocks 0..k-1 too (it computed them
+first, and the approximate index records and evicts a prefix tail first).
+The search answers a boundary of what is held: block k-1 held and block k
+not (or the chain's end), exact when the held blocks of the chain are a
+prefix of it. An exact index may hold k without some earlier block (a node
+that evicted a prefix's middle): the search then lands on one of the
+boundaries, short of the first gap or past it. Either is a block the node
+said it holds, and the error is the node's holes, not the index's; a node
+that evicts leaves first (vLLM, SGLang, the simulated node) has none.
+
+Bounded: an index holds at most its capacity in blocks, never more than
+MAX_BLOCKS (whatever a node reports; blocks an exact node says it stored
+past that are not kept). Memory: ~130 bytes a block held (an OrderedDict
+entry and its int; measured), so 16,384 blocks (the default capacity, 1M
+tokens) is ~2 MiB per node, and MAX_BLOCKS ~130 MiB.
+
+Pure: hashes in, counts out; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+# The most blocks one node's index holds, whatever the node reports (64M tokens).
+MAX_BLOCKS = 1 << 20
+
+
+class CacheIndex:
+    """The prefix blocks one node holds, approximate (from routing) or exact (from the
+    node's own KV events)."""
+
+    __slots__ = ("_blocks", "capacity", "exact")
+
+    def __init__(self, capacity: int) -> None:
+        # Hash -> None, least recently used first (an exact index keeps no order).
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self.capacity = max(1, min(capacity, MAX_BLOCKS))
+        # Fed by the node's KV events (its Watch reports): routing and usage change nothing.
+        self.exact = False
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._blocks
+
+    def resize(self, capacity: int) -> None:
+        """The node's capacity in blocks changed (its report): at most that many kept."""
+        self.capacity = max(1, min(capacity, MAX_BLOCKS))
+        self._trim()
+
+    def longest(self, blocks: Sequence[int]) -> int:
+        """How many of `blocks` (a chain, block 0 first) the node holds as a prefix: the
+        largest k with block k-1 held, found by binary search (see the module doc)."""
+        held = self._blocks
+        if not blocks or blocks[0] not in held:
+            return 0
+        low, high = 1, len(blocks)  # blocks[low - 1] is held; past `high`, nothing
+        while low < high:
+            middle = (low + high + 1) // 2
+            if blocks[middle - 1] in held:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    # --- approximate: routing, corrected by usage -----------------------------------------
+
+    def routed(self, blocks: Sequence[int]) -> None:
+        """A request of these blocks was sent to the node: it will hold them. Recorded
+        deepest first, so block 0 is the most recently used (an exact index: nothing)."""
+        if self.exact:
+            return
+        held = self._blocks
+        move = held.move_to_end
+        for block in reversed(blocks):
+            if block in held:
+                move(block)
+            else:
+                held[block] = None  # a new key goes last
+        self._trim()
+
+    def corrected(self, blocks: Sequence[int], predicted: int, cached: int) -> None:
+        """A run of `blocks` for which the index predicted `predicted` cached blocks found
+        `cached` (its usage's cached input tokens, in blocks): when fewer, the blocks
+        from `cached` on were not held, whatever routing said; they are dropped."""
+        if self.exact or cached >= predicted:
+            return
+        held = self._blocks
+        for block in blocks[max(0, cached) :]:
+            held.pop(block, None)
+
+    # --- exact: the node's KV events ------------------------------------------------------
+
+    def snapshot(self, blocks: Iterable[int]) -> None:
+        """The node holds these blocks, and no others: the index becomes exact."""
+        self.exact = True
+        self._blocks.clear()
+        self.stored(blocks)
+
+    def stored(self, blocks: Iterable[int]) -> None:
+        """The node stored these blocks (kept up to the capacity; past it, not kept)."""
+        held = self._blocks
+        room = self.capacity - len(held)
+        for block in blocks:
+            if block in held:
+                continue
+            if room <= 0:
+                return
+            held[block] = None
+            room -= 1
+
+    def evicted(self, blocks: Iterable[int]) -> None:
+        """The node evicted these blocks."""
+        held = self._blocks
+        for block in blocks:
+            held.pop(block, None)
+
+    def clear(self) -> None:
+        """Forget everything, and be approximate again (the node stopped reporting)."""
+        self._blocks.clear()
+        self.exact = False
+
+    def _trim(self) -> None:
+        held = self._blocks
+        while len(held) > self.capacity:
+            held.popitem(last=False)

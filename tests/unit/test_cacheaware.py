@@ -1,0 +1,252 @@
+"""The cache-aware policy (edge.fleet.cacheaware) through the pool's pick: hits, misses
+by rendezvous, the load bound, sessions, the correction by usage and the exact index
+fed by a node's Watch reports.
+
+Pools are driven as in tests/unit/test_pool.py: Describe answers and Watch reports
+handed to them as their tasks would, runs taken as the admission queue takes them.
+No node is contacted.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import get_args
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge.config import RoutingConfig
+from edge.contract._proto.iop.node import v1 as pb
+from edge.contract.prefix import BLOCK_TOKENS, MAX_KV_BLOCKS_PER_REPORT
+from edge.errors import NodeFailedError
+from edge.fleet import affinity, cacheaware
+from edge.fleet.cacheaware import Route
+from edge.fleet.pool import NodePool, NodeState
+from edge.node.client import NodeDescription
+from edge.node.describe import description_from_pb
+from edge.observe.metrics import CACHE_ROUTING_OUTCOMES
+from edge.stream.events import Usage
+from tests.unit.test_pool import MODELS, make_pool
+
+CACHE_AWARE = RoutingConfig(policy="cache_aware")
+
+
+def blocks(start: int, n: int) -> array[int]:
+    return array("Q", range(start, start + n))
+
+
+def take(pool: NodePool, route: Route | None, key: str | None = None) -> NodeState:
+    """Pick a node for `route` and take its slot, as the admission queue does."""
+    state = pool.pick("m", route=route, affinity_key=key)
+    assert state is not None
+    state.in_flight += 1
+    return state
+
+
+def kv_report(
+    pool: NodePool,
+    state: NodeState,
+    *,
+    seq: int,
+    stored: array[int] | None = None,
+    evicted: array[int] | None = None,
+    snapshot: bool = False,
+    active: int = 0,
+) -> None:
+    """A Watch report carrying KV block events, as the watch task hands it to the pool."""
+    pool._reported(
+        state,
+        NodeDescription(
+            state.client.name, MODELS, active_runs=active, heartbeat_ms=2000, seq=seq,
+            kv_cache_tokens=1_000 * BLOCK_TOKENS,
+            kv_stored=stored if stored is not None else array("Q"),
+            kv_evicted=evicted if evicted is not None else array("Q"),
+            kv_snapshot=snapshot,
+        ),
+    )  # fmt: skip
+
+
+def test_the_outcomes_are_the_metrics_labels() -> None:
+    """Every way the policy chooses is a label of iop_edge_cache_routing_total."""
+    assert get_args(cacheaware.Outcome) == CACHE_ROUTING_OUTCOMES == cacheaware.OUTCOMES
+
+
+def test_a_new_prefix_goes_where_rendezvous_says_then_stays_there() -> None:
+    """A miss goes to the first block's rendezvous node (not the first listed or least
+    loaded); the next request of that prefix, longer, is a hit there."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
+    seen: list[tuple[str, str, int]] = []
+    pool.on_routed = lambda outcome, node, tokens: seen.append((outcome, node, tokens))
+    first = blocks(7, 3)
+    expected = affinity.order(cacheaware.rendezvous_key(7), ["a", "b", "c"])[0]
+    chosen = take(pool, Route(first))
+    assert chosen is nodes[expected]
+    route = Route(blocks(7, 5))
+    assert take(pool, route) is chosen
+    assert route.predicted == 3
+    assert seen == [("miss", chosen.client.name, 0), ("hit", chosen.client.name, 3 * BLOCK_TOKENS)]
+
+
+def test_two_edges_send_a_new_prefix_to_the_same_node() -> None:
+    """Two pools (two edges) over the same nodes, listed in another order, knowing
+    nothing of each other: each sends a new prefix to the same node."""
+    one, _, _ = make_pool("a", "b", "c", "d", routing=CACHE_AWARE)
+    two, _, _ = make_pool("d", "b", "a", "c", routing=CACHE_AWARE)
+    for start in range(0, 400, 10):
+        route = blocks(start, 4)
+        assert take(one, Route(route)).client.name == take(two, Route(route)).client.name
+        for pool in (one, two):
+            for state in pool.nodes:
+                state.in_flight = 0
+
+
+def test_the_load_bound_passes_a_hot_prefix_on_and_it_spreads() -> None:
+    """A node holding the prefix but past 1.25 x mean + 1 runs is passed over (outcome
+    load_bound); the next node then holds the prefix too, and takes it while the first
+    is busy: a hot prefix spreads as its load needs."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
+    hot = blocks(1, 6)
+    home = take(pool, Route(hot))
+    seen: list[str] = []
+    pool.on_routed = lambda outcome, node, tokens: seen.append(outcome)
+    assert take(pool, Route(hot)) is home  # runs (1, 0, 0): the bound is 1.42
+    assert home.in_flight == 2  # runs (2, 0, 0): the bound is 1.83
+    overflow = take(pool, Route(hot))
+    assert overflow is not home
+    assert seen[-1] == "load_bound"
+    home.in_flight = 0
+    for state in nodes:
+        if state is not home:
+            state.in_flight = 0
+    # Both hold the prefix now: the less loaded of the two takes it.
+    home.in_flight = 2
+    assert take(pool, Route(hot)) is overflow
+    assert seen[-1] == "hit"
+
+
+@given(st.lists(st.integers(0, 5), min_size=2, max_size=6), st.integers(0, 10_000))
+def test_no_node_past_the_bound_is_chosen_for_its_cache(loads: list[int], start: int) -> None:
+    """Whatever the loads and whoever holds the prefix, the node chosen has at most
+    1.25 x the mean runs + 1."""
+    names = [f"n{i}" for i in range(len(loads))]
+    pool, _, nodes = make_pool(*names, routing=CACHE_AWARE)
+    prefix = blocks(start, 4)
+    for state, runs in zip(nodes, loads, strict=True):
+        state.cache.routed(prefix[: runs % 5])
+        state.in_flight = runs
+    chosen = pool.pick("m", route=Route(prefix))
+    assert chosen is not None
+    assert chosen.in_flight <= 1.25 * sum(loads) / len(loads) + 1
+
+
+def test_a_session_key_pins_the_session() -> None:
+    """With X-Session-Id (the affinity key), the session's node as the affinity policy
+    picks it, whatever another node holds; its blocks are recorded there."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
+    prefix = blocks(0, 4)
+    for state in nodes:
+        state.cache.routed(prefix)
+    other = blocks(50, 4)
+    pinned = nodes[affinity.order("session-1", ["a", "b", "c"])[0]]
+    for state in nodes:
+        if state is not pinned:
+            state.cache.routed(other)
+    assert take(pool, Route(other), key="session-1") is pinned
+    assert pinned.cache.longest(other) == 4
+
+
+def test_a_prompt_under_one_block_goes_to_the_least_loaded() -> None:
+    """No block, nothing to reuse: the least loaded node, as least_loaded picks it."""
+    pool, _, (a, b) = make_pool("a", "b", routing=CACHE_AWARE)
+    a.in_flight = 1
+    assert pool.pick("m", route=Route(array("Q"))) is b
+    assert pool.pick("m") is b  # no route at all: likewise
+
+
+def test_cached_input_tokens_under_the_prediction_correct_the_index() -> None:
+    """A run whose usage says fewer cached tokens than predicted: its blocks past them
+    are dropped from its node's index, so the next request of that prefix is
+    predicted what the node really had; as many as predicted changes nothing."""
+    pool, _, _ = make_pool("a", "b", routing=CACHE_AWARE)
+    prefix = blocks(3, 8)
+    node = take(pool, Route(prefix))
+    route = Route(prefix)
+    assert take(pool, route) is node
+    assert route.predicted == 8
+    pool.run_usage(node, prefix, 8, Usage(100, 1, cached_input_tokens=8 * BLOCK_TOKENS))
+    assert node.cache.longest(prefix) == 8
+    pool.run_usage(node, prefix, 8, Usage(100, 1, cached_input_tokens=3 * BLOCK_TOKENS + 10))
+    assert node.cache.longest(prefix) == 3
+
+
+def test_a_nodes_eviction_report_changes_the_next_pick() -> None:
+    """An exact node (KV events on its Watch reports) holding a prefix gets it; once it
+    reports the blocks evicted, the prefix is a miss again, placed by rendezvous; a
+    snapshot replaces what routing recorded."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
+    prefix = blocks(40, 6)
+    home = nodes[affinity.order(cacheaware.rendezvous_key(40), ["a", "b", "c"])[0]]
+    holder = next(s for s in nodes if s is not home)
+    for seq, state in enumerate(nodes, 1):
+        kv_report(pool, state, seq=1, snapshot=True, stored=prefix if state is holder else None)
+        assert state.cache.exact, seq
+    assert pool.pick("m", route=Route(prefix)) is holder
+    kv_report(pool, holder, seq=2, evicted=prefix[2:])
+    route = Route(prefix)
+    assert pool.pick("m", route=route) is holder
+    assert route.predicted == 2
+    kv_report(pool, holder, seq=3, evicted=prefix[:2])
+    assert pool.pick("m", route=Route(prefix)) is home
+    # Routing records nothing on an exact node: only its reports do.
+    assert home.cache.longest(prefix) == 0
+    kv_report(pool, home, seq=2, stored=prefix)
+    assert pool.pick("m", route=Route(prefix)) is home
+
+
+def test_a_new_stream_without_a_snapshot_makes_the_index_approximate_again() -> None:
+    """A node whose new Watch stream's first report has no snapshot no longer tracks its
+    blocks: its index is emptied and fed by routing again."""
+    pool, _, (a,) = make_pool("a", routing=CACHE_AWARE)
+    kv_report(pool, a, seq=1, snapshot=True, stored=blocks(0, 3))
+    kv_report(pool, a, seq=1)
+    assert not a.cache.exact
+    assert len(a.cache) == 0
+    take(pool, Route(blocks(0, 3)))
+    assert a.cache.longest(blocks(0, 3)) == 3
+
+
+def test_the_capacity_follows_the_nodes_report_else_the_knob() -> None:
+    """A node's index holds its reported kv_cache_tokens // BLOCK_TOKENS blocks; one
+    that does not say, [routing] cache_blocks."""
+    routing = RoutingConfig(policy="cache_aware", cache_blocks=7)
+    pool, _, (a,) = make_pool("a", routing=routing)
+    assert a.cache.capacity == 7
+    kv_report(pool, a, seq=1)
+    assert a.cache.capacity == 1_000
+    take(pool, Route(blocks(0, 5000)))
+    assert len(a.cache) == 1_000
+
+
+def test_a_report_with_too_many_kv_events_is_refused_whole() -> None:
+    """A node is not trusted: more than MAX_KV_BLOCKS_PER_REPORT block hashes in one
+    report is the node's failure, not an index that grows."""
+    half = MAX_KV_BLOCKS_PER_REPORT // 2
+    fine = pb.DescribeResponse(
+        kv_blocks_stored=list(range(half)), kv_blocks_evicted=list(range(half))
+    )
+    described = description_from_pb(fine, "n", "addr")
+    assert len(described.kv_stored) == half
+    assert not described.kv_snapshot
+    over = pb.DescribeResponse(kv_blocks_stored=list(range(MAX_KV_BLOCKS_PER_REPORT + 1)))
+    with pytest.raises(NodeFailedError, match="KV block events"):
+        description_from_pb(over, "n", "addr")
+
+
+def test_other_policies_keep_no_index() -> None:
+    """Under least_loaded the route changes nothing and nothing is recorded."""
+    pool, _, (a, b) = make_pool("a", "b")
+    prefix = blocks(0, 4)
+    b.cache.routed(prefix)
+    assert pool.pick("m", route=Route(prefix)) is a
+    assert len(a.cache) == 0

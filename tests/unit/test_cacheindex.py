@@ -1,0 +1,136 @@
+"""A node's cache index (edge.fleet.cacheindex): bounded whatever it is fed, the longest
+cached prefix by binary search, the correction by usage, the exact mode's events."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge.fleet.cacheindex import MAX_BLOCKS, CacheIndex
+
+
+def chain(start: int, n: int) -> array[int]:
+    """`n` distinct block hashes (a chain's, for the index's purposes)."""
+    return array("Q", range(start, start + n))
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("routed"), st.integers(0, 50), st.integers(0, 40)),
+        st.tuples(st.just("corrected"), st.integers(0, 50), st.integers(0, 40)),
+        st.tuples(st.just("resize"), st.integers(-5, 60), st.just(0)),
+        st.tuples(st.just("snapshot"), st.integers(0, 50), st.integers(0, 80)),
+        st.tuples(st.just("stored"), st.integers(0, 50), st.integers(0, 80)),
+        st.tuples(st.just("evicted"), st.integers(0, 50), st.integers(0, 80)),
+    ),
+    max_size=40,
+)
+
+
+@given(st.integers(1, 60), _OPS)
+def test_the_index_never_holds_more_than_its_capacity(capacity: int, ops: list[Any]) -> None:
+    """Whatever routing, usage, resizes and a node's events feed it, an index holds at
+    most its capacity in blocks (at least 1, at most MAX_BLOCKS)."""
+    index = CacheIndex(capacity)
+    for op, start, n in ops:
+        if op == "routed":
+            index.routed(chain(start, n))
+        elif op == "corrected":
+            index.corrected(chain(start, n), n, n // 2)
+        elif op == "resize":
+            index.resize(start)
+        else:
+            getattr(index, op)(chain(start, n))
+        assert 1 <= index.capacity <= MAX_BLOCKS
+        assert len(index) <= index.capacity
+
+
+@given(st.integers(0, 64), st.integers(0, 64))
+def test_longest_is_the_held_prefix_of_a_prefix_closed_chain(held: int, n: int) -> None:
+    """With the chain's first `held` blocks held (and none after), the longest cached
+    prefix of its first `n` blocks is min(held, n)."""
+    index = CacheIndex(1000)
+    index.snapshot(chain(0, held))
+    assert index.longest(chain(0, n)) == min(held, n)
+
+
+@given(st.sets(st.integers(0, 31)), st.integers(1, 32))
+def test_with_holes_the_search_still_lands_on_a_boundary_of_what_is_held(
+    held: set[int], n: int
+) -> None:
+    """An exact index may hold block k without an earlier one: the search then answers
+    a boundary k (block k-1 held, block k not or the chain's end), exact when the held
+    blocks are a prefix of the chain, 0 when block 0 is not held."""
+    index = CacheIndex(1000)
+    index.snapshot(array("Q", held))
+    found = index.longest(chain(0, n))
+    assert 0 <= found <= n
+    assert found == 0 or (found - 1) in held
+    assert found == n or found not in held
+    if 0 not in held:
+        assert found == 0
+    if held >= set(range(n)):
+        assert found == n
+
+
+def test_the_lru_evicts_a_prefixs_tail_first_and_the_least_recent_prefix_first() -> None:
+    """Routed blocks are recorded deepest first: filling the index past its capacity
+    evicts the least recently routed prefix's last blocks, keeping its head."""
+    index = CacheIndex(6)
+    a, b = chain(0, 4), chain(100, 4)
+    index.routed(a)
+    index.routed(b)  # 8 blocks for 6: a's last two go
+    assert index.longest(a) == 2
+    assert index.longest(b) == 4
+    index.routed(a[:2])  # a's head used again: b is now the least recent
+    index.routed(chain(200, 2))
+    assert index.longest(b) == 2
+    assert index.longest(a) == 2
+
+
+def test_a_run_that_found_fewer_cached_tokens_drops_the_blocks_past_them() -> None:
+    """The index predicted 6 cached blocks; the node had 2: blocks 2.. are dropped (the
+    prediction of the next request of that prefix is 2). A node with as many or more
+    changes nothing."""
+    index = CacheIndex(100)
+    blocks = chain(0, 8)
+    index.routed(blocks)
+    index.corrected(blocks, predicted=6, cached=6)
+    assert index.longest(blocks) == 8
+    index.corrected(blocks, predicted=6, cached=2)
+    assert index.longest(blocks) == 2
+    assert len(index) == 2
+
+
+def test_an_exact_index_follows_the_nodes_events_and_ignores_routing() -> None:
+    """A snapshot replaces the set and makes the index exact; stores then evictions
+    apply in order; routing and usage change nothing; `clear` makes it approximate."""
+    index = CacheIndex(100)
+    index.routed(chain(500, 3))
+    index.snapshot(chain(0, 4))
+    assert 500 not in index
+    assert index.exact
+    index.routed(chain(500, 3))
+    index.corrected(chain(0, 4), predicted=4, cached=0)
+    assert 500 not in index
+    assert index.longest(chain(0, 4)) == 4
+    index.stored(chain(4, 2))
+    index.evicted(chain(2, 1))
+    assert index.longest(chain(0, 6)) in (2, 6)  # a hole at 2: a lower bound
+    assert index.longest(chain(0, 2)) == 2
+    index.clear()
+    assert not index.exact
+    assert len(index) == 0
+
+
+def test_a_node_storing_past_its_capacity_is_kept_to_it() -> None:
+    """An exact node reporting more blocks than its capacity: the index keeps its
+    capacity's worth and ignores the rest (a node is not trusted)."""
+    index = CacheIndex(10)
+    index.snapshot(chain(0, 1000))
+    assert len(index) == 10
+    index.stored(chain(5000, 5))
+    assert len(index) == 10
