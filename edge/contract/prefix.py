@@ -2,7 +2,7 @@
 (`RunRequest.prefix_blocks`) and the KV-cache reports of a Watch stream.
 
 The edge cuts one canonical rendering of a prompt into blocks of
-PREFIX_BLOCK_CHARS characters and chains their hashes (its fingerprint of a request);
+PREFIX_BLOCK_CHARS characters and chains their hashes (`edge.api.fingerprint`);
 a node that keeps its KV cache by those blocks (the simulated node's cache
 model) reports the blocks it stores and evicts. Both sides count a block as
 BLOCK_TOKENS tokens: CHARS_PER_TOKEN characters a token, the rule of thumb the

@@ -1,13 +1,15 @@
 """Cache-aware routing over real processes: edges in front of simulated nodes.
 
-These need only what any node does (the edge sends the prefix blocks, the
+Most need only what any node does (the edge sends the prefix blocks, the
 rendezvous placement and the approximate index work with any node): a
-node's cached input tokens come from a sim-script's usage here, not from a
-KV cache model.
+node's cached input tokens come from a sim-script's usage there. The last
+runs the simulated node's KV cache model (`--kv-tokens`), whose Watch
+reports feed each edge's exact index.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,9 @@ from tests.integration.conftest import (
     named_sims,
     script,
     start_edge,
+    start_sim,
     stop_edge,
+    stop_process,
 )
 from tests.integration.edgeproc import edge_process
 
@@ -147,3 +151,42 @@ async def test_a_run_that_found_less_cached_corrects_the_index_and_the_metrics_s
                 assert tokens == (first + again) * BLOCK_TOKENS
         finally:
             await stop_edge(running)
+
+
+async def test_with_the_nodes_kv_cache_the_next_turn_through_another_edge_is_cached(
+    tmp_path: Path,
+) -> None:
+    """Three nodes with the simulated KV cache (`--kv-tokens`), two edge processes in
+    front of them: for each of 4 prefixes, the first request (through one edge) finds
+    nothing cached; the next one, a different question after the same system prompt,
+    through the other edge, runs on the same node and finds the whole system prompt
+    cached there (`usage.prompt_tokens_details.cached_tokens`, as the node counted it)."""
+    with ExitStack() as stack:
+        nodes = []
+        for name in NAMES:
+            node = start_sim(
+                tmp_path, name, "--name", name, "--kv-tokens", "65536",
+                "--prefill-us-per-token", "0",
+            )  # fmt: skip
+            stack.callback(stop_process, node.process)
+            nodes.append(node)
+        sims = tuple(nodes)
+        toml = _edge_toml(sims)
+        async with (
+            edge_process(tmp_path, toml, name="edge1") as edge1,
+            edge_process(tmp_path, toml, name="edge2") as edge2,
+            httpx.AsyncClient(base_url=edge1.url, timeout=WAIT_S) as http1,
+            httpx.AsyncClient(base_url=edge2.url, timeout=WAIT_S) as http2,
+        ):
+            for group in range(4):
+                first, second = (http1, http2) if group % 2 else (http2, http1)
+                one = await first.post(CHAT, json=_conversation(group, "first question"))
+                two = await second.post(CHAT, json=_conversation(group, "second question"))
+                assert one.status_code == two.status_code == 200, (one.text, two.text)
+                assert await _node_of(sims, one) == await _node_of(sims, two), group
+                cached = [
+                    a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for a in (one, two)
+                ]
+                system_tokens = len(_conversation(group, "")["messages"][0]["content"]) // 4
+                assert cached[0] == 0, cached
+                assert system_tokens - 2 * BLOCK_TOKENS <= cached[1] <= system_tokens, cached
