@@ -62,7 +62,7 @@ class FleetSettings:
     concurrency: int = 16
     # shared prefixes: groups x requests per group, each group's system prompt
     groups: int = 16
-    per_group: int = 8
+    per_group: int = 12
     prefix_tokens: int = 6000
     # agent sessions: sessions x turns; a shared system prompt, each session's context,
     # one tool result per turn
@@ -72,8 +72,8 @@ class FleetSettings:
     agent_context_tokens: int = 1000
     tool_tokens: int = 500
     # hot prefix and random prompts: requests, each prompt of prefix_tokens
-    hot_requests: int = 128
-    random_requests: int = 64
+    hot_requests: int = 192
+    random_requests: int = 96
     # the nodes: prefill time per uncached prompt token, runs at once, and each node's
     # KV cache as a share of the shared-prefix working set
     prefill_us_per_token: int = 50

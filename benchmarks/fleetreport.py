@@ -85,9 +85,10 @@ def render_fleet(r: dict[str, Any]) -> list[str]:
         out.append(f"policy {policy} skipped: the edge refused it ({why})")
     for name, cells in r["cells"].items():
         w = r["workloads"][name]
+        held = w["working_set_tokens"]
         out.append(
-            f"\n{LABELS.get(name, name)}: {w['requests']} requests, working set "
-            f"{w['working_set_tokens']:,} tokens"
+            f"\n{LABELS.get(name, name)}: {w['requests']} requests, "
+            + (f"working set {held:,} tokens" if held else "nothing to reuse")
         )
         rows = [_row(policy, c) for policy, c in cells.items()]
         two = r.get("two_edges")
