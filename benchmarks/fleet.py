@@ -64,13 +64,14 @@ class FleetSettings:
     groups: int = 16
     per_group: int = 12
     prefix_tokens: int = 6000
-    # agent sessions: sessions x turns; a shared system prompt, each session's context,
-    # one tool result per turn
+    # agent sessions: sessions x turns; a short shared system prompt, each session's
+    # context, one tool result per turn (the sessions' working set about the shared
+    # prefixes' one)
     sessions: int = 16
     turns: int = 8
-    agent_system_tokens: int = 1000
-    agent_context_tokens: int = 1000
-    tool_tokens: int = 500
+    agent_system_tokens: int = 100
+    agent_context_tokens: int = 1500
+    tool_tokens: int = 600
     # hot prefix and random prompts: requests, each prompt of prefix_tokens
     hot_requests: int = 192
     random_requests: int = 96
@@ -91,8 +92,8 @@ class FleetSettings:
 
 QUICK = FleetSettings(
     concurrency=8, groups=8, per_group=4, prefix_tokens=2000, sessions=8, turns=4,
-    agent_system_tokens=500, agent_context_tokens=500, tool_tokens=250, hot_requests=48,
-    random_requests=24, timeout_s=120.0,
+    agent_context_tokens=800, tool_tokens=400, hot_requests=48, random_requests=24,
+    prefill_us_per_token=100, timeout_s=120.0,
 )  # fmt: skip
 
 

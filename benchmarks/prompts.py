@@ -8,9 +8,9 @@ uses `sim-echo`, which answers the last user message (kept short here) word by w
 
 - shared prefixes: G groups of requests sharing a long system prompt, each request
   with its own short question, in a shuffled order;
-- agent sessions: each session a shared system prompt and tool list, its own long
-  context and a short task, then one turn per tool call, each re-sending the whole
-  history plus the call and its result (the prompt grows every turn);
+- agent sessions: each session a short shared system prompt and tool list, its own
+  long context and a short task, then one turn per tool call, each re-sending the
+  whole history plus the call and its result (the prompt grows every turn);
 - hot prefix: half the requests share one system prompt, the other half each have a
   random one of the same length;
 - random: every request a random system prompt of that length (the control).
