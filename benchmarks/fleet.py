@@ -64,14 +64,14 @@ class FleetSettings:
     groups: int = 16
     per_group: int = 12
     prefix_tokens: int = 6000
-    # agent sessions: sessions x turns; a short shared system prompt, each session's
-    # context, one tool result per turn (the sessions' working set about the shared
-    # prefixes' one)
-    sessions: int = 16
+    # agent sessions: sessions x turns, more sessions than requests in flight; a short
+    # shared system prompt, each session's context, one tool result per turn (the
+    # sessions' working set about the shared prefixes' one)
+    sessions: int = 48
     turns: int = 8
     agent_system_tokens: int = 100
-    agent_context_tokens: int = 1500
-    tool_tokens: int = 600
+    agent_context_tokens: int = 600
+    tool_tokens: int = 200
     # hot prefix and random prompts: requests, each prompt of prefix_tokens
     hot_requests: int = 192
     random_requests: int = 96
@@ -91,8 +91,8 @@ class FleetSettings:
 
 
 QUICK = FleetSettings(
-    concurrency=8, groups=8, per_group=4, prefix_tokens=2000, sessions=8, turns=4,
-    agent_context_tokens=800, tool_tokens=400, hot_requests=48, random_requests=24,
+    concurrency=8, groups=8, per_group=4, prefix_tokens=2000, sessions=16, turns=4,
+    agent_context_tokens=400, tool_tokens=200, hot_requests=48, random_requests=24,
     prefill_us_per_token=100, timeout_s=120.0,
 )  # fmt: skip
 

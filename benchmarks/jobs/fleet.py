@@ -1,11 +1,13 @@
 """The fleet benchmark's job: sequences of streamed chat requests at a fixed concurrency.
 
-`concurrency` lanes take sequences from one queue in order; a lane plays a sequence's
-bodies one after the other (an agent's turns), each on the lane's keep-alive connection
-to the sequence's target (sequence i goes to target i mod the number of targets: two
-edges split the traffic). Per request it notes the status, the time to the first
-content frame, the run id and the final usage frame's prompt and cached tokens (the
-only frame parsed). Bounded by `timeout_s` as a whole.
+`concurrency` lanes take requests from one queue, first the first request of every
+sequence in order; once a sequence's request is answered, its next one (an agent's
+next turn) joins the back of the queue, so the turns of a session are in order, with
+other sessions' requests between them (the time a tool takes). Each request goes on
+the lane's keep-alive connection to its sequence's target (sequence i to target i mod
+the number of targets: two edges split the traffic). Per request it notes the status,
+the time to the first content frame, the run id and the final usage frame's prompt
+and cached tokens (the only frame parsed). Bounded by `timeout_s` as a whole.
 """
 
 from __future__ import annotations
@@ -39,55 +41,76 @@ def _usage(raw: bytes | None) -> tuple[int | None, int | None]:
     )
 
 
+async def _one(
+    conns: dict[int, AioConnection], targets: list[tuple[str, int]], which: int, payload: bytes,
+    record: dict[str, Any],
+) -> None:  # fmt: skip
+    """One request on the lane's connection to target `which`; its figures into `record`."""
+    host, port = targets[which]
+    conn = conns.get(which)
+    if conn is None or not conn.reusable:
+        conn = conns[which] = await AioConnection.open(host, port)
+    reader = ResponseReader(keep_usage=True)
+    t0 = perf()
+    try:
+        await conn.request(build_post(host, port, PATH, payload), reader)
+    except ConnectionError as exc:
+        record["error"] = repr(exc)[:200]
+        conns.pop(which, None)
+        return
+    record["total_ms"] = (perf() - t0) * 1e3
+    if reader.first_content_at is not None:
+        record["ttft_ms"] = (reader.first_content_at - t0) * 1e3
+    record["status"] = reader.status
+    record["run_id"] = reader.run_id
+    record["prompt_tokens"], record["cached_tokens"] = _usage(reader.usage)
+    if reader.status != 200 or reader.errors or not reader.done:
+        record["error"] = f"HTTP {reader.status}: {reader.text()[:200]!r}"
+    if reader.close:
+        conn.close()
+        conns.pop(which, None)
+
+
 async def _fleet(
     targets: list[tuple[str, int]],
     sequences: list[list[bytes]],
     concurrency: int,
     timeout_s: float,
 ) -> dict[str, Any]:
-    queue: asyncio.Queue[int] = asyncio.Queue()
+    lanes = max(1, concurrency)
+    queue: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
     for i in range(len(sequences)):
-        queue.put_nowait(i)
+        queue.put_nowait((i, 0))
+    left = sum(len(s) for s in sequences)
     records: list[dict[str, Any]] = []
+    if not left:
+        queue.put_nowait(None)
 
     async def lane() -> None:
+        nonlocal left
         conns: dict[int, AioConnection] = {}
         try:
-            while not queue.empty():
-                seq = queue.get_nowait()
+            while (item := await queue.get()) is not None:
+                seq, turn = item
                 which = seq % len(targets)
-                host, port = targets[which]
-                for turn, payload in enumerate(sequences[seq]):
-                    record: dict[str, Any] = {"seq": seq, "turn": turn, "target": which}
-                    records.append(record)
-                    conn = conns.get(which)
-                    if conn is None or not conn.reusable:
-                        conn = conns[which] = await AioConnection.open(host, port)
-                    reader = ResponseReader(keep_usage=True)
-                    t0 = perf()
-                    try:
-                        await conn.request(build_post(host, port, PATH, payload), reader)
-                    except ConnectionError as exc:
-                        record["error"] = repr(exc)[:200]
-                        conns.pop(which, None)
-                        continue
-                    record["total_ms"] = (perf() - t0) * 1e3
-                    if reader.first_content_at is not None:
-                        record["ttft_ms"] = (reader.first_content_at - t0) * 1e3
-                    record["status"] = reader.status
-                    record["run_id"] = reader.run_id
-                    record["prompt_tokens"], record["cached_tokens"] = _usage(reader.usage)
-                    if reader.status != 200 or reader.errors or not reader.done:
-                        record["error"] = f"HTTP {reader.status}: {reader.text()[:200]!r}"
-                    if reader.close:
-                        conn.close()
-                        conns.pop(which, None)
+                record: dict[str, Any] = {"seq": seq, "turn": turn, "target": which}
+                records.append(record)
+                try:
+                    await _one(conns, targets, which, sequences[seq][turn], record)
+                except OSError as exc:
+                    record["error"] = repr(exc)[:200]
+                left -= 1
+                if turn + 1 < len(sequences[seq]):
+                    queue.put_nowait((seq, turn + 1))
+                if not left:
+                    queue.put_nowait(None)
+            queue.put_nowait(None)  # the next lane stops too
         finally:
             for conn in conns.values():
                 conn.close()
 
     c0, t0 = cpu(), time.monotonic()
-    tasks = [asyncio.ensure_future(lane()) for _ in range(max(1, concurrency))]
+    tasks = [asyncio.ensure_future(lane()) for _ in range(lanes)]
     done, pending = await asyncio.wait(tasks, timeout=timeout_s)
     wall = time.monotonic() - t0
     for task in pending:
@@ -97,7 +120,7 @@ async def _fleet(
         "wall_s": wall,
         "client_cpu_s": cpu() - c0,
         "records": records,
-        "unfinished": len(pending),
+        "unfinished": left,
         "lane_failures": failures,
     }
 
