@@ -67,11 +67,11 @@ class FleetSettings:
     # agent sessions: sessions x turns, more sessions than requests in flight; a short
     # shared system prompt, each session's context, one tool result per turn (the
     # sessions' working set about the shared prefixes' one)
-    sessions: int = 48
+    sessions: int = 24
     turns: int = 8
     agent_system_tokens: int = 100
-    agent_context_tokens: int = 600
-    tool_tokens: int = 200
+    agent_context_tokens: int = 1200
+    tool_tokens: int = 400
     # hot prefix and random prompts: requests, each prompt of prefix_tokens
     hot_requests: int = 192
     random_requests: int = 96
@@ -91,8 +91,8 @@ class FleetSettings:
 
 
 QUICK = FleetSettings(
-    concurrency=8, groups=8, per_group=4, prefix_tokens=2000, sessions=16, turns=4,
-    agent_context_tokens=400, tool_tokens=200, hot_requests=48, random_requests=24,
+    concurrency=8, groups=8, per_group=4, prefix_tokens=2000, sessions=12, turns=4,
+    agent_context_tokens=500, tool_tokens=300, hot_requests=48, random_requests=24,
     prefill_us_per_token=100, timeout_s=120.0,
 )  # fmt: skip
 
@@ -305,6 +305,7 @@ def measure_fleet(
         w = workload(name, s)
         out["workloads"][name] = {
             "label": w.name, "requests": w.requests, "working_set_tokens": w.working_set_tokens,
+            "ceiling": round(w.ceiling(), 3),
         }  # fmt: skip
         for policy in list(policies):
             try:

@@ -22,6 +22,7 @@ share no whole block of the prompt's rendering. Sizes are in tokens of 4 charact
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -65,6 +66,26 @@ class Workload:
     @property
     def requests(self) -> int:
         return sum(len(s) for s in self.sequences)
+
+    def ceiling(self) -> float:
+        """The most of its prompts' text any cache could hold when asked: per request, the
+        text of its leading messages equal to an earlier request's (sequences in order,
+        their turns in order), over all its text. First uses and concurrency not counted."""
+        seen: set[bytes] = set()
+        held = total = 0
+        for seq in self.sequences:
+            for payload in seq:
+                chain = hashlib.sha256()
+                reusing = True
+                for message in json.loads(payload)["messages"]:
+                    chain.update(json.dumps(message, sort_keys=True).encode())
+                    key = chain.copy().digest()
+                    size = len(json.dumps(message))
+                    total += size
+                    reusing = reusing and key in seen
+                    held += size if reusing else 0
+                    seen.add(key)
+        return held / total if total else 0.0
 
 
 def text(rng: random.Random, tokens: int) -> str:
