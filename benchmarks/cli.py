@@ -3,8 +3,8 @@
 The flags are in `benchmarks.flags`; the main run's summary and tables in
 `benchmarks.summary`. Here: the machine's description, the temporary directory, and one
 command per mode (the main run, `--ab`, `--peers-only`, `--overload-only`,
-`--workers-only`, `--tracing-only`, `--control-plane-only`), each writing its JSON and
-printing its tables.
+`--workers-only`, `--tracing-only`, `--control-plane-only`, `--fleet`), each writing its
+JSON and printing its tables.
 """
 
 from __future__ import annotations
@@ -282,8 +282,59 @@ def main_control_plane(args: argparse.Namespace, settings: Settings) -> int:
     return _only(args, settings, "control-plane", control_plane_run, render_control_plane)
 
 
+def fleet_smg(args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    """The SMG executable for the fleet run, or None and why not: `--smg BIN`; with
+    `--peers` the pinned one, installed on first use; else the pinned one if installed."""
+    from benchmarks.peer import SMG_VENV, smg_binary
+
+    if args.no_smg:
+        return None, "--no-smg"
+    if args.smg:
+        return args.smg, None
+    if args.peers or args.litellm:
+        try:
+            return smg_binary(), None
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            return None, f"SMG could not be installed: {exc!r}"
+    if (SMG_VENV / "bin" / "smg").exists():
+        return smg_binary(), None
+    return None, "SMG is not installed (--peers installs it)"
+
+
+def main_fleet(args: argparse.Namespace) -> int:
+    """`--fleet`: routing policies over simulated nodes with a KV cache; writes fleet.json."""
+    from benchmarks.fleet import QUICK, FleetSettings, measure_fleet
+    from benchmarks.fleetpeer import measure_beside_smg
+    from benchmarks.fleetreport import goal_rows, render_fleet
+
+    out = args.out or DEFAULT_OUT.parent / "fleet.json"
+    s = QUICK if args.quick else FleetSettings()
+    started = time.monotonic()
+    result: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+    smg, why = fleet_smg(args)
+    with _workdir("iop-bench-fleet-", args.keep) as tmp:
+        pool = Pool(1)
+        try:
+            result["fleet"] = fleet = measure_fleet(pool, tmp, s)
+            if smg is not None:
+                policy = "least_loaded" if "cache_aware" in fleet["skipped"] else "cache_aware"
+                fleet["peers"] = measure_beside_smg(pool, tmp / "smg", s, smg, policy)
+            else:
+                fleet["peers"] = {"error": why}
+        finally:
+            pool.close()
+        fleet["goals"] = goal_rows(fleet)
+        result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    _write(out, result, started)
+    print("\n".join(render_fleet(result["fleet"])))
+    print(f"\nwritten: {out} ({result['elapsed_s']:.0f} s)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.fleet:
+        return main_fleet(args)
     settings = settings_from(args)
     nofile = raise_nofile()
     need = max(settings.open_streams, default=0) + 512

@@ -14,7 +14,10 @@ the peer tool with LiteLLM and SMG; it installs both into ~/.cache) and `--ab RE
 count, `benchmarks.workers`), `--tracing-only` / `--no-tracing` (the edge's CPU per
 request and per chunk with tracing off and on, `benchmarks.tracing`),
 `--control-plane-only` / `--no-control-plane` (the edge's CPU per node to know its
-nodes' state, Watch against Describe polling, `benchmarks.controlplane`).
+nodes' state, Watch against Describe polling, `benchmarks.controlplane`), `--fleet`
+(routing policies over four simulated nodes with a KV cache, `benchmarks.fleet`; with
+`--peers`, or whenever the pinned SMG is installed, SMG beside the edge on four HTTP
+workers, `benchmarks.fleetpeer`; writes results/fleet.json).
 """
 
 from __future__ import annotations
@@ -136,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--no-control-plane", action="store_true", help="leave the control-plane cost run out"
+    )
+    p.add_argument(
+        "--fleet",
+        action="store_true",
+        help="only the routing policies over 4 simulated nodes with a KV cache (four "
+        "workloads, two edges; with --peers or an installed SMG, SMG beside the edge); "
+        "writes results/fleet.json",
     )
     return p
 

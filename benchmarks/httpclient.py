@@ -6,7 +6,8 @@ Only what the benchmarks need, cheap per byte so the client is never the bottlen
   headers, de-chunks a chunked body (or takes a Content-Length body) and, for an SSE
   body, counts content frames by a byte pattern (no JSON parsing), notes the time of the
   first content frame (for paced streams: of every one), the run id (from
-  `"id":"chatcmpl-<run_id>"`), error frames and `data: [DONE]`.
+  `"id":"chatcmpl-<run_id>"`), error frames and `data: [DONE]`, and (`keep_usage`) keeps
+  the final usage frame's JSON.
 - `AioConnection` drives it on asyncio (an `asyncio.Protocol`, no StreamReader).
 - `TrioConnection` drives it on trio, for the in-process comparison with the node client.
 """
@@ -23,6 +24,7 @@ CONTENT_MARK = b'"delta":{"content":'
 ERROR_MARK = b'data: {"error":'
 DONE_MARK = b"data: [DONE]"
 ID_MARK = b'"id":"chatcmpl-'
+USAGE_MARK = b'"usage":{'
 
 _HEAD, _LENGTH, _SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(7)
 
@@ -54,6 +56,7 @@ class ResponseReader:
         "_carry",
         "_chunk_left",
         "_keep_body",
+        "_keep_usage",
         "_state",
         "body",
         "close",
@@ -69,15 +72,22 @@ class ResponseReader:
         "status",
         "stop_after",
         "stopped",
+        "usage",
     )
 
     def __init__(
-        self, *, keep_body: bool = False, stop_after: int = 0, stamps: bool = False
+        self,
+        *,
+        keep_body: bool = False,
+        stop_after: int = 0,
+        stamps: bool = False,
+        keep_usage: bool = False,
     ) -> None:
         self._buf = b""
         self._carry = b""
         self._chunk_left = 0
         self._keep_body = keep_body
+        self._keep_usage = keep_usage
         self._state = _HEAD
         self.body: list[bytes] = []
         self.close = False
@@ -95,6 +105,9 @@ class ResponseReader:
         self.status = 0
         self.stop_after = stop_after
         self.stopped = False
+        # With keep_usage: the JSON of the last frame whose usage is an object (OpenAI's
+        # final chunk under `stream_options.include_usage`), the only frame parsed.
+        self.usage: bytes | None = None
 
     def feed(self, data: bytes) -> bool:
         buf = self._buf + data if self._buf else data
@@ -220,6 +233,12 @@ class ResponseReader:
             self.errors += frames.count(ERROR_MARK)
         if DONE_MARK in frames:
             self.done = True
+        if self._keep_usage:
+            i = frames.rfind(USAGE_MARK)
+            if i >= 0:
+                start = frames.rfind(b"data: ", 0, i) + len(b"data: ")
+                end = frames.find(b"\n", i)
+                self.usage = frames[start : end if end >= 0 else len(frames)]
 
     def text(self) -> bytes:
         return b"".join(self.body)

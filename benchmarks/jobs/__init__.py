@@ -9,7 +9,8 @@ from __future__ import annotations
 from benchmarks.jobs.aio import AIO_JOBS
 from benchmarks.jobs.base import JobFn
 from benchmarks.jobs.direct import DIRECT_JOBS
+from benchmarks.jobs.fleet import FLEET_JOBS
 from benchmarks.jobs.overload import OVERLOAD_JOBS
 from benchmarks.jobs.paced import PACED_JOBS
 
-JOBS: dict[str, JobFn] = {**AIO_JOBS, **DIRECT_JOBS, **PACED_JOBS, **OVERLOAD_JOBS}
+JOBS: dict[str, JobFn] = {**AIO_JOBS, **DIRECT_JOBS, **PACED_JOBS, **OVERLOAD_JOBS, **FLEET_JOBS}

@@ -1,0 +1,341 @@
+"""Routing policies over a fleet of simulated nodes with a KV cache (`--fleet`).
+
+Each cell of the run is one routing policy (`[routing] policy`) on one workload of
+`benchmarks.prompts`, on processes of its own so every cache starts cold: one
+`iop-sim-node --nodes 4` process (four nodes, each its own port, runs log and KV cache:
+`--kv-tokens`, `--prefill-us-per-token`, `--max-runs`) and a fresh edge in front of
+the four. One load-generator process plays the workload at a fixed concurrency
+(`benchmarks.jobs.fleet`). Figures per cell, from one run:
+
+- cache hit ratio: the sum of `usage.prompt_tokens_details.cached_tokens` over the sum
+  of `usage.prompt_tokens`, from the answers (`stream_options.include_usage`);
+- TTFT p50/p99: request written to first content frame, at the client;
+- requests/s at that concurrency (answered requests over the workload's wall time);
+- the busiest node's share of runs, from the nodes' runs logs;
+- the edge's CPU per request (every thread, from the kernel's nanosecond counters).
+
+The cache is sized from the shared-prefix workload: each node holds `cache_share` of
+its working set (default 1.25/4), so the working set is larger than one node's cache
+and smaller than the fleet's. The same run puts two edges in front of the same four
+nodes (the shared-prefix workload split between them, `cache_aware`) beside one edge.
+A policy this edge refuses (its config check) is skipped with the edge's own words; a
+node without the KV flags (an older `iop-sim-node`) is run without them and caches
+nothing, and the run says so. SMG beside the edge on the same workloads:
+`benchmarks.fleetpeer`.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.controlplane import _up_nodes, cpu_s
+from benchmarks.fleetreport import figures
+from benchmarks.loadgen import Pool
+from benchmarks.prompts import (
+    Workload,
+    agent_sessions,
+    hot_prefix,
+    random_prompts,
+    shared_prefixes,
+)
+from benchmarks.stack import _get, _spawn, free_port, stop_process, venv_script
+
+STARTUP_TIMEOUT_S = 60.0
+RUNS_LOG_WAIT_S = 5.0
+BLOCK_TOKENS = 64
+POLICIES = ("least_loaded", "affinity", "cache_aware")
+WORKLOADS = ("shared", "sessions", "hot", "random")
+mono = time.monotonic
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    nodes: int = 4
+    concurrency: int = 16
+    # shared prefixes: groups x requests per group, each group's system prompt
+    groups: int = 16
+    per_group: int = 12
+    prefix_tokens: int = 6000
+    # agent sessions: sessions x turns, more sessions than requests in flight; a short
+    # shared system prompt, each session's context, one tool result per turn (the
+    # sessions' working set about the shared prefixes' one)
+    sessions: int = 24
+    turns: int = 8
+    agent_system_tokens: int = 100
+    agent_context_tokens: int = 1200
+    tool_tokens: int = 400
+    # hot prefix and random prompts: requests, each prompt of prefix_tokens
+    hot_requests: int = 192
+    random_requests: int = 96
+    # the nodes: prefill time per uncached prompt token, runs at once, and each node's
+    # KV cache as a share of the shared-prefix working set
+    prefill_us_per_token: int = 50
+    max_runs: int = 8
+    cache_share: float = 1.25 / 4
+    seed: int = 27
+    timeout_s: float = 300.0
+
+    @property
+    def kv_tokens(self) -> int:
+        """Each node's KV cache, in tokens: whole blocks of 64."""
+        want = self.groups * self.prefix_tokens * self.cache_share
+        return -(-int(want) // BLOCK_TOKENS) * BLOCK_TOKENS
+
+
+QUICK = FleetSettings(
+    concurrency=8, groups=8, per_group=4, prefix_tokens=2000, sessions=12, turns=4,
+    agent_context_tokens=500, tool_tokens=300, hot_requests=48, random_requests=24,
+    prefill_us_per_token=100, timeout_s=120.0,
+)  # fmt: skip
+
+
+def workload(name: str, s: FleetSettings) -> Workload:
+    if name == "shared":
+        return shared_prefixes(s.seed, s.groups, s.per_group, s.prefix_tokens)
+    if name == "sessions":
+        return agent_sessions(
+            s.seed, s.sessions, s.turns, s.agent_system_tokens, s.agent_context_tokens,
+            s.tool_tokens,
+        )  # fmt: skip
+    if name == "hot":
+        return hot_prefix(s.seed, s.hot_requests, s.prefix_tokens)
+    if name == "random":
+        return random_prompts(s.seed, s.random_requests, s.prefix_tokens)
+    raise ValueError(f"unknown workload {name!r}")
+
+
+class Refused(Exception):
+    """The edge would not start with this configuration (a policy it does not know)."""
+
+
+@functools.cache
+def sim_has_kv() -> bool:
+    """Whether this `iop-sim-node` models a KV cache (`--kv-tokens`, `--prefill-us-per-token`)."""
+    done = subprocess.run(
+        [venv_script("iop-sim-node"), "--help"], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    return "--kv-tokens" in done.stdout and "--prefill-us-per-token" in done.stdout
+
+
+@contextmanager
+def sim_fleet(where: Path, s: FleetSettings) -> Iterator[SimFleet]:
+    """`s.nodes` simulated nodes in one process, each with its KV cache; stopped after."""
+    fleet = SimFleet(where, s)
+    try:
+        fleet.start()
+        yield fleet
+    finally:
+        stop_process(fleet.proc)
+
+
+class SimFleet:
+    """One `iop-sim-node --nodes N` process: its nodes' addresses and runs logs."""
+
+    def __init__(self, where: Path, s: FleetSettings) -> None:
+        self.where = where
+        self.s = s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.addresses: list[str] = []
+
+    def start(self) -> None:
+        s = self.s
+        log = self.where / "sim.log"
+        flags = [
+            "--nodes", str(s.nodes), "--listen", "127.0.0.1:0", "--name", "fleet",
+            "--runs-log", str(self.where / "runs.jsonl"), "--max-runs", str(s.max_runs),
+        ]  # fmt: skip
+        if sim_has_kv():
+            flags += [
+                "--kv-tokens", str(s.kv_tokens),
+                "--prefill-us-per-token", str(s.prefill_us_per_token),
+            ]  # fmt: skip
+        self.proc = _spawn([venv_script("iop-sim-node"), *flags], log)
+        deadline = mono() + STARTUP_TIMEOUT_S
+        while mono() < deadline:
+            lines = [x for x in log.read_text(errors="replace").splitlines() if "listening on" in x]
+            if len(lines) >= s.nodes:
+                self.addresses = [x.rsplit(" ", 1)[-1] for x in lines[: s.nodes]]
+                return
+            if self.proc.poll() is not None:
+                raise SystemExit(f"iop-sim-node exited: {log.read_text()[-500:]}")
+            time.sleep(0.05)
+        raise SystemExit("iop-sim-node did not start in time")
+
+    def runs_log(self, i: int) -> Path:
+        return self.where / (f"runs-{i + 1}.jsonl" if self.s.nodes > 1 else "runs.jsonl")
+
+    def runs_per_node(self, expected: int) -> list[int]:
+        """Runs each node logged, once they add up to `expected` (a node writes a run's
+        line up to a second after it ended) or RUNS_LOG_WAIT_S passed."""
+        deadline = mono() + RUNS_LOG_WAIT_S
+        while True:
+            counts = []
+            for i in range(self.s.nodes):
+                path = self.runs_log(i)
+                text = path.read_text(errors="replace") if path.exists() else ""
+                counts.append(sum(1 for line in text.splitlines() if '"run_id"' in line))
+            if sum(counts) >= expected or mono() > deadline:
+                return counts
+            time.sleep(0.1)
+
+
+EDGE_CONFIG = """\
+[server]
+listen = "127.0.0.1:{port}"
+drain_timeout_s = 2
+
+[log]
+level = "WARNING"
+
+[timeouts]
+first_event_s = 120
+idle_s = 120
+total_s = 600
+
+[routing]
+policy = "{policy}"
+"""
+
+
+@dataclass
+class Edges:
+    """Edge processes with the same nodes and policy: their URLs and CPU."""
+
+    procs: list[subprocess.Popen[bytes]]
+    ports: list[int]
+
+    @property
+    def targets(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", p) for p in self.ports]
+
+    def cpu(self) -> float:
+        return sum(cpu_s(p.pid) for p in self.procs)
+
+
+@contextmanager
+def edges(where: Path, node_sets: list[list[str]], policy: str) -> Iterator[Edges]:
+    """One edge per entry of `node_sets`, in front of those nodes with `policy`, all
+    started at once, then each ready with every node up.
+
+    Raises `Refused` with the edge's own words when one exits at startup (its
+    configuration refused).
+    """
+    started = Edges([], [])
+    try:
+        for e, addresses in enumerate(node_sets):
+            port = free_port()
+            nodes = "".join(
+                f'\n[[nodes]]\nname = "node-{i + 1}"\naddress = "{a}"\n'
+                for i, a in enumerate(addresses)
+            )
+            config = where / f"edge-{e}.toml"
+            config.write_text(EDGE_CONFIG.format(port=port, policy=policy) + nodes)
+            started.procs.append(
+                _spawn([venv_script("iop-edge"), "--config", str(config)], where / f"edge-{e}.log")
+            )
+            started.ports.append(port)
+        deadline = mono() + STARTUP_TIMEOUT_S
+        for e, (proc, port) in enumerate(zip(started.procs, started.ports, strict=True)):
+            base = f"http://127.0.0.1:{port}"
+            while True:
+                if proc.poll() is not None:
+                    text = (where / f"edge-{e}.log").read_text(errors="replace").strip()
+                    last = text.splitlines()[-1] if text else f"exit {proc.returncode}"
+                    # "iop-edge: FILE: key: message": the message, without the file's path.
+                    raise Refused(last.rsplit(".toml: ", 1)[-1][-300:])
+                if _get(base + "/readyz") == 200 and _up_nodes(base) >= len(node_sets[e]):
+                    break
+                if mono() > deadline:
+                    raise SystemExit(f"edge {e} did not see its nodes up in time")
+                time.sleep(0.1)
+        yield started
+    finally:
+        for proc in started.procs:
+            stop_process(proc)
+
+
+def play(pool: Pool, targets: list[tuple[str, int]], w: Workload, s: FleetSettings) -> Any:
+    return pool.run(
+        "fleet", s.timeout_s + 60, targets=targets, sequences=w.sequences,
+        concurrency=s.concurrency, timeout_s=s.timeout_s,
+    )  # fmt: skip
+
+
+def measure_cell(
+    pool: Pool, where: Path, s: FleetSettings, policy: str, w: Workload, count: int = 1
+) -> dict[str, Any]:
+    """One policy on one workload, on fresh nodes and `count` fresh edges."""
+    where.mkdir(parents=True, exist_ok=True)
+    with sim_fleet(where, s) as fleet, edges(where, [fleet.addresses] * count, policy) as gw:
+        c0 = gw.cpu()
+        raw = play(pool, gw.targets, w, s)
+        c1 = gw.cpu()
+        ok = sum(1 for r in raw["records"] if "error" not in r)
+        runs = fleet.runs_per_node(ok)
+    return figures(raw, runs, c1 - c0)
+
+
+def measure_fleet(
+    pool: Pool, tmp: Path, s: FleetSettings, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Every policy on every workload (the policies in turn within a workload), then two
+    edges on the shared-prefix workload."""
+    say = log or (lambda text: print(text, file=sys.stderr, flush=True))
+    kv = sim_has_kv()
+    out: dict[str, Any] = {
+        "settings": {**asdict(s), "kv_tokens": s.kv_tokens}, "kv_model": kv, "workloads": {},
+        "cells": {}, "skipped": {},
+    }  # fmt: skip
+    if not kv:
+        say(
+            "fleet: this iop-sim-node has no --kv-tokens: the nodes cache nothing "
+            "(hit ratio 0) and prefill takes no time"
+        )
+    policies = list(POLICIES)
+    for name in WORKLOADS:
+        w = workload(name, s)
+        out["workloads"][name] = {
+            "label": w.name, "requests": w.requests, "working_set_tokens": w.working_set_tokens,
+            "ceiling": round(w.ceiling(), 3),
+        }  # fmt: skip
+        for policy in list(policies):
+            try:
+                cell = measure_cell(pool, tmp / name / policy, s, policy, w)
+            except Refused as exc:
+                out["skipped"][policy] = str(exc)
+                policies.remove(policy)
+                say(f"fleet: policy {policy} skipped: the edge refused it: {exc}")
+                continue
+            out["cells"].setdefault(name, {})[policy] = cell
+            say(f"fleet: {w.name}, {policy}: {_line(cell)}")
+    out["two_edges"] = two_edges(pool, tmp, s, policies, say)
+    return out
+
+
+def two_edges(
+    pool: Pool, tmp: Path, s: FleetSettings, policies: list[str], say: Callable[[str], None]
+) -> dict[str, Any]:
+    """The shared-prefix workload through two edges in front of the same nodes (requests
+    alternating between them), with cache_aware (else the last policy this edge took)."""
+    policy = "cache_aware" if "cache_aware" in policies else policies[-1]
+    w = workload("shared", s)
+    cell = measure_cell(pool, tmp / "two-edges", s, policy, w, count=2)
+    say(f"fleet: {w.name}, two edges, {policy}: {_line(cell)}")
+    return {"policy": policy, "cell": cell}
+
+
+def _line(cell: dict[str, Any]) -> str:
+    hit = cell.get("hit_ratio")
+    return (
+        f"hit {'-' if hit is None else f'{hit:.2f}'}, TTFT p50 {cell.get('ttft_p50_ms')} ms, "
+        f"{cell.get('req_per_s')} req/s, {cell.get('errors')} errors"
+    )

@@ -1,0 +1,165 @@
+"""Beside SMG (`--fleet` with SMG installed, or `--peers`): the fleet workloads through
+SGLang's gateway (`smg launch --policy cache_aware`) and through this edge, in front of
+the same four HTTP workers, in one run.
+
+A worker is an `iop-edge` in front of its own simulated node (one `iop-sim-node
+--nodes 4` process with the KV flags of `benchmarks.fleet`): an OpenAI-compatible HTTP
+server that models the KV cache as the fleet run's nodes do, and reports cached tokens
+in its answers' usage, behind a pass-through front that answers SMG's `GET /health`
+(`benchmarks.healthfront`; both gateways go through it). SMG reaches the four workers
+by URL (`--worker-urls`; it keeps a radix tree of the text it routed to each); this
+edge reaches them as `openai+http://` nodes: iop-node, the edge's node for
+OpenAI-compatible servers, in the edge's process, which reports the workers' cached
+tokens as `cached_input_tokens`. (One `iop-node` process per worker instead measured
+the same TTFT within this machine's noise, with more processes.) Each gateway gets
+fresh nodes and workers for each workload, so every cache starts cold. The figures
+are those of `benchmarks.fleet`; the gateway's CPU is the SMG process's, or the
+edge's with its in-process iop-nodes. Neither gateway sees the nodes' KV events here:
+SMG's tree and the edge's index are both approximate.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from benchmarks.controlplane import cpu_s
+from benchmarks.fleet import (
+    STARTUP_TIMEOUT_S,
+    WORKLOADS,
+    FleetSettings,
+    Refused,
+    edges,
+    play,
+    sim_fleet,
+    workload,
+)
+from benchmarks.fleetreport import figures
+from benchmarks.healthfront import health_fronts
+from benchmarks.loadgen import Pool
+from benchmarks.prompts import MODEL
+from benchmarks.stack import _spawn, free_port
+
+mono = time.monotonic
+
+
+def smg_version(smg: Path) -> str | None:
+    try:
+        done = subprocess.run(
+            [str(smg), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip().split()[-1] if done.stdout.strip() else None
+
+
+def _lists_model(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=2) as resp:
+            return MODEL.encode() in resp.read()
+    except OSError:
+        return False
+
+
+@contextmanager
+def smg_gateway(smg: Path, where: Path, workers: list[str]) -> Iterator[tuple[int, int]]:
+    """SMG (cache_aware) in front of `workers`, once it lists the model; yields (port, pid).
+
+    Its periodic health probe is off: on a connection its pool reuses, a probe would
+    reach the worker itself (the front answers only a connection's first requests).
+    Stopped by PID with SIGKILL: its drain on SIGTERM waits seconds for nothing here.
+    """
+    port, metrics = free_port(), free_port()
+    cmd = [
+        str(smg), "launch", "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *workers, "--policy", "cache_aware",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
+        "--disable-health-check", "--log-level", "warn",
+    ]  # fmt: skip
+    proc = _spawn(cmd, where / "smg.log")
+    try:
+        deadline = mono() + STARTUP_TIMEOUT_S
+        while not _lists_model(f"http://127.0.0.1:{port}"):
+            if proc.poll() is not None or mono() > deadline:
+                log = (where / "smg.log").read_text(errors="replace")
+                raise SystemExit(f"SMG did not start: {log[-600:]}")
+            time.sleep(0.2)
+        yield port, proc.pid
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _cell(
+    pool: Pool,
+    where: Path,
+    s: FleetSettings,
+    gateway: str,
+    smg: Path,
+    policy: str,
+    name: str,
+) -> dict[str, Any]:
+    """One workload through one gateway, on fresh nodes and workers."""
+    where.mkdir(parents=True, exist_ok=True)
+    w = workload(name, s)
+    with (
+        sim_fleet(where, s) as fleet,
+        edges(where, [[a] for a in fleet.addresses], "least_loaded") as workers,
+        health_fronts(workers.ports) as fronts,
+    ):
+        urls = [f"http://127.0.0.1:{p}" for p in fronts]
+        if gateway == "SMG":
+            with smg_gateway(smg, where, urls) as (port, pid):
+                c0 = cpu_s(pid)
+                raw = play(pool, [("127.0.0.1", port)], w, s)
+                c1 = cpu_s(pid)
+        else:
+            nodes = [f"{url.replace('http://', 'openai+http://')}/v1" for url in urls]
+            with edges(where / "gateway", [nodes], policy) as gw:
+                c0 = gw.cpu()
+                raw = play(pool, gw.targets, w, s)
+                c1 = gw.cpu()
+        ok = sum(1 for r in raw["records"] if "error" not in r)
+        runs = fleet.runs_per_node(ok)
+    return figures(raw, runs, c1 - c0)
+
+
+def measure_beside_smg(
+    pool: Pool,
+    tmp: Path,
+    s: FleetSettings,
+    smg: Path,
+    policy: str,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every workload through SMG, then through this edge (`policy`), in turn."""
+    say = log or (lambda text: print(text, file=sys.stderr, flush=True))
+    out: dict[str, Any] = {
+        "settings": {"nodes": s.nodes, "kv_tokens": s.kv_tokens},
+        "smg_version": smg_version(smg), "edge_policy": policy, "cells": {},
+    }  # fmt: skip
+    for name in WORKLOADS:
+        for gateway in ("SMG", "iop-edge"):
+            where = tmp / name / gateway
+            (where / "gateway").mkdir(parents=True, exist_ok=True)
+            try:
+                cell = _cell(pool, where, s, gateway, smg, policy, name)
+            except (Refused, SystemExit) as exc:
+                say(f"fleet beside SMG: {name}, {gateway} failed: {exc}")
+                return {**out, "error": f"{gateway} on {name}: {exc}"}
+            out["cells"].setdefault(name, {})[gateway] = cell
+            hit = cell["hit_ratio"]
+            say(
+                f"fleet beside SMG: {name}, {gateway}: hit {'-' if hit is None else hit}, "
+                f"TTFT p50 {cell['ttft_p50_ms']} ms, {cell['errors']} errors"
+            )
+    return out
