@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -193,39 +193,53 @@ async def test_two_edges_send_new_runs_to_the_node_that_reports_less_load(tmp_pa
     started since) never passes the 16 runs there are, so n2 ranks first for each one.
     An edge counting only its own runs on each node would have sent some to n1."""
     with named_sims(tmp_path, "n1", "n2") as (n1, n2):
-        host, port = n1.address.rsplit(":", 1)
-        tenant = GrpcNodeClient("n1", host, int(port))
-        answers: list[httpx.Response] = []
-        async with asyncio_loop():
-            try:
-                async with trio.open_nursery() as runs:
-                    handles = await _busy(tenant, runs, BUSY)
-                    async with (
-                        edge_process(tmp_path, _edge_toml(n1, n2), name="edge1") as edge1,
-                        edge_process(tmp_path, _edge_toml(n1, n2), name="edge2") as edge2,
-                        httpx.AsyncClient(base_url=edge1.url, timeout=WAIT_S) as http1,
-                        httpx.AsyncClient(base_url=edge2.url, timeout=WAIT_S) as http2,
-                    ):
-                        for http in (http1, http2):
-                            await _poll_metrics(http, "iop_edge_node_active_runs", BUSY, node="n1")
+        await _two_edges_ask(tmp_path, n1, n2, _busy, BUSY, "iop_edge_node_active_runs", BUSY)
 
-                        async def ask(http: httpx.AsyncClient, i: int) -> None:
-                            body = chat_body("sim-echo", f"q{i}")
-                            answers.append(await http.post(CHAT, json=body))
 
-                        async with trio.open_nursery() as asks:
-                            for i in range(REQUESTS):
-                                asks.start_soon(ask, http1, i)
-                                asks.start_soon(ask, http2, REQUESTS + i)
-                    for handle in handles:
-                        handle.cancel("client_disconnected")
-            finally:
-                await tenant.aclose()
-        assert [a.status_code for a in answers] == [200] * (2 * REQUESTS)
-        ran_on_n1 = [r for r in n1.runs() if not str(r.get("run_id", "")).startswith("busy-")]
-        ran_on_n2 = [r for r in n2.runs() if "outcome" in r]
-        assert ran_on_n1 == []
-        assert len(ran_on_n2) == 2 * REQUESTS
+async def _two_edges_ask(
+    tmp_path: Path,
+    n1: SimProcess,
+    n2: SimProcess,
+    busy: Callable[[GrpcNodeClient, trio.Nursery, int], Awaitable[list[RunHandle]]],
+    count: int,
+    gauge: str,
+    wanted: float,
+) -> None:
+    """Another tenant's `count` runs on n1 (`busy`); once both edge processes show n1's
+    `gauge` at `wanted` (its report), each sends REQUESTS short requests at once: every
+    one is answered, and every one ran on n2."""
+    host, port = n1.address.rsplit(":", 1)
+    tenant = GrpcNodeClient("n1", host, int(port))
+    answers: list[httpx.Response] = []
+    async with asyncio_loop():
+        try:
+            async with trio.open_nursery() as runs:
+                await busy(tenant, runs, count)
+                async with (
+                    edge_process(tmp_path, _edge_toml(n1, n2), name="edge1") as edge1,
+                    edge_process(tmp_path, _edge_toml(n1, n2), name="edge2") as edge2,
+                    httpx.AsyncClient(base_url=edge1.url, timeout=WAIT_S) as http1,
+                    httpx.AsyncClient(base_url=edge2.url, timeout=WAIT_S) as http2,
+                ):
+                    for http in (http1, http2):
+                        await _poll_metrics(http, gauge, wanted, node="n1")
+
+                    async def ask(http: httpx.AsyncClient, i: int) -> None:
+                        body = chat_body("sim-echo", f"q{i}")
+                        answers.append(await http.post(CHAT, json=body))
+
+                    async with trio.open_nursery() as asks:
+                        for i in range(REQUESTS):
+                            asks.start_soon(ask, http1, i)
+                            asks.start_soon(ask, http2, REQUESTS + i)
+                runs.cancel_scope.cancel()  # the tenant's runs: each cancelled on n1
+        finally:
+            await tenant.aclose()
+    assert [a.status_code for a in answers] == [200] * (2 * REQUESTS)
+    ran_on_n1 = [r for r in n1.runs() if not str(r.get("run_id", "")).startswith("busy-")]
+    ran_on_n2 = [r for r in n2.runs() if "outcome" in r]
+    assert ran_on_n1 == []
+    assert len(ran_on_n2) == 2 * REQUESTS
 
 
 async def _poll_metrics(
@@ -399,37 +413,6 @@ async def test_two_edges_wait_for_a_node_without_a_queue_rather_than_join_one(
         stack.callback(stop_process, n1.process)
         n2 = start_sim(tmp_path, "n2", "--name", "n2", "--max-runs", "2")
         stack.callback(stop_process, n2.process)
-        host, port = n1.address.rsplit(":", 1)
-        tenant = GrpcNodeClient("n1", host, int(port))
-        answers: list[httpx.Response] = []
-        async with asyncio_loop():
-            try:
-                async with trio.open_nursery() as runs:
-                    await _busy_queued(tenant, runs, QUEUED)
-                    async with (
-                        edge_process(tmp_path, _edge_toml(n1, n2), name="edge1") as edge1,
-                        edge_process(tmp_path, _edge_toml(n1, n2), name="edge2") as edge2,
-                        httpx.AsyncClient(base_url=edge1.url, timeout=WAIT_S) as http1,
-                        httpx.AsyncClient(base_url=edge2.url, timeout=WAIT_S) as http2,
-                    ):
-                        for http in (http1, http2):
-                            await _poll_metrics(
-                                http, "iop_edge_node_waiting_runs", QUEUED - 2, node="n1"
-                            )
-
-                        async def ask(http: httpx.AsyncClient, i: int) -> None:
-                            body = chat_body("sim-echo", f"q{i}")
-                            answers.append(await http.post(CHAT, json=body))
-
-                        async with trio.open_nursery() as asks:
-                            for i in range(REQUESTS):
-                                asks.start_soon(ask, http1, i)
-                                asks.start_soon(ask, http2, REQUESTS + i)
-                    runs.cancel_scope.cancel()
-            finally:
-                await tenant.aclose()
-        assert [a.status_code for a in answers] == [200] * (2 * REQUESTS)
-        ran_on_n1 = [r for r in n1.runs() if not str(r.get("run_id", "")).startswith("busy-")]
-        ran_on_n2 = [r for r in n2.runs() if "outcome" in r]
-        assert ran_on_n1 == []
-        assert len(ran_on_n2) == 2 * REQUESTS
+        await _two_edges_ask(
+            tmp_path, n1, n2, _busy_queued, QUEUED, "iop_edge_node_waiting_runs", QUEUED - 2
+        )
