@@ -7,6 +7,7 @@ __all__ = (
     "CancelRunRequest",
     "CancelRunResponse",
     "ContentPart",
+    "Continuation",
     "DescribeRequest",
     "DescribeResponse",
     "Message",
@@ -80,6 +81,34 @@ class ContentPart(betterproto2.Message):
 
 
 default_message_pool.register_message("iop.node.v1", "ContentPart", ContentPart)
+
+
+@dataclass(eq=False, repr=False)
+class Continuation(betterproto2.Message):
+    """
+    The output an earlier run of the request produced, every event the edge
+    received of it, in order: what the client saw and what the edge still held
+    back (tool-call text it had not released yet), so the model's own text is
+    continued exactly.
+    """
+
+    text: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    The concatenated text of its delta events.
+    """
+
+    reasoning: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    The concatenated text of its reasoning_delta events.
+    """
+
+    output_tokens: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+    """
+    Output tokens the earlier run(s) reported or the edge counted, for usage.
+    """
+
+
+default_message_pool.register_message("iop.node.v1", "Continuation", Continuation)
 
 
 @dataclass(eq=False, repr=False)
@@ -216,6 +245,13 @@ class ModelInfo(betterproto2.Message):
     """
     The longest context (prompt + output, tokens) the model takes; unset:
     not known.
+    """
+
+    continuation: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+    """
+    The node continues an answer of this model from RunRequest.continuation
+    (an upstream that can continue a final assistant message). A node older
+    than this field leaves it false: the edge never migrates a run to it.
     """
 
 
@@ -379,6 +415,17 @@ class RunRequest(betterproto2.Message):
     """
     The length of that rendering in characters (the prompt's size as the
     fingerprint saw it; a partial last block is in it, not in prefix_blocks).
+    """
+
+    continuation: "Continuation | None" = betterproto2.field(
+        21, betterproto2.TYPE_MESSAGE, optional=True
+    )
+    """
+    Set when this run continues an answer an earlier run of the same request
+    started on another node (a node that died or was drained mid-answer): the
+    node goes on from there, as if it had produced this output itself, and
+    sends only what comes after it. Sent only to a node whose ModelInfo says
+    `continuation` for the model.
     """
 
 
