@@ -142,6 +142,9 @@ def _routing(r: TableReader) -> RoutingConfig:
         cache_load_factor=r.number(
             "cache_load_factor", rtg.cache_load_factor, minimum=1.0, maximum=100
         ),
+        cache_share_factor=r.number(
+            "cache_share_factor", rtg.cache_share_factor, minimum=1.0, maximum=100
+        ),
     )
 
 

@@ -104,6 +104,10 @@ class RoutingConfig:
     # cache_aware: no node is chosen for its cache with more than this many times the
     # mean runs of the candidates + 1.
     cache_load_factor: float = 1.25
+    # cache_aware: the hot-spot guard: no node is chosen for its cache with more than
+    # this many times the mean share of the edge's recent dispatches (about the last
+    # 64) + 1.
+    cache_share_factor: float = 1.4
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,40 +8,56 @@ index (`edge.fleet.cacheindex`). Then:
 
 1. **Load bound.** A node with more than `factor` x the candidates' mean
    runs + 1 (1.25 x mean + 1 by default, as the affinity policy) is not
-   chosen for its cache: the bound is the hot-spot guard. However popular
-   a prefix, its node takes runs only up to the bound; past it the prefix's
-   requests go to the next node in the prefix's order, which then holds
-   it too, and so on: a hot prefix spreads over as many nodes as its load
-   needs, and no more.
-2. **Hit.** Of the nodes within the bound, the one holding the longest
+   chosen for its cache.
+2. **Share bound** (the hot-spot guard). A node whose share of this edge's
+   recent dispatches (`Recent`: a count per node decayed by one step each
+   dispatch, over about SHARE_WINDOW dispatches) is past `share_factor` x
+   the candidates' mean + 1 is not chosen for its cache either. The load
+   bound alone does not stop a hot prefix's node from taking most runs: its
+   runs are hits, short, so it completes more of them with as many in
+   flight. Past either bound the prefix's requests go to the next node in
+   the prefix's order, which then holds it too, and so on: a hot prefix
+   spreads over as many nodes as its traffic needs, and no more.
+3. **Hit.** Of the nodes within both bounds, the one holding the longest
    prefix of the request's blocks (its expected prefill saved, in blocks of
    BLOCK_TOKENS tokens); between equal prefixes, the lower rank. Within the
-   bound the cache decides, because the prefill a hit saves grows with the
-   prompt while the bound keeps the queue it may cost short.
-3. **Miss** (no node within the bound holds the first block): rendezvous
+   bounds the cache decides, because the prefill a hit saves grows with the
+   prompt while the bounds keep the queue it may cost short.
+4. **Miss** (no node within the bounds holds the first block): the node
+   this edge last placed the prefix on (`Placements`, by its first block),
+   if within the bounds: a prefix's requests that arrive before its node
+   reported storing it go where the first went (the exact index learns of
+   a node's blocks only from its reports). Else rendezvous
    (highest-random-weight) hashing of the first block's hash over the
-   candidates, with the same bound (`edge.fleet.affinity.choose`): every
-   edge sends a new prefix to the same node, without talking to the others,
-   so the next request of that prefix, from whichever edge, finds it there.
-4. A prompt shorter than one block: the least loaded (nothing to reuse).
+   candidates, the first node in that order within the bounds: every edge
+   sends a new prefix to the same node, without talking to the others, so
+   the next request of that prefix, from whichever edge, finds it there.
+   (Balancing placements by this edge's own counts, bounded loads, placed
+   prefixes more evenly but each edge differently: two edges then hit
+   less; measured, BENCHMARKS.md.)
+5. A prompt shorter than one block: the least loaded (nothing to reuse).
+
+Ties between equal ranks go round with `turn` (a number the pool advances
+each pick), so that equal nodes share the runs evenly.
 
 A session key (`X-Session-Id`, else `user`) pins the session to its node
 as the affinity policy does, within the same bound; the request's blocks
 are recorded there all the same.
 
 `Choice.outcome` says which rule chose: `hit`, `miss`, `load_bound` (a node
-past the bound held a longer prefix than the node chosen), `session`,
+past a bound held a longer prefix than the node chosen), `session`,
 `short`; `predicted` is the chosen node's cached prefix in blocks, the
 prediction each run's usage corrects (`CacheIndex.corrected`).
 
-Pure: no I/O, no clock. Work per pick: one binary search per candidate,
-O(nodes x log blocks) hash lookups, and one rendezvous score per candidate
-on a miss.
+Pure: no I/O, no clock (`Recent` counts dispatches, not time). Work per
+pick: one binary search per candidate, O(nodes x log blocks) hash lookups,
+and one rendezvous score per candidate on a new placement.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -53,6 +69,13 @@ from edge.fleet.load import Rank
 Outcome = Literal["hit", "miss", "load_bound", "session", "short"]
 OUTCOMES: Final[tuple[Outcome, ...]] = ("hit", "miss", "load_bound", "session", "short")
 
+# The share bound: no node chosen for its cache past this many times the mean share of
+# recent dispatches + 1 (`[routing] cache_share_factor`), over about this many.
+SHARE_FACTOR: Final = 1.4
+SHARE_WINDOW: Final = 64
+# The prefixes that missed whose node this edge remembers.
+MAX_PLACEMENTS: Final = 4096
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -62,6 +85,8 @@ class Candidate:
     runs: int
     rank: Rank
     cache: CacheIndex
+    # Its share of this edge's recent dispatches (`Recent`), decayed.
+    share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +109,55 @@ class Route:
         self.predicted = 0
 
 
+class Recent:
+    """A count per node of recent events (dispatches, placements), each decayed by a
+    factor 1 - 1/window per event: the events are the clock, so the counts are the
+    nodes' shares of about the last `window` events. Decayed lazily, when read or
+    added to: O(1) each, O(nodes) memory."""
+
+    __slots__ = ("_counts", "_events", "decay")
+
+    def __init__(self, window: int) -> None:
+        self.decay = 1.0 - 1.0 / max(1, window)
+        self._events = 0
+        # Node -> (its count, the event it was last brought to).
+        self._counts: dict[str, tuple[float, int]] = {}
+
+    def __getitem__(self, name: str) -> float:
+        count, at = self._counts.get(name, (0.0, 0))
+        return count * self.decay ** (self._events - at) if count else 0.0
+
+    def add(self, name: str) -> None:
+        """One more event, on `name`."""
+        count = self[name]
+        self._events += 1
+        self._counts[name] = (count * self.decay + 1.0, self._events)
+
+
+class Placements:
+    """Which node this edge last placed each prefix on (by its first block's hash), the
+    most recent MAX_PLACEMENTS of them."""
+
+    __slots__ = ("_where",)
+
+    def __init__(self) -> None:
+        self._where: OrderedDict[int, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def get(self, first_block: int) -> str | None:
+        return self._where.get(first_block)
+
+    def placed(self, first_block: int, name: str) -> None:
+        """A prefix placed on `name` (a miss)."""
+        where = self._where
+        where[first_block] = name
+        where.move_to_end(first_block)
+        if len(where) > MAX_PLACEMENTS:
+            where.popitem(last=False)
+
+
 def rendezvous_key(first_block: int) -> str:
     """The rendezvous key of a prefix: its first block's hash, in hex."""
     return f"{first_block:016x}"
@@ -95,30 +169,53 @@ def choose(
     *,
     session: str | None = None,
     factor: float = affinity.LOAD_FACTOR,
+    share_factor: float = SHARE_FACTOR,
+    placed_on: str | None = None,
+    turn: int = 0,
 ) -> Choice:
-    """The node of `nodes` (not empty) a request of `blocks` goes to (see the module doc)."""
+    """The node of `nodes` (not empty) a request of `blocks` goes to (see the module doc);
+    `placed_on`: the node this edge last placed the request's prefix on, if any."""
     if not nodes:
         raise ValueError("no node to choose from")
+    count = len(nodes)
     if session is not None:
         i = affinity.choose(session, [(n.name, n.runs) for n in nodes], factor=factor)
         return Choice(i, "session", nodes[i].cache.longest(blocks))
     if not blocks:
-        best = min(range(len(nodes)), key=lambda i: (nodes[i].rank, i))
-        return Choice(best, "short", 0)
-    bound = factor * sum(n.runs for n in nodes) / len(nodes) + 1
+        return Choice(_lightest(nodes, range(count), turn), "short", 0)
+    bound = factor * sum(n.runs for n in nodes) / count + 1
+    share_bound = share_factor * sum(n.share for n in nodes) / count + 1
+    within = [n.runs <= bound and n.share <= share_bound for n in nodes]
     best, best_held, passed_over = -1, 0, 0
-    best_rank: Rank | None = None
+    best_key: tuple[Rank, int] | None = None
     for i, node in enumerate(nodes):
         held = node.cache.longest(blocks)
-        if node.runs > bound:
+        if not within[i]:
             passed_over = max(passed_over, held)
             continue
-        if held > best_held or (
-            held and held == best_held and best_rank is not None and node.rank < best_rank
-        ):
-            best, best_held, best_rank = i, held, node.rank
+        if not held or held < best_held:
+            continue
+        key = (node.rank, (i - turn) % count)
+        if held > best_held or best_key is None or key < best_key:
+            best, best_held, best_key = i, held, key
     if best >= 0:
         return Choice(best, "load_bound" if passed_over > best_held else "hit", best_held)
-    loads = [(n.name, n.runs) for n in nodes]
-    i = affinity.choose(rendezvous_key(blocks[0]), loads, factor=factor)
-    return Choice(i, "load_bound" if passed_over else "miss", nodes[i].cache.longest(blocks))
+    outcome: Outcome = "load_bound" if passed_over else "miss"
+    if placed_on is not None:
+        for i, node in enumerate(nodes):
+            if node.name == placed_on and within[i]:
+                return Choice(i, outcome, node.cache.longest(blocks))
+    for i in affinity.order(rendezvous_key(blocks[0]), [n.name for n in nodes]):
+        if within[i]:
+            return Choice(i, outcome, nodes[i].cache.longest(blocks))
+    # None within both (the lightest within the load bound, the lowest share within the
+    # share bound, but two nodes): the lightest, the load bound before the share's.
+    i = _lightest(nodes, [i for i in range(count) if nodes[i].runs <= bound], turn)
+    return Choice(i, outcome, nodes[i].cache.longest(blocks))
+
+
+def _lightest(nodes: Sequence[Candidate], among: Sequence[int], turn: int) -> int:
+    """The lowest rank of `among`; ties go round with `turn`."""
+    best = min(nodes[i].rank for i in among)
+    tied = [i for i in among if nodes[i].rank == best]
+    return tied[turn % len(tied)]

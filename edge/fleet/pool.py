@@ -221,6 +221,13 @@ class NodePool:
         self.cache_aware = routing.policy == "cache_aware"
         self.cache_blocks = routing.cache_blocks
         self.cache_load_factor = routing.cache_load_factor
+        self.cache_share_factor = routing.cache_share_factor
+        # cache_aware: each node's recent dispatches (the share bound) and where this
+        # edge placed each prefix that missed (edge.fleet.cacheaware).
+        self.shares = cacheaware.Recent(cacheaware.SHARE_WINDOW)
+        self.placements = cacheaware.Placements()
+        # Advanced each pick: ties between equal nodes start from the next one.
+        self._turn = 0
         self.watch_heartbeat_s = routing.watch_heartbeat_s
         caps = max_runs or {}
         blocks = self.cache_blocks if self.cache_aware else 1
@@ -509,6 +516,7 @@ class NodePool:
             free = [s for s in healthy if s.has_slot()]
             if not free:
                 return None
+            self._turn += 1
             if self.cache_aware and route is not None:
                 choice = self._choose_cached(free, affinity_key, route)
                 chosen = free[choice.index]
@@ -554,32 +562,43 @@ class NodePool:
         if self.affinity and affinity_key is not None and len(free) > 1:
             loads = [(s.client.name, load.runs(s.load, s.in_flight, s.at_report)) for s in free]
             return free[affinity.choose(affinity_key, loads)]
-        best = free[0]
         if len(free) == 1:
-            return best
-        best_rank = best.rank()
-        for state in free[1:]:
-            rank = state.rank()
-            if rank < best_rank:
-                best, best_rank = state, rank
-        return best
+            return free[0]
+        # Ties go round (the turn advances each pick): equal nodes share the runs evenly.
+        ranks = [s.rank() for s in free]
+        best_rank = min(ranks)
+        tied = [s for s, rank in zip(free, ranks, strict=True) if rank == best_rank]
+        return tied[self._turn % len(tied)]
 
     def _choose_cached(
         self, free: list[NodeState], affinity_key: str | None, route: Route
     ) -> cacheaware.Choice:
         candidates = [
-            Candidate(s.client.name, load.runs(s.load, s.in_flight, s.at_report), s.rank(), s.cache)
+            Candidate(
+                s.client.name,
+                load.runs(s.load, s.in_flight, s.at_report),
+                s.rank(),
+                s.cache,
+                share=self.shares[s.client.name],
+            )
             for s in free
         ]
+        blocks = route.blocks
         return cacheaware.choose(
-            route.blocks, candidates, session=affinity_key, factor=self.cache_load_factor
-        )
+            blocks, candidates, session=affinity_key, factor=self.cache_load_factor,
+            share_factor=self.cache_share_factor,
+            placed_on=self.placements.get(blocks[0]) if blocks else None, turn=self._turn,
+        )  # fmt: skip
 
     def _routed(self, chosen: NodeState, route: Route, choice: cacheaware.Choice) -> None:
         """The run of `route` goes to `chosen`: its blocks recorded there (one dict step
         a block, on the loop: ~100 ns each, 0.4 ms for MAX_PREFIX_BLOCKS; measured)."""
         route.predicted = choice.predicted
         chosen.cache.routed(route.blocks)
+        name = chosen.client.name
+        self.shares.add(name)
+        if route.blocks and choice.outcome in ("miss", "load_bound") and not choice.predicted:
+            self.placements.placed(route.blocks[0], name)
         if self.on_routed is not None:
             self.on_routed(choice.outcome, chosen.client.name, choice.predicted * BLOCK_TOKENS)
 

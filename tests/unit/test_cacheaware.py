@@ -248,5 +248,97 @@ def test_other_policies_keep_no_index() -> None:
     pool, _, (a, b) = make_pool("a", "b")
     prefix = blocks(0, 4)
     b.cache.routed(prefix)
+    a.in_flight = 1
+    assert pool.pick("m", route=Route(prefix)) is b  # the lighter, not the one holding it
+    a.in_flight, b.in_flight = 0, 1
     assert pool.pick("m", route=Route(prefix)) is a
     assert len(a.cache) == 0
+
+
+def test_short_runs_of_a_hot_prefix_spread_by_share() -> None:
+    """Runs that end before the next starts never pass the load bound; the share bound
+    passes a hot prefix on all the same: over 40 such runs of one prefix on 4 nodes no
+    node's recent share passes 1.4 x the mean + 1 by more than the one run that took
+    it past, and the nodes it spilled to then hold the prefix (hits there)."""
+    pool, _, nodes = make_pool("a", "b", "c", "d", routing=CACHE_AWARE)
+    outcomes: list[str] = []
+    pool.on_routed = lambda outcome, node, tokens: outcomes.append(outcome)
+    hot = blocks(1, 6)
+    counts = {state.client.name: 0 for state in nodes}
+    for _ in range(40):
+        state = take(pool, Route(hot))
+        state.in_flight -= 1  # over before the next one starts
+        counts[state.client.name] += 1
+        shares = [pool.shares[s.client.name] for s in nodes]
+        assert max(shares) <= 1.4 * sum(shares) / len(shares) + 2 + 1e-9
+    assert sorted(counts.values())[-2] > 0  # spilled
+    assert outcomes.count("hit") > 20  # and the nodes it spilled to hit
+
+
+@given(
+    st.integers(2, 6),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=150),
+)
+def test_no_node_passes_the_share_bound_by_more_than_one_run(
+    count: int, picks: list[tuple[int, int]]
+) -> None:
+    """Whatever the sequence of picks for one prefix (each with whatever runs in flight
+    and blocks held on the nodes), each node's recent share (the decayed count of this
+    edge's dispatches) stays within 1.4 x the mean + 1 of the candidates, + 1: the
+    one run that may take it past."""
+    names = [f"n{i}" for i in range(count)]
+    pool, _, nodes = make_pool(*names, routing=CACHE_AWARE)
+    prefix = blocks(7, 4)
+    for busy, held in picks:
+        for i, state in enumerate(nodes):
+            state.in_flight = busy if i == held % count else 0
+        chosen = pool.pick("m", route=Route(prefix))
+        assert chosen is not None
+        shares = [pool.shares[name] for name in names]
+        assert max(shares) <= 1.4 * sum(shares) / count + 2 + 1e-9
+
+
+def test_the_share_knob_bounds_the_busiest_node() -> None:
+    """[routing] cache_share_factor sets the share bound: a large factor leaves a hot
+    prefix of short runs on its node."""
+    routing = RoutingConfig(policy="cache_aware", cache_share_factor=100.0)
+    pool, _, _nodes = make_pool("a", "b", "c", "d", routing=routing)
+    hot = blocks(1, 6)
+    seen = set()
+    for _ in range(40):
+        state = take(pool, Route(hot))
+        state.in_flight -= 1
+        seen.add(state.client.name)
+    assert len(seen) == 1
+
+
+def test_a_prefix_not_yet_reported_goes_where_it_was_placed() -> None:
+    """With an exact index (the node's reports, not routing), a prefix's second request
+    before its node reported storing it goes to the node its first went to, even when
+    rendezvous now prefers another (that one's load past the bound)."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
+    for seq, state in enumerate(nodes, start=1):
+        kv_report(pool, state, seq=seq, snapshot=True)  # exact, empty
+    prefix = blocks(40, 5)
+    names = [s.client.name for s in nodes]
+    first, second, _third = affinity.order(cacheaware.rendezvous_key(prefix[0]), names)
+    nodes[first].in_flight = 3  # past 1.25 x 1 + 1: the prefix is placed on `second`
+    assert take(pool, Route(prefix)) is nodes[second]
+    nodes[first].in_flight = 0
+    nodes[second].in_flight = 0
+    assert take(pool, Route(prefix)) is nodes[second]  # not back to `first`
+    assert len(pool.placements) == 1
+
+
+def test_none_within_both_bounds_goes_to_the_lightest() -> None:
+    """The lightest node past the share bound and the node of lowest share past the load
+    bound: the run goes to a node within the load bound, the lightest."""
+    pool, _, (a, b) = make_pool("a", "b", routing=CACHE_AWARE)
+    prefix = blocks(3, 4)
+    for _ in range(6):  # a's share grows past the bound while b is busy
+        b.in_flight = 20
+        state = take(pool, Route(blocks(100 + _ * 10, 2)))
+        assert state is a
+        a.in_flight = 0
+    b.in_flight = 20
+    assert take(pool, Route(prefix)) is a

@@ -9,10 +9,13 @@ and the real nodes are in tests/integration/test_fleet_e2e.py).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import cast
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
@@ -58,12 +61,32 @@ def make_pool(
     return pool, clock, pool.nodes
 
 
-def test_least_loaded_first_listed_on_ties() -> None:
-    """The healthy node with the fewest runs in flight; on a tie the first listed."""
+def test_least_loaded_picks_the_lightest_node() -> None:
+    """The healthy node with the fewest runs in flight, wherever it is listed."""
     pool, _, (a, b, c) = make_pool("a", "b", "c")
-    assert pool.pick("m") is a
-    a.in_flight, b.in_flight, c.in_flight = 2, 1, 1
-    assert pool.pick("m") is b
+    for loads, lightest in (((2, 1, 3), b), ((0, 1, 1), a), ((2, 2, 1), c)):
+        for state, runs in zip((a, b, c), loads, strict=True):
+            state.in_flight = runs
+        for _ in range(4):
+            assert pool.pick("m") is lightest
+
+
+@given(st.integers(2, 6), st.integers(1, 5))
+def test_least_loaded_shares_ties_evenly(count: int, rounds: int) -> None:
+    """Between nodes of equal load the picks go round: over `count` x `rounds` picks each
+    node gets exactly `rounds`, not the first listed all of them."""
+    pool, _, nodes = make_pool(*(f"n{i}" for i in range(count)))
+    picks = Counter(pool.pick("m") for _ in range(count * rounds))
+    assert [picks[state] for state in nodes] == [rounds] * count
+
+
+def test_least_loaded_ties_among_the_lightest_only() -> None:
+    """The turn breaks ties only: with two light nodes and one busy, the busy one gets
+    nothing and the light ones alternate."""
+    pool, _, (a, b, c) = make_pool("a", "b", "c")
+    b.in_flight = 3
+    picks = Counter(pool.pick("m") for _ in range(10))
+    assert picks == Counter({a: 5, c: 5})
 
 
 def test_excluded_nodes_are_skipped_and_all_excluded_is_unavailable() -> None:
@@ -112,12 +135,13 @@ def test_max_runs_comes_from_the_config_else_describe_else_unlimited(
 def test_unknown_model_logprobs_and_never_contacted() -> None:
     """No node serves the model: 404; nodes serve it but without logprobs: 400 naming
     logprobs; a model unknown while some node never answered: 503 (it may serve it)."""
-    pool, _, (a, _b) = make_pool("a", "b", logprobs=("other",))
+    pool, _, (a, b) = make_pool("a", "b", logprobs=("other",))
     with pytest.raises(NotFoundError):
         pool.pick("nope")
     with pytest.raises(RequestError) as caught:
         pool.pick("m", logprobs=True)
     assert caught.value.param == "logprobs"
+    b.in_flight = 1
     assert pool.pick("other", logprobs=True) is a
     silent = NodePool([cast(NodeClient, _Named("x"))], clock=Clock())
     with pytest.raises(NodeUnavailableError):
@@ -240,7 +264,7 @@ def test_affinity_sends_a_session_to_its_node_and_spills_when_it_runs_hot() -> N
         nodes[first].in_flight = 10
         assert pool.pick("m", affinity_key=key) is nodes[second]
         nodes[first].in_flight = 0
-    nodes[0].in_flight = 1
+    nodes[0].in_flight = nodes[2].in_flight = 1
     assert pool.pick("m") is nodes[1]
 
 
@@ -259,7 +283,8 @@ def test_affinity_skips_nodes_that_cannot_take_the_run() -> None:
 
 def test_least_loaded_policy_ignores_the_key() -> None:
     """The default policy: the key changes nothing."""
-    pool, _, (a, _b) = make_pool("a", "b")
+    pool, _, (a, b) = make_pool("a", "b")
+    b.in_flight = 1
     assert {id(pool.pick("m", affinity_key=f"k{i}")) for i in range(20)} == {id(a)}
 
 

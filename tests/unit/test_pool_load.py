@@ -137,19 +137,20 @@ def test_the_kv_cache_decides_between_equal_queues() -> None:
 
 def test_runs_between_two_reports_count_and_a_report_counts_them_again() -> None:
     """a reports 4 runs, b 0 (each of 8): this process's next runs go to b until b, with
-    them, reaches a (4 runs), then alternate; b's next report (its real 4 runs) replaces
+    them, reaches a (4 runs), then alternate; b's next report (its real runs) replaces
     the count: this process's runs since are counted from there."""
     pool, _, (a, b) = make_pool("a", "b")
     report(pool, a, active=4, max_runs=8)
     report(pool, b, active=0, max_runs=8)
     assert [take(pool).client.name for _ in range(4)] == ["b"] * 4
-    assert take(pool) is a  # b at 4 (0 + 4 of ours) ties a: the first listed
-    report(pool, b, active=4, max_runs=8)  # b counted our 4
-    report(pool, a, active=5, max_runs=8)  # a counted our 1
+    # b at 4 (0 + 4 of ours) ties a: the next two go one to each.
+    assert {take(pool).client.name, take(pool).client.name} == {"a", "b"}
+    report(pool, b, active=5, max_runs=8)  # b counted our 5
+    report(pool, a, active=6, max_runs=8)  # a counted our 1 (and has one more)
     assert take(pool) is b
     b.in_flight -= 3  # three of our runs on b ended since its report
     assert take(pool) is b
-    assert b.rank() == (0.0, 0.0, 3 / 8)
+    assert b.rank() == (0.0, 0.0, 4 / 8)
 
 
 def test_a_run_waits_for_a_node_full_here_rather_than_join_a_queue() -> None:
