@@ -308,6 +308,9 @@ class SimNode(NodeService):
         self.kv = kv or KVSettings()
         # The cache (None: the model is off), whose block log Watch reports from.
         self.cache = KVCache(self.kv.kv_tokens // BLOCK_TOKENS) if self.kv.kv_tokens else None
+        # The prompt tokens of each run past its prefill's start, by the run's id(): what
+        # the cache holds for runs in flight (the rest of it is reusable, evictable).
+        self._kv_in_use: dict[int, int] = {}
         if self.cache is not None:
             self.block_log = self.cache.log
         # The handler tasks of the runs holding a place (given back when they end).
@@ -326,6 +329,11 @@ class SimNode(NodeService):
 
     # --- RPCs -------------------------------------------------------------------
 
+    def _kv_used(self, cache: KVCache) -> int:
+        """The KV cache in use, as vLLM counts it: the blocks of the runs in flight, not
+        those kept only for reuse (a model server evicts them as it needs room)."""
+        return min(sum(self._kv_in_use.values()), cache.capacity * BLOCK_TOKENS)
+
     async def describe(self, message: pb.DescribeRequest) -> pb.DescribeResponse:
         cache = self.cache
         return pb.DescribeResponse(
@@ -335,7 +343,7 @@ class SimNode(NodeService):
             max_runs=self.places.cap,
             waiting_runs=self.places.waiting,
             kv_cache_tokens=None if cache is None else cache.capacity * BLOCK_TOKENS,
-            kv_cache_used_tokens=None if cache is None else cache.held * BLOCK_TOKENS,
+            kv_cache_used_tokens=None if cache is None else self._kv_used(cache),
         )
 
     async def serve_run(self, stream: Events) -> None:
@@ -369,25 +377,31 @@ class SimNode(NodeService):
         bound ends in an error event naming it."""
         try:
             if request.model == "sim-echo":
-                return await self._echo(run, request, await self._prefill(request))
+                return await self._echo(run, request, await self._prefill(run, request))
             if request.model == "sim-script":
                 items = _node_items(request, self.name)  # a bad script fails before prefill
-                return await self._script(run, request, items, await self._prefill(request))
+                return await self._script(run, request, items, await self._prefill(run, request))
         except ScriptError as exc:
             await run.send(pb.RunEvent(type="error", error=str(exc)))
             return "error"
+        finally:
+            if self._kv_in_use.pop(id(run), None) is not None:
+                self.state_changed()
         error = f"model {request.model!r} is not served here"
         await run.send(pb.RunEvent(type="error", error=error))
         return "error"
 
-    async def _prefill(self, request: pb.RunRequest) -> pb.Usage | None:
+    async def _prefill(self, run: RunRecord, request: pb.RunRequest) -> pb.Usage | None:
         """With the cache model: match the prompt's blocks (touching the cached ones, in
         use now), wait the prefill time of the others, then store them all. Returns the
-        usage the cache model gives the run (its prompt and cached tokens), else None."""
+        usage the cache model gives the run (its prompt and cached tokens), else None.
+        From here to its end the run's prompt is in use (`kv_cache_used_tokens`)."""
         cache = self.cache
         if cache is None:
             return None
         asked = prompt(request)
+        self._kv_in_use[id(run)] = min(asked.tokens, cache.capacity * BLOCK_TOKENS)
+        self.state_changed()
         hit = cache.match(asked.blocks)
         cache.store(asked.blocks[:hit])
         cached = min(hit * BLOCK_TOKENS, asked.tokens)
