@@ -317,6 +317,7 @@ def create_app(
         return _json_response({"object": "list", "data": data})
 
     @app.get("/healthz")
+    @app.get("/health")  # vLLM's and SGLang's path, which their gateways and probes ask
     async def healthz() -> Response:
         return _json_response({"status": "ok"})
 

@@ -210,8 +210,10 @@ async def test_models_lists_the_nodes_models(http: httpx.AsyncClient) -> None:
 
 
 async def test_health(http: httpx.AsyncClient) -> None:
-    """/healthz answers while the process serves; /readyz while a node answers."""
+    """/healthz (and /health, the path of vLLM's server and of the gateways in front of
+    it) answers while the process serves; /readyz while a node answers."""
     assert (await http.get("/healthz")).json() == {"status": "ok"}
+    assert (await http.get("/health")).json() == {"status": "ok"}
     ready = await http.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["status"] == "ready"
