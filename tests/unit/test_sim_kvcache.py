@@ -156,6 +156,17 @@ def test_a_prompts_size_comes_from_the_fingerprint_or_else_its_messages() -> Non
     assert prompt(huge).tokens == 2**32 - 1  # usage is uint32
 
 
+def test_a_continued_runs_prompt_counts_the_partial_answer_after_its_blocks() -> None:
+    """A run that continues an answer prefills what its continuation holds too (text and
+    reasoning, 4 characters a token); its blocks stay the prompt's own."""
+    held = pb.Continuation(text="t" * 30, reasoning="r" * 10)
+    continued = pb.RunRequest(prompt_chars=1000, prefix_blocks=[1, 2, 3], continuation=held)
+    assert prompt(continued).tokens == 1040 // CHARS_PER_TOKEN
+    assert list(prompt(continued).blocks) == [1, 2, 3]
+    older = pb.RunRequest(messages=[pb.Message(role="user", content="u" * 20)], continuation=held)
+    assert prompt(older).tokens == 60 // CHARS_PER_TOKEN
+
+
 # A workload: runs whose chains branch from a few roots, so that they share prefixes.
 _RUNS = st.lists(
     st.lists(st.integers(min_value=0, max_value=3), min_size=0, max_size=12),

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.sim.play import event_from_item
 from edge.nodes.sim.script import (
     MAX_DELTA_CHARS,
     MAX_REPEAT,
@@ -26,7 +27,6 @@ from edge.nodes.sim.script import (
     find_script,
     script_items,
 )
-from edge.nodes.sim.server import event_from_item
 
 ONE = {"events": [{"type": "delta", "delta": "one"}, {"type": "complete"}]}
 TWO = {"events": [{"type": "delta", "delta": "two"}, {"type": "complete"}]}

@@ -121,3 +121,18 @@ def test_node_load_settings_from_file_and_flags(tmp_path: Path) -> None:
     path.write_text('[node]\nupstream = "http://gpu:8000"\nload_interval_s = 0.01\n')
     with pytest.raises(SettingsError, match=r"load_interval_s: 0\.01 is not 0"):
         resolve(node_parser().parse_args(["--config", str(path)]))
+
+
+def test_node_continuation_setting_from_file_and_flags(tmp_path: Path) -> None:
+    """`continuation` comes from the [node] table, the flag wins, the default is auto;
+    a value that names no way of continuing is one error naming the key."""
+    path = tmp_path / "node.toml"
+    path.write_text('[node]\nupstream = "http://gpu:8000"\ncontinuation = "llamacpp"\n')
+    assert resolve(node_parser().parse_args(["--config", str(path)])).continuation == "llamacpp"
+    args = ["--config", str(path), "--continuation", "none"]
+    assert resolve(node_parser().parse_args(args)).continuation == "none"
+    args = ["--upstream", "http://gpu:8000"]
+    assert resolve(node_parser().parse_args(args)).continuation == "auto"
+    path.write_text('[node]\nupstream = "http://gpu:8000"\ncontinuation = "ollama"\n')
+    with pytest.raises(SettingsError, match="continuation: 'ollama' is not one of"):
+        resolve(node_parser().parse_args(["--config", str(path)]))

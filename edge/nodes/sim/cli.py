@@ -1,7 +1,7 @@
 """`iop-sim-node`: the simulated node as a standalone process.
 
     iop-sim-node [--listen HOST:PORT] [--runs-log FILE] [--name NAME]
-                 [--max-runs N] [--nodes K] [--no-watch]
+                 [--max-runs N] [--nodes K] [--no-watch] [--no-continuation]
                  [--kv-tokens N] [--prefill-us-per-token U] [--decode-tokens-per-s R]
 
 One process serves K simulated nodes (`--nodes`, for benchmarks of many node
@@ -16,7 +16,9 @@ asyncio loop and do nothing while idle.
 `--kv-tokens N` turns on each node's KV cache model (`edge.nodes.sim.kvcache`:
 N // 64 blocks, at most 4,194,304 tokens), with `--prefill-us-per-token U`
 per uncached prompt token before a run's first event; `--decode-tokens-per-s
-R` paces deltas (docs/simulated-node.md).
+R` paces deltas (docs/simulated-node.md). `--no-continuation`: the models say
+they do not continue answers (RunRequest.continuation), as a node older than
+that field.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ async def _serve(
     max_runs: int,
     watch: bool,
     kv: KVSettings,
+    continuation: bool = True,
 ) -> int:
     # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-sim-node")
@@ -122,6 +125,7 @@ async def _serve(
                 max_runs=max_runs,
                 watch=watch,
                 kv=kv,
+                continuation=continuation,
             )
             node_port = port + index - 1 if port else 0
             try:
@@ -171,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         help="answer Watch UNIMPLEMENTED, as a node older than that RPC",
     )  # fmt: skip
     parser.add_argument(
+        "--no-continuation", action="store_true",
+        help="the models do not continue answers (Describe says so), as a node older than that",
+    )  # fmt: skip
+    parser.add_argument(
         "--kv-tokens",
         type=_count(0, MAX_KV_TOKENS),
         default=0,
@@ -202,7 +210,15 @@ def main(argv: list[str] | None = None) -> int:
         _allow_open_files(args.nodes)
     return asyncio.run(
         _serve(
-            host, port, args.runs_log, args.name, args.nodes, args.max_runs, not args.no_watch, kv
+            host,
+            port,
+            args.runs_log,
+            args.name,
+            args.nodes,
+            args.max_runs,
+            not args.no_watch,
+            kv,
+            continuation=not args.no_continuation,
         )
     )
 

@@ -81,11 +81,16 @@ class Prompt:
 
 def prompt(request: pb.RunRequest) -> Prompt:
     """The prompt of `request`: its `prompt_chars` and first MAX_PREFIX_BLOCKS blocks, or,
-    from an edge that sends no fingerprint, its messages' text, uncached."""
+    from an edge that sends no fingerprint, its messages' text, uncached. A run that
+    continues an answer also reads what its continuation holds (text and reasoning),
+    after the prompt's blocks: a model server prefills the partial answer too."""
+    held = request.continuation
+    extra = 0 if held is None else len(held.text) + len(held.reasoning)
     if request.prompt_chars:
-        tokens = min(request.prompt_chars // CHARS_PER_TOKEN, MAX_PROMPT_TOKENS)
+        chars = request.prompt_chars + extra
+        tokens = min(chars // CHARS_PER_TOKEN, MAX_PROMPT_TOKENS)
         return Prompt(tokens, request.prefix_blocks[:MAX_PREFIX_BLOCKS])
-    chars = sum(len(message_text(m)) for m in request.messages)
+    chars = sum(len(message_text(m)) for m in request.messages) + extra
     return Prompt(min(chars // CHARS_PER_TOKEN, MAX_PROMPT_TOKENS), ())
 
 

@@ -36,6 +36,18 @@ edge hosts (a node whose address is "embedded"). Models:
   (`edge.nodes.sim.script.check_item`, and its bounds: sleeps, repeats, delta
   sizes, what one turn sends): a script past one is answered with an error
   event naming it, never an exception in the node's loop.
+  The steps a run plays are built by `edge.nodes.sim.play` (pure); this
+  module plays them.
+
+Continuation: Describe says both models continue answers (`continuation`,
+off with `continuation=False`, `--no-continuation`). A RunRequest with a
+`continuation` plays the same answer as the same request without it, less
+what the continuation holds (`edge.nodes.sim.play` says how; a continuation
+that is not the answer's start is an error event), accepted at once (no
+`accept_after_ms`). Its `complete` says the usage of the whole answer, as
+the run it continues would have (the script's, or the echo's words); with
+the cache model its prompt is the request's plus the continuation's text
+(uncached: its prefill time, and `input_tokens`, count it).
 
 Describe says both models give logprobs, and the node's load: `active_runs`
 (runs playing), `waiting_runs` (runs queued) and `max_runs`. With
@@ -65,9 +77,8 @@ ends; outcomes here are complete | error | cancelled | aborted | ended.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,107 +91,15 @@ from edge.contract.codec import Encoded
 from edge.contract.prefix import BLOCK_TOKENS, CHARS_PER_TOKEN
 from edge.contract.routes import WATCH_ROUTE
 from edge.nodes.kit import Events, NodeService, RunRecord
+from edge.nodes.sim.continuation import Cut
 from edge.nodes.sim.kvcache import KVCache, KVSettings, prompt
-from edge.nodes.sim.script import ScriptError, message_text, script_items
+from edge.nodes.sim.play import Abort, End, Hang, Send, Sleep, Step, echo_steps, script_steps
+from edge.nodes.sim.script import ScriptError, script_items
 from edge.observe.tracing import Tracing
 
 MODELS = ("sim-echo", "sim-script")
 # A repeated event yields to the loop every this many messages.
 YIELD_EVERY = 8
-
-
-def _last_user_text(request: pb.RunRequest) -> str:
-    for message in reversed(request.messages):
-        if message.role == "user":
-            return message_text(message)
-    return ""
-
-
-def _json_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-
-
-def _tool_call_from_json(item: Any) -> pb.ToolCall:
-    if not isinstance(item, dict):
-        raise ScriptError("sim-script: a tool call is not an object")
-    fn = item.get("function")
-    source = fn if isinstance(fn, dict) else item
-    return pb.ToolCall(
-        id=str(item.get("id", "")),
-        type=str(item.get("type", "function")),
-        name=str(source.get("name", "")),
-        arguments=_json_text(source.get("arguments", "")),
-    )
-
-
-def _token_bytes(value: Any) -> bytes | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(b, int) and 0 <= b < 256 for b in value):
-        raise ScriptError("sim-script: a logprob's bytes is not a list of byte values")
-    return bytes(value)
-
-
-def _token_logprob(item: Any) -> pb.TokenLogprob:
-    if not isinstance(item, dict):
-        raise ScriptError("sim-script: a logprob is not an object")
-    tops = item.get("top_logprobs") or []
-    if not isinstance(tops, list) or not all(isinstance(t, dict) for t in tops):
-        raise ScriptError("sim-script: top_logprobs is not a list of objects")
-    return pb.TokenLogprob(
-        token=str(item.get("token", "")),
-        logprob=float(item.get("logprob", 0.0)),
-        bytes=_token_bytes(item.get("bytes")),
-        top_logprobs=[
-            pb.TopLogprob(
-                token=str(t.get("token", "")),
-                logprob=float(t.get("logprob", 0.0)),
-                bytes=_token_bytes(t.get("bytes")),
-            )
-            for t in tops
-        ],
-    )
-
-
-def _echo_logprob(word: str, top: int) -> pb.TokenLogprob:
-    """sim-echo's token for `word`: logprob -0.1, then `top` alternatives, the word first."""
-    alternatives = [word] + [f"{word}~{k}" for k in range(1, top)]
-    return pb.TokenLogprob(
-        token=word,
-        logprob=-0.1,
-        top_logprobs=[
-            pb.TopLogprob(token=t, logprob=-0.1 - 2.0 * k) for k, t in enumerate(alternatives[:top])
-        ],
-    )
-
-
-def _logprobs_asked(request: pb.RunRequest) -> int | None:
-    """None unless the request asked for logprobs; else how many top_logprobs (0-20)."""
-    try:
-        extra = json.loads(request.extra_json) if request.extra_json else {}
-    except ValueError:
-        return None
-    if not isinstance(extra, dict) or extra.get("logprobs") is not True:
-        return None
-    top = extra.get("top_logprobs")
-    return max(0, min(int(top), 20)) if isinstance(top, int) else 0
-
-
-def event_from_item(item: dict[str, Any]) -> pb.RunEvent:
-    """The RunEvent a script item (checked by `edge.nodes.sim.script`) sends."""
-    usage = item.get("usage")
-    metadata = {str(k): _json_text(v) for k, v in (item.get("metadata") or {}).items()}
-    return pb.RunEvent(
-        type=str(item.get("type", "")),
-        delta=str(item.get("delta", "")) * int(item.get("delta_times", 1)),
-        error=str(item.get("error", "")),
-        message=str(item.get("message", "")),
-        usage=pb.Usage(**{k: int(v) for k, v in usage.items()}) if usage else None,
-        metadata=metadata,
-        tool_calls=[_tool_call_from_json(c) for c in item.get("tool_calls") or ()],
-        logprobs=[_token_logprob(t) for t in item.get("logprobs") or ()],
-        http_status=int(item.get("http_status", 0)),
-    )
 
 
 def _node_items(request: pb.RunRequest, node: str) -> list[dict[str, Any]]:
@@ -193,8 +112,9 @@ def _node_items(request: pb.RunRequest, node: str) -> list[dict[str, Any]]:
 
 
 def _accept_delay_s(request: pb.RunRequest, node: str) -> float:
-    """A sim-script that starts with {"accept_after_ms": N} is accepted N ms late."""
-    if request.model != "sim-script":
+    """A sim-script that starts with {"accept_after_ms": N} is accepted N ms late (a run
+    that continues another is accepted at once: the answer was accepted before)."""
+    if request.model != "sim-script" or request.continuation is not None:
         return 0.0
     try:
         items = _node_items(request, node)
@@ -289,7 +209,9 @@ class SimNode(NodeService):
 
     `max_runs`: at most this many runs play at once (0: no cap); the others
     wait in `hold`, before they are accepted. `kv`: the KV cache model and
-    the run's timing (the module says what they do).
+    the run's timing (the module says what they do). `continuation`: whether
+    the models continue answers (Describe says so; without it, a run that
+    continues one answers an error event).
     """
 
     def __init__(
@@ -301,9 +223,12 @@ class SimNode(NodeService):
         max_runs: int = 0,
         watch: bool = True,
         kv: KVSettings | None = None,
+        continuation: bool = True,
     ) -> None:
         super().__init__(name, runs_log, tracing=tracing)
         self.serves_watch = watch
+        # Whether Describe says the models continue answers (RunRequest.continuation).
+        self.continuation = continuation
         self.places = Places(max_runs)
         self.kv = kv or KVSettings()
         # The cache (None: the model is off), whose block log Watch reports from.
@@ -338,7 +263,12 @@ class SimNode(NodeService):
         cache = self.cache
         return pb.DescribeResponse(
             node_name=self.name,
-            models=[pb.ModelInfo(id=m, owned_by="iop-sim", logprobs=True) for m in MODELS],
+            models=[
+                pb.ModelInfo(
+                    id=m, owned_by="iop-sim", logprobs=True, continuation=self.continuation
+                )
+                for m in MODELS
+            ],
             active_runs=self.places.playing,
             max_runs=self.places.cap,
             waiting_runs=self.places.waiting,
@@ -374,13 +304,19 @@ class SimNode(NodeService):
 
     async def play(self, run: RunRecord, request: pb.RunRequest, span: Span | None) -> str:
         """The model's events (after the prefill, with the cache model); a script past a
-        bound ends in an error event naming it."""
+        bound ends in an error event naming it. A continuation (`RunRequest.continuation`)
+        plays the same answer less what it holds (`edge.nodes.sim.play`)."""
+        cut = Cut.of(request)
         try:
+            if cut is not None and not self.continuation:
+                raise ScriptError("this node does not continue answers (--no-continuation)")
             if request.model == "sim-echo":
-                return await self._echo(run, request, await self._prefill(run, request))
+                usage = await self._prefill(run, request)
+                return await self._play(run, echo_steps(request, usage=usage, cut=cut))
             if request.model == "sim-script":
                 items = _node_items(request, self.name)  # a bad script fails before prefill
-                return await self._script(run, request, items, await self._prefill(run, request))
+                usage = await self._prefill(run, request)
+                return await self._play(run, script_steps(items, request, usage=usage, cut=cut))
         except ScriptError as exc:
             await run.send(pb.RunEvent(type="error", error=str(exc)))
             return "error"
@@ -412,25 +348,6 @@ class SimNode(NodeService):
             self.state_changed()
         return pb.Usage(input_tokens=asked.tokens, cached_input_tokens=cached)
 
-    async def _echo(self, run: RunRecord, request: pb.RunRequest, usage: pb.Usage | None) -> str:
-        text = _last_user_text(request)
-        words = text.split(" ")
-        top = _logprobs_asked(request)
-        pace = Pace(self.kv.decode_tokens_per_s)
-        for i, word in enumerate(words):
-            piece = word if i == 0 else " " + word
-            logprobs = [] if top is None else [_echo_logprob(piece, top)]
-            await pace.wait(piece)
-            await run.send(pb.RunEvent(type="delta", delta=piece, logprobs=logprobs))
-        if usage is None:
-            prompt_tokens = sum(len((m.content or "").split()) for m in request.messages)
-            usage = pb.Usage(input_tokens=prompt_tokens)
-        usage.output_tokens = len(words)
-        await run.send(
-            pb.RunEvent(type="complete", usage=usage, metadata={"finish_reason": "stop"})
-        )
-        return "complete"
-
     @staticmethod
     async def _send_repeated(run: RunRecord, event: pb.RunEvent, n: int, pace: Pace) -> None:
         """The benchmarks' fast path: serialize once, send the bytes n times."""
@@ -446,40 +363,26 @@ class SimNode(NodeService):
                 # starve other RPCs (CancelRun among them).
                 await asyncio.sleep(0)
 
-    async def _script(
-        self,
-        run: RunRecord,
-        request: pb.RunRequest,
-        items: list[dict[str, Any]],
-        usage: pb.Usage | None,
-    ) -> str:
-        """The script's items; a complete item without usage gets the cache model's."""
+    async def _play(self, run: RunRecord, steps: Iterator[Step]) -> str:
+        """Play `steps` (deltas at the decode pace); returns the run's outcome."""
         pace = Pace(self.kv.decode_tokens_per_s)
-        for item in items:
-            if "accept_after_ms" in item:
-                continue  # played before the run was accepted
-            if "sleep_ms" in item:
-                await asyncio.sleep(float(item["sleep_ms"]) / 1000)
-                continue
-            kind = item.get("type")
-            if kind == "request":
-                item = {"type": "delta", "delta": request.to_json()}
-            if kind == "hang":
+        for step in steps:
+            if isinstance(step, Send):
+                event = step.event
+                if step.repeat > 1:
+                    await self._send_repeated(run, event, step.repeat, pace)
+                else:
+                    if event.type in _PACED:
+                        await pace.wait(event.delta)
+                    await run.send(event)
+            elif isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+            elif isinstance(step, Hang):
                 await asyncio.Event().wait()
-            if kind == "abort":
+            elif isinstance(step, Abort):
                 run.outcome = "aborted"
                 # Non-OK trailers: the events sent so far still arrive, in order.
                 raise GRPCError(Status.ABORTED, "simulated abort")
-            event = event_from_item(item)
-            if kind == "complete" and usage is not None and "usage" not in item:
-                event.usage = usage
-            repeat = int(item.get("repeat", 1))
-            if repeat > 1:
-                await self._send_repeated(run, event, repeat, pace)
-            else:
-                if event.type in _PACED:
-                    await pace.wait(event.delta)
-                await run.send(event)
-            if kind in ("complete", "error", "cancelled"):
-                return "complete" if kind == "complete" else str(kind)
+            elif isinstance(step, End):
+                return step.outcome
         return "ended"

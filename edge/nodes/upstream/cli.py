@@ -3,11 +3,11 @@
     iop-node --listen HOST:PORT --upstream URL [--api-key-env NAME]
              [--models NAME ...] [--name NAME] [--runs-log FILE] [--config FILE]
              [--no-logprobs] [--load-source auto|vllm|sglang|llamacpp|none]
-             [--load-interval-s S]
+             [--load-interval-s S] [--continuation auto|vllm|llamacpp|none]
 
 `--config FILE` reads a TOML file's `[node]` table (listen, upstream,
 api_key_env, models, name, runs_log, read_timeout_s, logprobs, load_source,
-load_interval_s); flags win over it.
+load_interval_s, continuation); flags win over it.
 The API key is read from the environment, never from a flag or a file.
 Prints `iop-node listening on HOST:PORT` once it serves. This module turns
 arguments into settings and runs the server; it knows nothing of the mapping.
@@ -26,12 +26,15 @@ from typing import Any
 from edge.config.address import split_address
 from edge.config.toml import ConfigError, TableReader, read_toml
 from edge.nodes.kit import start_server, stop_server, wait_for_stop_signal
+from edge.nodes.upstream.continuation import MODES
 from edge.nodes.upstream.load import SOURCES
 from edge.nodes.upstream.server import UpstreamNode, normalize_upstream
 from edge.observe.tracing import setup_tracing
 
 DEFAULT_LISTEN = "127.0.0.1:50061"
-_STRING_KEYS = ("listen", "upstream", "api_key_env", "name", "runs_log", "load_source")
+_STRING_KEYS = (
+    "listen", "upstream", "api_key_env", "name", "runs_log", "load_source", "continuation",
+)  # fmt: skip
 DEFAULT_LOAD_INTERVAL_S = 1.0
 # A load interval other than 0 (off) is at least this, at most the other.
 MIN_LOAD_INTERVAL_S = 0.05
@@ -55,6 +58,7 @@ class NodeSettings:
     logprobs: bool = True
     load_source: str = "auto"
     load_interval_s: float = DEFAULT_LOAD_INTERVAL_S
+    continuation: str = "auto"
 
 
 def _split_listen(value: str) -> tuple[str, int]:
@@ -112,6 +116,9 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
     load_source = args.load_source or table.get("load_source") or "auto"
     if load_source not in SOURCES:
         raise SettingsError(f"load_source: {load_source!r} is not one of {', '.join(SOURCES)}")
+    continuation = args.continuation or table.get("continuation") or "auto"
+    if continuation not in MODES:
+        raise SettingsError(f"continuation: {continuation!r} is not one of {', '.join(MODES)}")
     load_interval_s = _load_interval(
         args.load_interval_s
         if args.load_interval_s is not None
@@ -129,6 +136,7 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
         logprobs=not args.no_logprobs and bool(table.get("logprobs", True)),
         load_source=load_source,
         load_interval_s=load_interval_s,
+        continuation=continuation,
     )
 
 
@@ -178,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds between reads of the upstream's load (default "
         f"{DEFAULT_LOAD_INTERVAL_S}; 0: off)",
     )
+    parser.add_argument(
+        "--continuation",
+        choices=MODES,
+        help="how the upstream continues an answer another node started (default auto: "
+        "vllm for vLLM and SGLang, else none; llamacpp: llama-server's assistant prefill)",
+    )
     return parser
 
 
@@ -195,6 +209,7 @@ async def _serve(settings: NodeSettings) -> None:
         tracing=tracing,
         load_source=settings.load_source,
         load_interval_s=settings.load_interval_s,
+        continuation=settings.continuation,
     )
     server, bound = await start_server(node, settings.host, settings.port)
     print(f"iop-node listening on {settings.host}:{bound}", flush=True)

@@ -42,6 +42,7 @@ import httpx
 import msgspec
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from loguru import logger
 from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
@@ -49,6 +50,15 @@ from edge.nodes.kit import NodeService, RunRecord
 from edge.nodes.upstream.bodies import context_limits_from_body, error_message, upstream_error
 from edge.nodes.upstream.bodies import models_from_body as parse_models
 from edge.nodes.upstream.chunks import ChunkMapper
+from edge.nodes.upstream.continuation import (
+    LLAMACPP_MODE,
+    MODES,
+    NONE,
+    as_failure,
+    continued_body,
+    mode_for,
+    whole_usage,
+)
 from edge.nodes.upstream.load import SOURCES
 from edge.nodes.upstream.loadpoll import LoadPoll, metrics_url
 from edge.nodes.upstream.request import chat_request_body
@@ -100,6 +110,10 @@ class UpstreamNode(NodeService):
         load_source: how the upstream's `/metrics` is read: `auto` (by its
             metric prefix), `vllm`, `sglang`, `llamacpp`, or `none` (not read).
         load_interval_s: seconds between reads of `/metrics` (0: not read).
+        continuation: how the upstream continues an answer (RunRequest.continuation):
+            `auto` (by what the upstream is), `vllm`, `llamacpp` or `none`
+            (`edge.nodes.upstream.continuation`); Describe says `continuation`
+            for a model unless it comes to `none`.
     """
 
     def __init__(
@@ -115,13 +129,17 @@ class UpstreamNode(NodeService):
         tracing: Tracing | None = None,
         load_source: str = "auto",
         load_interval_s: float = 1.0,
+        continuation: str = "auto",
     ) -> None:
+        if continuation not in MODES:
+            raise ValueError(f"continuation {continuation!r} is not one of {', '.join(MODES)}")
         if load_source not in SOURCES:
             raise ValueError(f"load source {load_source!r} is not one of {', '.join(SOURCES)}")
         if load_interval_s < 0:
             raise ValueError(f"load interval must be 0 (off) or more, not {load_interval_s}")
         super().__init__(name, runs_log, tracing=tracing)
         self._logprobs = logprobs
+        self._continuation = continuation
         self.upstream = normalize_upstream(upstream)
         self._chat_url = self.upstream + "/chat/completions"
         self._models_url = self.upstream + "/models"
@@ -165,6 +183,7 @@ class UpstreamNode(NodeService):
                     owned_by=owner,
                     logprobs=self._logprobs,
                     max_context_tokens=self._context.get(m),
+                    continuation=self.continuation_mode(m) != NONE,
                 )
                 for m, owner in models
             ],
@@ -178,6 +197,14 @@ class UpstreamNode(NodeService):
             described.kv_cache_tokens = load.kv_cache_tokens
             described.kv_cache_used_tokens = load.kv_cache_used_tokens
         return described
+
+    def continuation_mode(self, model: str) -> str:
+        """How `model`'s answers are continued (`edge.nodes.upstream.continuation`): the
+        setting, or with `auto` what the upstream's load (its dialect) and its model list
+        (the model's owner) say of it, as read last."""
+        load = self.load_poll.load if self.load_poll is not None else None
+        owner = next((o for m, o in self._models if m == model), "")
+        return mode_for(self._continuation, load.dialect if load is not None else None, owner)
 
     async def models(self) -> list[tuple[str, str]]:
         """(id, owned_by) per model; GRPCError UNAVAILABLE while the upstream is not healthy."""
@@ -256,6 +283,21 @@ class UpstreamNode(NodeService):
         except ValueError as exc:
             await emit(mapper.error(f"invalid run request: {exc}"))
             return
+        held = request.continuation
+        if held is not None:
+            mode = self.continuation_mode(request.model)
+            if mode == NONE:
+                text = f"this node does not continue answers of model {request.model!r}"
+                await emit(mapper.error(text))
+                return
+            if mode == LLAMACPP_MODE and held.reasoning:
+                logger.info(
+                    "{}: run {} continues on llama.cpp without its reasoning ({} characters):"
+                    " the server prefills the answer's text only",
+                    self.name, request.run_id, len(held.reasoning),
+                )  # fmt: skip
+            body = continued_body(body, held, mode)
+            emit = _continuing(emit, held)
         deadline = None
         if request.deadline_unix_ms > 0:
             remaining = request.deadline_unix_ms / 1000 - time.time()
@@ -376,6 +418,16 @@ class UpstreamNode(NodeService):
             await asyncio.wait(set(self._work), timeout=CLOSE_TIMEOUT_S)
         await self._client.aclose()
         await super().aclose()
+
+
+def _continuing(emit: Emit, held: pb.Continuation) -> Emit:
+    """`emit` for a run that continues `held`: the whole answer's usage, and a refusal of
+    the upstream's the node's failure (`edge.nodes.upstream.continuation`)."""
+
+    async def out(event: pb.RunEvent) -> None:
+        await emit(as_failure(whole_usage(event, held)))
+
+    return out
 
 
 def _stop(work: asyncio.Task[Any]) -> None:
