@@ -5,8 +5,8 @@ the same four HTTP workers, in one run.
 A worker is an `iop-edge` in front of its own simulated node (one `iop-sim-node
 --nodes 4` process with the KV flags of `benchmarks.fleet`): an OpenAI-compatible HTTP
 server that models the KV cache as the fleet run's nodes do, and reports cached tokens
-in its answers' usage, behind a pass-through front that answers SMG's `GET /health`
-(`benchmarks.healthfront`; both gateways go through it). SMG reaches the four workers
+in its answers' usage, and answers SMG's `GET /health` probe (the edge serves `/health`
+as `/healthz`). SMG reaches the four workers
 by URL (`--worker-urls`; it keeps a radix tree of the text it routed to each); this
 edge reaches them as `openai+http://` nodes: iop-node, the edge's node for
 OpenAI-compatible servers, in the edge's process, which reports the workers' cached
@@ -43,7 +43,6 @@ from benchmarks.fleet import (
     workload,
 )
 from benchmarks.fleetreport import figures
-from benchmarks.healthfront import health_fronts
 from benchmarks.loadgen import Pool
 from benchmarks.prompts import MODEL
 from benchmarks.stack import _spawn, free_port
@@ -73,9 +72,9 @@ def _lists_model(url: str) -> bool:
 def smg_gateway(smg: Path, where: Path, workers: list[str]) -> Iterator[tuple[int, int]]:
     """SMG (cache_aware) in front of `workers`, once it lists the model; yields (port, pid).
 
-    Its periodic health probe is off: on a connection its pool reuses, a probe would
-    reach the worker itself (the front answers only a connection's first requests).
-    Stopped by PID with SIGKILL: its drain on SIGTERM waits seconds for nothing here.
+    Its periodic health probe is off (the workers do not fail here; a probe is only
+    traffic beside the workload's). Stopped by PID with SIGKILL: its drain on SIGTERM
+    waits seconds for nothing here.
     """
     port, metrics = free_port(), free_port()
     cmd = [
@@ -114,9 +113,8 @@ def _cell(
     with (
         sim_fleet(where, s) as fleet,
         edges(where, [[a] for a in fleet.addresses], "least_loaded") as workers,
-        health_fronts(workers.ports) as fronts,
     ):
-        urls = [f"http://127.0.0.1:{p}" for p in fronts]
+        urls = [f"http://127.0.0.1:{p}" for p in workers.ports]
         if gateway == "SMG":
             with smg_gateway(smg, where, urls) as (port, pid):
                 c0 = cpu_s(pid)
