@@ -42,6 +42,7 @@ from tests.chaos.witness import (
     kills_met,
     lost_after_output,
     migrations,
+    moves,
     nodes_tried,
     terminals,
 )
@@ -196,12 +197,12 @@ def check_runs_ended(joined: list[Joined]) -> tuple[list[Violation], int, int]:
                     )
                 )
         nodes = {line["node"] for line in j.attempts}
-        if len(nodes) > 1 + len(j.retries) + migrations(j):
+        if len(nodes) > 1 + len(j.retries) + moves(j):
             out.append(
                 Violation(
                     "runs_ended",
                     f"ran on {len(nodes)} nodes ({', '.join(sorted(nodes))}) with "
-                    f"{len(j.retries)} retries and {migrations(j)} migrations logged",
+                    f"{len(j.retries)} retries and {moves(j)} continuations logged",
                     (j.tag,),
                 )
             )
@@ -573,17 +574,25 @@ def _excuse(j: Joined, obs: Observed, down: float) -> str:
 
     Decided from the plan, the kill schedule and the node states, not from what
     the edge did: `plan` (its plan ends it otherwise: a client cut, a timeout,
-    a scripted error), `kill_per_leg` (more kills of the nodes it ran on met it
-    than the edge moves an answer), `no_node` (no node it had not tried was up
-    at the kill: every other node down, or back too recently for the edge to
-    know), `deadline` (its total deadline ended it).
+    a scripted error), `kill_per_leg` (the node its answer moved to was killed
+    too, while it ran there: the edge moves an answer once), `no_node` (no
+    node it had not tried was up at the kill: every other node down, or back
+    too recently for the edge to know), `deadline` (its total deadline ended
+    it).
     """
     r = j.result
     if not r.plan.expect.terminal.startswith("finish:"):
         return "plan"
-    if sum(1 for t in kills_met(j, obs.downtimes) if t >= down) > MIGRATIONS:
-        return "kill_per_leg"
     killed = {n for n, spans in obs.downtimes.items() for d, _ in spans if d == down}
+    # Later kills of the nodes its answer may have moved to (not the one killed now).
+    later = [
+        d
+        for n in nodes_tried(j) - killed
+        for d, _ in obs.downtimes.get(n, [])
+        if down < d <= r.t_end
+    ]
+    if 1 + len(later) > MIGRATIONS:
+        return "kill_per_leg"
     tried_before = {node for node, _ in j.retries} | killed
     up = [
         n
@@ -653,6 +662,7 @@ def check_migrated(obs: Observed, joined: list[Joined]) -> tuple[list[Violation]
             if later:
                 gaps.append(later[0] - down)
         why = _excuse(j, obs, down)
+        j.excuse = why or "whole"
         if why:
             excused[why] = excused.get(why, 0) + 1
             if obs.migration and view != want and not view.startswith("error:"):

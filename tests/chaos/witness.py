@@ -55,8 +55,9 @@ class Observed:
 @dataclass(frozen=True, slots=True)
 class Break:
     """A run that broke after output, as the edge logged it: the node it broke on, the
-    node its answer moved to (None: it did not move), why it broke, and the outcome
-    (`migrated`, or why not: exhausted, expired, too_long, no_node, failed)."""
+    node a continuation was started on (None: none was), why it broke, and the outcome
+    (`migrated`, or why not: exhausted, expired, too_long, no_node, failed: the
+    continuation did not start on `to_node`)."""
 
     from_node: str
     to_node: str | None
@@ -74,7 +75,7 @@ def _break(rec: dict[str, Any], msg: str) -> Break | None:
         return None
     migrated = " it continues on node " in msg
     outcome = "migrated" if migrated else str(rec.get("outcome") or "failed")
-    to_node = str(rec["to_node"]) if migrated and "to_node" in rec else None
+    to_node = str(rec["to_node"]) if "to_node" in rec else None
     return Break(str(rec["from_node"]), to_node, str(rec.get("reason")), outcome)
 
 
@@ -101,6 +102,9 @@ class Joined:
     start_error: str = ""
     # The edge logged that its CancelRun for this run failed on a connection error.
     cancel_lost: bool = False
+    # A stream a kill met after its first byte: "whole" (it must complete whole), or
+    # what excuses it (`checks._excuse`); "" for the others.
+    excuse: str = ""
 
     @property
     def tag(self) -> str:
@@ -185,6 +189,12 @@ def nodes_tried(j: Joined) -> set[str]:
 def migrations(j: Joined) -> int:
     """How many times the edge moved this request's answer to another node."""
     return sum(1 for b in j.breaks if b.migrated)
+
+
+def moves(j: Joined) -> int:
+    """How many continuations of this request's answer the edge started on another node
+    (one that did not start may still have reached its node)."""
+    return sum(1 for b in j.breaks if b.to_node is not None)
 
 
 def kill_after_first_byte(
