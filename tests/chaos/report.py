@@ -153,7 +153,8 @@ def migration_lines(report: Report) -> list[str]:
         f"{g.get('met', 0)}; excused {sum(excused.values())} (plan ends otherwise "
         f"{excused.get('plan', 0)}, no other node up {excused.get('no_node', 0)}, a kill per "
         f"leg {excused.get('kill_per_leg', 0)}, past the deadline {excused.get('deadline', 0)}"
-        f"); to complete whole {expected}, completed whole {whole} ({share}, goal 99%); moved "
+        f"); to complete whole {expected}, completed whole {whole} ({share}, goal 99%"
+        f"{'' if o.migration else '; off: not held to it'}); moved "
         f"to another node {g.get('met_migrated', 0)}",
         f"migrations: iop_edge_migrations_total {sum(by.values())} ("
         + (", ".join(f"{k} {v}" for k, v in sorted(by.items())) or "none")
