@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"keep-alive clients that close while idle (default {d.idle_close})",
     )
     p.add_argument(
+        "--no-migration",
+        action="store_true",
+        help="no mid-answer kills: the edge runs with [routing] migrations = 0, and a stream "
+        "a node kill meets after its first byte may end in an error frame",
+    )
+    p.add_argument(
         "--keep-logs", action="store_true", help="keep the work dir (always kept on failure)"
     )
     return p
@@ -80,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_logs=args.keep_logs,
         idle_close=args.idle_close,
         rate=args.rate,
+        migration=not args.no_migration,
     )
     try:
         report = trio.run(partial(run_suite, options))

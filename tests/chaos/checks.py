@@ -10,25 +10,39 @@ the kill: a request with no byte yet is failed over to another node and must
 end as its plan says ("failover").
 
 One run id may run on several nodes (failover keeps the request's run id
-for every attempt), never on two at once: each node's runs-log line has the
-run's start and end (wall clock, one machine), and no two may overlap.
+for every attempt, and so does a migration), never on two at once: each
+node's runs-log line has the run's start and end (wall clock, one machine),
+and no two may overlap.
+
+Mid-answer kills ("migrated"): a stream a node kill met after its first byte
+is moved by the edge to another node that continues it, and must end with
+exactly the answer of an uncut run (the simulated node is deterministic: the
+plan knows it); only a plan that ends otherwise, no other node up, a kill
+of each node it ran on, or the request's total deadline excuse it.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from tests.chaos.plan import CUT_KINDS
+from tests.chaos.client import StreamResult
+from tests.chaos.plan import CUT_KINDS, TOTAL_S
 from tests.chaos.witness import (
+    POOL_REFRESH_S,
     Joined,
     Observed,
     byte_before_kill,
     client_view,
     join,
+    kill_after_first_byte,
     kill_per_attempt,
     kills_met,
     lost_after_output,
+    migrations,
+    moves,
     nodes_tried,
     terminals,
 )
@@ -36,6 +50,13 @@ from tests.chaos.witness import (
 ENDED = frozenset({"complete", "error", "cancelled", "aborted"})
 FD_SLACK = 6
 THREAD_SLACK = 2
+# The edge's `[routing] migrations` default: an answer moves once.
+MIGRATIONS = 1
+# Of the streams a kill met after their first byte (and nothing excused), the share
+# that must complete whole.
+WHOLE_GOAL = 0.99
+# A stream ended by its total deadline: its error frame came this close to it.
+DEADLINE_SLACK_S = 0.1
 
 INVARIANTS = {
     "runs_ended": "every run the node started has ended (complete/error/cancelled/aborted)",
@@ -45,6 +66,7 @@ INVARIANTS = {
     "resources": "the edge's fds/threads/sockets return to baseline; RSS within bound",
     "plans": "every request not hit by a node kill ended the way its plan says",
     "failover": "every request a node kill met before its first byte ended as planned",
+    "migrated": "every stream a kill met after its first byte completed whole (>= 99%)",
     "one_live": "no run id live on two nodes at once (runs-log start/end times)",
     "edge_log": "the edge logged no ERROR line",
     "bounded": "the load finished within --duration",
@@ -113,6 +135,7 @@ def check_terminal(joined: list[Joined]) -> list[Violation]:
                     Violation("terminal", f"{r.status} body is not an error: {body}", (j.tag,))
                 )
         lost = r.ended == "eof" and j.run_id and not j.lines and j.affected
+        lost = lost and not any(b.migrated and b.from_node == j.node for b in j.breaks)
         if lost and sse and not client_view(r).startswith("error:"):
             # A run lost with its killed node: a reader to the end got the fail-stream frame.
             out.append(
@@ -174,12 +197,12 @@ def check_runs_ended(joined: list[Joined]) -> tuple[list[Violation], int, int]:
                     )
                 )
         nodes = {line["node"] for line in j.attempts}
-        if len(nodes) > 1 + len(j.retries):
+        if len(nodes) > 1 + len(j.retries) + moves(j):
             out.append(
                 Violation(
                     "runs_ended",
                     f"ran on {len(nodes)} nodes ({', '.join(sorted(nodes))}) with "
-                    f"{len(j.retries)} retries logged",
+                    f"{len(j.retries)} retries and {moves(j)} continuations logged",
                     (j.tag,),
                 )
             )
@@ -392,6 +415,22 @@ def check_metrics(obs: Observed, joined: list[Joined], tables: dict[str, Any]) -
                 "metrics", f"iop_edge_retries_total = {retried:g}, the edge logged {logged} retries"
             )
         )
+    moved = sum(v for k, v in m.items() if k.startswith("iop_edge_migrations_total{"))
+    migrated = sum(
+        v
+        for k, v in m.items()
+        if k.startswith("iop_edge_migrations_total{") and 'outcome="migrated"' in k
+    )
+    breaks = [b for bs in tables["breaks"].values() for b in bs]
+    logged_migrated = sum(1 for b in breaks if b.migrated)
+    if moved != len(breaks) or migrated != logged_migrated:
+        out.append(
+            Violation(
+                "metrics",
+                f"iop_edge_migrations_total = {moved:g} ({migrated:g} migrated), the edge "
+                f"logged {len(breaks)} breaks after output ({logged_migrated} migrated)",
+            )
+        )
     cancels_sent = sum(v for k, v in m.items() if k.startswith("iop_edge_node_cancels_total{"))
     cancels_got = sum(int(x.get("cancel_rpcs", 0)) for ls in tables["lines"].values() for x in ls)
     cancels_got += sum(tables["unknown_cancels"].values())
@@ -468,13 +507,207 @@ def check_plans(joined: list[Joined]) -> list[Violation]:
             )
         if "<tool_call" in r.content:
             out.append(Violation("plans", "tool-call markup reached the client", (j.tag,)))
-        if r.plan.kind == "echo" and view.startswith("finish:"):
-            text = r.plan.request["messages"][0]["content"]
-            if r.content != text:
-                out.append(
-                    Violation("plans", f"echo {r.content[:40]!r} != {text[:40]!r}", (j.tag,))
-                )
+        problem = answer_problem(r) if view == want.terminal else None
+        if problem:
+            out.append(Violation("plans", problem, (j.tag,)))
     return out
+
+
+def _first_difference(got: str, want: str) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    at = min(len(got), len(want)) if at is None else at
+    return (
+        f"{len(got)} characters, want {len(want)}; from character {at}: "
+        f"{got[at : at + 30]!r} != {want[at : at + 30]!r}"
+    )
+
+
+def _args(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def answer_problem(r: StreamResult) -> str | None:
+    """How the answer a client read differs from an uncut run's (plan `answer`): its
+    text, reasoning, tool calls, finish reason, usage. None: it does not (or the plan
+    has no whole answer, or the client did not read one: it left first)."""
+    want = r.plan.answer
+    if want is None or r.ended not in ("eof", "cut") or r.status != 200:
+        return None
+    if r.plan.stream:
+        if r.finish_reason is None:
+            return None  # no finish chunk read: not an answer to compare
+        text, reasoning, finish, usage = r.content, r.reasoning, r.finish_reason, r.usage
+        calls = [(name, _args(args)) for _, (name, args) in sorted(r.tool_calls.items())]
+        usage_read = r.ended == "eof"  # a client that left on the finish chunk reads no usage
+    else:
+        body = r.body if isinstance(r.body, dict) else {}
+        choice = (body.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        text = message.get("content") or ""
+        reasoning = message.get("reasoning_content") or ""
+        finish, usage, usage_read = choice.get("finish_reason"), body.get("usage"), True
+        calls = [
+            (
+                str((c.get("function") or {}).get("name")),
+                _args((c.get("function") or {}).get("arguments", "")),
+            )
+            for c in message.get("tool_calls") or ()
+        ]
+    if text != want.text:
+        return f"text differs from an uncut run's: {_first_difference(text, want.text)}"
+    if reasoning != want.reasoning:
+        return f"reasoning differs: {_first_difference(reasoning, want.reasoning)}"
+    if calls != [(name, args) for name, args in want.tool_calls]:
+        return f"tool calls {calls!r}, an uncut run's {list(want.tool_calls)!r}"
+    if finish != want.finish:
+        return f"finish reason {finish}, an uncut run's {want.finish}"
+    if usage_read and want.usage and not isinstance(usage, dict):
+        return "no usage"
+    return None
+
+
+def _excuse(j: Joined, obs: Observed, down: float) -> str:
+    """Why a stream a kill met after its first byte need not complete whole ("": it must).
+
+    Decided from the plan, the kill schedule and the node states, not from what
+    the edge did: `plan` (its plan ends it otherwise: a client cut, a timeout,
+    a scripted error), `kill_per_leg` (the node its answer moved to was killed
+    too, while it ran there: the edge moves an answer once), `no_node` (no
+    node it had not tried was up at the kill: every other node down, or back
+    too recently for the edge to know), `deadline` (its total deadline ended
+    it).
+    """
+    r = j.result
+    if not r.plan.expect.terminal.startswith("finish:"):
+        return "plan"
+    killed = {n for n, spans in obs.downtimes.items() for d, _ in spans if d == down}
+    # Later kills of the nodes its answer may have moved to (not the one killed now).
+    later = [
+        d
+        for n in nodes_tried(j) - killed
+        for d, _ in obs.downtimes.get(n, [])
+        if down < d <= r.t_end
+    ]
+    if 1 + len(later) > MIGRATIONS:
+        return "kill_per_leg"
+    tried_before = {node for node, _ in j.retries} | killed
+    up = [
+        n
+        for n, spans in obs.downtimes.items()
+        if n not in tried_before
+        and not any(d - 0.05 <= down <= u + POOL_REFRESH_S for d, u in spans)
+    ]
+    if not up:
+        return "no_node"
+    late = r.t_end >= r.t_sent + TOTAL_S - DEADLINE_SLACK_S
+    if client_view(r) == "error:timeout" and late:
+        return "deadline"
+    if any(b.outcome == "expired" for b in j.breaks):
+        return "deadline"
+    return ""
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The nearest-rank quantile `q` of `values` (not empty)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def histogram_quantile(metrics: dict[str, float], name: str, q: float) -> float | None:
+    """The upper bound of the bucket holding quantile `q` of histogram `name` (None:
+    no observation): Prometheus's buckets say no more."""
+    buckets = sorted(
+        (float(k.split('le="', 1)[1].split('"', 1)[0]), v)
+        for k, v in metrics.items()
+        if k.startswith(f"{name}_bucket{{") and 'le="' in k
+    )
+    total = buckets[-1][1] if buckets else 0.0
+    if not total:
+        return None
+    return next(le for le, count in buckets if count >= q * total)
+
+
+def check_migrated(obs: Observed, joined: list[Joined]) -> tuple[list[Violation], dict[str, Any]]:
+    """A stream a node kill met after its first byte ends with the answer of an uncut run.
+
+    Every such stream is held to this: one that finished has exactly the
+    uncut answer (never a wrong one), and one with an excuse (`_excuse`) ends
+    as its plan says or with one error frame. With mid-answer kills on, the
+    others (their plan ends in a finish, a node to move to was up, their
+    deadline not reached) must complete whole: at least WHOLE_GOAL of them,
+    each one that did not is listed. With them off (`--no-migration`) such a
+    stream may end in an error frame, as before migration.
+    """
+    out: list[Violation] = []
+    met: list[Joined] = []
+    excused: dict[str, int] = {}
+    expected: list[Joined] = []
+    not_whole: list[tuple[Joined, str]] = []
+    gaps: list[float] = []
+    for j in joined:
+        r = j.result
+        down = kill_after_first_byte(j, obs.downtimes)
+        if down is None or r.ended == "load_bound":
+            continue
+        met.append(j)
+        view, want = client_view(r), r.plan.expect.terminal
+        problem = answer_problem(r) if view == want else None
+        if problem:
+            out.append(Violation("migrated", problem, (j.tag,)))
+        if migrations(j) and view == want and r.answer_times:
+            later = [t for t in r.answer_times if t > down]
+            if later:
+                gaps.append(later[0] - down)
+        why = _excuse(j, obs, down)
+        j.excuse = why or "whole"
+        if why:
+            excused[why] = excused.get(why, 0) + 1
+            if obs.migration and view != want and not view.startswith("error:"):
+                out.append(
+                    Violation(
+                        "migrated",
+                        f"ended {view}: plan says {want} (or an error frame: {why})",
+                        (j.tag,),
+                    )
+                )
+            continue
+        expected.append(j)
+        if view != want or problem:
+            not_whole.append((j, problem or f"ended {view}, plan says {want}"))
+    whole = len(expected) - len(not_whole)
+    if obs.migration and expected and whole < WHOLE_GOAL * len(expected):
+        out.append(
+            Violation(
+                "migrated",
+                f"{whole} of {len(expected)} streams met after their first byte completed "
+                f"whole ({whole / len(expected):.1%}; goal {WHOLE_GOAL:.0%})",
+            )
+        )
+        for j, why in not_whole:
+            r = j.result
+            brk = ", ".join(f"{b.from_node}->{b.to_node or '-'} {b.outcome}" for b in j.breaks)
+            out.append(
+                Violation(
+                    "migrated",
+                    f"not whole ({why}); sent {r.t_sent:.2f}s, killed "
+                    f"{kill_after_first_byte(j, obs.downtimes):.2f}s, breaks the edge logged: "
+                    f"{brk or 'none'}",
+                    (j.tag,),
+                )
+            )
+    figures = {
+        "met": len(met),
+        "excused": excused,
+        "expected": len(expected),
+        "whole": whole,
+        "not_whole": [(j.tag, why) for j, why in not_whole],
+        "met_migrated": sum(1 for j in met if migrations(j)),
+        "client_gaps": gaps,
+    }
+    return out, figures
 
 
 def check_edge_log(obs: Observed) -> list[Violation]:
@@ -489,12 +722,14 @@ def check_edge_log(obs: Observed) -> list[Violation]:
 def check_all(obs: Observed) -> tuple[list[Violation], dict[str, Any]]:
     """Every invariant; returns the violations and figures for the summary."""
     joined, tables = join(obs)
+    migrated_v, migrated = check_migrated(obs, joined)
     runs_v, excused, never = check_runs_ended(joined)
     live_v, live = check_one_live(joined)
     violations = [
         *runs_v,
         *live_v,
         *check_failover(joined, obs),
+        *migrated_v,
         *check_cancel_rpc(joined, tables),
         *check_terminal(joined),
         *check_metrics(obs, joined, tables),
@@ -537,5 +772,9 @@ def check_all(obs: Observed) -> tuple[list[Violation], dict[str, Any]]:
             and client_view(j.result) != j.result.plan.expect.terminal
         ),
         "restarts": restart_figures(obs),
+        "migrated": migrated,
+        "migrations": sum(migrations(j) for j in joined),
+        "migrated_requests": sum(1 for j in joined if migrations(j)),
+        "breaks": sum(len(j.breaks) for j in joined),
     }
     return violations, figures

@@ -48,6 +48,13 @@ class StreamResult:
     keepalives: int = 0
     content: str = ""
     content_frames: int = 0
+    reasoning: str = ""
+    # Tool calls by index: [name, arguments so far].
+    tool_calls: dict[int, list[str]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: Any = None  # the stream's usage object, when it sent one
+    # When each frame of the answer (content, reasoning or a tool call) arrived.
+    answer_times: list[float] = field(default_factory=list)
     body: Any = None  # the JSON body of a non-SSE answer
     problems: list[str] = field(default_factory=list)
     cut_reason: str = ""
@@ -61,9 +68,10 @@ class StreamResult:
 class _SSE:
     """Splits SSE bytes into frames; records payloads into a StreamResult."""
 
-    def __init__(self, result: StreamResult) -> None:
+    def __init__(self, result: StreamResult, t0: float) -> None:
         self._buf = b""
         self._result = result
+        self._t0 = t0
         self.finished = False  # a finish chunk was seen
 
     def feed(self, data: bytes) -> None:
@@ -100,12 +108,30 @@ class _SSE:
             r.ids.add(str(obj["id"]))
             if r.run_id is None and str(obj["id"]).startswith("chatcmpl-"):
                 r.run_id = str(obj["id"]).removeprefix("chatcmpl-")
+        if obj.get("usage"):
+            r.usage = obj["usage"]
         for choice in obj.get("choices") or ():
             delta = choice.get("delta") or {}
+            answered = False
             if delta.get("content"):
                 r.content += delta["content"]
                 r.content_frames += 1
+                answered = True
+            if delta.get("reasoning_content"):
+                r.reasoning += delta["reasoning_content"]
+                answered = True
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") or {}
+                name, args = r.tool_calls.setdefault(int(call.get("index", 0)), ["", ""])
+                r.tool_calls[int(call.get("index", 0))] = [
+                    name + str(function.get("name") or ""),
+                    args + str(function.get("arguments") or ""),
+                ]
+                answered = True
+            if answered:
+                r.answer_times.append(trio.current_time() - self._t0)
             if choice.get("finish_reason"):
+                r.finish_reason = str(choice["finish_reason"])
                 self.finished = True
 
 
@@ -206,7 +232,7 @@ async def _read(
             result.status = event.status_code
             ctype = dict(event.headers).get(b"content-type", b"")
             if event.status_code == 200 and ctype.startswith(b"text/event-stream"):
-                sse = _SSE(result)
+                sse = _SSE(result, t0)
         elif isinstance(event, h11.Data):
             if sse is None:
                 body += bytes(event.data)

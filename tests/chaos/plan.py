@@ -7,7 +7,10 @@ killed. The same seed and sizes give the same plans, so a failure can be
 replayed; the timing of a replay (who races whom) is the machine's.
 
 This module knows the simulated node's script format and the edge's timeouts
-(to stay clear of them, or to hit them on purpose), nothing of sockets.
+(to stay clear of them, or to hit them on purpose), nothing of sockets. From
+a plan's script it also knows the answer an uncut run gives (`answer`): the
+text, reasoning, tool calls and finish reason a stream a node kill cut
+mid-answer must still end with, once the edge moved it to another node.
 """
 
 from __future__ import annotations
@@ -105,6 +108,26 @@ class Expect:
 
 
 @dataclass(frozen=True, slots=True)
+class Answer:
+    """The answer an uncut run of a plan gives (the simulated node is deterministic).
+
+    Attributes:
+        text: the content, all of it.
+        reasoning: the reasoning content, all of it.
+        tool_calls: (name, arguments) of each call, in order; arguments parsed JSON.
+        finish: the finish reason.
+        usage: whether the answer carries usage (asked for on a stream; always on a
+            non-streaming answer).
+    """
+
+    text: str
+    reasoning: str = ""
+    tool_calls: tuple[tuple[str, Any], ...] = ()
+    finish: str = "stop"
+    usage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     index: int
     kind: str
@@ -128,6 +151,12 @@ class Plan:
     @property
     def body(self) -> bytes:
         return json.dumps(self.request, separators=(",", ":")).encode()
+
+    @property
+    def answer(self) -> Answer | None:
+        """What an uncut run answers; None when the plan has no whole answer (its run
+        hangs, fails or breaks before its end)."""
+        return expected_answer(self.request)
 
     def request_id(self, seed: int) -> str:
         """The X-Request-Id the client sends; the edge logs it with the run id and node."""
@@ -175,6 +204,11 @@ KINDS: dict[str, int] = {
     "nonstream_cut": 6,
     "nonstream_timeout": 2,
 }
+
+# Streams a node kill is meant to meet mid-answer: long, with reasoning first and, for
+# some, a native tool call at the end. Drawn from a generator of their own (one for
+# every MID_ANSWER_EVERY streams), so adding them left the other plans as they were.
+MID_ANSWER_EVERY = 10
 
 # Kinds whose client disconnects while the node is still running the run.
 CUT_KINDS = frozenset({"cut_before_first", "cut_mid_stream", "cut_tool_holdback", "nonstream_cut"})
@@ -371,6 +405,62 @@ def _plan(rng: random.Random, index: int, kind: str) -> Plan:
     raise ValueError(f"unknown kind {kind!r}")
 
 
+def _long_answer(rng: random.Random, index: int) -> Plan:
+    """A model-like answer of 2-3 s (2 s under total_s): reasoning, then text, a token
+    every 50-250 ms; half of them end with a native tool call. Usage asked for."""
+    items: list[dict[str, Any]] = []
+    elapsed, budget = 0, rng.randint(2000, int(TOTAL_S * 1000) - 2000)
+    thinking = rng.randint(budget // 4, budget // 2)
+    while elapsed < budget:
+        kind = "reasoning_delta" if elapsed < thinking else "delta"
+        items.append({"type": kind, "delta": " " + rng.choice(_WORDS)})
+        pause = rng.randint(50, 250)
+        items.append({"sleep_ms": pause})
+        elapsed += pause
+    end = _complete()
+    extra: dict[str, Any] = {"stream_options": {"include_usage": True}}
+    if rng.random() < 0.5:
+        city = rng.choice(["Paris", "Oslo", "Lima"])
+        call = {"id": f"call_{index}", "name": "get_weather", "arguments": {"city": city}}
+        end = {**_complete("tool_calls"), "tool_calls": [call]}
+        extra["tools"] = [WEATHER_TOOL]
+    request = _chat("sim-script", _script(*items, end), stream=True, **extra)
+    expect = Expect(f"finish:{end['metadata']['finish_reason']}", "complete", "success")
+    return Plan(index, "long_answer", request, expect)
+
+
+def _repeat(item: dict[str, Any]) -> int:
+    return int(item.get("repeat", 1))
+
+
+def expected_answer(request: dict[str, Any]) -> Answer | None:
+    """The answer an uncut run of `request` gives, from its model and script (see
+    docs/simulated-node.md); None when the run does not end with a whole answer."""
+    content = request["messages"][-1]["content"]
+    usage = not request.get("stream") or bool(
+        (request.get("stream_options") or {}).get("include_usage")
+    )
+    if request["model"] == "sim-echo":
+        return Answer(content, usage=usage)
+    events = json.loads(content)["events"]
+    text = "".join(str(e["delta"]) * _repeat(e) for e in events if e.get("type") == "delta")
+    reasoning = "".join(
+        str(e["delta"]) * _repeat(e) for e in events if e.get("type") == "reasoning_delta"
+    )
+    end = events[-1] if events else {}
+    if end.get("type") != "complete":
+        return None  # a hang, an error, an abort: no whole answer
+    finish = str((end.get("metadata") or {}).get("finish_reason", "stop"))
+    calls = tuple((str(c["name"]), c["arguments"]) for c in end.get("tool_calls") or ())
+    if request.get("tools") and "<tool_call>" in text:
+        # Tool-call markup in the text: the edge parses it into a call (`tool_call`).
+        text, _, markup = text.partition("<tool_call>")
+        call = json.loads(markup.partition("</tool_call>")[0])
+        calls = ((str(call["name"]), call["arguments"]),)
+        text, finish = text.rstrip("\n"), "tool_calls"
+    return Answer(text, reasoning, calls, finish, usage)
+
+
 def _kinds(rng: random.Random, n: int) -> list[str]:
     names = list(KINDS)
     kinds = names[:n] if n < len(names) else list(names)
@@ -392,14 +482,19 @@ def make_scenario(
 ) -> Scenario:
     """The plans of `streams` streams and the node kills, all drawn from `seed`.
 
-    `idle_close` keep-alive clients are drawn from their own generator and
-    spread among the streams, so adding them leaves the other plans as they were.
+    `idle_close` keep-alive clients, and one `long_answer` stream for every
+    MID_ANSWER_EVERY streams, are drawn from generators of their own and spread
+    among the streams, so adding them leaves the other plans as they were.
     """
     rng = random.Random(seed)
     plans = [_plan(rng, i, kind) for i, kind in enumerate(_kinds(rng, streams))]
     extra = random.Random(f"idle-close-{seed}")
     for i in range(idle_close):
         plans.insert(extra.randint(0, len(plans)), _idle_close(extra, streams + i))
+    mid = random.Random(f"mid-answer-{seed}")
+    for i in range(streams // MID_ANSWER_EVERY):
+        index = streams + idle_close + i
+        plans.insert(mid.randint(0, len(plans)), _long_answer(mid, index))
     kills: list[Kill] = []
     if nodes > 0 and streams > 0:
         lo, hi = max(1, streams // 6), max(1, streams * 5 // 6)

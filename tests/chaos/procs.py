@@ -8,6 +8,7 @@ wait here is bounded in time; nothing listens beyond 127.0.0.1.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -139,6 +140,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def edge_knows_migrations() -> bool:
+    """Whether this tree's edge has `[routing] migrations` (an edge older than
+    migration has not, and rejects the key: it never moves an answer)."""
+    from edge.config.schema import RoutingConfig
+
+    return "migrations" in {f.name for f in dataclasses.fields(RoutingConfig)}
+
+
 # The chaos scenarios' [timeouts]; `None` (the hostile mix) keeps the edge's defaults.
 CHAOS_TIMEOUTS = {"first_event_s": FIRST_EVENT_S, "idle_s": IDLE_S, "total_s": TOTAL_S}
 
@@ -150,8 +159,10 @@ def edge_config(
     api_keys: tuple[str, ...] = (),
     timeouts: dict[str, float] | None = CHAOS_TIMEOUTS,
     extra: str = "",
+    migrations: int | None = None,
 ) -> str:
-    """The edge's config.toml; `extra` is appended as it is (more tables)."""
+    """The edge's config.toml; `extra` is appended as it is (more tables). `migrations`:
+    the edge's `[routing] migrations` (None: not written, the edge's default)."""
     lines = [
         "[server]",
         f'listen = "127.0.0.1:{port}"',
@@ -163,6 +174,8 @@ def edge_config(
     lines += ["", "[log]", 'level = "INFO"', 'format = "json"']
     if timeouts:
         lines += ["", "[timeouts]", *(f"{k} = {v}" for k, v in timeouts.items())]
+    if migrations is not None:
+        lines += ["", "[routing]", f"migrations = {migrations}"]
     for node in nodes:
         lines += ["", "[[nodes]]", f'name = "{node.name}"', f'address = "{node.address}"']
     return "\n".join(lines) + "\n" + extra
@@ -182,6 +195,8 @@ class EdgeProcess:
     extra_config: str = ""
     # A checkout whose edge runs instead of this tree's (an A/B run); None: this tree's.
     source: Path | None = None
+    # `[routing] migrations`; None: not written (the edge's default).
+    migrations: int | None = None
 
     def __post_init__(self) -> None:
         self.log = self.workdir / "edge.log"
@@ -202,6 +217,7 @@ class EdgeProcess:
                     api_keys=self.api_keys,
                     timeouts=self.timeouts,
                     extra=self.extra_config,
+                    migrations=self.migrations,
                 )
             )
             argv = [sys.executable, "-m", "edge", "--config", str(config)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.checks import INVARIANTS, Violation
+from tests.chaos.checks import INVARIANTS, Violation, histogram_quantile, quantile
 from tests.chaos.client import StreamResult
 from tests.chaos.plan import KINDS
 from tests.chaos.procs import Stats
@@ -36,6 +36,10 @@ class Options:
     # New streams per second at most: a burst of hundreds of new requests at
     # once measures the edge's capacity, not its invariants.
     rate: float = 120.0
+    # Mid-answer kills: a stream a node kill meets after its first byte must complete
+    # whole (the edge moves it to another node). False: the edge runs with
+    # `[routing] migrations = 0` and such a stream may end in an error frame.
+    migration: bool = True
 
     def replay(self) -> str:
         """The one command that runs this same scenario again."""
@@ -50,6 +54,8 @@ class Options:
             args += f" --rate {self.rate:g}"
         if self.rss_bound_mib != default.rss_bound_mib:
             args += f" --rss-bound-mib {self.rss_bound_mib:g}"
+        if not self.migration:
+            args += " --no-migration"
         return f'make chaos CHAOS_ARGS="{args}"'
 
 
@@ -73,6 +79,8 @@ class Report:
     machine_busy: list[float] = field(default_factory=list)
     # CPU seconds during the load: the edge, the nodes, the chaos client.
     cpu_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # Whether the edge under test has `[routing] migrations` at all.
+    edge_migrates: bool = True
 
     @property
     def ok(self) -> bool:
@@ -90,7 +98,9 @@ def write_results(path: Path, report: Report) -> None:
                 "status": r.status, "view": client_view(r), "run_id": j.run_id, "node": j.node,
                 "outcome": j.lines[0].get("outcome") if j.lines else None,
                 "cancel_rpcs": j.cancels, "affected": j.affected, "problems": r.problems,
-                "t_head": r.t_head, "retries": j.retries,
+                "t_head": r.t_head, "retries": j.retries, "finish": r.finish_reason,
+                "breaks": [[b.from_node, b.to_node, b.reason, b.outcome] for b in j.breaks],
+                "mid_answer": j.excuse,
                 "attempts": [{"node": x["node"], "outcome": x.get("outcome")} for x in j.attempts],
                 "plan": {"cut": str(r.plan.cut), "expect": str(r.plan.expect)},
                 "request": r.plan.request,
@@ -108,6 +118,60 @@ def _at(t: float) -> str:
 
 def _restart(node: str, seconds: float | None) -> str:
     return f"{node} {seconds:.2f}s" if seconds is not None else f"{node} no run (or no start times)"
+
+
+def _ms(values: list[float]) -> str:
+    if not values:
+        return "none"
+    p50, p99 = quantile(values, 0.5), quantile(values, 0.99)
+    return f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms (n={len(values)})"
+
+
+def _bucket(m: dict[str, float], q: float) -> str:
+    le = histogram_quantile(m, "iop_edge_migration_gap_seconds", q)
+    return "-" if le is None else f"<= {le * 1000:g} ms"
+
+
+def migration_lines(report: Report) -> list[str]:
+    """The summary's mid-answer kill lines: the streams a kill met after their first
+    byte and how they ended, the migrations, and the gap each added."""
+    o, m = report.options, report.metrics
+    g: dict[str, Any] = report.figures.get("migrated", {})
+    excused = g.get("excused", {})
+    expected, whole = g.get("expected", 0), g.get("whole", 0)
+    share = f"{whole / expected:.1%}" if expected else "-"
+    mode = "on" if o.migration else "off (--no-migration: [routing] migrations = 0)"
+    if o.migration and not report.edge_migrates:
+        mode = "on, but this edge has no [routing] migrations: it cannot move an answer"
+    by: Counter[str] = Counter()
+    for k, v in m.items():
+        if k.startswith("iop_edge_migrations_total{"):
+            by[k.split('outcome="', 1)[1].split('"', 1)[0]] += int(v)
+    count = m.get("iop_edge_migration_gap_seconds_count", 0.0)
+    lines = [
+        f"mid-answer kills {mode}: streams met by a kill after their first byte "
+        f"{g.get('met', 0)}; excused {sum(excused.values())} (plan ends otherwise "
+        f"{excused.get('plan', 0)}, no other node up {excused.get('no_node', 0)}, a kill per "
+        f"leg {excused.get('kill_per_leg', 0)}, past the deadline {excused.get('deadline', 0)}"
+        f"); to complete whole {expected}, completed whole {whole} ({share}, goal 99%"
+        f"{'' if o.migration else '; off: not held to it'}); moved "
+        f"to another node {g.get('met_migrated', 0)}",
+        f"migrations: iop_edge_migrations_total {sum(by.values())} ("
+        + (", ".join(f"{k} {v}" for k, v in sorted(by.items())) or "none")
+        + f"); edge log: {f_int(report, 'breaks')} breaks after output, "
+        f"{f_int(report, 'migrations')} migrations for {f_int(report, 'migrated_requests')} "
+        f"requests; gap at each migration: edge histogram iop_edge_migration_gap_seconds "
+        f"(break -> the continuation's first event) p50 {_bucket(m, 0.5)}, p99 "
+        f"{_bucket(m, 0.99)} (n={count:g}); client (the kill -> the stream's next frame, "
+        f"its script's own pause included) {_ms(g.get('client_gaps', []))}",
+    ]
+    for tag, why in g.get("not_whole", [])[:10] if o.migration else ():
+        lines.append(f"  not whole: {tag}: {why}")
+    return lines
+
+
+def f_int(report: Report, key: str) -> int:
+    return int(report.figures.get(key, 0))
 
 
 def summary(report: Report) -> str:
@@ -170,6 +234,7 @@ def summary(report: Report) -> str:
         + (f" ({f['untimed']} lines without start times)" if f.get("untimed") else ""),
         "restart (node listening -> its first run started): "
         + (", ".join(_restart(n, s) for n, s in f.get("restarts", [])) or "no restart"),
+        *migration_lines(report),
     ]
     edges = sorted(
         [(r.t_sent, 1) for r in report.results] + [(r.t_end, -1) for r in report.results]
@@ -205,6 +270,8 @@ def summary(report: Report) -> str:
     for violation in report.violations:
         broken.setdefault(violation.invariant, []).append(violation)
     for name, text in INVARIANTS.items():
+        if name == "migrated" and not o.migration:
+            text = "off (--no-migration): a stream finished after a kill has the whole answer"
         lines.append(f"{'FAIL' if name in broken else 'ok  '}  {name:<11} {text}")
     for name, found in broken.items():
         lines.append(f"\nBROKEN {name} ({len(found)}):")

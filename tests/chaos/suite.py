@@ -32,6 +32,7 @@ from tests.chaos.procs import (
     SimNode,
     Stats,
     cpu_seconds,
+    edge_knows_migrations,
     probe_healthz,
 )
 from tests.chaos.report import Options, Report, summary, write_results
@@ -193,6 +194,10 @@ async def run_suite(options: Options) -> Report:
     )
     nodes = [SimNode(f"n{i}", workdir) for i in range(options.nodes)]
     edge = EdgeProcess(workdir)
+    # Off: `[routing] migrations = 0`; an edge without the key never moves an answer.
+    report.edge_migrates = edge_knows_migrations()
+    if not options.migration and report.edge_migrates:
+        edge.migrations = 0
     edge_exit: int | None = None
     try:
         for node in nodes:
@@ -260,6 +265,7 @@ async def run_suite(options: Options) -> Report:
         rss_bound_mib=options.rss_bound_mib,
         not_started=sum(1 for r in results if not r.ended),
         listening={n.name: list(n.listening_at) for n in nodes},
+        migration=options.migration,
     )
     report.violations, report.figures = check_all(observed)
     write_results(workdir / "results.jsonl", report)

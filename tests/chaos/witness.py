@@ -47,6 +47,36 @@ class Observed:
     not_started: int = 0
     # node -> wall-clock times each incarnation was seen listening (the runs log's clock).
     listening: dict[str, list[float]] = field(default_factory=dict)
+    # Mid-answer kills on: the edge moves an answer a kill cut to another node (its
+    # `[routing] migrations`, 1), and such a stream must complete whole.
+    migration: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Break:
+    """A run that broke after output, as the edge logged it: the node it broke on, the
+    node a continuation was started on (None: none was), why it broke, and the outcome
+    (`migrated`, or why not: exhausted, expired, too_long, no_node, failed: the
+    continuation did not start on `to_node`)."""
+
+    from_node: str
+    to_node: str | None
+    reason: str
+    outcome: str
+
+    @property
+    def migrated(self) -> bool:
+        return self.outcome == "migrated"
+
+
+def _break(rec: dict[str, Any], msg: str) -> Break | None:
+    """The edge's line for a run that broke after output (`edge.fleet.migration`)."""
+    if not (msg.startswith("run ") and " broke on node " in msg and "from_node" in rec):
+        return None
+    migrated = " it continues on node " in msg
+    outcome = "migrated" if migrated else str(rec.get("outcome") or "failed")
+    to_node = str(rec["to_node"]) if "to_node" in rec else None
+    return Break(str(rec["from_node"]), to_node, str(rec.get("reason")), outcome)
 
 
 @dataclass
@@ -64,12 +94,17 @@ class Joined:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     # The edge's retry lines for this request: (node given up, reason).
     retries: list[tuple[str, str]] = field(default_factory=list)
+    # The edge's lines for each run of this request that broke after output.
+    breaks: list[Break] = field(default_factory=list)
     cancels: int = 0
     affected: bool = False
     # The error type when the node did not accept the run (the edge answered 502/503).
     start_error: str = ""
     # The edge logged that its CancelRun for this run failed on a connection error.
     cancel_lost: bool = False
+    # A stream a kill met after its first byte: "whole" (it must complete whole), or
+    # what excuses it (`checks._excuse`); "" for the others.
+    excuse: str = ""
 
     @property
     def tag(self) -> str:
@@ -84,9 +119,12 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
     not_started: dict[str, dict[str, Any]] = {}
     cancel_lost: set[str] = set()  # runs whose CancelRun failed
     retries: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    breaks: dict[str, list[Break]] = defaultdict(list)
     for rec in obs.edge_records:
         msg, rid = str(rec.get("msg", "")), str(rec.get("request_id", ""))
-        if msg.startswith("chat completion "):
+        if brk := _break(rec, msg):
+            breaks[rid].append(brk)
+        elif msg.startswith("chat completion "):
             completions[rid].append(rec)
         elif msg.startswith("run ") and " before any output" in msg and "retry" in rec:
             retries[rid].append((str(rec.get("node")), str(rec.get("reason"))))
@@ -117,6 +155,7 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
         elif result.run_id:
             j.run_id = result.run_id
         j.retries = retries.get(result.request_id, [])
+        j.breaks = breaks.get(result.request_id, [])
         if j.run_id is not None:
             j.attempts = lines.get(j.run_id, [])
             # With failover, one run id may have a line on each node an attempt reached:
@@ -131,13 +170,54 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
         j.cancel_lost = j.run_id in cancel_lost
         j.affected = _affected(j, obs.downtimes)
         joined.append(j)
-    tables = {"lines": lines, "unknown_cancels": unknown_cancels, "retries": retries}
+    tables = {
+        "lines": lines,
+        "unknown_cancels": unknown_cancels,
+        "retries": retries,
+        "breaks": breaks,
+    }
     return joined, tables
 
 
 def nodes_tried(j: Joined) -> set[str]:
-    """The nodes this request's attempts ran on, as the edge logged them."""
-    return {node for node, _ in j.retries} | ({j.node} if j.node is not None else set())
+    """The nodes this request's attempts ran on, as the edge logged them (an answer that
+    moved ran on the node it broke on, and on the node it moved to)."""
+    moved = {b.from_node for b in j.breaks} | {b.to_node for b in j.breaks if b.to_node}
+    return {node for node, _ in j.retries} | moved | ({j.node} if j.node is not None else set())
+
+
+def migrations(j: Joined) -> int:
+    """How many times the edge moved this request's answer to another node."""
+    return sum(1 for b in j.breaks if b.migrated)
+
+
+def moves(j: Joined) -> int:
+    """How many continuations of this request's answer the edge started on another node
+    (one that did not start may still have reached its node)."""
+    return sum(1 for b in j.breaks if b.to_node is not None)
+
+
+def kill_after_first_byte(
+    j: Joined, downtimes: dict[str, list[tuple[float, float]]]
+) -> float | None:
+    """When a node kill met this stream after its first byte (the first such kill), on
+    the run's clock; None: none did.
+
+    "After its first byte": the client had read the response head (and, on a
+    stream answered 200, any output) before the kill; the same judgement as
+    `byte_before_kill`, kill by kill.
+    """
+    r = j.result
+    if not r.plan.stream or r.t_head is None:
+        return None
+    for down in kills_met(j, downtimes):
+        if r.answer_times and r.answer_times[0] <= down + HEAD_SLACK_S:
+            return down
+        if r.t_head <= down + HEAD_SLACK_S:
+            return down
+        if r.status == 200 and down >= r.t_sent + KEEPALIVE_S + HEAD_SLACK_S:
+            return down
+    return None
 
 
 def kills_met(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> list[float]:
