@@ -197,17 +197,19 @@ class Delivered:
         kind = type(event)
         if kind is Delta:
             assert isinstance(event, Delta)
-            self.tokens += 1
-            self._keep(event.text, self._text)
+            if event.text:
+                self.tokens += 1
+                self._keep(event.text, self._text)
         elif kind is LogprobDelta:
             assert isinstance(event, LogprobDelta)
-            self.tokens += max(1, len(event.logprobs))
+            self.tokens += len(event.logprobs) or bool(event.text)
             self._keep(event.text, self._text)
         elif kind is ReasoningDelta:
             assert isinstance(event, ReasoningDelta)
-            self.tokens += 1
-            self.reasoning_tokens += 1
-            self._keep(event.text, self._reasoning)
+            if event.text:
+                self.tokens += 1
+                self.reasoning_tokens += 1
+                self._keep(event.text, self._reasoning)
 
     def _keep(self, text: str, parts: _Parts) -> None:
         if not text:
@@ -215,16 +217,14 @@ class Delivered:
         chars = self.chars = self.chars + len(text)
         if self.too_long:
             return
-        if chars > self._reserved and not self._more(chars):
+        if chars > self.cap or (chars > self._reserved and not self._more(chars)):
             self.too_long = True
             self._text, self._reasoning = _Parts(), _Parts()  # let go: it cannot be sent
             return
         parts.add(text)
 
     def _more(self, chars: int) -> bool:
-        """Room for `chars` characters kept: within the cap, reserved in steps."""
-        if chars > self.cap:
-            return False
+        """Room for `chars` characters kept, reserved in steps."""
         step = max(RESERVE_CHARS, chars - self._reserved)
         if self._reserve is not None and not self._reserve(step):
             return False

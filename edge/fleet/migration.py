@@ -326,7 +326,9 @@ class MovableRun:
         if leg.broke is None:
             return batch
         out = [] if batch == "keepalive" else batch
-        shown = leg.output_seen or any(type(e) not in (RoleOut, ErrorOut) for e in out)
+        if any(type(e) not in (RoleOut, ErrorOut) for e in out):
+            leg.output_seen = True  # (as `first_batch` would: its verdict is after output)
+        shown = leg.output_seen
         mover = self._mover
         if mover is None or not (shown or not leg.info.stream) or not await mover.move(self):
             leg.end_break()

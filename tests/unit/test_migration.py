@@ -1,0 +1,424 @@
+"""Migration: an answer whose run breaks after output goes on on another node.
+
+The pure core in process: which ends move (`edge.fleet.continuation`), the answer so
+far as it is kept (exact, bounded), and the whole move through a real `NodePool`,
+`Admission`, `Runs`, `Failover` and `ChatScope`, over node clients whose runs the
+tests script (in-process fakes of the node side only: a node that sends some output
+then breaks, and one that continues from the RunRequest it is sent). The same over
+real node processes is tests/integration/test_migration_e2e.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import pytest
+import trio
+
+from edge.api.request import ChatRequest, parse_chat_request
+from edge.config import AdmissionConfig, RoutingConfig, TimeoutsConfig
+from edge.contract._proto.iop.node import v1 as pb
+from edge.errors import NodeFailedError, NodeUnavailableError
+from edge.fleet.admission import Admission
+from edge.fleet.continuation import (
+    JOIN_PARTS,
+    RESERVE_CHARS,
+    Delivered,
+    failed_break,
+    stream_break,
+    why_not,
+)
+from edge.fleet.failover import Committed, Failover
+from edge.fleet.pool import NodePool
+from edge.fleet.runs import Runs
+from edge.http.scope import ChatScope
+from edge.node.bridge import EventBuffer
+from edge.node.client import NodeDescription, RunHandle
+from edge.node.wire import EncodedRunRequest, PreparedRunRequest
+from edge.observe.metrics import EdgeMetrics
+from edge.stream.events import (
+    Complete,
+    Delta,
+    Failed,
+    LogprobDelta,
+    NodeEvent,
+    ReasoningDelta,
+    Usage,
+)
+from edge.stream.logprobs import TokenLogprob
+from edge.stream.output import ContentOut, ErrorOut, FinishOut, OutEvent, ReasoningOut, RoleOut
+from edge.stream.session import SessionSettings, StreamSession
+
+STREAM = parse_chat_request(
+    b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+)
+WHOLE = parse_chat_request(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+TIMEOUTS = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
+BROKEN = NodeFailedError("the node's stream broke")
+Script = Callable[[pb.RunRequest], tuple[list[NodeEvent], NodeFailedError | None]]
+
+
+# --- which ends move ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        (Failed("error", "boom"), "error_event"),
+        (Failed("error", "boom", http_status=500), "error_event"),
+        (Failed("error", "boom", http_status=503), "error_event"),
+        (Failed("error", "slow upstream", http_status=408), "error_event"),
+        (Failed("cancelled", "draining"), "node_drained"),
+        (Failed("error", "too long", http_status=400), None),
+        (Failed("error", "forbidden", http_status=403), None),
+        (Failed("error", "busy", http_status=429), None),
+    ],
+)  # fmt: skip
+def test_the_node_s_failures_move_a_refusal_or_an_overload_does_not(
+    event: Failed, reason: str | None
+) -> None:
+    """An error event that is the node's failure (no status, 408, 5xx) or a `cancelled`
+    (a drain) breaks the run; a refusal (4xx) or an overload (429) is the answer."""
+    assert failed_break(event) == reason
+
+
+def test_a_broken_stream_says_whether_its_node_went_away() -> None:
+    """A node that cannot be reached any more is `node_gone`; any other break of the
+    stream (reset, cut, ended without a terminal) is `stream_broken`."""
+    assert stream_break(NodeUnavailableError("gone")).reason == "node_gone"
+    assert stream_break(BROKEN).reason == "stream_broken"
+    assert stream_break(None).reason == "stream_broken"
+
+
+@pytest.mark.parametrize(
+    ("left", "now", "too_long", "why"),
+    [(1, 0.0, False, None), (0, 0.0, False, "exhausted"), (2, 10.0, False, "expired"),
+     (1, 0.0, True, "too_long")],
+)  # fmt: skip
+def test_why_an_answer_does_not_move(left: int, now: float, too_long: bool, why: str) -> None:
+    """Before a node is looked for: migrations left, within the deadline, short enough."""
+    assert why_not(migrations_left=left, now=now, deadline=10.0, too_long=too_long) == why
+
+
+# --- the answer so far ---------------------------------------------------------------------
+
+
+def test_the_answer_so_far_is_every_text_in_order_and_its_tokens() -> None:
+    """Text and reasoning are kept apart, each exactly as sent (small pieces joined, long
+    ones as they are); tokens: a delta one, a logprob delta its tokens."""
+    delivered = Delivered(1 << 20)
+    pieces = [f"t{i} " for i in range(3 * JOIN_PARTS + 5)]
+    long = "L" * 10_000
+    for piece in pieces:
+        delivered.add(Delta(piece))
+    delivered.add(Delta(long))
+    delivered.add(ReasoningDelta("think "))
+    delivered.add(ReasoningDelta("more"))
+    delivered.add(LogprobDelta("ab", (TokenLogprob("a", -0.1), TokenLogprob("b", -0.2))))
+    delivered.add(Delta(""))
+    text, reasoning = delivered.parts()
+    assert "".join(text) == "".join(pieces) + long + "ab"
+    assert "".join(reasoning) == "think more"
+    assert len(text) < len(pieces) // 100  # joined: about a byte a character
+    assert delivered.tokens == len(pieces) + 1 + 2 + 2
+    assert delivered.reasoning_tokens == 2
+    assert delivered.output
+
+
+def test_the_answer_so_far_is_bounded_by_its_cap_and_the_memory_budget() -> None:
+    """Past its cap, what is kept is let go and the answer cannot move (too_long); it is
+    reserved from the memory budget in steps, and a budget with no room stops it too."""
+    capped = Delivered(100)
+    capped.add(Delta("x" * 60))
+    assert not capped.too_long
+    capped.add(ReasoningDelta("y" * 60))
+    assert capped.too_long
+    assert capped.parts() == ([], [])
+    assert capped.chars == 120
+    steps: list[int] = []
+
+    def reserve(chars: int) -> bool:
+        steps.append(chars)
+        return len(steps) < 3
+
+    budgeted = Delivered(1 << 30, reserve)
+    for _ in range(2 * RESERVE_CHARS // 1000):
+        budgeted.add(Delta("z" * 1000))
+    assert steps == [RESERVE_CHARS, RESERVE_CHARS]
+    assert not budgeted.too_long
+    budgeted.add(Delta("z" * 1000))
+    assert budgeted.too_long
+    assert steps == [RESERVE_CHARS] * 3
+
+
+def test_usage_sums_the_runs_output_and_keeps_the_continuing_node_s_input() -> None:
+    """Moved, the tokens so far are carried; the continuation's usage adds them to its
+    output (input as its node reported it). An error event's usage beats the count."""
+    delivered = Delivered(1000)
+    for piece in ("a", "b", "c"):
+        delivered.add(Delta(piece))
+    delivered.broke(Failed("error", "x", usage=Usage(output_tokens=5, reasoning_tokens=1)))
+    assert delivered.moved() == 5
+    complete = Complete(Usage(input_tokens=40, output_tokens=7, cached_input_tokens=8))
+    summed = delivered.summed(complete)
+    assert summed.usage == Usage(40, 12, 1, 8)
+    assert delivered.summed(Complete()).usage is None
+    assert Delivered(10).summed(complete) is complete
+
+
+# --- a move, through failover's runs -----------------------------------------------------
+
+
+class _Node:
+    """A node whose runs the case scripts from the RunRequest each is sent."""
+
+    def __init__(self, name: str, script: Script) -> None:
+        self.name = name
+        self.address = name
+        self.script = script
+        self.requests: list[pb.RunRequest] = []
+
+    async def start_run(
+        self,
+        nursery: trio.Nursery,
+        request: EncodedRunRequest,
+        *,
+        deadline: float,
+        slow_consumer_s: float = math.inf,
+        accept_s: float = math.inf,
+        metadata: Mapping[str, str] | None = None,
+    ) -> RunHandle:
+        message = pb.RunRequest().parse(bytes(request))
+        self.requests.append(message)
+        events, error = self.script(message)
+        handle = RunHandle(request.run_id, self.name, EventBuffer(max_events=64, max_chars=1 << 20))
+        for event in events:
+            assert handle.events.put_nowait(event)
+        handle.finished = error is None
+        handle.error = error
+        handle.events.close()
+        handle.done.set()
+        return handle
+
+    async def describe(self) -> NodeDescription:  # pragma: no cover - never refreshed here
+        raise AssertionError("not contacted")
+
+    async def aclose(self) -> None:  # pragma: no cover
+        pass
+
+
+ANSWER = ["The ", "quick ", "brown ", "fox ", "jumps."]
+
+
+def _breaks_after(n: int, end: Failed | None = None) -> Script:
+    """Sends the answer's first `n` pieces, then breaks: `end` (an event), else its stream."""
+
+    def script(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError | None]:
+        events: list[NodeEvent] = [Delta(p) for p in ANSWER[:n]]
+        return ([*events, end], None) if end is not None else (events, BROKEN)
+
+    return script
+
+
+def _continues(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError | None]:
+    """Plays the answer from where the continuation leaves it, as the simulated node does."""
+    done = request.continuation.text if request.continuation is not None else ""
+    rest = "".join(ANSWER)[len(done) :]
+    usage = Usage(input_tokens=11, output_tokens=len(rest.split()))
+    return [Delta(rest), Complete(usage, {"finish_reason": "stop"})], None
+
+
+async def _answer(
+    nodes: list[_Node],
+    *,
+    continuation: tuple[bool, ...],
+    request: ChatRequest = STREAM,
+    migrations: int = 1,
+    retries: int = 0,
+) -> tuple[list[OutEvent], Committed, EdgeMetrics, NodePool]:
+    """Everything the caller of `Failover.start` takes of one answer, to its end."""
+    pool = NodePool(nodes)
+    for state, can in zip(pool.nodes, continuation, strict=True):
+        name = state.client.name
+        pool._described(
+            state,
+            NodeDescription(name, ("m",), continuation_models=frozenset({"m"} if can else ())),
+        )
+        state.max_runs = 2
+    metrics = EdgeMetrics()
+    admission = Admission(pool, AdmissionConfig(), metrics)
+    runs = Runs(pool, TIMEOUTS, metrics, admission)
+    routing = RoutingConfig(retries=retries, retry_backoff_s=0.0, migrations=migrations)
+    failover = Failover(runs, routing)
+    scope = ChatScope(metrics)
+    scope.request_id = "req"
+    chat = request
+    out: list[OutEvent] = []
+    async with scope.serve():
+        committed = await failover.start(
+            scope, chat, PreparedRunRequest(bytes(pb.RunRequest(run_id="r1", model="m")), "r1"),
+            lambda: StreamSession(SessionSettings(run_id="r1", whole_output=chat is WHOLE)),
+        )  # fmt: skip
+        out.extend(committed.first)
+        run = committed.run
+        while not run.session.terminated:
+            batch = await run.next_batch()
+            assert batch != "keepalive"
+            out.extend(batch)
+        out.extend(run.session.drain())
+        await run.end()
+    assert [state.in_flight for state in pool.nodes] == [0] * len(nodes)
+    return out, committed, metrics, pool
+
+
+def _text(out: list[OutEvent]) -> str:
+    return "".join(e.text for e in out if isinstance(e, ContentOut))
+
+
+def _terminals(out: list[OutEvent]) -> list[OutEvent]:
+    return [e for e in out if isinstance(e, (FinishOut, ErrorOut))]
+
+
+def _migrations(metrics: EdgeMetrics, reason: str, outcome: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "iop_edge_migrations_total", {"reason": reason, "outcome": outcome}
+    )
+    return value or 0.0
+
+
+@pytest.mark.parametrize(
+    ("end", "reason"),
+    [(None, "stream_broken"), (Failed("error", "upstream 500", http_status=500), "error_event"),
+     (Failed("cancelled", "the node is draining"), "node_drained")],
+)  # fmt: skip
+async def test_a_stream_broken_after_output_goes_on_on_a_node_that_can_continue(
+    end: Failed | None, reason: str
+) -> None:
+    """The stream's text is the whole answer, once: one role chunk, one terminal (stop),
+    the usage both runs' output; the continuing node got exactly the text so far, and
+    the migration is counted by its reason. The broken run's failure after output is not
+    counted on its node's breaker."""
+    first, second = _Node("n0", _breaks_after(3, end)), _Node("n1", _continues)
+    out, committed, metrics, pool = await _answer([first, second], continuation=(True, True))
+    assert _text(out) == "".join(ANSWER)
+    assert out.count(RoleOut()) == 1
+    (terminal,) = _terminals(out)
+    assert isinstance(terminal, FinishOut)
+    assert terminal.finish_reason == "stop"
+    assert terminal.usage == Usage(input_tokens=11, output_tokens=3 + 2)
+    (continued,) = second.requests
+    assert continued.continuation is not None
+    assert continued.continuation.text == "".join(ANSWER[:3])
+    assert continued.continuation.reasoning == ""
+    assert continued.continuation.output_tokens == 3
+    assert continued.run_id == "r1"
+    assert first.requests[0].continuation is None
+    assert committed.run.info.node == "n1"
+    assert _migrations(metrics, reason, "migrated") == 1
+    assert metrics.registry.get_sample_value("iop_edge_migration_gap_seconds_count") == 1
+    assert [state.health.run_failures for state in pool.nodes] == [0, 0]
+
+
+async def test_reasoning_and_text_so_far_both_continue() -> None:
+    """A run that reasoned, then wrote, then broke: the continuation carries both, apart,
+    and the caller's reasoning and text are each whole, once."""
+
+    def reasons(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError | None]:
+        return [ReasoningDelta("Let me "), ReasoningDelta("think."), Delta("The ")], BROKEN
+
+    second = _Node("n1", _continues)
+    out, _, _, _ = await _answer([_Node("n0", reasons), second], continuation=(False, True))
+    assert "".join(e.text for e in out if isinstance(e, ReasoningOut)) == "Let me think."
+    assert _text(out) == "".join(ANSWER)
+    continuation = second.requests[0].continuation
+    assert continuation is not None
+    assert (continuation.text, continuation.reasoning) == ("The ", "Let me think.")
+
+
+@pytest.mark.parametrize(
+    ("continuation", "migrations", "end", "outcome"),
+    [((True, False), 1, None, "no_node"),  # the other node cannot continue
+     ((True, True), 0, None, None),  # migration off: nothing kept, nothing counted
+     ((True, True), 1, Failed("error", "too long", http_status=400), None),  # a refusal
+     ((True, True), 1, Failed("error", "busy", http_status=429), None)],  # an overload
+)  # fmt: skip
+async def test_an_answer_that_cannot_move_ends_with_an_error_frame_as_before(
+    continuation: tuple[bool, bool], migrations: int, end: Failed | None, outcome: str | None
+) -> None:
+    """No node that can continue, migration off, or an end that is the request's answer:
+    the stream ends as it did before migration (the text so far, one error frame), and
+    the other node is never asked."""
+    second = _Node("n1", _continues)
+    out, committed, metrics, _ = await _answer(
+        [_Node("n0", _breaks_after(2, end)), second], continuation=continuation,
+        migrations=migrations,
+    )  # fmt: skip
+    assert _text(out) == "".join(ANSWER[:2])
+    (terminal,) = _terminals(out)
+    assert isinstance(terminal, ErrorOut)
+    assert second.requests == []
+    assert committed.run.info.node == "n0"
+    counted = _migrations(metrics, "stream_broken", outcome) if outcome is not None else 0
+    assert counted == (1 if outcome is not None else 0)
+
+
+async def test_an_answer_moves_at_most_migrations_times() -> None:
+    """A continuation that breaks too, with no migration left: its error frame ends the
+    stream (the text so far whole, once), and the limit is counted."""
+
+    def breaks_again(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError | None]:
+        return [Delta("fox ")], BROKEN
+
+    third = _Node("n2", _continues)
+    out, _, metrics, _ = await _answer(
+        [_Node("n0", _breaks_after(3)), _Node("n1", breaks_again), third],
+        continuation=(True, True, True),
+    )  # fmt: skip
+    assert _text(out) == "".join(ANSWER[:4])
+    assert isinstance(_terminals(out)[0], ErrorOut)
+    assert len(_terminals(out)) == 1
+    assert third.requests == []
+    assert _migrations(metrics, "stream_broken", "migrated") == 1
+    assert _migrations(metrics, "stream_broken", "exhausted") == 1
+
+
+async def test_a_stream_broken_before_output_is_restarted_not_continued() -> None:
+    """Before the commit point nothing reached the caller: failover restarts the answer
+    on another node (no continuation sent), as before migration."""
+    second = _Node("n1", _continues)
+    out, _, metrics, _ = await _answer(
+        [_Node("n0", _breaks_after(0)), second], continuation=(True, True), retries=1
+    )
+    assert _text(out) == "".join(ANSWER)
+    assert second.requests[0].continuation is None
+    assert _migrations(metrics, "stream_broken", "migrated") == 0
+
+
+async def test_a_non_streaming_answer_broken_late_continues_rather_than_restarts() -> None:
+    """Not streamed: a run that broke after output is continued on a node that can (its
+    text so far sent, not produced again), and the answer is whole."""
+    second = _Node("n1", _continues)
+    out, committed, metrics, _ = await _answer(
+        [_Node("n0", _breaks_after(4)), second], continuation=(True, True), request=WHOLE,
+        retries=1,
+    )  # fmt: skip
+    assert _text(out) == "".join(ANSWER)
+    assert committed.error is None
+    continuation = second.requests[0].continuation
+    assert continuation is not None
+    assert continuation.text == "".join(ANSWER[:4])
+    assert _migrations(metrics, "stream_broken", "migrated") == 1
+
+
+async def test_a_non_streaming_answer_that_cannot_continue_is_restarted_as_before() -> None:
+    """Not streamed, and no node can continue: failover restarts it from the start on the
+    other node (whole, once), as before migration."""
+    second = _Node("n1", _continues)
+    out, _, metrics, _ = await _answer(
+        [_Node("n0", _breaks_after(4)), second], continuation=(False, False), request=WHOLE,
+        retries=1,
+    )  # fmt: skip
+    assert _text(out) == "".join(ANSWER)
+    assert second.requests[0].continuation is None
+    assert _migrations(metrics, "stream_broken", "no_node") == 1
