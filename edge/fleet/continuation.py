@@ -153,9 +153,13 @@ class Delivered:
     reasoning delta in order, and the output tokens they took (bounded: `cap`).
 
     Tokens: a node's usage comes with its terminal, which a broken run never sent,
-    so a run's are counted here (a delta event one token, a logprob delta its
-    tokens), unless its error event reported usage. `carried` is what the runs
-    before the one in flight took: added to that run's usage at its end.
+    so a run's output tokens are counted here (a delta event one token, a logprob
+    delta its tokens), unless its error event reported usage. The continuing
+    node is told the answer's so far (`Continuation.output_tokens`) and, by the
+    contract, counts them in its usage's output: its usage is the answer's. The
+    input tokens a broken run reported (an error event's usage) are added to the
+    continuing run's own (`summed`): usage sums the runs, input as each node
+    reported it.
     """
 
     __slots__ = (
@@ -164,9 +168,10 @@ class Delivered:
         "_reserved",
         "_text",
         "cap",
-        "carried",
         "chars",
-        "reasoning_tokens",
+        "earlier_input",
+        "earlier_tokens",
+        "moves",
         "tokens",
         "too_long",
     )
@@ -183,9 +188,10 @@ class Delivered:
         self.too_long = cap <= 0
         # The run in flight's output tokens (reasoning among them), as counted.
         self.tokens = 0
-        self.reasoning_tokens = 0
-        # The earlier runs': output and reasoning tokens (None: no earlier run).
-        self.carried: tuple[int, int] | None = None
+        # The earlier runs': output tokens, and the input tokens they reported.
+        self.earlier_tokens = 0
+        self.earlier_input = 0
+        self.moves = 0  # runs that continued the answer
 
     @property
     def output(self) -> bool:
@@ -208,7 +214,6 @@ class Delivered:
             assert isinstance(event, ReasoningDelta)
             if event.text:
                 self.tokens += 1
-                self.reasoning_tokens += 1
                 self._keep(event.text, self._reasoning)
 
     def _keep(self, text: str, parts: _Parts) -> None:
@@ -233,33 +238,41 @@ class Delivered:
 
     def broke(self, event: Failed | None) -> None:
         """The run in flight broke: its error event's usage, if it reported one, is its
-        output tokens."""
-        if event is not None and event.usage is not None and event.usage.output_tokens:
-            self.tokens = event.usage.output_tokens
-            self.reasoning_tokens = event.usage.reasoning_tokens
+        output tokens, and its input is counted."""
+        usage = event.usage if event is not None else None
+        if usage is not None:
+            if usage.output_tokens:
+                self.tokens = usage.output_tokens
+            self.earlier_input += usage.input_tokens
 
     def parts(self) -> tuple[list[str], list[str]]:
         """The text and reasoning parts kept (joined off the loop, by the caller)."""
         return self._text.all(), self._reasoning.all()
 
+    @property
+    def output_tokens(self) -> int:
+        """The answer's output tokens so far, every run's."""
+        return self.earlier_tokens + self.tokens
+
     def moved(self) -> int:
-        """A run continues the answer: the tokens so far are carried; returns them."""
-        output, reasoning = self.carried or (0, 0)
-        self.carried = (output + self.tokens, reasoning + self.reasoning_tokens)
-        self.tokens = self.reasoning_tokens = 0
-        return self.carried[0]
+        """A run continues the answer: its tokens so far are the earlier runs'; returns
+        them (the continuation's `output_tokens`)."""
+        self.earlier_tokens += self.tokens
+        self.tokens = 0
+        self.moves += 1
+        return self.earlier_tokens
 
     def summed(self, event: Complete) -> Complete:
-        """The continuing run's terminal with the earlier runs' output tokens added to its
-        usage (input as its node reported it); as it is without usage or earlier runs."""
-        usage, carried = event.usage, self.carried
-        if usage is None or carried is None:
+        """The continuing run's terminal, the input tokens the earlier runs reported added
+        to its usage's (its output counts the whole answer's already: see the class
+        doc); as it is without usage, earlier runs or input they reported."""
+        usage = event.usage
+        if usage is None or not self.moves or not self.earlier_input:
             return event
-        output, reasoning = carried
         total = Usage(
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens + output,
-            reasoning_tokens=usage.reasoning_tokens + reasoning,
+            input_tokens=usage.input_tokens + self.earlier_input,
+            output_tokens=usage.output_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
             cached_input_tokens=usage.cached_input_tokens,
         )
         return Complete(total, event.metadata, event.tool_calls)

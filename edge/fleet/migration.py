@@ -30,8 +30,11 @@ The broken run ends as broken runs do (its outcome `stream_broken` or
 a failure after output is not counted), once its read task is over: a run
 is never live on two nodes (the node got its CancelRun when the stream
 broke, through the one cancel path). Its outcome is not the request's: the
-continuation is adopted, and its usage is the sum of both runs' (input
-tokens as the continuing node reported them). An answer that cannot move
+continuation is adopted, and its usage is the answer's: the continuing node
+counts the output tokens it is told the earlier runs took in its own (the
+contract's `Continuation.output_tokens`), and input tokens are summed as
+each node reported them (a broken run reports none, unless its error event
+did). An answer that cannot move
 ends as it did before migration: an error frame. Each break after output is
 logged (a warning), counted (`iop_edge_migrations_total{reason,outcome}`)
 and recorded on the request's span; the gap from the break to the
@@ -215,7 +218,7 @@ class Mover:
         """The request's RunRequest continuing the answer so far, built off the loop;
         None: too long to send."""
         text, reasoning = delivered.parts()
-        tokens = delivered.tokens + (delivered.carried[0] if delivered.carried else 0)
+        tokens = delivered.output_tokens
 
         def build() -> PreparedRunRequest | None:
             try:

@@ -122,7 +122,6 @@ def test_the_answer_so_far_is_every_text_in_order_and_its_tokens() -> None:
     assert "".join(reasoning) == "think more"
     assert len(text) < len(pieces) // 100  # joined: about a byte a character
     assert delivered.tokens == len(pieces) + 1 + 2 + 2
-    assert delivered.reasoning_tokens == 2
     assert delivered.output
 
 
@@ -152,19 +151,27 @@ def test_the_answer_so_far_is_bounded_by_its_cap_and_the_memory_budget() -> None
     assert steps == [RESERVE_CHARS] * 3
 
 
-def test_usage_sums_the_runs_output_and_keeps_the_continuing_node_s_input() -> None:
-    """Moved, the tokens so far are carried; the continuation's usage adds them to its
-    output (input as its node reported it). An error event's usage beats the count."""
+def test_usage_sums_the_runs_input_as_each_node_reported_it() -> None:
+    """Moved, the output tokens so far are the continuation's (its node counts them in
+    its own usage); an error event's usage beats the count, and its input is added to
+    the continuing run's input. Nothing changes without earlier runs or their input."""
     delivered = Delivered(1000)
     for piece in ("a", "b", "c"):
         delivered.add(Delta(piece))
-    delivered.broke(Failed("error", "x", usage=Usage(output_tokens=5, reasoning_tokens=1)))
+    assert delivered.output_tokens == 3
+    delivered.broke(Failed("error", "x", usage=Usage(input_tokens=30, output_tokens=5)))
     assert delivered.moved() == 5
-    complete = Complete(Usage(input_tokens=40, output_tokens=7, cached_input_tokens=8))
-    summed = delivered.summed(complete)
-    assert summed.usage == Usage(40, 12, 1, 8)
+    delivered.add(Delta("d"))
+    assert delivered.output_tokens == 6
+    complete = Complete(Usage(input_tokens=40, output_tokens=12, cached_input_tokens=8))
+    assert delivered.summed(complete).usage == Usage(70, 12, 0, 8)
     assert delivered.summed(Complete()).usage is None
     assert Delivered(10).summed(complete) is complete
+    unreported = Delivered(10)
+    unreported.add(Delta("e"))
+    unreported.broke(None)
+    unreported.moved()
+    assert unreported.summed(complete) is complete
 
 
 # --- a move, through failover's runs -----------------------------------------------------
@@ -225,7 +232,8 @@ def _continues(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError
     """Plays the answer from where the continuation leaves it, as the simulated node does."""
     done = request.continuation.text if request.continuation is not None else ""
     rest = "".join(ANSWER)[len(done) :]
-    usage = Usage(input_tokens=11, output_tokens=len(rest.split()))
+    told = request.continuation.output_tokens if request.continuation is not None else 0
+    usage = Usage(input_tokens=11, output_tokens=told + len(rest.split()))
     return [Delta(rest), Complete(usage, {"finish_reason": "stop"})], None
 
 
