@@ -150,8 +150,10 @@ def edge_config(
     api_keys: tuple[str, ...] = (),
     timeouts: dict[str, float] | None = CHAOS_TIMEOUTS,
     extra: str = "",
+    migrations: bool = True,
 ) -> str:
-    """The edge's config.toml; `extra` is appended as it is (more tables)."""
+    """The edge's config.toml; `extra` is appended as it is (more tables). `migrations`:
+    the edge knows `[routing] migrations` (an older checkout's does not)."""
     lines = [
         "[server]",
         f'listen = "127.0.0.1:{port}"',
@@ -163,6 +165,10 @@ def edge_config(
     lines += ["", "[log]", 'level = "INFO"', 'format = "json"']
     if timeouts:
         lines += ["", "[timeouts]", *(f"{k} = {v}" for k, v in timeouts.items())]
+    # The plans say how each request ends without migration (a node's error or abort
+    # after output, a stream cut by a kill: an error frame): answers do not move here.
+    if migrations:
+        lines += ["", "[routing]", "migrations = 0"]
     for node in nodes:
         lines += ["", "[[nodes]]", f'name = "{node.name}"', f'address = "{node.address}"']
     return "\n".join(lines) + "\n" + extra
@@ -202,6 +208,7 @@ class EdgeProcess:
                     api_keys=self.api_keys,
                     timeouts=self.timeouts,
                     extra=self.extra_config,
+                    migrations=self.source is None,
                 )
             )
             argv = [sys.executable, "-m", "edge", "--config", str(config)]

@@ -195,7 +195,13 @@ async def test_answers_cut_by_a_node_kill_complete_exactly_on_the_other_node(
                 assert answer["choices"][0]["message"]["content"] == EXPECTED
                 assert answer["choices"][0]["finish_reason"] == "stop"
                 assert answer["usage"]["completion_tokens"] == PIECES
-        assert _migrated(running) == on_a
+        # Every stream on a had output when a was killed: each moved. A non-streaming
+        # answer's progress is not seen from outside: those on a moved if their output
+        # had reached the edge (what a sent before it died included), else restarted.
+        if stream:
+            assert _migrated(running) == on_a
+        else:
+            assert on_a <= _migrated(running) <= 10
         await running.wait_idle(within_s=WAIT_S)
         # b ran each answer once, whole or continued: one line per run id.
         on_b = [r for r in b.runs() if "outcome" in r]
