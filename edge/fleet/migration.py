@@ -127,9 +127,8 @@ class Mover:
     def _reserve(self, chars: int) -> bool:
         """Room in the memory budget for `chars` more characters kept (about a byte
         each), given back when the request ends; False: the budget has none."""
-        try:
-            give_back = self.runs.admission.hold(chars)
-        except EdgeError:
+        give_back = self.runs.admission.try_hold(chars)
+        if give_back is None:
             return False
         self.scope.at_end(give_back)
         return True

@@ -430,3 +430,21 @@ async def test_a_non_streaming_answer_that_cannot_continue_is_restarted_as_befor
     assert _text(out) == "".join(ANSWER)
     assert second.requests[0].continuation is None
     assert _migrations(metrics, "stream_broken", "no_node") == 1
+
+
+def test_the_answer_so_far_is_reserved_from_the_memory_budget_without_shedding() -> None:
+    """What a running answer keeps comes out of the memory budget while there is room;
+    past it the reservation is refused (None) and nothing is counted as shed."""
+    metrics = EdgeMetrics()
+    admission = Admission(NodePool([]), AdmissionConfig(memory_budget_bytes=1000), metrics)
+    give_back = admission.try_hold(600)
+    assert give_back is not None
+    assert admission.try_hold(600) is None
+    give_back()
+    assert admission.try_hold(600) is not None
+    assert metrics.registry.get_sample_value(
+        "iop_edge_shed_total", {"reason": "memory_budget"}
+    ) in (
+        None,
+        0.0,
+    )
