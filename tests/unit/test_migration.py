@@ -56,7 +56,6 @@ STREAM = parse_chat_request(
 WHOLE = parse_chat_request(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
 TIMEOUTS = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
 BROKEN = NodeFailedError("the node's stream broke")
-Script = Callable[[pb.RunRequest], tuple[list[NodeEvent], NodeFailedError | None]]
 
 
 # --- which ends move ---------------------------------------------------------------------
@@ -175,16 +174,30 @@ def test_usage_sums_the_runs_input_as_each_node_reported_it() -> None:
 
 
 # --- a move, through failover's runs -----------------------------------------------------
+#
+# Every node of a case plays the same script, by the RunRequest it is sent and the runs
+# the fleet started before (which node the pool picks first is the pool's business).
+
+
+class _Fleet:
+    """The runs every node of a case was sent, in order, and the script they all play:
+    `script(request, n)` for the fleet's run number `n` (0: the first)."""
+
+    def __init__(self, script: Callable[[pb.RunRequest, int], Played]) -> None:
+        self.script = script
+        self.requests: list[tuple[str, pb.RunRequest]] = []
+
+
+Played = tuple[list[NodeEvent], NodeFailedError | None]
 
 
 class _Node:
-    """A node whose runs the case scripts from the RunRequest each is sent."""
+    """A node of the fleet: plays the fleet's script for each run it is sent."""
 
-    def __init__(self, name: str, script: Script) -> None:
+    def __init__(self, name: str, fleet: _Fleet) -> None:
         self.name = name
         self.address = name
-        self.script = script
-        self.requests: list[pb.RunRequest] = []
+        self.fleet = fleet
 
     async def start_run(
         self,
@@ -197,8 +210,9 @@ class _Node:
         metadata: Mapping[str, str] | None = None,
     ) -> RunHandle:
         message = pb.RunRequest().parse(bytes(request))
-        self.requests.append(message)
-        events, error = self.script(message)
+        runs = self.fleet.requests
+        events, error = self.fleet.script(message, len(runs))
+        runs.append((self.name, message))
         handle = RunHandle(request.run_id, self.name, EventBuffer(max_events=64, max_chars=1 << 20))
         for event in events:
             assert handle.events.put_nowait(event)
@@ -218,18 +232,9 @@ class _Node:
 ANSWER = ["The ", "quick ", "brown ", "fox ", "jumps."]
 
 
-def _breaks_after(n: int, end: Failed | None = None) -> Script:
-    """Sends the answer's first `n` pieces, then breaks: `end` (an event), else its stream."""
-
-    def script(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError | None]:
-        events: list[NodeEvent] = [Delta(p) for p in ANSWER[:n]]
-        return ([*events, end], None) if end is not None else (events, BROKEN)
-
-    return script
-
-
-def _continues(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError | None]:
-    """Plays the answer from where the continuation leaves it, as the simulated node does."""
+def _continued(request: pb.RunRequest) -> Played:
+    """Plays the answer from where the continuation leaves it, as the simulated node does,
+    its usage the whole answer's (the contract: told output tokens counted in)."""
     done = request.continuation.text if request.continuation is not None else ""
     rest = "".join(ANSWER)[len(done) :]
     told = request.continuation.output_tokens if request.continuation is not None else 0
@@ -237,16 +242,30 @@ def _continues(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError
     return [Delta(rest), Complete(usage, {"finish_reason": "stop"})], None
 
 
+def _first_breaks(n: int, end: Failed | None = None) -> Callable[[pb.RunRequest, int], Played]:
+    """The fleet's first run sends the answer's first `n` pieces, then breaks: `end` (an
+    event), else its stream; every later run answers (continued, or whole)."""
+
+    def script(request: pb.RunRequest, run: int) -> Played:
+        if run:
+            return _continued(request)
+        events: list[NodeEvent] = [Delta(p) for p in ANSWER[:n]]
+        return ([*events, end], None) if end is not None else (events, BROKEN)
+
+    return script
+
+
 async def _answer(
-    nodes: list[_Node],
+    fleet: _Fleet,
     *,
     continuation: tuple[bool, ...],
     request: ChatRequest = STREAM,
     migrations: int = 1,
     retries: int = 0,
 ) -> tuple[list[OutEvent], Committed, EdgeMetrics, NodePool]:
-    """Everything the caller of `Failover.start` takes of one answer, to its end."""
-    pool = NodePool(nodes)
+    """Everything the caller of `Failover.start` takes of one answer, to its end, from
+    nodes n0, n1, ... (one a `continuation` flag)."""
+    pool = NodePool([_Node(f"n{i}", fleet) for i in range(len(continuation))])
     for state, can in zip(pool.nodes, continuation, strict=True):
         name = state.client.name
         pool._described(
@@ -261,12 +280,11 @@ async def _answer(
     failover = Failover(runs, routing)
     scope = ChatScope(metrics)
     scope.request_id = "req"
-    chat = request
     out: list[OutEvent] = []
     async with scope.serve():
         committed = await failover.start(
-            scope, chat, PreparedRunRequest(bytes(pb.RunRequest(run_id="r1", model="m")), "r1"),
-            lambda: StreamSession(SessionSettings(run_id="r1", whole_output=chat is WHOLE)),
+            scope, request, PreparedRunRequest(bytes(pb.RunRequest(run_id="r1", model="m")), "r1"),
+            lambda: StreamSession(SessionSettings(run_id="r1", whole_output=request is WHOLE)),
         )  # fmt: skip
         out.extend(committed.first)
         run = committed.run
@@ -276,7 +294,7 @@ async def _answer(
             out.extend(batch)
         out.extend(run.session.drain())
         await run.end()
-    assert [state.in_flight for state in pool.nodes] == [0] * len(nodes)
+    assert [state.in_flight for state in pool.nodes] == [0] * len(continuation)
     return out, committed, metrics, pool
 
 
@@ -304,25 +322,26 @@ async def test_a_stream_broken_after_output_goes_on_on_a_node_that_can_continue(
     end: Failed | None, reason: str
 ) -> None:
     """The stream's text is the whole answer, once: one role chunk, one terminal (stop),
-    the usage both runs' output; the continuing node got exactly the text so far, and
-    the migration is counted by its reason. The broken run's failure after output is not
-    counted on its node's breaker."""
-    first, second = _Node("n0", _breaks_after(3, end)), _Node("n1", _continues)
-    out, committed, metrics, pool = await _answer([first, second], continuation=(True, True))
+    the usage the whole answer's; the continuing node (another) got exactly the text so
+    far under the same run id, and the migration is counted by its reason. The broken
+    run's failure after output is not counted on its node's breaker."""
+    fleet = _Fleet(_first_breaks(3, end))
+    out, committed, metrics, pool = await _answer(fleet, continuation=(True, True))
     assert _text(out) == "".join(ANSWER)
     assert out.count(RoleOut()) == 1
     (terminal,) = _terminals(out)
     assert isinstance(terminal, FinishOut)
     assert terminal.finish_reason == "stop"
     assert terminal.usage == Usage(input_tokens=11, output_tokens=3 + 2)
-    (continued,) = second.requests
+    (broke_on, first), (continued_on, continued) = fleet.requests
+    assert continued_on != broke_on
+    assert first.continuation is None
     assert continued.continuation is not None
     assert continued.continuation.text == "".join(ANSWER[:3])
     assert continued.continuation.reasoning == ""
     assert continued.continuation.output_tokens == 3
     assert continued.run_id == "r1"
-    assert first.requests[0].continuation is None
-    assert committed.run.info.node == "n1"
+    assert committed.run.info.node == continued_on
     assert _migrations(metrics, reason, "migrated") == 1
     assert metrics.registry.get_sample_value("iop_edge_migration_gap_seconds_count") == 1
     assert [state.health.run_failures for state in pool.nodes] == [0, 0]
@@ -332,21 +351,23 @@ async def test_reasoning_and_text_so_far_both_continue() -> None:
     """A run that reasoned, then wrote, then broke: the continuation carries both, apart,
     and the caller's reasoning and text are each whole, once."""
 
-    def reasons(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError | None]:
+    def reasons(request: pb.RunRequest, run: int) -> Played:
+        if run:
+            return _continued(request)
         return [ReasoningDelta("Let me "), ReasoningDelta("think."), Delta("The ")], BROKEN
 
-    second = _Node("n1", _continues)
-    out, _, _, _ = await _answer([_Node("n0", reasons), second], continuation=(False, True))
+    fleet = _Fleet(reasons)
+    out, _, _, _ = await _answer(fleet, continuation=(True, True))
     assert "".join(e.text for e in out if isinstance(e, ReasoningOut)) == "Let me think."
     assert _text(out) == "".join(ANSWER)
-    continuation = second.requests[0].continuation
+    continuation = fleet.requests[1][1].continuation
     assert continuation is not None
     assert (continuation.text, continuation.reasoning) == ("The ", "Let me think.")
 
 
 @pytest.mark.parametrize(
     ("continuation", "migrations", "end", "outcome"),
-    [((True, False), 1, None, "no_node"),  # the other node cannot continue
+    [((False, False), 1, None, "no_node"),  # no node can continue
      ((True, True), 0, None, None),  # migration off: nothing kept, nothing counted
      ((True, True), 1, Failed("error", "too long", http_status=400), None),  # a refusal
      ((True, True), 1, Failed("error", "busy", http_status=429), None)],  # an overload
@@ -356,17 +377,16 @@ async def test_an_answer_that_cannot_move_ends_with_an_error_frame_as_before(
 ) -> None:
     """No node that can continue, migration off, or an end that is the request's answer:
     the stream ends as it did before migration (the text so far, one error frame), and
-    the other node is never asked."""
-    second = _Node("n1", _continues)
+    no other node is asked."""
+    fleet = _Fleet(_first_breaks(2, end))
     out, committed, metrics, _ = await _answer(
-        [_Node("n0", _breaks_after(2, end)), second], continuation=continuation,
-        migrations=migrations,
-    )  # fmt: skip
+        fleet, continuation=continuation, migrations=migrations
+    )
     assert _text(out) == "".join(ANSWER[:2])
     (terminal,) = _terminals(out)
     assert isinstance(terminal, ErrorOut)
-    assert second.requests == []
-    assert committed.run.info.node == "n0"
+    ((node, _),) = fleet.requests
+    assert committed.run.info.node == node
     counted = _migrations(metrics, "stream_broken", outcome) if outcome is not None else 0
     assert counted == (1 if outcome is not None else 0)
 
@@ -375,18 +395,19 @@ async def test_an_answer_moves_at_most_migrations_times() -> None:
     """A continuation that breaks too, with no migration left: its error frame ends the
     stream (the text so far whole, once), and the limit is counted."""
 
-    def breaks_again(request: pb.RunRequest) -> tuple[list[NodeEvent], NodeFailedError | None]:
-        return [Delta("fox ")], BROKEN
+    def breaks_twice(request: pb.RunRequest, run: int) -> Played:
+        if run == 0:
+            return [Delta(p) for p in ANSWER[:3]], BROKEN
+        if run == 1:
+            return [Delta("fox ")], BROKEN
+        return _continued(request)
 
-    third = _Node("n2", _continues)
-    out, _, metrics, _ = await _answer(
-        [_Node("n0", _breaks_after(3)), _Node("n1", breaks_again), third],
-        continuation=(True, True, True),
-    )  # fmt: skip
+    fleet = _Fleet(breaks_twice)
+    out, _, metrics, _ = await _answer(fleet, continuation=(True, True, True))
     assert _text(out) == "".join(ANSWER[:4])
-    assert isinstance(_terminals(out)[0], ErrorOut)
-    assert len(_terminals(out)) == 1
-    assert third.requests == []
+    (terminal,) = _terminals(out)
+    assert isinstance(terminal, ErrorOut)
+    assert len(fleet.requests) == 2
     assert _migrations(metrics, "stream_broken", "migrated") == 1
     assert _migrations(metrics, "stream_broken", "exhausted") == 1
 
@@ -394,26 +415,23 @@ async def test_an_answer_moves_at_most_migrations_times() -> None:
 async def test_a_stream_broken_before_output_is_restarted_not_continued() -> None:
     """Before the commit point nothing reached the caller: failover restarts the answer
     on another node (no continuation sent), as before migration."""
-    second = _Node("n1", _continues)
-    out, _, metrics, _ = await _answer(
-        [_Node("n0", _breaks_after(0)), second], continuation=(True, True), retries=1
-    )
+    fleet = _Fleet(_first_breaks(0))
+    out, _, metrics, _ = await _answer(fleet, continuation=(True, True), retries=1)
     assert _text(out) == "".join(ANSWER)
-    assert second.requests[0].continuation is None
+    assert fleet.requests[1][1].continuation is None
     assert _migrations(metrics, "stream_broken", "migrated") == 0
 
 
 async def test_a_non_streaming_answer_broken_late_continues_rather_than_restarts() -> None:
     """Not streamed: a run that broke after output is continued on a node that can (its
     text so far sent, not produced again), and the answer is whole."""
-    second = _Node("n1", _continues)
+    fleet = _Fleet(_first_breaks(4))
     out, committed, metrics, _ = await _answer(
-        [_Node("n0", _breaks_after(4)), second], continuation=(True, True), request=WHOLE,
-        retries=1,
-    )  # fmt: skip
+        fleet, continuation=(True, True), request=WHOLE, retries=1
+    )
     assert _text(out) == "".join(ANSWER)
     assert committed.error is None
-    continuation = second.requests[0].continuation
+    continuation = fleet.requests[1][1].continuation
     assert continuation is not None
     assert continuation.text == "".join(ANSWER[:4])
     assert _migrations(metrics, "stream_broken", "migrated") == 1
@@ -422,13 +440,10 @@ async def test_a_non_streaming_answer_broken_late_continues_rather_than_restarts
 async def test_a_non_streaming_answer_that_cannot_continue_is_restarted_as_before() -> None:
     """Not streamed, and no node can continue: failover restarts it from the start on the
     other node (whole, once), as before migration."""
-    second = _Node("n1", _continues)
-    out, _, metrics, _ = await _answer(
-        [_Node("n0", _breaks_after(4)), second], continuation=(False, False), request=WHOLE,
-        retries=1,
-    )  # fmt: skip
+    fleet = _Fleet(_first_breaks(4))
+    out, _, metrics, _ = await _answer(fleet, continuation=(False, False), request=WHOLE, retries=1)
     assert _text(out) == "".join(ANSWER)
-    assert second.requests[0].continuation is None
+    assert fleet.requests[1][1].continuation is None
     assert _migrations(metrics, "stream_broken", "no_node") == 1
 
 
