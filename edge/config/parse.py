@@ -131,6 +131,7 @@ def _routing(r: TableReader) -> RoutingConfig:
         policy=r.choice("policy", rtg.policy, ROUTING_POLICIES),
         retries=r.integer("retries", rtg.retries, maximum=10),
         retry_backoff_s=r.number("retry_backoff_s", rtg.retry_backoff_s, maximum=60),
+        migrations=r.integer("migrations", rtg.migrations, maximum=10),
         breaker_failures=r.integer("breaker_failures", rtg.breaker_failures, minimum=1),
         breaker_cooldown_s=r.number(
             "breaker_cooldown_s", rtg.breaker_cooldown_s, minimum=0.01, maximum=3600

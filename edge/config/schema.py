@@ -90,6 +90,10 @@ class RoutingConfig:
     retries: int = 2
     # Base of the jittered exponential backoff between retries.
     retry_backoff_s: float = 0.05
+    # Times a request's answer may move to another node when its run breaks after
+    # output (the node gone, drained or failed): a node whose model says `continuation`
+    # continues it from the answer so far (docs/fleet.md, Migration). 0: never.
+    migrations: int = 1
     # Run failures in a row that open a node's circuit breaker.
     breaker_failures: int = 5
     # How long an open breaker keeps new runs off the node before one probe run.

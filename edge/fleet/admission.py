@@ -127,6 +127,13 @@ class Admission:
 
         return give_back
 
+    def try_hold(self, nbytes: int) -> Callable[[], None] | None:
+        """`hold`, for what a running request keeps as it goes (an answer so far, for
+        its migration): None when the budget has not that much left (nothing shed)."""
+        if self._held + nbytes > self._config.memory_budget_bytes:
+            return None
+        return self.hold(nbytes)
+
     def shed_if_full(self) -> None:
         """Shed a request before it is parsed when the queue is full and no node has a
         free slot: whatever its model, it could only queue. Answering before the parse

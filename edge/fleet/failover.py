@@ -14,7 +14,11 @@ before that point, so an attempt that failed there on the node's side
 or a broken stream before any output) is tried again on another node (the
 nodes tried are excluded), up to `[routing] retries` times, after a
 jittered exponential backoff. Never after the commit point: from there the
-answer is the committed run's, errors included (an error frame).
+answer is the committed run's, errors included (an error frame), unless it
+breaks where another node can continue it: each attempt's answer is a
+`edge.fleet.migration.MovableRun`, which moves it (a stream past the commit
+point; a non-streaming answer once output came, rather than restarting it
+here; when it cannot move, it fails over as before).
 
 A run is never live on two nodes: an attempt that may have reached its
 node is dropped only once its read task is over, CancelRun included
@@ -34,7 +38,7 @@ a committed run into a response (`Committed.error`: a real status).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,44 +49,20 @@ from edge.api.request import ChatRequest
 from edge.config import RoutingConfig
 from edge.errors import EdgeError
 from edge.fleet.cacheaware import Route
+from edge.fleet.migration import CANCEL_WAIT_S, MigrationScope, MovableRun, Mover
 from edge.fleet.pool import NodeState
 from edge.fleet.run import Run
 from edge.fleet.runs import Runs
-from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S
 from edge.node.wire import PreparedRunRequest
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import StreamSession
 
-# How long a failed attempt's CancelRun may take before the request gives up on
-# failing over (the read task bounds it by these two already).
-CANCEL_WAIT_S = CANCEL_QUEUE_S + CANCEL_RPC_TIMEOUT_S + 1.0
 
-
-class RequestScope(Protocol):
+class RequestScope(MigrationScope, Protocol):
     """What failover needs of the request it serves (`edge.http.scope.ChatScope`)."""
-
-    @property
-    def nursery(self) -> trio.Nursery: ...
-
-    @property
-    def request_id(self) -> str: ...
-
-    @property
-    def api(self) -> str:
-        """The API the request came in by (a metrics label)."""
-
-    @property
-    def node_metadata(self) -> Mapping[str, str] | None:
-        """What goes with each Run call (the trace context; None: none)."""
 
     def slot_wait(self, began: float, queued_at: float | None) -> None:
         """The wait for the first node slot, from `began`; `queued_at`: when it was queued."""
-
-    async def hold(self, run: Run) -> None:
-        """Enter `run` for the rest of the request's cycle (left when the cycle ends)."""
-
-    def adopt(self, run: Run) -> None:
-        """`run` answers the request: its outcome is the request's, counted once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +73,7 @@ class Committed:
     keep-alive (the body starts with one).
     """
 
-    run: Run
+    run: MovableRun
     first: list[OutEvent]
     keepalive: bool
 
@@ -153,7 +133,8 @@ class Failover:
         slot: NodeState | None = None  # a slot taken here that no run holds yet
         prefix = payload.prefix
         route = Route(prefix.blocks) if prefix is not None and prefix.blocks else None
-        run: Run | None = None  # the attempt under way
+        run: Run | None = None  # the attempt under way (its run answering now)
+        moving: MovableRun | None = None
         try:
             try:
                 slot = await admission.acquire(
@@ -164,6 +145,12 @@ class Failover:
                 scope.slot_wait(began, queued[0] if queued else None)
             api, metadata = scope.api, scope.node_metadata
             tried: list[NodeState] = []
+            # An answer that breaks after output moves to another node (the nodes tried
+            # excluded), at most `migrations` times a request (`edge.fleet.migration`).
+            mover = Mover(
+                runs, scope, request, payload, deadline, self.routing.migrations, tried,
+                keepalive_s=keepalive_s, affinity_key=affinity_key, route=route,
+            )  # fmt: skip
             for attempt in range(retries + 1):
                 node = slot
                 assert node is not None  # taken above, or for this retry
@@ -174,6 +161,7 @@ class Failover:
                     api=api, metadata=metadata, predicted=route.predicted if route else 0,
                 )  # fmt: skip
                 slot = None  # the run's now
+                moving = MovableRun(run, mover)
                 first: list[OutEvent] = []
                 try:
                     await scope.hold(run)
@@ -181,15 +169,16 @@ class Failover:
                     if not run.failed_over:
                         raise
                 else:
-                    first, keepalive = await run.first_batch()
+                    first, keepalive = await moving.first_batch()
+                    run = moving.leg  # the run that answers now (another, if it moved)
                     committed = run.output_seen and request.stream
                     if keepalive or committed or not run.session.terminated:
                         scope.adopt(run)
-                        return Committed(run, first, keepalive)
+                        return Committed(moving, first, keepalive)
                     await run.end()  # it failed before any output: its verdict decides
                     if not run.failed_over:
                         scope.adopt(run)
-                        return Committed(run, first, False)
+                        return Committed(moving, first, False)
                 # The run failed before any byte, on its node's side: another node?
                 if attempt < retries and trio.current_time() < deadline:
                     slot = await self._next_node(request, tried, affinity_key, route)
@@ -197,11 +186,13 @@ class Failover:
                     if run.start_error is not None:
                         raise run.start_error
                     scope.adopt(run)
-                    return Committed(run, first, False)  # `slot`, if any, given back below
-                run = None  # let go: its outcome is fixed, the next attempt answers
+                    return Committed(moving, first, False)  # `slot`, if any, given back below
+                run = moving = None  # let go: its outcome is fixed, the next attempt answers
                 await trio.sleep(backoff_s(self.routing.retry_backoff_s, attempt + 1))
             raise AssertionError("unreachable: the last attempt answers")
         except BaseException as exc:
+            if moving is not None:
+                run = moving.leg  # a run that moved was handed over; its successor holds
             if run is not None:
                 run.abandon(exc)  # never started: its slot back (a started one ends with the scope)
                 scope.adopt(run)

@@ -90,6 +90,7 @@ class NodeState:
         "cache",
         "client",
         "configured_max_runs",
+        "continuation_models",
         "describing",
         "description",
         "health",
@@ -119,6 +120,9 @@ class NodeState:
         self.models: tuple[str, ...] = ()
         # The models it gives token logprobs for (a node older than the field: none).
         self.logprobs_models: frozenset[str] = frozenset()
+        # The models it continues an answer of (a node older than the field: none), for
+        # a run cut mid-answer elsewhere (`edge.fleet.migration`).
+        self.continuation_models: frozenset[str] = frozenset()
         # Runs in flight, counted by the run side (edge.fleet.run).
         self.in_flight = 0
         # [[nodes]] max_runs (0: no limit), None: the node's Describe max_runs.
@@ -404,6 +408,7 @@ class NodePool:
         old_cap, old_models = state.max_runs, state.models
         state.models = description.models
         state.logprobs_models = description.logprobs_models
+        state.continuation_models = description.continuation_models
         state.description = description
         state.max_runs = _max_runs(state.configured_max_runs, description)
         if self.cache_aware:

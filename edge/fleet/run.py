@@ -56,12 +56,14 @@ from edge.errors import (
     ShuttingDownError,
 )
 from edge.fleet.admission import Admission
+from edge.fleet.continuation import Break, Delivered, failed_break, stream_break
 from edge.fleet.pool import NodePool, NodeState
 from edge.fleet.turns import Turns
 from edge.node.client import EndCause, RunHandle
 from edge.node.wire import PreparedRunRequest
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
+from edge.stream.events import Complete, Failed, NodeEvent
 from edge.stream.output import ErrorOut, Outcome, OutEvent, RoleOut
 from edge.stream.session import StreamSession
 
@@ -153,7 +155,9 @@ class Run:
         "_start",
         "_turns",
         "batch_event_at",
+        "broke",
         "deadline",
+        "delivered",
         "first_event_at",
         "handle",
         "info",
@@ -219,6 +223,12 @@ class Run:
         self.batch_event_at: float | None = None
         # Whether output beyond the role chunk was taken (see `first_batch`).
         self.output_seen = False
+        # The answer so far, when it may move to another node if this run breaks after
+        # output (`edge.fleet.migration`): the events fed are kept there, and a break
+        # after output is not fed but kept in `broke`, the session left open, for the
+        # caller to continue elsewhere (`hand_over`) or end as before (`end_break`).
+        self.delivered: Delivered | None = None
+        self.broke: Break | None = None
         # What the run says of its node, once its outcome is fixed: a failure reason
         # (START_FAILURES, "error_event", "stream_broken", "timeout"), "ok", a refusal
         # of the node's (REFUSALS), or None (nothing: the caller left, or the edge
@@ -309,12 +319,34 @@ class Run:
             if handle.cause is None and handle.error is None:  # the node ended it
                 await handle.done.wait()
         finally:  # counted even if the wait is cut (the client left meanwhile)
-            self._settle()
+            self._settle(self.session.outcome)
 
-    def _settle(self) -> None:
+    def hand_over(self) -> None:
+        """The run broke after output (`broke`) and another run continues its answer:
+        this one ends with the outcome of its break (its verdict, its slot back); the
+        session, now the other run's, is left as it is. The caller waited for the read
+        task (`handle.done`): the node ended the run, or was told to."""
+        brk, handle = self.broke, self.handle
+        assert brk is not None
+        assert handle is not None
+        if self._exited:
+            return
+        self._exited = True
+        reasoning_chars = int(self.session.log_fields()["reasoning_len"])
+        self._settle(brk.outcome(reasoning_chars))
+
+    def end_break(self) -> None:
+        """The answer does not move: the session gets its break's terminal (an error
+        frame), as without migration, and the run goes on to its end as before."""
+        brk = self.broke
+        if brk is not None:
+            self.broke = None
+            brk.end(self.session)
+
+    def _settle(self, outcome: Outcome | None) -> None:
         """The run's metrics, and its outcome fixed (the slot given back)."""
         session = self.session
-        assert session.outcome is not None
+        assert outcome is not None
         start = self._start
         if start is not None:
             metrics = start.services.metrics
@@ -323,11 +355,11 @@ class Run:
                 metrics.ttft.labels(self.info.model, self.info.node, self.info.api).observe(
                     self.first_event_at - self.info.started_at
                 )
-            if session.outcome.status == "error" and not session.outcome.usage_sample:
+            if outcome.status == "error" and not outcome.usage_sample:
                 metrics.node_errors.labels(self.info.node, "stream_broken").inc()
         if session.settings.trace:
             logger.bind(**session.log_fields()).info("stream closed")
-        self._end(session.outcome)
+        self._end(outcome)
 
     def close(self) -> None:
         """The caller is gone, or its answer is done: end the run unless the node did."""
@@ -404,6 +436,8 @@ class Run:
         if self._start is not None:
             self._start.services.left(self)
             self._start = None
+        # The answer so far holds its request's way to move (scope, RunRequest): a cycle.
+        self.delivered = None
         # A start's error keeps its type and message: its traceback's frames hold this
         # run and the request's bytes, a cycle only a full garbage collection frees.
         if self.start_error is not None:
@@ -433,7 +467,7 @@ class Run:
                 self.output_seen = True
                 if stream:
                     return taken, False
-            if self.session.terminated:
+            if self.session.terminated or self.broke is not None:
                 return taken, False
 
     async def next_batch(self) -> list[OutEvent] | Literal["keepalive"]:
@@ -446,7 +480,7 @@ class Run:
         session = self.session
         self.batch_event_at = None
         out = session.drain()
-        if out or session.terminated:
+        if out or session.terminated or self.broke is not None:
             return out
         if session.resuming:
             # The rest of a long delta, a slice a batch, after a pass of the scheduler:
@@ -494,7 +528,7 @@ class Run:
         self._last_event_at = self.batch_event_at = now
         if self.first_event_at is None:
             self.first_event_at = now
-        feed = session.feed
+        feed = session.feed if self.delivered is None else self._tap
         if not feed(event):
             # Everything else already here goes out in the same batch. The
             # buffer's character count only falls while this loop runs (the node's
@@ -512,10 +546,37 @@ class Run:
                     break
         return session.drain()
 
+    def _tap(self, event: NodeEvent) -> bool:
+        """`session.feed`, the answer so far kept in `delivered`; a break after output (the
+        node's error or cancelled event) is kept in `broke` instead of fed."""
+        delivered = self.delivered
+        assert delivered is not None
+        kind = type(event)
+        if kind is Failed:
+            assert isinstance(event, Failed)
+            reason = failed_break(event)
+            if reason is not None and delivered.output:
+                delivered.broke(event)
+                self.broke = Break(reason, event)
+                return True
+        elif kind is Complete:
+            assert isinstance(event, Complete)
+            event = delivered.summed(event)
+        else:
+            delivered.add(event)
+        return self.session.feed(event)
+
     def _run_ended(self) -> None:
-        """The run's events closed before the session's terminal: say why, from the cause."""
+        """The run's events closed before the session's terminal: say why, from the cause.
+        A run whose answer may move, broken after output (no cause: the edge did not end
+        it), keeps its break in `broke` instead."""
         handle = self.handle
         assert handle is not None
+        delivered = self.delivered
+        if handle.cause is None and delivered is not None and delivered.output:
+            delivered.broke(None)
+            self.broke = stream_break(handle.error)
+            return
         if handle.error is not None:
             self.session.fail_stream(handle.error.type, handle.error.message)
         elif handle.cause is EndCause.TIMEOUT:

@@ -44,8 +44,9 @@ from edge.errors import NodeRateLimitedError, RequestError
 from edge.fleet.admission import RETRY_AFTER_S
 from edge.fleet.failover import Committed
 from edge.fleet.fleet import Fleet
+from edge.fleet.migration import MovableRun
 from edge.fleet.modelpolicy import forwarded_request, session_settings
-from edge.fleet.run import OutcomeHook, Run
+from edge.fleet.run import OutcomeHook
 from edge.fleet.turns import Turns
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
@@ -291,7 +292,7 @@ class SSEBody(ResponseBody):
 
     def __init__(
         self,
-        run: Run,
+        run: MovableRun,
         encoder: Streamer,
         turns: Turns,
         *,

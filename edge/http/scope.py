@@ -147,6 +147,12 @@ class ChatScope:
         if self.trace is not None:
             self.trace.end(self.http_status, self.run, len(self._attempts))
 
+    def migrated(self, run: Run, node: str, reason: str, chars: int) -> None:
+        """`run` broke after output and its answer continues on `node` (the next run
+        held): on the span, when tracing is on."""
+        if self.trace is not None:
+            self.trace.migrated(run, node, reason, chars)
+
     def adopt(self, run: Run) -> None:
         """`run` answers the request: its outcome is counted as the request's, once."""
         self.run = run

@@ -70,8 +70,8 @@ class RequestTrace:
     """The span of one API request (see the module doc)."""
 
     __slots__ = (
-        "_kept", "_output", "_reasoning", "_tools", "api", "capture", "error_code",
-        "error_type", "span",
+        "_kept", "_migrating", "_migrations", "_output", "_reasoning", "_tools", "api",
+        "capture", "error_code", "error_type", "span",
     )  # fmt: skip
 
     def __init__(self, span: Span, api: str, *, capture: bool) -> None:
@@ -85,6 +85,9 @@ class RequestTrace:
         self._reasoning: list[str] = []
         self._tools: list[dict[str, Any]] = []
         self._kept = 0  # characters of output kept (capture_content)
+        # Migrations recorded; whether the next attempt is one's continuation.
+        self._migrations = 0
+        self._migrating = False
 
     @classmethod
     def begin(cls, tracing: Tracing, scope: HTTPScope, api: str) -> RequestTrace:
@@ -161,13 +164,27 @@ class RequestTrace:
         """The last of `attempts` is about to start on its node."""
         run = attempts[-1]
         span = self.span
-        if len(attempts) > 1:
+        if self._migrating:
+            self._migrating = False  # a migration, recorded as one (`migrated`)
+        elif len(attempts) > 1:
             failed = attempts[-2]
             span.add_event(
                 "failover retry",
                 {"iop.node": failed.info.node, "iop.retry.reason": failed.verdict or "unknown"},
             )
         span.add_event("node picked", {"iop.node": run.info.node, "iop.attempt": len(attempts)})
+
+    def migrated(self, run: Run, node: str, reason: str, chars: int) -> None:
+        """`run` broke after `chars` characters of output; its answer continues on `node`
+        (the next attempt)."""
+        self._migrations += 1
+        self._migrating = True
+        self.span.add_event(
+            "run migrated",
+            {"iop.node": run.info.node, "iop.migration.to_node": node,
+             "iop.migration.reason": reason, "iop.migration.delivered_chars": chars},
+        )  # fmt: skip
+        self.span.set_attribute("iop.migrations", self._migrations)
 
     def accepted(self, run: Run) -> None:
         self.span.add_event("run accepted", {"iop.node": run.info.node})

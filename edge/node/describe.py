@@ -45,6 +45,9 @@ class NodeDescription:
     max_runs: int = 0
     # The models this node gives token logprobs for (ModelInfo.logprobs).
     logprobs_models: frozenset[str] = frozenset()
+    # The models it continues an answer of from RunRequest.continuation
+    # (ModelInfo.continuation): a run of another node cut mid-answer may move here.
+    continuation_models: frozenset[str] = frozenset()
     # Runs waiting for a place on the node (None: it does not say).
     waiting_runs: int | None = None
     # Its KV cache, in tokens: capacity and in use (None: it does not say).
@@ -114,6 +117,7 @@ def description_from_pb(
         active_runs=_count(response.active_runs) or 0,
         max_runs=_count(response.max_runs) or 0,
         logprobs_models=frozenset(m.id for m in response.models if m.logprobs),
+        continuation_models=frozenset(m.id for m in response.models if m.continuation),
         waiting_runs=_count(response.waiting_runs),
         kv_cache_tokens=total,
         kv_cache_used_tokens=used,

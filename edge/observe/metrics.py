@@ -223,6 +223,19 @@ class EdgeMetrics:
             " and why (the node error's type).",
             ["node", "reason"], registry=r,
         )  # fmt: skip
+        self.migrations = Counter(
+            "iop_edge_migrations",
+            "Answers whose run broke after output (its node gone, drained or failed), by"
+            " reason (stream_broken, node_gone, node_drained, error_event) and outcome:"
+            " migrated (a node that can continue took the rest), else why not: exhausted,"
+            " expired, too_long, no_node, failed.",
+            ["reason", "outcome"], registry=r,
+        )  # fmt: skip
+        self.migration_gap = Histogram(
+            "iop_edge_migration_gap_seconds",
+            "From a run's break to the first event of the run that continues its answer.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.queue_depth = Gauge(
             "iop_edge_queue_depth", "Requests waiting for a free node slot.", registry=r,
             multiprocess_mode="livesum",

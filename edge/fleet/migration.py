@@ -1,0 +1,337 @@
+"""Migration: an answer whose run breaks after output goes on on another node.
+
+A request's answer is taken from a `MovableRun`, one run at a time (`leg`):
+
+    moving = MovableRun(run, mover)       # by `edge.fleet.failover`, per attempt
+    batch = await moving.next_batch()      # as a Run's: the HTTP writer does not know
+
+When the run breaks after output (`edge.fleet.continuation`: its stream broke
+or was reset, its node went away, was drained, or failed) and the answer may
+move (`Mover.move`): the request is within its total deadline, it has
+`[routing] migrations` left, the answer so far is within what a continuation
+carries, and another node (not tried yet, up, admitting runs) whose model
+says `continuation` has a slot for it, then a run on that node continues the
+answer: the request's RunRequest with `continuation` (the text and reasoning
+text its earlier runs sent, every event in order, and their output tokens),
+serialized off the loop, under the same run id, deadline and session. The
+session goes on with the new run's events as if nothing happened: its one
+role chunk was written, its filters (held tool-call text, think blocks,
+logprob tracking) keep their state, and its one terminal is the new run's.
+
+Output for the caller: a stream migrates once it has written output beyond
+the role chunk (before, failover restarts it on another node, exactly, as
+before the commit point); a non-streaming answer once any output came: it
+continues rather than restarts (the work done is kept; the text is the
+model's own either way), and falls back on failover's restart when it cannot
+move.
+
+The broken run ends as broken runs do (its outcome `stream_broken` or
+`error_event`, its slot back, its verdict to its breaker by the same rule:
+a failure after output is not counted), once its read task is over: a run
+is never live on two nodes (the node got its CancelRun when the stream
+broke, through the one cancel path). Its outcome is not the request's: the
+continuation is adopted, and its usage is the answer's: the continuing node
+counts the output tokens it is told the earlier runs took in its own (the
+contract's `Continuation.output_tokens`), and input tokens are summed as
+each node reported them (a broken run reports none, unless its error event
+did). An answer that cannot move
+ends as it did before migration: an error frame. Each break after output is
+logged (a warning), counted (`iop_edge_migrations_total{reason,outcome}`)
+and recorded on the request's span; the gap from the break to the
+continuation's first event is `iop_edge_migration_gap_seconds`.
+
+Never migrated: a client that left, a timeout, a slow reader, this edge's
+drain (ends the edge chose: their runs have a cause), the request's own
+fault (a refusal) or an overload (a 429 after output), an answer past the
+edge's own limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import trio
+from loguru import logger
+
+from edge.api.request import ChatRequest
+from edge.contract.routes import MAX_MESSAGE_BYTES
+from edge.errors import EdgeError
+from edge.fleet.cacheaware import Route
+from edge.fleet.continuation import Break, Delivered, why_not
+from edge.fleet.pool import NodeState
+from edge.fleet.run import Run, RunInfo
+from edge.fleet.runs import Runs
+from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S
+from edge.node.wire import PreparedRunRequest
+from edge.stream.output import ErrorOut, Outcome, OutEvent, RoleOut
+from edge.stream.session import StreamSession
+
+# How long a run's read task (its CancelRun included) may take before its request gives
+# up on another node (a retry, a migration): the node may still run it (the read task
+# bounds it by these two already).
+CANCEL_WAIT_S = CANCEL_QUEUE_S + CANCEL_RPC_TIMEOUT_S + 1.0
+
+
+class MigrationScope(Protocol):
+    """What migration needs of the request it serves (`edge.http.scope.ChatScope`)."""
+
+    @property
+    def nursery(self) -> trio.Nursery: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def api(self) -> str: ...
+
+    @property
+    def node_metadata(self) -> Mapping[str, str] | None: ...
+
+    async def hold(self, run: Run) -> None: ...
+
+    def adopt(self, run: Run) -> None: ...
+
+    def at_end(self, callback: Callable[[], object]) -> None: ...
+
+    def migrated(self, run: Run, node: str, reason: str, chars: int) -> None:
+        """`run`'s answer moves to `node` (`chars` characters delivered): the trace."""
+
+
+@dataclass(slots=True, eq=False)
+class Mover:
+    """One request's way to move its answer (see the module doc): what a continuation
+    run needs, the nodes the request tried, and the migrations it has left."""
+
+    runs: Runs
+    scope: MigrationScope
+    request: ChatRequest
+    payload: PreparedRunRequest
+    deadline: float
+    left: int
+    tried: list[NodeState] = field(default_factory=list)
+    keepalive_s: float = 0.0
+    affinity_key: str | None = None
+    route: Route | None = None
+
+    def track(self, run: Run) -> None:
+        """Keep `run`'s answer so far (its events tapped), when it may move: migrations
+        left. Bounded by what a continuation can carry and by the session's cap on an
+        answer held whole; reserved from the memory budget as it grows."""
+        if self.left <= 0:
+            return
+        cap = min(run.session.settings.max_held_chars, MAX_MESSAGE_BYTES - len(self.payload))
+        run.delivered = Delivered(cap, self._reserve)
+
+    def _reserve(self, chars: int) -> bool:
+        """Room in the memory budget for `chars` more characters kept (about a byte
+        each), given back when the request ends; False: the budget has none."""
+        give_back = self.runs.admission.try_hold(chars)
+        if give_back is None:
+            return False
+        self.scope.at_end(give_back)
+        return True
+
+    async def move(self, moving: MovableRun) -> bool:
+        """Continue `moving`'s broken answer on another node; False: it does not move
+        (the caller ends it as the break would have). Counted and logged either way."""
+        old = moving.leg
+        brk, delivered, handle = old.broke, old.delivered, old.handle
+        assert brk is not None
+        assert delivered is not None
+        assert handle is not None
+        session = old.session
+        broke_at = trio.current_time()
+        why = why_not(
+            migrations_left=self.left, now=broke_at, deadline=self.deadline,
+            too_long=delivered.too_long,
+        )  # fmt: skip
+        if why is None:
+            # The broken run's read task ends on its own (the node ended the run, or its
+            # stream broke and the CancelRun is on its way): never live on two nodes.
+            with trio.move_on_at(min(broke_at + CANCEL_WAIT_S, self.deadline)):
+                await handle.done.wait()
+            if not handle.done.is_set():
+                why = "expired"
+        payload = None
+        if why is None:
+            payload = await self._continued(delivered)
+            if payload is None:
+                why = "too_long"
+        node = None
+        if why is None:
+            node = await self._node()
+            if node is None:
+                why = "no_node"
+        if why is not None or session.terminated:
+            if node is not None:
+                self.runs.admission.release(node)
+            if why is not None:
+                self._refused(old, brk, why, delivered.chars)
+            return False
+        assert payload is not None
+        assert node is not None
+        # From here the answer is the continuation's: the broken run ends as broken
+        # runs do (slot, verdict), without counting as the request's outcome.
+        old.on_end = None
+        old.hand_over()
+        self.left -= 1
+        self.tried.append(node)
+        tokens = delivered.moved()
+        new = self.runs.open(
+            node, self.scope.nursery, self.request, payload, session,
+            request_id=self.scope.request_id, keepalive_s=self.keepalive_s,
+            deadline=self.deadline, api=self.scope.api, metadata=self.scope.node_metadata,
+            predicted=self.route.predicted if self.route else 0,
+        )  # fmt: skip
+        new.output_seen = True
+        new.delivered = delivered
+        self.scope.migrated(old, new.info.node, brk.reason, delivered.chars)
+        try:
+            await self.scope.hold(new)
+        except EdgeError as exc:
+            self.scope.adopt(old)  # the request's outcome: the break's, as before
+            self._count(brk.reason, "failed")
+            logger.bind(
+                request_id=old.info.request_id, run_id=old.info.run_id, from_node=old.info.node,
+                to_node=new.info.node, reason=brk.reason, delivered_chars=delivered.chars,
+            ).warning("run {} broke on node {} after {} characters ({}); its continuation did"
+                      " not start on node {}: {}", old.info.run_id, old.info.node,
+                      delivered.chars, brk.reason, new.info.node, exc.type)  # fmt: skip
+            return False
+        self.scope.adopt(new)
+        moving.leg = new
+        moving.gap_from = broke_at
+        self._count(brk.reason, "migrated")
+        logger.bind(
+            request_id=old.info.request_id, run_id=old.info.run_id, from_node=old.info.node,
+            to_node=new.info.node, reason=brk.reason, delivered_chars=delivered.chars,
+            output_tokens=tokens,
+        ).warning("run {} broke on node {} after {} characters ({}); it continues on node {}",
+                  old.info.run_id, old.info.node, delivered.chars, brk.reason,
+                  new.info.node)  # fmt: skip
+        return True
+
+    async def _continued(self, delivered: Delivered) -> PreparedRunRequest | None:
+        """The request's RunRequest continuing the answer so far, built off the loop;
+        None: too long to send."""
+        text, reasoning = delivered.parts()
+        tokens = delivered.output_tokens
+
+        def build() -> PreparedRunRequest | None:
+            try:
+                return self.payload.continued("".join(text), "".join(reasoning), tokens)
+            except EdgeError:
+                return None
+
+        return await trio.to_thread.run_sync(build)
+
+    async def _node(self) -> NodeState | None:
+        """Another node for the continuation, its slot taken: not tried, up, and able to
+        continue the model; queued first (bounded by the request's deadline). None: none."""
+        model = self.request.model
+        tried = self.tried
+        excluded = [
+            s for s in self.runs.pool.nodes
+            if s in tried or model not in s.continuation_models or not s.health.up
+        ]  # fmt: skip
+        with trio.move_on_at(self.deadline):
+            try:
+                return await self.runs.admission.acquire(
+                    model, logprobs=self.request.logprobs, exclude=excluded,
+                    affinity_key=self.affinity_key, route=self.route, first=True,
+                )  # fmt: skip
+            except EdgeError:
+                return None
+        return None
+
+    def _refused(self, old: Run, brk: Break, why: str, chars: int) -> None:
+        self._count(brk.reason, why)
+        logger.bind(
+            request_id=old.info.request_id, run_id=old.info.run_id, from_node=old.info.node,
+            reason=brk.reason, delivered_chars=chars, outcome=why,
+        ).warning("run {} broke on node {} after {} characters ({}); it cannot continue"
+                  " elsewhere ({})", old.info.run_id, old.info.node, chars, brk.reason,
+                  why)  # fmt: skip
+
+    def _count(self, reason: str, outcome: str) -> None:
+        self.runs.metrics.migrations.labels(reason, outcome).inc()
+
+
+class MovableRun:
+    """A request's answer, taken from one run at a time (`leg`): the batches of a `Run`,
+    its answer moved to another node when the run breaks after output (see the module
+    doc). Without a `Mover` (migration off), exactly its one run."""
+
+    __slots__ = ("_mover", "gap_from", "leg")
+
+    def __init__(self, leg: Run, mover: Mover | None = None) -> None:
+        self.leg = leg
+        self._mover = mover
+        # When the run moved from broke (trio time), until the new run's first event.
+        self.gap_from: float | None = None
+        if mover is not None:
+            mover.track(leg)
+
+    @property
+    def session(self) -> StreamSession:
+        return self.leg.session
+
+    @property
+    def info(self) -> RunInfo:
+        """The run answering now (the first node's until a move)."""
+        return self.leg.info
+
+    @property
+    def outcome(self) -> Outcome | None:
+        return self.leg.outcome
+
+    @property
+    def output_seen(self) -> bool:
+        return self.leg.output_seen
+
+    @property
+    def batch_event_at(self) -> float | None:
+        return self.leg.batch_event_at
+
+    async def end(self) -> None:
+        """End the run answering now (see `Run.end`); a broken one already ended."""
+        await self.leg.end()
+
+    async def first_batch(self) -> tuple[list[OutEvent], bool]:
+        """The output up to the commit point (see `Run.first_batch`), moved if the run
+        breaks where its answer may move."""
+        taken: list[OutEvent] = []
+        stream = self.leg.info.stream
+        while True:
+            batch = await self.next_batch()
+            if batch == "keepalive":
+                return taken, True
+            taken.extend(batch)
+            if any(type(event) not in (RoleOut, ErrorOut) for event in batch):
+                self.leg.output_seen = True
+                if stream:
+                    return taken, False
+            if self.session.terminated:
+                return taken, False
+
+    async def next_batch(self) -> list[OutEvent] | Literal["keepalive"]:
+        """The next batch of the answer (see `Run.next_batch`), from whichever run
+        answers it now."""
+        leg = self.leg
+        batch = await leg.next_batch()
+        if self.gap_from is not None and leg.first_event_at is not None:
+            assert self._mover is not None
+            self._mover.runs.metrics.migration_gap.observe(leg.first_event_at - self.gap_from)
+            self.gap_from = None
+        if leg.broke is None:
+            return batch
+        out = [] if batch == "keepalive" else batch
+        if any(type(e) not in (RoleOut, ErrorOut) for e in out):
+            leg.output_seen = True  # (as `first_batch` would: its verdict is after output)
+        shown = leg.output_seen
+        mover = self._mover
+        if mover is None or not (shown or not leg.info.stream) or not await mover.move(self):
+            leg.end_break()
+        return out + self.session.drain()

@@ -1,0 +1,268 @@
+"""Migration over real processes: an answer cut mid-way by its node's death goes on on
+another node, byte for byte.
+
+Two `iop-sim-node` processes behind a real edge. The simulated node is
+deterministic and continues a script exactly (it skips what a RunRequest's
+continuation holds and plays the rest, docs/simulated-node.md), so the text of a
+migrated answer must be the text of an uncut one.
+
+- Long answers (200 deltas, small sleeps between them) on both nodes, one node
+  killed (SIGKILL) mid-answer: every answer completes with exactly the expected
+  text, `finish_reason: "stop"`, one terminal, and usage; each answer that was on
+  the killed node is counted as migrated.
+- A node whose model does not say `continuation` (`--no-continuation`) takes no
+  continuation: the answers cut on the other node end with an error frame, as
+  before migration.
+- A client that left is never migrated: its run is cancelled on its node, and the
+  other node's runs log never names it.
+
+Waits are bounded polls on in-process state or on the nodes' runs logs; nothing
+asserts a duration.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
+from tests.integration.conftest import (
+    RunningEdge,
+    SimProcess,
+    chat_body,
+    script,
+    start_edge,
+    start_sim,
+    stop_edge,
+    stop_process,
+)
+
+CHAT = "/v1/chat/completions"
+WAIT_S = 30.0
+PIECES = 200
+EXPECTED = "".join(f"w{i} " for i in range(PIECES))
+# 200 deltas with a short sleep after each: an answer of a second or so.
+LONG = script(
+    *[item for i in range(PIECES) for item in ({"type": "delta", "delta": f"w{i} "},
+                                                {"sleep_ms": 5})],
+    {"type": "complete", "usage": {"input_tokens": 9, "output_tokens": PIECES}},
+)  # fmt: skip
+
+
+@contextmanager
+def _sims(tmp: Path, *args: tuple[str, ...]) -> Iterator[tuple[SimProcess, ...]]:
+    """Nodes "a", "b", ... each started with `--name NAME` and its own extra arguments."""
+    with ExitStack() as stack:
+        nodes = []
+        for name, extra in zip("ab", args, strict=False):
+            node = start_sim(tmp, name, "--name", name, *extra)
+            stack.callback(stop_process, node.process)
+            nodes.append(node)
+        yield tuple(nodes)
+
+
+def _config(*nodes: SimProcess, migrations: int = 1) -> Config:
+    return Config(
+        # No refresh during a test: the edge learns of a dead node from its runs.
+        server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0, node_refresh_s=600),
+        routing=RoutingConfig(retries=2, retry_backoff_s=0.01, migrations=migrations),
+        nodes=tuple(NodeConfig(name, n.address) for name, n in zip("ab", nodes, strict=False)),
+    )
+
+
+async def _poll(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+    """Wait for state that has no event of its own (in-process runs, another process's log)."""
+    with trio.fail_after(within_s):
+        while not condition():  # noqa: ASYNC110 - no event to wait on
+            await trio.sleep(0.01)
+
+
+def _frames(text: str) -> list[Any]:
+    return [json.loads(line[6:]) for line in text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+
+
+def _content(frames: list[Any]) -> str:
+    return "".join(
+        f["choices"][0]["delta"].get("content") or "" for f in frames if f.get("choices")
+    )
+
+
+def _migrated(edge: RunningEdge, outcome: str = "migrated") -> float:
+    total = 0.0
+    for family in edge.edge.metrics.registry.collect():
+        for sample in family.samples:
+            if (sample.name == "iop_edge_migrations_total"
+                    and sample.labels["outcome"] == outcome):  # fmt: skip
+                total += sample.value
+    return total
+
+
+def _live_on(edge: RunningEdge, node: str, seen: Callable[[Any], bool]) -> int:
+    return sum(1 for r in edge.edge.runs.live if r.info.node == node and seen(r))
+
+
+class _Stream:
+    """One streamed answer read as it comes: its text so far, and whole at the end."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.done = False
+
+    @property
+    def pieces(self) -> int:
+        return _content(_frames(self.text[: self.text.rfind("\n\n") + 1])).count(" ")
+
+    async def read(self, http: httpx.AsyncClient, body: dict[str, Any]) -> None:
+        async with http.stream("POST", CHAT, json=body) as response:
+            assert response.status_code == 200
+            async for chunk in response.aiter_text():
+                self.text += chunk
+        self.done = True
+
+
+def _whole(text: str) -> None:
+    """A streamed answer that completed exactly: the uncut text, one role chunk, one
+    finish (stop), usage, [DONE] once, no error frame."""
+    assert text.endswith("data: [DONE]\n\n"), text[-300:]
+    assert text.count("data: [DONE]") == 1
+    frames = _frames(text)
+    assert not any("error" in f for f in frames), text[-300:]
+    assert _content(frames) == EXPECTED
+    roles = [f for f in frames if f.get("choices") and f["choices"][0]["delta"].get("role")]
+    assert len(roles) == 1
+    finishes = [f["choices"][0]["finish_reason"] for f in frames
+                if f.get("choices") and f["choices"][0].get("finish_reason")]  # fmt: skip
+    assert finishes == ["stop"]
+    usage = [f["usage"] for f in frames if f.get("usage")]
+    assert len(usage) == 1
+    assert usage[0]["completion_tokens"] == PIECES
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_answers_cut_by_a_node_kill_complete_exactly_on_the_other_node(
+    nursery: trio.Nursery, tmp_path: Path, stream: bool
+) -> None:
+    """Ten long answers across two nodes, node a killed (SIGKILL) once each answer on it
+    has output: every answer completes with exactly the text of an uncut run, stop,
+    one terminal and usage; each that was on a is counted as migrated."""
+    with _sims(tmp_path, (), ()) as (a, b):
+        running = await start_edge(nursery, _config(a, b))
+        body = chat_body("sim-script", LONG, stream=stream)
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        streams = [_Stream() for _ in range(10)]
+        answers: list[httpx.Response] = []
+
+        async def ask(http: httpx.AsyncClient) -> None:
+            answers.append(await http.post(CHAT, json=body))
+
+        async with (
+            httpx.AsyncClient(base_url=running.url, timeout=60) as http,
+            trio.open_nursery() as clients,
+        ):
+            for reader in streams:
+                if stream:
+                    clients.start_soon(reader.read, http, body)
+                else:
+                    clients.start_soon(ask, http)
+            await _poll(lambda: _live_on(running, "a", lambda r: r.accepted) >= 1
+                        and _live_on(running, "b", lambda r: r.accepted) >= 1)  # fmt: skip
+            if stream:
+                await _poll(lambda: all(s.pieces >= 10 for s in streams))
+            else:
+                await _poll(lambda: _live_on(running, "a", lambda r: r.output_seen) >= 1)
+            on_a = _live_on(running, "a", lambda r: r.accepted and r.outcome is None)
+            a.process.send_signal(signal.SIGKILL)
+            a.process.wait(10)
+        assert on_a >= 1
+        if stream:
+            for reader in streams:
+                _whole(reader.text)
+        else:
+            assert len(answers) == 10
+            for response in answers:
+                assert response.status_code == 200, response.text
+                answer = response.json()
+                assert answer["choices"][0]["message"]["content"] == EXPECTED
+                assert answer["choices"][0]["finish_reason"] == "stop"
+                assert answer["usage"]["completion_tokens"] == PIECES
+        # Every stream on a had output when a was killed: each moved. A non-streaming
+        # answer's progress is not seen from outside: those on a moved if their output
+        # had reached the edge (what a sent before it died included), else restarted.
+        if stream:
+            assert _migrated(running) == on_a
+        else:
+            assert on_a <= _migrated(running) <= 10
+        await running.wait_idle(within_s=WAIT_S)
+        # b ran each answer once, whole or continued: one line per run id.
+        on_b = [r for r in b.runs() if "outcome" in r]
+        assert len(on_b) == len({r["run_id"] for r in on_b}) == 10
+        await stop_edge(running)
+
+
+async def test_a_node_that_cannot_continue_takes_no_continuation(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Node b does not say `continuation`: the streams cut on a end with an error frame
+    (no [DONE]), as before migration, and b is never sent them; b's own complete."""
+    with _sims(tmp_path, (), ("--no-continuation",)) as (a, b):
+        running = await start_edge(nursery, _config(a, b))
+        body = chat_body("sim-script", LONG, stream=True)
+        streams = [_Stream() for _ in range(4)]
+        async with (
+            httpx.AsyncClient(base_url=running.url, timeout=60) as http,
+            trio.open_nursery() as clients,
+        ):
+            for reader in streams:
+                clients.start_soon(reader.read, http, body)
+            await _poll(lambda: all(s.pieces >= 10 for s in streams))
+            on_a = _live_on(running, "a", lambda r: r.accepted and r.outcome is None)
+            a.process.send_signal(signal.SIGKILL)
+            a.process.wait(10)
+        assert on_a >= 1
+        cut = [s.text for s in streams if "data: [DONE]" not in s.text]
+        assert len(cut) == on_a
+        for text in cut:
+            last = _frames(text)[-1]
+            assert last["error"]["type"] == "run_error", text[-300:]
+        for text in (s.text for s in streams if "data: [DONE]" in s.text):
+            assert _content(_frames(text)) == EXPECTED
+        assert _migrated(running) == 0
+        assert _migrated(running, "no_node") == on_a
+        await running.wait_idle(within_s=WAIT_S)
+        assert len([r for r in b.runs() if "outcome" in r]) == 4 - on_a
+        await stop_edge(running)
+
+
+async def test_a_client_that_left_is_never_migrated(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A client that leaves mid-answer: its run is cancelled on its node (its runs log
+    says so), and the other node's runs log never names it; nothing is migrated."""
+    with _sims(tmp_path, (), ()) as (a, b):
+        running = await start_edge(nursery, _config(a, b))
+        body = chat_body("sim-script", LONG, stream=True)
+        async with httpx.AsyncClient(base_url=running.url, timeout=60) as http:
+            text = ""
+            async with http.stream("POST", CHAT, json=body) as response:
+                async for chunk in response.aiter_text():
+                    text += chunk
+                    if _content(_frames(text[: text.rfind("\n\n") + 1])).count(" ") >= 10:
+                        break  # the client leaves
+        run_id = _frames(text)[0]["id"].removeprefix("chatcmpl-")
+        await running.wait_idle(within_s=WAIT_S)
+        await _poll(lambda: a.run(run_id) is not None or b.run(run_id) is not None)
+        first, other = (a, b) if a.run(run_id) is not None else (b, a)
+        record = first.run(run_id)
+        assert record is not None
+        assert record["outcome"] == "cancelled", record
+        assert not any(r.get("run_id") == run_id for r in other.runs())
+        assert _migrated(running) == 0
+        await stop_edge(running)
