@@ -521,12 +521,13 @@ class NodePool:
             free = [s for s in healthy if s.has_slot()]
             if not free:
                 return None
-            self._turn += 1
+            turn = self._turn  # the first pick's ties go to the first listed, then round
+            self._turn = turn + 1
             if self.cache_aware and route is not None:
-                choice = self._choose_cached(free, affinity_key, route)
+                choice = self._choose_cached(free, affinity_key, route, turn)
                 chosen = free[choice.index]
             else:
-                choice, chosen = None, self._choose(free, affinity_key)
+                choice, chosen = None, self._choose(free, affinity_key, turn)
             if len(free) < len(healthy) and _queued_behind(chosen, healthy):
                 return None  # wait here for a place on a node without that queue
             chosen.health.take(now)
@@ -563,7 +564,7 @@ class NodePool:
             code="model_not_found",
         )
 
-    def _choose(self, free: list[NodeState], affinity_key: str | None) -> NodeState:
+    def _choose(self, free: list[NodeState], affinity_key: str | None, turn: int) -> NodeState:
         if self.affinity and affinity_key is not None and len(free) > 1:
             loads = [(s.client.name, load.runs(s.load, s.in_flight, s.at_report)) for s in free]
             return free[affinity.choose(affinity_key, loads)]
@@ -573,10 +574,10 @@ class NodePool:
         ranks = [s.rank() for s in free]
         best_rank = min(ranks)
         tied = [s for s, rank in zip(free, ranks, strict=True) if rank == best_rank]
-        return tied[self._turn % len(tied)]
+        return tied[turn % len(tied)]
 
     def _choose_cached(
-        self, free: list[NodeState], affinity_key: str | None, route: Route
+        self, free: list[NodeState], affinity_key: str | None, route: Route, turn: int
     ) -> cacheaware.Choice:
         candidates = [
             Candidate(
@@ -592,7 +593,7 @@ class NodePool:
         return cacheaware.choose(
             blocks, candidates, session=affinity_key, factor=self.cache_load_factor,
             share_factor=self.cache_share_factor,
-            placed_on=self.placements.get(blocks[0]) if blocks else None, turn=self._turn,
+            placed_on=self.placements.get(blocks[0]) if blocks else None, turn=turn,
         )  # fmt: skip
 
     def _routed(self, chosen: NodeState, route: Route, choice: cacheaware.Choice) -> None:

@@ -8,7 +8,6 @@ wait here is bounded in time; nothing listens beyond 127.0.0.1.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -138,14 +137,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def edge_knows_migrations() -> bool:
-    """Whether this tree's edge has `[routing] migrations` (an edge older than
-    migration has not, and rejects the key: it never moves an answer)."""
-    from edge.config.schema import RoutingConfig
-
-    return "migrations" in {f.name for f in dataclasses.fields(RoutingConfig)}
 
 
 # The chaos scenarios' [timeouts]; `None` (the hostile mix) keeps the edge's defaults.

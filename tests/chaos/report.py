@@ -79,8 +79,6 @@ class Report:
     machine_busy: list[float] = field(default_factory=list)
     # CPU seconds during the load: the edge, the nodes, the chaos client.
     cpu_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    # Whether the edge under test has `[routing] migrations` at all.
-    edge_migrates: bool = True
 
     @property
     def ok(self) -> bool:
@@ -141,8 +139,6 @@ def migration_lines(report: Report) -> list[str]:
     expected, whole = g.get("expected", 0), g.get("whole", 0)
     share = f"{whole / expected:.1%}" if expected else "-"
     mode = "on" if o.migration else "off (--no-migration: [routing] migrations = 0)"
-    if o.migration and not report.edge_migrates:
-        mode = "on, but this edge has no [routing] migrations: it cannot move an answer"
     by: Counter[str] = Counter()
     for k, v in m.items():
         if k.startswith("iop_edge_migrations_total{"):

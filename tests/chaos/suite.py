@@ -32,7 +32,6 @@ from tests.chaos.procs import (
     SimNode,
     Stats,
     cpu_seconds,
-    edge_knows_migrations,
     probe_healthz,
 )
 from tests.chaos.report import Options, Report, summary, write_results
@@ -194,9 +193,8 @@ async def run_suite(options: Options) -> Report:
     )
     nodes = [SimNode(f"n{i}", workdir) for i in range(options.nodes)]
     edge = EdgeProcess(workdir)
-    # Off: `[routing] migrations = 0`; an edge without the key never moves an answer.
-    report.edge_migrates = edge_knows_migrations()
-    if not options.migration and report.edge_migrates:
+    # Off: `[routing] migrations = 0` (on: the edge's default).
+    if not options.migration:
         edge.migrations = 0
     edge_exit: int | None = None
     try:

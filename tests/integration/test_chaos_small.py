@@ -11,19 +11,15 @@ leave before the edge's handler runs, and the edge does not count those yet
 (docs/chaos.md). Keep-alive clients that close while idle are left
 to `make chaos` for the same reason.
 
-The run with a kill has mid-answer kills on (a stream the kill meets after
-its first byte must complete whole on the other node) when the edge has
-`[routing] migrations`; an edge without it cannot move an answer, and the
-run holds it to the expectations of `--no-migration` instead.
+The run with a kill has mid-answer kills on: a stream the kill meets after
+its first byte must complete whole on the other node.
 """
 
 from __future__ import annotations
 
-from tests.chaos.procs import edge_knows_migrations
 from tests.chaos.report import Options, summary
 from tests.chaos.suite import run_suite
 
-MIGRATES = edge_knows_migrations()
 WITH_KILL = Options(
     seed=7,
     streams=40,
@@ -32,7 +28,6 @@ WITH_KILL = Options(
     node_kills=1,
     duration=25.0,
     idle_close=0,
-    migration=MIGRATES,
 )
 NO_KILL = Options(
     seed=5, streams=30, concurrency=15, nodes=2, node_kills=0, duration=25.0, idle_close=0
