@@ -191,7 +191,7 @@ class Mover:
         try:
             await self.scope.hold(new)
         except EdgeError as exc:
-            self.scope.adopt(old)  # the request's outcome: the break's, as before
+            self._adopt(old)  # the request's outcome: the break's, as before
             self._count(brk.reason, "failed")
             logger.bind(
                 request_id=old.info.request_id, run_id=old.info.run_id, from_node=old.info.node,
@@ -200,7 +200,7 @@ class Mover:
                       " not start on node {}: {}", old.info.run_id, old.info.node,
                       delivered.chars, brk.reason, new.info.node, exc.type)  # fmt: skip
             return False
-        self.scope.adopt(new)
+        self._adopt(new)
         moving.leg = new
         moving.gap_from = broke_at
         self._count(brk.reason, "migrated")
@@ -212,6 +212,13 @@ class Mover:
                   old.info.run_id, old.info.node, delivered.chars, brk.reason,
                   new.info.node)  # fmt: skip
         return True
+
+    def _adopt(self, run: Run) -> None:
+        """`run` answers a stream from here: its outcome is the request's. Not for a
+        non-streaming answer: nothing of it was sent, and failover, which still decides
+        whether to start it again elsewhere, adopts the run that answers it."""
+        if self.request.stream:
+            self.scope.adopt(run)
 
     async def _continued(self, delivered: Delivered) -> PreparedRunRequest | None:
         """The request's RunRequest continuing the answer so far, built off the loop;

@@ -447,6 +447,36 @@ async def test_a_non_streaming_answer_that_cannot_continue_is_restarted_as_befor
     assert _migrations(metrics, "stream_broken", "no_node") == 1
 
 
+async def test_a_non_streaming_answer_whose_continuation_breaks_is_restarted_and_counted_once() -> (
+    None
+):
+    """Not streamed: the continuation breaks too, with no migration left; nothing was
+    sent, so failover starts the answer again on the node left, which answers it whole.
+    The request is counted once, with the answer's outcome (success), not the broken
+    continuation's."""
+
+    def breaks_twice(request: pb.RunRequest, run: int) -> Played:
+        if run == 0:
+            return [Delta(p) for p in ANSWER[:3]], BROKEN
+        if run == 1:
+            return [Delta("fox ")], BROKEN
+        return _continued(request)
+
+    fleet = _Fleet(breaks_twice)
+    out, committed, metrics, _ = await _answer(
+        fleet, continuation=(True, True, True), request=WHOLE, retries=1
+    )
+    assert _text(out) == "".join(ANSWER)
+    assert committed.error is None
+    assert fleet.requests[2][1].continuation is None  # started again, from the start
+    counted = [
+        (sample.labels["status"], sample.labels["node"], sample.value)
+        for family in metrics.registry.collect() if family.name == "iop_edge_requests"
+        for sample in family.samples if sample.name == "iop_edge_requests_total"
+    ]  # fmt: skip
+    assert counted == [("success", fleet.requests[2][0], 1.0)]
+
+
 def test_the_answer_so_far_is_reserved_from_the_memory_budget_without_shedding() -> None:
     """What a running answer keeps comes out of the memory budget while there is room;
     past it the reservation is refused (None) and nothing is counted as shed."""
