@@ -174,8 +174,8 @@ async def one_round(
     before_leave = 0
     by_run = {r.run_id: r for r in results if r.run_id}
     for run_id in unknown_ids:
-        run, result = runs.get(run_id), by_run.get(run_id)
-        if run and result and run["ended_at"] < wall0 + result.t_end:
+        run, left = runs.get(run_id), by_run.get(run_id)
+        if run and left and run["ended_at"] < wall0 + left.t_end:
             before_leave += 1
     for result in results:
         run = runs.get(result.run_id or "")

@@ -41,7 +41,6 @@ import trio
 from tests.chaos.attacks import (
     ATTACKS,
     ENDED_THE_EDGE,
-    KEY,
     THROTTLED_CONFIG,
     UNTIMED,
     Normal,
@@ -50,6 +49,7 @@ from tests.chaos.attacks import (
     Target,
 )
 from tests.chaos.procs import EdgeProcess, ProcessError, SimNode, probe_healthz, stop_process
+from tests.hostile.cases import KEY
 
 PHASES = (*ATTACKS, "all")
 HEALTHZ_P99_GOAL_MS = 100.0
