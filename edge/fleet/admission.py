@@ -45,7 +45,8 @@ from loguru import logger
 from edge.config import AdmissionConfig
 from edge.errors import EdgeError, OverloadedError, PayloadTooLargeError
 from edge.fleet.cacheaware import Route
-from edge.fleet.pool import NodePool, NodeState
+from edge.fleet.nodestate import NodeState
+from edge.fleet.pool import NodePool
 from edge.observe.metrics import EdgeMetrics
 
 # Waiters looked at per dispatch, from the head of the queue.

@@ -50,7 +50,7 @@ from edge.config import RoutingConfig
 from edge.errors import EdgeError
 from edge.fleet.cacheaware import Route
 from edge.fleet.migration import CANCEL_WAIT_S, MigrationScope, MovableRun, Mover
-from edge.fleet.pool import NodeState
+from edge.fleet.nodestate import NodeState
 from edge.fleet.run import Run
 from edge.fleet.runs import Runs
 from edge.node.wire import PreparedRunRequest

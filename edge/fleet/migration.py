@@ -60,7 +60,7 @@ from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import EdgeError
 from edge.fleet.cacheaware import Route
 from edge.fleet.continuation import Break, Delivered, why_not
-from edge.fleet.pool import NodeState
+from edge.fleet.nodestate import NodeState
 from edge.fleet.run import Run, RunInfo
 from edge.fleet.runs import Runs
 from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S

@@ -57,7 +57,8 @@ from edge.errors import (
 )
 from edge.fleet.admission import Admission
 from edge.fleet.continuation import Break, Delivered, failed_break, stream_break
-from edge.fleet.pool import NodePool, NodeState
+from edge.fleet.nodestate import NodeState
+from edge.fleet.pool import NodePool
 from edge.fleet.turns import Turns
 from edge.node.client import EndCause, RunHandle
 from edge.node.wire import PreparedRunRequest

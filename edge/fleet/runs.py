@@ -15,7 +15,8 @@ import trio
 from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.fleet.admission import Admission
-from edge.fleet.pool import NodePool, NodeState
+from edge.fleet.nodestate import NodeState
+from edge.fleet.pool import NodePool
 from edge.fleet.run import Run, RunInfo, RunServices, RunStart
 from edge.fleet.turns import Turns
 from edge.node.wire import PreparedRunRequest

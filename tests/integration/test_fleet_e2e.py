@@ -20,7 +20,8 @@ import trio
 from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
 from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import NodeUnavailableError
-from edge.fleet.pool import NodePool, NodeState
+from edge.fleet.nodestate import NodeState
+from edge.fleet.pool import NodePool
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
 from edge.stream.events import Complete, Failed, NodeEvent

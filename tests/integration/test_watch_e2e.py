@@ -35,7 +35,7 @@ import trio
 from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
 from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import EdgeError
-from edge.fleet.pool import NodeState
+from edge.fleet.nodestate import NodeState
 from edge.node.bridge import asyncio_loop, call_asyncio
 from edge.node.client import GrpcNodeClient, RunHandle, WatchUnsupported
 from edge.nodes.kit import start_server, stop_server

@@ -13,7 +13,8 @@ import trio.testing
 from edge.config import AdmissionConfig, RoutingConfig
 from edge.errors import NodeUnavailableError, OverloadedError, PayloadTooLargeError
 from edge.fleet.admission import SCAN, Admission
-from edge.fleet.pool import NodePool, NodeState
+from edge.fleet.nodestate import NodeState
+from edge.fleet.pool import NodePool
 from edge.node.client import NodeDescription
 from edge.observe.metrics import EdgeMetrics
 

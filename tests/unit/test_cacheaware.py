@@ -22,7 +22,8 @@ from edge.contract.prefix import BLOCK_TOKENS, MAX_KV_BLOCKS_PER_REPORT
 from edge.errors import NodeFailedError
 from edge.fleet import affinity, cacheaware
 from edge.fleet.cacheaware import Route
-from edge.fleet.pool import NodePool, NodeState
+from edge.fleet.nodestate import NodeState
+from edge.fleet.pool import NodePool
 from edge.node.client import NodeDescription
 from edge.node.describe import description_from_pb
 from edge.observe.metrics import CACHE_ROUTING_OUTCOMES

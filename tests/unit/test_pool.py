@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
 from edge.fleet import affinity
-from edge.fleet.pool import NodePool, NodeState
+from edge.fleet.nodestate import NodeState
+from edge.fleet.pool import NodePool
 from edge.node.client import NodeClient, NodeDescription
 
 MODELS = ("m", "other")

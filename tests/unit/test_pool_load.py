@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.fleet.load import NodeLoad, rank, runs
-from edge.fleet.pool import NodePool, NodeState
+from edge.fleet.nodestate import NodeState
+from edge.fleet.pool import NodePool
 from edge.node.client import NodeDescription
 from tests.unit.test_pool import MODELS, make_pool
 
