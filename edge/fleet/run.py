@@ -60,6 +60,7 @@ from edge.fleet.continuation import Break, Delivered, failed_break, stream_break
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
 from edge.fleet.turns import Turns
+from edge.fleet.verdict import RETRYABLE, report, verdict_of
 from edge.node.client import EndCause, RunHandle
 from edge.node.wire import PreparedRunRequest
 from edge.observe.logbound import clip
@@ -125,22 +126,6 @@ class RunStart:
     metadata: Mapping[str, str] | None = None
     # The prefix blocks the pick expected cached on the node (cache-aware routing).
     predicted: int = 0
-
-
-# What a run that did not start says of its node (the pool's `run_failed` reason).
-START_FAILURES: tuple[tuple[type[EdgeError], str], ...] = (
-    (NodeUnavailableError, "unavailable"),
-    (NodeTimeoutError, "accept_timeout"),
-    (NodeFailedError, "start_failed"),
-)
-# The reasons a run ended before any output that another node may do better on (an
-# overloaded node's 429 among them; never a refusal: every node would refuse alike).
-RETRYABLE = frozenset(
-    {"unavailable", "accept_timeout", "start_failed", "error_event", "stream_broken", "overloaded"}
-)
-# Verdicts that say nothing of the node's health (the pool's `run_refused`): the node
-# refused the request (4xx: the request's fault) or was overloaded (429).
-REFUSALS = frozenset({"refused", "overloaded"})
 
 
 class Run:
@@ -231,8 +216,8 @@ class Run:
         self.delivered: Delivered | None = None
         self.broke: Break | None = None
         # What the run says of its node, once its outcome is fixed: a failure reason
-        # (START_FAILURES, "error_event", "stream_broken", "timeout"), "ok", a refusal
-        # of the node's (REFUSALS), or None (nothing: the caller left, or the edge
+        # (`edge.fleet.verdict`: a start failure, "error_event", "stream_broken",
+        # "timeout"), "ok", a refusal of the node's, or None (nothing: the caller left, or the edge
         # refused the request).
         self.verdict: str | None = None
 
@@ -383,50 +368,23 @@ class Run:
         if self.outcome is not None:
             return
         self.outcome = outcome
-        self.verdict = self._verdict(outcome)
+        self.verdict = verdict_of(
+            outcome, self.start_error, self.handle.cause if self.handle is not None else None,
+            accepted=self.handle is not None,
+        )  # fmt: skip
         start = self._start
         if start is not None:
             pool = start.services.pool
             prefix = start.payload.prefix
             if prefix is not None and outcome.usage is not None and outcome.usage_sample:
                 pool.run_usage(start.node, prefix.blocks, start.predicted, outcome.usage)
-            if self.verdict == "ok":
-                pool.run_succeeded(start.node)
-            elif self.verdict in REFUSALS:
-                pool.run_refused(start.node)
-                start.services.metrics.run_refusals.labels(
-                    self.info.node, str(outcome.node_status)
-                ).inc()
-            elif self.verdict is not None and not self.output_seen:
-                # A failure after output says more of the run than of the node (the
-                # node served it until then), and a client can script one: the
-                # breaker counts the runs a node could not answer at all.
-                pool.run_failed(start.node, self.verdict, started_at=self.info.started_at)
+            report(
+                pool, start.node, self.verdict, outcome, output_seen=self.output_seen,
+                started_at=self.info.started_at, metrics=start.services.metrics,
+            )  # fmt: skip
             start.services.admission.release(start.node)
         if self.on_end is not None:
             self.on_end()
-
-    def _verdict(self, outcome: Outcome) -> str | None:
-        """What the run says of its node (see `verdict`)."""
-        error = self.start_error
-        if error is not None:
-            for kind, reason in START_FAILURES:
-                if isinstance(error, kind):
-                    return reason
-            return None  # the request's own fault (too large for the node)
-        if self.handle is None:
-            return None  # the caller left before the node accepted
-        if outcome.status == "error":
-            if not outcome.usage_sample:
-                return "stream_broken"
-            if outcome.node_status:  # the node's refusal (4xx) or overload (429)
-                return "overloaded" if outcome.node_status == 429 else "refused"
-            # The node's error event, or a run it ended unfinished; anything else
-            # (tool validation, output past the edge's cap) is the answer's, not the node's.
-            return "error_event" if outcome.error_type == NodeFailedError.type else "ok"
-        if outcome.status == "timeout":
-            return "timeout" if self.handle.cause is EndCause.TIMEOUT else None
-        return "ok" if outcome.status == "success" else None
 
     def retire(self) -> None:
         """The run's request is over, its read task too: the run is no longer in flight.
