@@ -141,9 +141,10 @@ async def _cache_scenario(address: str) -> dict[str, Any]:
             seen["held"] = set(watcher.held)
             seen["evicted"] = set(watcher.evicted)
             seen["snapshots_after"] = sum(r.kv_blocks_snapshot for r in watcher.reports)
-            # Once b is over, the cache is full but no run in flight uses it.
+            # Once b is over, its report says the cache full of blocks (8 of 8 held) and
+            # none of it in use: no run is in flight (bounded: the scenario's fail_after).
             await watcher.until(lambda w: w.reports[-1].kv_cache_used_tokens == 0)
-            seen["used"] = watcher.reports[-1].kv_cache_used_tokens
+            seen["used_when_idle"] = (len(watcher.held), watcher.reports[-1].kv_cache_tokens)
             seen["a_again"] = await _usage(stub, _request("a3", a))
         return seen
     finally:
@@ -193,7 +194,7 @@ async def test_a_repeated_prefix_is_cached_and_a_watcher_sees_its_blocks_come_an
     assert seen["held"] == {101, 102, 201, 202, 203, 204, 205, 206}
     assert seen["evicted"] == {103, 104}
     assert seen["snapshots_after"] == 1
-    assert seen["used"] == 0
+    assert seen["used_when_idle"] == (CAPACITY_BLOCKS, CAPACITY_BLOCKS * BLOCK_TOKENS)
     assert seen["a_again"].cached_input_tokens == 2 * BLOCK_TOKENS
 
 
