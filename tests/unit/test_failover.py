@@ -49,8 +49,8 @@ class Boom(Exception):
     """The failure a case injects."""
 
 
-class _Client:
-    """A node whose runs start as the case scripts them."""
+class ScriptedClient:
+    """A node whose runs start as the case scripts them (`start`)."""
 
     def __init__(self, name: str, start: Start) -> None:
         self.name = name
@@ -139,7 +139,7 @@ _CASES: dict[str, tuple[tuple[Start, ...], type[PreparedRunRequest], type[ChatSc
 
 
 def _pool(starts: tuple[Start, ...], clock: Callable[[], float] = trio.current_time) -> NodePool:
-    pool = NodePool([_Client(f"n{i}", start) for i, start in enumerate(starts)], clock=clock)
+    pool = NodePool([ScriptedClient(f"n{i}", start) for i, start in enumerate(starts)], clock=clock)
     for state in pool.nodes:
         pool._described(state, NodeDescription(state.client.name, ("m",)))
         state.max_runs = 2

@@ -10,8 +10,7 @@ real node processes is tests/integration/test_migration_e2e.py.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -49,6 +48,7 @@ from edge.stream.events import (
 from edge.stream.logprobs import TokenLogprob
 from edge.stream.output import ContentOut, ErrorOut, FinishOut, OutEvent, ReasoningOut, RoleOut
 from edge.stream.session import SessionSettings, StreamSession
+from tests.unit.test_failover import ScriptedClient
 
 STREAM = parse_chat_request(
     b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
@@ -191,29 +191,15 @@ class _Fleet:
 Played = tuple[list[NodeEvent], NodeFailedError | None]
 
 
-class _Node:
+def _node(name: str, fleet: _Fleet) -> ScriptedClient:
     """A node of the fleet: plays the fleet's script for each run it is sent."""
 
-    def __init__(self, name: str, fleet: _Fleet) -> None:
-        self.name = name
-        self.address = name
-        self.fleet = fleet
-
-    async def start_run(
-        self,
-        nursery: trio.Nursery,
-        request: EncodedRunRequest,
-        *,
-        deadline: float,
-        slow_consumer_s: float = math.inf,
-        accept_s: float = math.inf,
-        metadata: Mapping[str, str] | None = None,
-    ) -> RunHandle:
+    async def start(nursery: trio.Nursery, request: EncodedRunRequest) -> RunHandle:
         message = pb.RunRequest().parse(bytes(request))
-        runs = self.fleet.requests
-        events, error = self.fleet.script(message, len(runs))
-        runs.append((self.name, message))
-        handle = RunHandle(request.run_id, self.name, EventBuffer(max_events=64, max_chars=1 << 20))
+        runs = fleet.requests
+        events, error = fleet.script(message, len(runs))
+        runs.append((name, message))
+        handle = RunHandle(request.run_id, name, EventBuffer(max_events=64, max_chars=1 << 20))
         for event in events:
             assert handle.events.put_nowait(event)
         handle.finished = error is None
@@ -222,11 +208,7 @@ class _Node:
         handle.done.set()
         return handle
 
-    async def describe(self) -> NodeDescription:  # pragma: no cover - never refreshed here
-        raise AssertionError("not contacted")
-
-    async def aclose(self) -> None:  # pragma: no cover
-        pass
+    return ScriptedClient(name, start)
 
 
 ANSWER = ["The ", "quick ", "brown ", "fox ", "jumps."]
@@ -265,7 +247,7 @@ async def _answer(
 ) -> tuple[list[OutEvent], Committed, EdgeMetrics, NodePool]:
     """Everything the caller of `Failover.start` takes of one answer, to its end, from
     nodes n0, n1, ... (one a `continuation` flag)."""
-    pool = NodePool([_Node(f"n{i}", fleet) for i in range(len(continuation))])
+    pool = NodePool([_node(f"n{i}", fleet) for i in range(len(continuation))])
     for state, can in zip(pool.nodes, continuation, strict=True):
         name = state.client.name
         pool._described(
