@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -272,3 +272,24 @@ async def notify_lines(
             seen.append(message)
             if wanted in message.splitlines():
                 return seen
+
+
+async def poll(condition: Callable[[], bool], within_s: float = 20.0) -> None:
+    """Wait for state that has no event of its own (metrics, another process's log,
+    in-process runs): checked every 10 ms, for at most `within_s`."""
+    with trio.fail_after(within_s):
+        while not condition():  # noqa: ASYNC110 - no event to wait on
+            await trio.sleep(0.01)
+
+
+def sse_frames(text: str) -> list[Any]:
+    """The JSON frames of an SSE answer (its `data: [DONE]` left out)."""
+    return [json.loads(line[6:]) for line in text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+
+
+def sse_content(frames: list[Any]) -> str:
+    """The content text of a chat completion's frames, joined."""
+    return "".join(
+        f["choices"][0]["delta"].get("content") or "" for f in frames if f.get("choices")
+    )

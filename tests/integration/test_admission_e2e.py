@@ -10,7 +10,6 @@ bounded polls on in-process state; nothing asserts a duration.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -22,6 +21,7 @@ from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
     chat_body,
+    poll,
     script,
     start_edge,
     stop_edge,
@@ -40,12 +40,6 @@ async def _edge(nursery: trio.Nursery, sim: SimProcess, queue_timeout_s: float) 
         nodes=(NodeConfig("sim", sim.address, max_runs=2),),
     )
     return await start_edge(nursery, config)
-
-
-async def _poll(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
-    with trio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110 - in-process state with no event
-            await trio.sleep(0.01)
 
 
 def _sample(edge: RunningEdge, name: str, **labels: str) -> float:
@@ -91,10 +85,10 @@ async def test_a_full_queue_answers_503_overloaded_at_once(
     ):
         for _ in range(2):
             holders.start_soon(_hold, http, held)
-        await _poll(lambda: len(held) == 2)
+        await poll(lambda: len(held) == 2)
         for _ in range(3):
             waiting.start_soon(queued, http)
-        await _poll(lambda: admission.depth == 3)
+        await poll(lambda: admission.depth == 3)
         assert _sample(edge, "iop_edge_queue_depth") == 3
         _assert_overloaded(await http.post(CHAT, json=chat_body("sim-echo", "sixth")))
         assert admission.depth == 3  # answered while the queue was still full
@@ -122,19 +116,19 @@ async def test_a_queued_client_that_leaves_never_starts_a_run(
     ):
         for _ in range(2):
             holders.start_soon(_hold, http, held)
-        await _poll(lambda: len(held) == 2)
+        await poll(lambda: len(held) == 2)
         async with trio.open_nursery() as leaver:
             body = chat_body("sim-echo", "never run")
             leaver.start_soon(
                 lambda: http.post(CHAT, json=body, headers={"X-Request-Id": "leaver"})
             )
-            await _poll(lambda: admission.depth == 1)
+            await poll(lambda: admission.depth == 1)
             leaver.cancel_scope.cancel()  # the client hangs up while queued
-        await _poll(lambda: admission.depth == 0)
+        await poll(lambda: admission.depth == 0)
         holders.cancel_scope.cancel()
     await edge.wait_idle()
     assert all(info.request_id != "leaver" for info, _ in edge.outcomes)
-    await _poll(lambda: len([r for r in node.runs() if "outcome" in r]) >= 2)
+    await poll(lambda: len([r for r in node.runs() if "outcome" in r]) >= 2)
     runs = [r for r in node.runs() if "outcome" in r]
     assert {r["run_id"] for r in runs} == {h.removeprefix("chatcmpl-") for h in held}
     assert _sample(
@@ -157,7 +151,7 @@ async def test_a_wait_past_the_queue_timeout_answers_503(
     ):
         for _ in range(2):
             holders.start_soon(_hold, http, held)
-        await _poll(lambda: len(held) == 2)
+        await poll(lambda: len(held) == 2)
         for stream in (False, True):
             body: dict[str, Any] = chat_body("sim-echo", "too late", stream=stream)
             _assert_overloaded(await http.post(CHAT, json=body))
@@ -196,10 +190,10 @@ async def _full(
     http.base_url = httpx.URL(edge.url)
     for _ in range(2):
         holders.start_soon(_hold, http, held)
-    await _poll(lambda: len(held) == 2)
+    await poll(lambda: len(held) == 2)
     for _ in range(3):
         waiting.start_soon(partial(http.post, CHAT, json=chat_body("sim-echo", "after the wait")))
-    await _poll(lambda: edge.edge.admission.depth == 3)
+    await poll(lambda: edge.edge.admission.depth == 3)
     return edge
 
 

@@ -19,9 +19,8 @@ nothing asserts a duration.
 
 from __future__ import annotations
 
-import json
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,10 @@ from tests.integration.conftest import (
     SimProcess,
     chat_body,
     named_sims,
+    poll,
     script,
+    sse_content,
+    sse_frames,
     start_edge,
     stop_edge,
     stop_process,
@@ -90,32 +92,14 @@ def _requests(edge: RunningEdge) -> dict[tuple[str, ...], float]:
     return counts
 
 
-async def _poll(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
-    """Wait for state that has no event of its own (metrics, another process's log)."""
-    with trio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110 - no event to wait on
-            await trio.sleep(0.01)
-
-
-def _frames(text: str) -> list[Any]:
-    return [json.loads(line[6:]) for line in text.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
-
-
-def _content(frames: list[Any]) -> str:
-    return "".join(
-        f["choices"][0]["delta"].get("content") or "" for f in frames if f.get("choices")
-    )
-
-
 async def _answer(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[str, str]:
     """The answer's run id and content, streamed or not; asserts a 200 success."""
     response = await http.post(CHAT, json=body)
     assert response.status_code == 200, response.text
     if body.get("stream"):
         assert response.text.endswith("data: [DONE]\n\n"), response.text[-300:]
-        frames = _frames(response.text)
-        return frames[0]["id"].removeprefix("chatcmpl-"), _content(frames)
+        frames = sse_frames(response.text)
+        return frames[0]["id"].removeprefix("chatcmpl-"), sse_content(frames)
     data = response.json()
     return data["id"].removeprefix("chatcmpl-"), data["choices"][0]["message"]["content"]
 
@@ -316,24 +300,24 @@ async def test_a_node_killed_under_load(
         async with trio.open_nursery() as asks:
             for i in range(50):
                 asks.start_soon(ask, http, i)
-            await _poll(lambda: live_on_a("ask-") >= 5)
+            await poll(lambda: live_on_a("ask-") >= 5)
             mids_on_a = live_on_a("mid-")
             a.process.send_signal(signal.SIGKILL)
             a.process.wait(10)
             for i in range(50, 100):
                 asks.start_soon(ask, http, i)
         # The streams mid-answer on a have ended; those on b still run: they go.
-        await _poll(lambda: len(mid_texts) == mids_on_a)
+        await poll(lambda: len(mid_texts) == mids_on_a)
         mids.cancel_scope.cancel()
     assert len(answers) == 100
     for response in answers:
         assert response.status_code == 200, response.text
         assert response.text.endswith("data: [DONE]\n\n")
-        assert _content(_frames(response.text)) == "done"
+        assert sse_content(sse_frames(response.text)) == "done"
     assert mids_on_a >= 1
     for text in mid_texts:
         assert "data: [DONE]" not in text
-        last = _frames(text)[-1]
+        last = sse_frames(text)[-1]
         assert last["error"]["type"] == "run_error", text[-300:]
     await running.wait_idle(within_s=30)
     # b ran each run id at most once; a (killed) logged only runs it had ended.

@@ -26,7 +26,6 @@ from __future__ import annotations
 import gc
 import json
 import re
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from tests.integration.conftest import (
     SimProcess,
     chat_body,
     edge_config,
+    poll,
     script,
     start_edge,
     stop_edge,
@@ -88,12 +88,6 @@ async def _edge(nursery: trio.Nursery, sim: SimProcess, budget: int) -> RunningE
     return await start_edge(nursery, config)
 
 
-async def _poll(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
-    with trio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110 - in-process state with no event
-            await trio.sleep(0.01)
-
-
 def _gauge(edge: RunningEdge) -> float:
     value = edge.edge.metrics.registry.get_sample_value("iop_edge_request_memory_bytes")
     assert value is not None
@@ -103,7 +97,7 @@ def _gauge(edge: RunningEdge) -> float:
 async def _given_back(edge: RunningEdge) -> None:
     """Every request's bytes are back: the budget's count and its gauge say 0."""
     admission = edge.edge.admission
-    await _poll(lambda: admission.held == 0)
+    await poll(lambda: admission.held == 0)
     assert _gauge(edge) == 0
 
 

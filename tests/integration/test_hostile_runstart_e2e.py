@@ -44,6 +44,7 @@ from tests.integration.conftest import (
     SimProcess,
     chat_body,
     named_sims,
+    poll,
     script,
     start_edge,
     start_sim,
@@ -79,16 +80,9 @@ def _in_flight(edge: RunningEdge) -> int:
     return sum(state.in_flight for state in edge.edge.pool.nodes)
 
 
-async def _poll(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
-    """Wait for in-process state that has no event of its own (a node's in_flight)."""
-    with trio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110 - no event to wait on
-            await trio.sleep(0.01)
-
-
 async def _served(edge: RunningEdge, http: httpx.AsyncClient) -> None:
     """Every slot is back, and a valid request is answered in full."""
-    await _poll(lambda: _in_flight(edge) == 0)
+    await poll(lambda: _in_flight(edge) == 0)
     response = await http.post(CHAT, json=chat_body("sim-echo", "still serving"))
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == "still serving"
@@ -250,7 +244,7 @@ async def test_a_caller_that_leaves_during_a_run_start_gives_its_slot_back(
         async with trio.open_nursery() as nursery:
             for _ in range(2):
                 nursery.start_soon(partial(http.post, CHAT, json=body))
-            await _poll(started)
+            await poll(started)
             assert _in_flight(edge) == 2
             callers.cancel()
     await _served(edge, http)
@@ -437,7 +431,7 @@ async def test_each_attempt_sends_the_request_deadline(
                 assert sent["model"] == "sim-script"
                 assert sent["seed"] == "7"
                 assert sent["messages"][0]["content"] == content
-            await _poll(lambda: _in_flight(running) == 0)
+            await poll(lambda: _in_flight(running) == 0)
         retries = running.edge.metrics.registry.get_sample_value(
             "iop_edge_retries_total", {"node": "sim", "reason": "error_event"}
         )

@@ -9,7 +9,7 @@ are bounded polls on in-process state.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
     chat_body,
+    poll,
     script,
     start_edge,
     stop_edge,
@@ -70,12 +71,6 @@ async def client(keyed: RunningEdge) -> AsyncIterator[httpx.AsyncClient]:
 
 def _sample(edge: RunningEdge, name: str, **labels: str) -> float:
     return edge.edge.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-async def _poll(condition: Callable[[], bool], within_s: float = 20.0) -> None:
-    with trio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110 - in-process state with no event
-            await trio.sleep(0.01)
 
 
 async def test_allow_list_answers_like_a_missing_model_and_filters_models(
@@ -200,20 +195,20 @@ async def test_max_streams_holds_and_gives_back_on_disconnect(
                     await _hold(client, held)
 
             holders.start_soon(hold)
-        await _poll(lambda: len(held) == 2)
+        await poll(lambda: len(held) == 2)
         refused = await client.post(CHAT, json=chat_body("sim-echo", "x"),
                                     headers=_auth("sk-streams"))  # fmt: skip
         assert refused.status_code == 429
         assert refused.headers["Retry-After"] == "1"
         assert "in flight" in refused.json()["error"]["message"]
         scopes[0].cancel()  # one client leaves
-        await _poll(lambda: _sample(keyed, "iop_edge_key_streams", key="streams") == 1)
+        await poll(lambda: _sample(keyed, "iop_edge_key_streams", key="streams") == 1)
         passed = await client.post(CHAT, json=chat_body("sim-echo", "x"),
                                    headers=_auth("sk-streams"))  # fmt: skip
         assert passed.status_code == 200
         assert _sample(keyed, "iop_edge_key_streams", key="streams") == 1
         holders.cancel_scope.cancel()
-    await _poll(lambda: _sample(keyed, "iop_edge_key_streams", key="streams") == 0)
+    await poll(lambda: _sample(keyed, "iop_edge_key_streams", key="streams") == 0)
     assert _sample(keyed, "iop_edge_key_rejections_total", key="streams", limit="streams") == 1
 
 
@@ -354,7 +349,7 @@ async def test_a_key_over_its_limits_is_answered_before_its_body_is_read(
     async with trio.open_nursery() as holders:
         for _ in range(2):
             holders.start_soon(_hold, client, held)
-        await _poll(lambda: len(held) == 2)
+        await poll(lambda: len(held) == 2)
         answers: list[tuple[int, dict[str, str], dict[str, Any]]] = []
 
         async def over_streams() -> None:

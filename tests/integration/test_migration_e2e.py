@@ -22,7 +22,6 @@ asserts a duration.
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -38,7 +37,10 @@ from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
     chat_body,
+    poll,
     script,
+    sse_content,
+    sse_frames,
     start_edge,
     start_sim,
     stop_edge,
@@ -78,24 +80,6 @@ def _config(*nodes: SimProcess, migrations: int = 1) -> Config:
     )
 
 
-async def _poll(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
-    """Wait for state that has no event of its own (in-process runs, another process's log)."""
-    with trio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110 - no event to wait on
-            await trio.sleep(0.01)
-
-
-def _frames(text: str) -> list[Any]:
-    return [json.loads(line[6:]) for line in text.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
-
-
-def _content(frames: list[Any]) -> str:
-    return "".join(
-        f["choices"][0]["delta"].get("content") or "" for f in frames if f.get("choices")
-    )
-
-
 def _migrated(edge: RunningEdge, outcome: str = "migrated") -> float:
     total = 0.0
     for family in edge.edge.metrics.registry.collect():
@@ -119,7 +103,7 @@ class _Stream:
 
     @property
     def pieces(self) -> int:
-        return _content(_frames(self.text[: self.text.rfind("\n\n") + 1])).count(" ")
+        return sse_content(sse_frames(self.text[: self.text.rfind("\n\n") + 1])).count(" ")
 
     async def read(self, http: httpx.AsyncClient, body: dict[str, Any]) -> None:
         async with http.stream("POST", CHAT, json=body) as response:
@@ -134,9 +118,9 @@ def _whole(text: str) -> None:
     finish (stop), usage, [DONE] once, no error frame."""
     assert text.endswith("data: [DONE]\n\n"), text[-300:]
     assert text.count("data: [DONE]") == 1
-    frames = _frames(text)
+    frames = sse_frames(text)
     assert not any("error" in f for f in frames), text[-300:]
-    assert _content(frames) == EXPECTED
+    assert sse_content(frames) == EXPECTED
     roles = [f for f in frames if f.get("choices") and f["choices"][0]["delta"].get("role")]
     assert len(roles) == 1
     finishes = [f["choices"][0]["finish_reason"] for f in frames
@@ -174,12 +158,12 @@ async def test_answers_cut_by_a_node_kill_complete_exactly_on_the_other_node(
                     clients.start_soon(reader.read, http, body)
                 else:
                     clients.start_soon(ask, http)
-            await _poll(lambda: _live_on(running, "a", lambda r: r.accepted) >= 1
+            await poll(lambda: _live_on(running, "a", lambda r: r.accepted) >= 1
                         and _live_on(running, "b", lambda r: r.accepted) >= 1)  # fmt: skip
             if stream:
-                await _poll(lambda: all(s.pieces >= 10 for s in streams))
+                await poll(lambda: all(s.pieces >= 10 for s in streams))
             else:
-                await _poll(lambda: _live_on(running, "a", lambda r: r.output_seen) >= 1)
+                await poll(lambda: _live_on(running, "a", lambda r: r.output_seen) >= 1)
             on_a = _live_on(running, "a", lambda r: r.accepted and r.outcome is None)
             a.process.send_signal(signal.SIGKILL)
             a.process.wait(10)
@@ -224,7 +208,7 @@ async def test_a_node_that_cannot_continue_takes_no_continuation(
         ):
             for reader in streams:
                 clients.start_soon(reader.read, http, body)
-            await _poll(lambda: all(s.pieces >= 10 for s in streams))
+            await poll(lambda: all(s.pieces >= 10 for s in streams))
             on_a = _live_on(running, "a", lambda r: r.accepted and r.outcome is None)
             a.process.send_signal(signal.SIGKILL)
             a.process.wait(10)
@@ -232,10 +216,10 @@ async def test_a_node_that_cannot_continue_takes_no_continuation(
         cut = [s.text for s in streams if "data: [DONE]" not in s.text]
         assert len(cut) == on_a
         for text in cut:
-            last = _frames(text)[-1]
+            last = sse_frames(text)[-1]
             assert last["error"]["type"] == "run_error", text[-300:]
         for text in (s.text for s in streams if "data: [DONE]" in s.text):
-            assert _content(_frames(text)) == EXPECTED
+            assert sse_content(sse_frames(text)) == EXPECTED
         assert _migrated(running) == 0
         assert _migrated(running, "no_node") == on_a
         await running.wait_idle(within_s=WAIT_S)
@@ -254,11 +238,11 @@ async def test_a_client_that_left_is_never_migrated(nursery: trio.Nursery, tmp_p
             async with http.stream("POST", CHAT, json=body) as response:
                 async for chunk in response.aiter_text():
                     text += chunk
-                    if _content(_frames(text[: text.rfind("\n\n") + 1])).count(" ") >= 10:
+                    if sse_content(sse_frames(text[: text.rfind("\n\n") + 1])).count(" ") >= 10:
                         break  # the client leaves
-        run_id = _frames(text)[0]["id"].removeprefix("chatcmpl-")
+        run_id = sse_frames(text)[0]["id"].removeprefix("chatcmpl-")
         await running.wait_idle(within_s=WAIT_S)
-        await _poll(lambda: a.run(run_id) is not None or b.run(run_id) is not None)
+        await poll(lambda: a.run(run_id) is not None or b.run(run_id) is not None)
         first, other = (a, b) if a.run(run_id) is not None else (b, a)
         record = first.run(run_id)
         assert record is not None

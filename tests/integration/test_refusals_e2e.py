@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,7 +39,9 @@ from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
 from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
+    poll,
     script,
+    sse_frames,
     start_edge,
     start_upstream_node,
     stop_edge,
@@ -176,13 +178,6 @@ def _total(edge: RunningEdge, name: str) -> float:
     )
 
 
-async def _poll(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
-    """Wait for state that has no event of its own (another process's runs log)."""
-    with trio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110 - a file another process writes
-            await trio.sleep(0.01)
-
-
 async def _all_healthy(http: httpx.AsyncClient, nodes: int) -> None:
     """/readyz is 200 and every node is up, its breaker closed, no failure counted."""
     ready = await http.get("/readyz")
@@ -199,14 +194,6 @@ def _body(path: str, model: str, content: str, stream: bool) -> dict[str, Any]:
     if path == MESSAGES:
         body["max_tokens"] = 64
     return body
-
-
-def _frames(text: str) -> list[Any]:
-    return [
-        json.loads(line.removeprefix("data: "))
-        for line in text.splitlines()
-        if line.startswith("data: ") and line != "data: [DONE]"
-    ]
 
 
 # --- iop-node in front of a server that refuses -------------------------------------------
@@ -242,7 +229,7 @@ async def test_twenty_refusals_in_a_row_leave_every_node_healthy(
         def logged() -> list[str]:
             return [r["run_id"] for node in fleet.nodes for r in node.runs() if "outcome" in r]
 
-        await _poll(lambda: len(logged()) >= 20)
+        await poll(lambda: len(logged()) >= 20)
         assert sorted(logged()) == sorted(run_ids)
         assert all(
             r["outcome"] == "error" for node in fleet.nodes for r in node.runs() if "outcome" in r
@@ -346,7 +333,7 @@ async def test_a_refusal_after_output_is_an_error_frame(edge: RunningEdge, path:
         assert response.status_code == 200, response.text
         assert "partial" in response.text
         assert "data: [DONE]" not in response.text
-        last = _frames(response.text)[-1]
+        last = sse_frames(response.text)[-1]
         if path == CHAT:
             assert last == _refusal_body(CHAT, 400)
         elif path == RESPONSES:

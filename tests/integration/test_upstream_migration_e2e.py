@@ -37,6 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import (
     SimProcess,
     chat_body,
+    sse_content,
+    sse_frames,
     start_upstream_node,
     stop_process,
 )
@@ -193,17 +195,6 @@ def _migrations(text: str) -> dict[str, float]:
     return {k: v for k, v in out.items() if v}
 
 
-def _frames(text: str) -> list[Any]:
-    return [json.loads(line[6:]) for line in text.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
-
-
-def _content(frames: list[Any]) -> str:
-    return "".join(
-        f["choices"][0]["delta"].get("content") or "" for f in frames if f.get("choices")
-    )
-
-
 async def _read_stream(http: httpx.AsyncClient, body: dict[str, Any], cut: trio.Event) -> str:
     """The whole streamed answer; `cut` set once its text so far is FIRST."""
     text = ""
@@ -211,7 +202,10 @@ async def _read_stream(http: httpx.AsyncClient, body: dict[str, Any], cut: trio.
         assert response.status_code == 200
         async for chunk in response.aiter_text():
             text += chunk
-            if not cut.is_set() and _content(_frames(text[: text.rfind("\n\n") + 1])) == FIRST:
+            if (
+                not cut.is_set()
+                and sse_content(sse_frames(text[: text.rfind("\n\n") + 1])) == FIRST
+            ):
                 cut.set()
     return text
 
@@ -231,9 +225,9 @@ async def _ask(http: httpx.AsyncClient, stream: bool, cut: trio.Event) -> tuple[
     text = await _read_stream(http, body, cut)
     assert text.endswith("data: [DONE]\n\n"), text[-400:]
     assert text.count("data: [DONE]") == 1
-    frames = _frames(text)
+    frames = sse_frames(text)
     assert not any("error" in f for f in frames), text[-400:]
-    assert _content(frames) == ANSWER
+    assert sse_content(frames) == ANSWER
     choices = [f["choices"][0] for f in frames if f.get("choices")]
     assert len([c for c in choices if c["delta"].get("role")]) == 1
     assert [c["finish_reason"] for c in choices if c.get("finish_reason")] == ["stop"]
@@ -317,8 +311,8 @@ async def test_a_node_that_does_not_continue_leaves_the_stream_cut(
                 with trio.fail_after(WAIT_S):
                     text = await _read_stream(http, body, a_up.cut)
                 assert "data: [DONE]" not in text, text[-400:]
-                frames = _frames(text)
-                assert _content(frames) == FIRST
+                frames = sse_frames(text)
+                assert sse_content(frames) == FIRST
                 assert frames[-1]["error"]["type"] == "run_error", text[-400:]
                 migrations = _migrations((await http.get("/metrics")).text)
                 assert migrations == {"no_node": 1.0}, migrations

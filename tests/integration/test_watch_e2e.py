@@ -45,6 +45,7 @@ from tests.integration.conftest import (
     SimProcess,
     chat_body,
     named_sims,
+    poll,
     script,
     start_edge,
     start_sim,
@@ -56,13 +57,6 @@ from tests.integration.test_ops_e2e import Metrics, scrape
 
 CHAT = "/v1/chat/completions"
 WAIT_S = 20.0
-
-
-async def _poll(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
-    """Wait for state that has no event of its own (another task's, another process's)."""
-    with trio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110 - no event to wait on
-            await trio.sleep(0.01)
 
 
 # --- the client ---------------------------------------------------------------------------
@@ -111,7 +105,7 @@ async def test_watch_gives_checked_reports_and_leaving_it_leaves_nothing() -> No
                     while (await anext(reports)).active_runs != 1:
                         pass
                     handle.cancel("client_disconnected")
-        await _poll(lambda: node.watchers == 0)
+        await poll(lambda: node.watchers == 0)
         await _poll_async(lambda: call_asyncio(_asyncio_tasks), before)
 
 
@@ -294,14 +288,14 @@ async def test_a_node_killed_and_restarted_is_watched_again_without_describe(
     try:
         running = await start_edge(nursery, _config(f"127.0.0.1:{port}"))
         pool, state = running.edge.pool, _node(running)
-        await _poll(lambda: state.load is not None)
+        await poll(lambda: state.load is not None)
         assert (_rpcs(running, "describe"), _rpcs(running, "watch")) == (1, 1)
 
         kill(process)
-        await _poll(lambda: pool.state_of(state) == "down")
+        await poll(lambda: pool.state_of(state) == "down")
         assert state.load is None
         process = await trio.to_thread.run_sync(start_sim_on, port, runs_log)
-        await _poll(lambda: pool.state_of(state) == "up" and state.load is not None)
+        await poll(lambda: pool.state_of(state) == "up" and state.load is not None)
         await _answers(running)
         assert _rpcs(running, "describe") == 1
         assert _rpcs(running, "watch") >= 3  # the first, at least one that failed, the last
@@ -321,14 +315,14 @@ async def test_a_node_silent_past_its_bound_is_down_until_it_reports_again(
     try:
         running = await start_edge(nursery, _config(sim.address, watch_heartbeat_s=0.2))
         pool, state = running.edge.pool, _node(running)
-        await _poll(lambda: state.load is not None)
+        await poll(lambda: state.load is not None)
         sim.process.send_signal(signal.SIGSTOP)
         try:
-            await _poll(lambda: pool.state_of(state) == "down")
+            await poll(lambda: pool.state_of(state) == "down")
             assert state.load is None
         finally:
             sim.process.send_signal(signal.SIGCONT)
-        await _poll(lambda: pool.state_of(state) == "up" and state.load is not None)
+        await poll(lambda: pool.state_of(state) == "up" and state.load is not None)
         await _answers(running)
         assert _rpcs(running, "describe") == 1
         await stop_edge(running)
@@ -351,8 +345,8 @@ async def test_a_node_older_than_watch_is_polled_and_watched_once_upgraded(
         config = replace(config, server=replace(config.server, node_refresh_s=0.2))
         running = await start_edge(nursery, config)
         pool, state = running.edge.pool, _node(running)
-        await _poll(lambda: state.polled)
-        await _poll(lambda: _rpcs(running, "describe") >= 4)  # polled, every 0.2 s
+        await poll(lambda: state.polled)
+        await poll(lambda: _rpcs(running, "describe") >= 4)  # polled, every 0.2 s
         assert _rpcs(running, "watch") == 1
         assert state.load is None
         await _answers(running)
@@ -360,9 +354,9 @@ async def test_a_node_older_than_watch_is_polled_and_watched_once_upgraded(
             assert (await scrape(http)).value("iop_edge_node_watched", node="sim") == 0
 
         kill(process)
-        await _poll(lambda: pool.state_of(state) == "down")
+        await poll(lambda: pool.state_of(state) == "down")
         process = await trio.to_thread.run_sync(start_sim_on, port, runs_log)
-        await _poll(lambda: state.load is not None)
+        await poll(lambda: state.load is not None)
         assert not state.polled
         assert pool.state_of(state) == "up"
         async with httpx.AsyncClient(base_url=running.url, timeout=WAIT_S) as http:
