@@ -69,7 +69,8 @@ async def test_sim_tells_a_reading_caller_its_run_was_cancelled(sim: SimProcess)
 
 
 async def test_sim_describe_through_the_generated_stub(sim: SimProcess) -> None:
-    """Describe answers through the generated base and stub: the node's name and models."""
+    """Describe answers through the generated base and stub: the node's name and models,
+    and, without --max-runs, no cap (max_runs 0) and an empty queue."""
 
     async def describe() -> pb.DescribeResponse:
         host, port = sim.address.rsplit(":", 1)
@@ -84,6 +85,7 @@ async def test_sim_describe_through_the_generated_stub(sim: SimProcess) -> None:
             response = await call_asyncio(describe)
     assert [m.id for m in response.models] == ["sim-echo", "sim-script"]
     assert response.node_name
+    assert (response.max_runs, response.waiting_runs) == (0, 0)
 
 
 async def test_more_runs_than_one_connection_carries(sim: SimProcess) -> None:

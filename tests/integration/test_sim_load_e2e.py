@@ -122,23 +122,6 @@ async def test_a_capped_sim_queues_runs_and_says_so(tmp_path: Path) -> None:
     assert (record["outcome"], record["cancel_rpcs"], record["events_sent"]) == ("cancelled", 1, 1)
 
 
-async def test_an_uncapped_sim_says_no_cap_and_no_queue(sim: SimProcess) -> None:
-    """Without --max-runs, Describe says max_runs 0 (no cap) and an empty queue."""
-
-    async def describe() -> pb.DescribeResponse:
-        host, port = sim.address.rsplit(":", 1)
-        channel = Channel(host, int(port))
-        try:
-            return await pb.NodeServiceStub(channel).describe(pb.DescribeRequest())
-        finally:
-            channel.close()
-
-    async with asyncio_loop():
-        with trio.fail_after(WAIT_S):
-            described = await call_asyncio(describe)
-    assert (described.max_runs, described.waiting_runs) == (0, 0)
-
-
 @contextmanager
 def _sims(tmp: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
     """`iop-sim-node ARGS` and the lines it printed once every node listens."""
