@@ -27,18 +27,25 @@ Rounds alternate the modes, so drift hits all alike; with several rounds
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.report import fmt, sig, table
-from benchmarks.stack import Probe, _get, _spawn, free_port, stop_process, venv_script
+from benchmarks.stack import (
+    Probe,
+    cpu_s,
+    free_port,
+    get_status,
+    spawn,
+    stop_process,
+    up_nodes,
+    venv_script,
+)
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -57,19 +64,6 @@ MODES = (
     Mode("poll 5 s", False, 5.0),
     Mode("poll 0.1 s", False, 0.1),
 )
-
-
-def cpu_s(pid: int) -> float:
-    """The CPU time of every thread of `pid`, in seconds, to the nanosecond where the
-    kernel says (Linux), else psutil's ticks."""
-    total = 0
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                total += int((task / "schedstat").read_text().split()[0])
-    except OSError:
-        return Probe(pid).cpu()
-    return total / 1e9
 
 
 @dataclass(frozen=True)
@@ -98,20 +92,6 @@ level = "WARNING"
 """
 
 
-def _up_nodes(base: str) -> int:
-    """How many nodes the edge has up, from its /metrics (iop_edge_node_state == 1)."""
-    try:
-        with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return 0
-    return sum(
-        1
-        for line in text.splitlines()
-        if line.startswith("iop_edge_node_state{") and line.rsplit(" ", 1)[-1] in ("1", "1.0")
-    )
-
-
 def _measure_one(tmp: Path, n: int, mode: Mode, s: ControlPlaneSettings) -> dict[str, Any]:
     where = tmp / f"{mode.label.replace(' ', '-')}-{n}"
     where.mkdir(parents=True, exist_ok=True)
@@ -119,7 +99,7 @@ def _measure_one(tmp: Path, n: int, mode: Mode, s: ControlPlaneSettings) -> dict
     flags = ["--nodes", str(n), "--listen", "127.0.0.1:0", "--name", "cp"]
     if not mode.watch:
         flags.append("--no-watch")
-    sim = _spawn([venv_script("iop-sim-node"), *flags], sim_log)
+    sim = spawn([venv_script("iop-sim-node"), *flags], sim_log)
     edge = None
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -142,14 +122,14 @@ def _measure_one(tmp: Path, n: int, mode: Mode, s: ControlPlaneSettings) -> dict
             f'\n[[nodes]]\nname = "cp-{i + 1}"\naddress = "{a}"\n' for i, a in enumerate(addresses)
         )
         (where / "config.toml").write_text(config)
-        edge = _spawn(
+        edge = spawn(
             [venv_script("iop-edge"), "--config", str(where / "config.toml")], where / "edge.log"
         )
         base = f"http://127.0.0.1:{port}"
         while time.monotonic() < deadline:
             if edge.poll() is not None:
                 raise SystemExit(f"iop-edge exited: {(where / 'edge.log').read_text()[-800:]}")
-            if _get(base + "/readyz") == 200 and _up_nodes(base) >= n:
+            if get_status(base + "/readyz") == 200 and up_nodes(base) >= n:
                 break
             time.sleep(0.1)
         else:
@@ -158,7 +138,7 @@ def _measure_one(tmp: Path, n: int, mode: Mode, s: ControlPlaneSettings) -> dict
         e0, n0, t0 = cpu_s(edge.pid), cpu_s(sim.pid), time.monotonic()
         time.sleep(s.seconds)
         e1, n1, t1 = cpu_s(edge.pid), cpu_s(sim.pid), time.monotonic()
-        up = _up_nodes(base)
+        up = up_nodes(base)
         wall = t1 - t0
         return {
             "mode": mode.label, "nodes": n, "wall_s": sig(wall), "up_after": up,

@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.controlplane import _up_nodes, cpu_s
 from benchmarks.fleetreport import figures
 from benchmarks.loadgen import Pool
 from benchmarks.prompts import (
@@ -46,7 +45,15 @@ from benchmarks.prompts import (
     random_prompts,
     shared_prefixes,
 )
-from benchmarks.stack import _get, _spawn, free_port, stop_process, venv_script
+from benchmarks.stack import (
+    cpu_s,
+    free_port,
+    get_status,
+    spawn,
+    stop_process,
+    up_nodes,
+    venv_script,
+)
 
 STARTUP_TIMEOUT_S = 60.0
 RUNS_LOG_WAIT_S = 5.0
@@ -158,7 +165,7 @@ class SimFleet:
                 "--kv-tokens", str(s.kv_tokens),
                 "--prefill-us-per-token", str(s.prefill_us_per_token),
             ]  # fmt: skip
-        self.proc = _spawn([venv_script("iop-sim-node"), *flags], log)
+        self.proc = spawn([venv_script("iop-sim-node"), *flags], log)
         deadline = mono() + STARTUP_TIMEOUT_S
         while mono() < deadline:
             lines = [x for x in log.read_text(errors="replace").splitlines() if "listening on" in x]
@@ -240,7 +247,7 @@ def edges(where: Path, node_sets: list[list[str]], policy: str) -> Iterator[Edge
             config = where / f"edge-{e}.toml"
             config.write_text(EDGE_CONFIG.format(port=port, policy=policy) + nodes)
             started.procs.append(
-                _spawn([venv_script("iop-edge"), "--config", str(config)], where / f"edge-{e}.log")
+                spawn([venv_script("iop-edge"), "--config", str(config)], where / f"edge-{e}.log")
             )
             started.ports.append(port)
         deadline = mono() + STARTUP_TIMEOUT_S
@@ -252,7 +259,7 @@ def edges(where: Path, node_sets: list[list[str]], policy: str) -> Iterator[Edge
                     last = text.splitlines()[-1] if text else f"exit {proc.returncode}"
                     # "iop-edge: FILE: key: message": the message, without the file's path.
                     raise Refused(last.rsplit(".toml: ", 1)[-1][-300:])
-                if _get(base + "/readyz") == 200 and _up_nodes(base) >= len(node_sets[e]):
+                if get_status(base + "/readyz") == 200 and up_nodes(base) >= len(node_sets[e]):
                     break
                 if mono() > deadline:
                     raise SystemExit(f"edge {e} did not see its nodes up in time")

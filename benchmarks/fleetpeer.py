@@ -31,7 +31,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.controlplane import cpu_s
 from benchmarks.fleet import (
     STARTUP_TIMEOUT_S,
     WORKLOADS,
@@ -45,7 +44,7 @@ from benchmarks.fleet import (
 from benchmarks.fleetreport import figures
 from benchmarks.loadgen import Pool
 from benchmarks.prompts import MODEL
-from benchmarks.stack import _spawn, free_port
+from benchmarks.stack import cpu_s, free_port, spawn
 
 mono = time.monotonic
 
@@ -83,7 +82,7 @@ def smg_gateway(smg: Path, where: Path, workers: list[str]) -> Iterator[tuple[in
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
         "--disable-health-check", "--log-level", "warn",
     ]  # fmt: skip
-    proc = _spawn(cmd, where / "smg.log")
+    proc = spawn(cmd, where / "smg.log")
     try:
         deadline = mono() + STARTUP_TIMEOUT_S
         while not _lists_model(f"http://127.0.0.1:{port}"):

@@ -31,7 +31,15 @@ from typing import Any
 
 from benchmarks.harness import Settings
 from benchmarks.report import dig, fmt, med
-from benchmarks.stack import EDGE_CONFIG, Probe, _get, _spawn, free_port, stop_process, venv_script
+from benchmarks.stack import (
+    EDGE_CONFIG,
+    Probe,
+    free_port,
+    get_status,
+    spawn,
+    stop_process,
+    venv_script,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TOOL = ROOT.parent / "shared" / "tools" / "peer-bench"
@@ -52,7 +60,7 @@ def _start_edge_for_mock(
 ) -> tuple[list[subprocess.Popen[bytes]], str, int]:
     """iop-node (model `mock`, upstream the tool's mock) and an iop-edge in front of it."""
     node_port, edge_port = free_port(), free_port()
-    node = _spawn(
+    node = spawn(
         [venv_script("iop-node"), "--listen", f"127.0.0.1:{node_port}",
          "--upstream", f"http://127.0.0.1:{mock_port}/v1", "--models", "mock"],
         log_dir / "peer-iop-node.log",
@@ -61,13 +69,13 @@ def _start_edge_for_mock(
     config.write_text(
         EDGE_CONFIG.format(port=edge_port, name="mock", node=f"127.0.0.1:{node_port}")
     )
-    edge = _spawn(
+    edge = spawn(
         [venv_script("iop-edge"), "--config", str(config), "--log-level", "WARNING"],
         log_dir / "peer-edge.log",
     )
     url = f"http://127.0.0.1:{edge_port}"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _get(url + "/healthz") != 200:
+    while time.monotonic() < deadline and get_status(url + "/healthz") != 200:
         if edge.poll() is not None or node.poll() is not None:
             break
         time.sleep(0.1)

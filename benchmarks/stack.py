@@ -4,12 +4,14 @@
 every line with the system-wide monotonic clock, so the time a CancelRun reached the
 node is known per run) and the edge (a temporary config.toml), waits until the edge
 answers /readyz, and stops both by PID (SIGTERM, then SIGKILL) however the run ends.
-`Probe` reads one process's CPU time and RSS with psutil.
+`Probe` reads one process's CPU time and RSS with psutil; `cpu_s` reads a process's
+CPU to the nanosecond (Linux), `up_nodes` how many nodes an edge has up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -170,7 +172,7 @@ def node_active_runs(port: int, timeout_s: float = 2.0) -> int | None:
         return None
 
 
-def _spawn(
+def spawn(
     cmd: list[str], log: Path, env: dict[str, str] | None = None, **kwargs: Any
 ) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
@@ -200,7 +202,7 @@ def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
             continue
 
 
-def _get(url: str, timeout: float = 2.0) -> int:
+def get_status(url: str, timeout: float = 2.0) -> int:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return int(resp.status)
@@ -296,7 +298,7 @@ class Stack:
     def _start_node(self, deadline: float) -> None:
         self.runs_log.open()
         sim_out = self.tmp / "sim.log"
-        self.sim = _spawn(
+        self.sim = spawn(
             [
                 venv_script("iop-sim-node"),
                 "--listen",
@@ -327,7 +329,7 @@ class Stack:
         config.write_text(text + self.node_keys + self.extra_config)
         source = self.edge_source
         command = list(source.command) or [venv_script("iop-edge")]
-        self.edge = _spawn(
+        self.edge = spawn(
             [*command, "--config", str(config), "--log-level", "WARNING"],
             self.tmp / "edge.log",
             env=dict(source.env),
@@ -336,7 +338,7 @@ class Stack:
         while mono() < deadline:
             if self.edge.poll() is not None:
                 raise SystemExit(f"iop-edge exited: {self.edge_log()[-800:]}")
-            if _get(base + "/healthz") == 200 and _get(base + "/readyz") == 200:
+            if get_status(base + "/healthz") == 200 and get_status(base + "/readyz") == 200:
                 break
             time.sleep(0.1)
         else:
@@ -358,3 +360,30 @@ class Stack:
         if self._own_node:
             stop_process(self.sim)
             self.runs_log.close()
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU time of every thread of `pid`, in seconds, to the nanosecond where the
+    kernel says (Linux), else psutil's ticks."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                total += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        return Probe(pid).cpu()
+    return total / 1e9
+
+
+def up_nodes(base: str) -> int:
+    """How many nodes the edge has up, from its /metrics (iop_edge_node_state == 1)."""
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0
+    return sum(
+        1
+        for line in text.splitlines()
+        if line.startswith("iop_edge_node_state{") and line.rsplit(" ", 1)[-1] in ("1", "1.0")
+    )
