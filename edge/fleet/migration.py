@@ -23,7 +23,13 @@ the role chunk (before, failover restarts it on another node, exactly, as
 before the commit point); a non-streaming answer once any output came: it
 continues rather than restarts (the work done is kept; the text is the
 model's own either way), and falls back on failover's restart when it cannot
-move.
+move. An answer whose head went out with a keep-alive before any output (its
+commit point) and whose run then broke has nothing to continue: it starts
+again on another node (any node serving the model, continuation or not),
+counted as a migration. A continuation that does not start (its node
+unreachable, no accept in time, a failed start: the node may have died since
+the pool last heard of it) is tried on another node not tried yet, within the
+same migration and deadline.
 
 The broken run ends as broken runs do (its outcome `stream_broken` or
 `error_event`, its slot back, its verdict to its breaker by the same rule:
@@ -57,7 +63,7 @@ from loguru import logger
 
 from edge.api.request import ChatRequest
 from edge.contract.routes import MAX_MESSAGE_BYTES
-from edge.errors import EdgeError
+from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.fleet.cacheaware import Route
 from edge.fleet.continuation import Break, Delivered, why_not
 from edge.fleet.nodestate import NodeState
@@ -97,6 +103,10 @@ class MigrationScope(Protocol):
 
     def migrated(self, run: Run, node: str, reason: str, chars: int) -> None:
         """`run`'s answer moves to `node` (`chars` characters delivered): the trace."""
+
+
+# A continuation that did not start (nothing ran on its node) may start on another.
+START_FAILED = (NodeUnavailableError, NodeTimeoutError, NodeFailedError)
 
 
 @dataclass(slots=True, eq=False)
@@ -156,12 +166,14 @@ class Mover:
                 why = "expired"
         payload = None
         if why is None:
-            payload = await self._continued(delivered)
+            # Nothing came yet (the head went out with a keep-alive): the run starts again
+            # on another node, as failover would have before the head, on any node.
+            payload = await self._continued(delivered) if delivered.output else self.payload
             if payload is None:
                 why = "too_long"
         node = None
         if why is None:
-            node = await self._node()
+            node = await self._node(continues=delivered.output)
             if node is None:
                 why = "no_node"
         if why is not None or session.terminated:
@@ -177,29 +189,46 @@ class Mover:
         old.on_end = None
         old.hand_over()
         self.left -= 1
-        self.tried.append(node)
         tokens = delivered.moved()
-        new = self.runs.open(
-            node, self.scope.nursery, self.request, payload, session,
-            request_id=self.scope.request_id, keepalive_s=self.keepalive_s,
-            deadline=self.deadline, api=self.scope.api, metadata=self.scope.node_metadata,
-            predicted=self.route.predicted if self.route else 0,
-        )  # fmt: skip
-        new.output_seen = True
-        new.delivered = delivered
-        self.scope.migrated(old, new.info.node, brk.reason, delivered.chars)
-        try:
-            await self.scope.hold(new)
-        except EdgeError as exc:
-            self._adopt(old)  # the request's outcome: the break's, as before
-            self._count(brk.reason, "failed")
+        while True:
+            self.tried.append(node)
+            new = self.runs.open(
+                node, self.scope.nursery, self.request, payload, session,
+                request_id=self.scope.request_id, keepalive_s=self.keepalive_s,
+                deadline=self.deadline, api=self.scope.api, metadata=self.scope.node_metadata,
+                predicted=self.route.predicted if self.route else 0,
+            )  # fmt: skip
+            new.output_seen = True
+            new.delivered = delivered
+            self.scope.migrated(old, new.info.node, brk.reason, delivered.chars)
+            try:
+                await self.scope.hold(new)
+                break
+            except EdgeError as exc:
+                failed = exc
+            # Nothing started there (unreachable, no accept in time, a failed start: the
+            # node may have died since the pool last heard of it): another node may take
+            # the continuation, as failover restarts a run before its first byte.
+            node = None
+            if isinstance(failed, START_FAILED) and not session.terminated:
+                node = await self._node(continues=delivered.output)
+            if node is None:
+                self._adopt(old)  # the request's outcome: the break's, as before
+                self._count(brk.reason, "failed")
+                logger.bind(
+                    request_id=old.info.request_id, run_id=old.info.run_id,
+                    from_node=old.info.node, to_node=new.info.node, reason=brk.reason,
+                    delivered_chars=delivered.chars,
+                ).warning("run {} broke on node {} after {} characters ({}); its continuation"
+                          " did not start on node {}: {}", old.info.run_id, old.info.node,
+                          delivered.chars, brk.reason, new.info.node, failed.type)  # fmt: skip
+                return False
             logger.bind(
-                request_id=old.info.request_id, run_id=old.info.run_id, from_node=old.info.node,
-                to_node=new.info.node, reason=brk.reason, delivered_chars=delivered.chars,
-            ).warning("run {} broke on node {} after {} characters ({}); its continuation did"
-                      " not start on node {}: {}", old.info.run_id, old.info.node,
-                      delivered.chars, brk.reason, new.info.node, exc.type)  # fmt: skip
-            return False
+                request_id=old.info.request_id, run_id=old.info.run_id, from_node=new.info.node,
+                to_node=node.client.name, error_type=failed.type,
+            ).warning("the continuation of run {} did not start on node {} ({}); it tries"
+                      " node {}", old.info.run_id, new.info.node, failed.type,
+                      node.client.name)  # fmt: skip
         self._adopt(new)
         moving.leg = new
         moving.gap_from = broke_at
@@ -234,14 +263,16 @@ class Mover:
 
         return await trio.to_thread.run_sync(build)
 
-    async def _node(self) -> NodeState | None:
+    async def _node(self, *, continues: bool) -> NodeState | None:
         """Another node for the continuation, its slot taken: not tried, up, and able to
-        continue the model; queued first (bounded by the request's deadline). None: none."""
+        continue the model (`continues`: there is an answer so far to continue); queued
+        first (bounded by the request's deadline). None: none."""
         model = self.request.model
         tried = self.tried
         excluded = [
             s for s in self.runs.pool.nodes
-            if s in tried or model not in s.continuation_models or not s.health.up
+            if s in tried or not s.health.up
+            or (continues and model not in s.continuation_models)
         ]  # fmt: skip
         with trio.move_on_at(self.deadline):
             try:
@@ -314,6 +345,7 @@ class MovableRun:
         while True:
             batch = await self.next_batch()
             if batch == "keepalive":
+                self.leg.head_sent = True
                 return taken, True
             taken.extend(batch)
             if any(type(event) not in (RoleOut, ErrorOut) for event in batch):
@@ -337,7 +369,7 @@ class MovableRun:
         out = [] if batch == "keepalive" else batch
         if any(type(e) not in (RoleOut, ErrorOut) for e in out):
             leg.output_seen = True  # (as `first_batch` would: its verdict is after output)
-        shown = leg.output_seen
+        shown = leg.output_seen or leg.head_sent
         mover = self._mover
         if mover is None or not (shown or not leg.info.stream) or not await mover.move(self):
             leg.end_break()

@@ -146,6 +146,7 @@ class Run:
         "delivered",
         "first_event_at",
         "handle",
+        "head_sent",
         "info",
         "on_end",
         "outcome",
@@ -209,6 +210,9 @@ class Run:
         self.batch_event_at: float | None = None
         # Whether output beyond the role chunk was taken (see `first_batch`).
         self.output_seen = False
+        # Whether the answer's head went out before its output: its commit point was a
+        # keep-alive (`first_batch`), so a break from here is not failover's restart.
+        self.head_sent = False
         # The answer so far, when it may move to another node if this run breaks after
         # output (`edge.fleet.migration`): the events fed are kept there, and a break
         # after output is not fed but kept in `broke`, the session left open, for the
@@ -419,6 +423,7 @@ class Run:
         while True:
             batch = await self.next_batch()
             if batch == "keepalive":
+                self.head_sent = True
                 return taken, True
             taken.extend(batch)
             # An error frame is the terminal, not output; anything else is the answer.
@@ -506,15 +511,16 @@ class Run:
         return session.drain()
 
     def _tap(self, event: NodeEvent) -> bool:
-        """`session.feed`, the answer so far kept in `delivered`; a break after output (the
-        node's error or cancelled event) is kept in `broke` instead of fed."""
+        """`session.feed`, the answer so far kept in `delivered`; a break after output or
+        after the head went out (the node's error or cancelled event) is kept in `broke`
+        instead of fed."""
         delivered = self.delivered
         assert delivered is not None
         kind = type(event)
         if kind is Failed:
             assert isinstance(event, Failed)
             reason = failed_break(event)
-            if reason is not None and delivered.output:
+            if reason is not None and (delivered.output or self.head_sent):
                 delivered.broke(event)
                 self.broke = Break(reason, event)
                 return True
@@ -527,12 +533,14 @@ class Run:
 
     def _run_ended(self) -> None:
         """The run's events closed before the session's terminal: say why, from the cause.
-        A run whose answer may move, broken after output (no cause: the edge did not end
-        it), keeps its break in `broke` instead."""
+        A run whose answer may move, broken after output or after its head went out (no
+        cause: the edge did not end it), keeps its break in `broke` instead."""
         handle = self.handle
         assert handle is not None
         delivered = self.delivered
-        if handle.cause is None and delivered is not None and delivered.output:
+        movable = delivered is not None and (delivered.output or self.head_sent)
+        if handle.cause is None and movable:
+            assert delivered is not None
             delivered.broke(None)
             self.broke = stream_break(handle.error)
             return

@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a node kill meets after its first byte may end in an error frame",
     )
     p.add_argument(
+        "--migrations",
+        type=int,
+        default=d.migrations,
+        help="the edge's [routing] migrations: how often one answer may move "
+        f"(default {d.migrations}: the kills here come seconds apart)",
+    )
+    p.add_argument(
         "--keep-logs", action="store_true", help="keep the work dir (always kept on failure)"
     )
     return p
@@ -71,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    counts = (args.streams, args.node_kills, args.idle_close)
+    counts = (args.streams, args.node_kills, args.idle_close, args.migrations)
     if min(counts) < 0 or min(args.concurrency, args.nodes) < 1 or args.rate <= 0:
         print("chaos: counts >= 0, --concurrency and --nodes >= 1, --rate > 0", file=sys.stderr)
         return 2
@@ -86,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         keep_logs=args.keep_logs,
         idle_close=args.idle_close,
         rate=args.rate,
-        migration=not args.no_migration,
+        migration=not args.no_migration and args.migrations > 0,
+        migrations=0 if args.no_migration else args.migrations,
     )
     try:
         report = trio.run(partial(run_suite, options))

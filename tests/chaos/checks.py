@@ -50,8 +50,6 @@ from tests.chaos.witness import (
 ENDED = frozenset({"complete", "error", "cancelled", "aborted"})
 FD_SLACK = 6
 THREAD_SLACK = 2
-# The edge's `[routing] migrations` default: an answer moves once.
-MIGRATIONS = 1
 # Of the streams a kill met after their first byte (and nothing excused), the share
 # that must complete whole.
 WHOLE_GOAL = 0.99
@@ -575,7 +573,8 @@ def _excuse(j: Joined, obs: Observed, down: float) -> str:
     Decided from the plan, the kill schedule and the node states, not from what
     the edge did: `plan` (its plan ends it otherwise: a client cut, a timeout,
     a scripted error), `kill_per_leg` (the node its answer moved to was killed
-    too, while it ran there: the edge moves an answer once), `no_node` (no
+    too, while it ran there, more often than the edge's `[routing] migrations` lets an
+    answer move), `no_node` (no
     node it had not tried was up at the kill: every other node down, or back
     too recently for the edge to know), `deadline` (its total deadline ended
     it).
@@ -591,7 +590,7 @@ def _excuse(j: Joined, obs: Observed, down: float) -> str:
         for d, _ in obs.downtimes.get(n, [])
         if down < d <= r.t_end
     ]
-    if 1 + len(later) > MIGRATIONS:
+    if 1 + len(later) > obs.migrations:
         return "kill_per_leg"
     tried_before = {node for node, _ in j.retries} | killed
     up = [

@@ -193,9 +193,7 @@ async def run_suite(options: Options) -> Report:
     )
     nodes = [SimNode(f"n{i}", workdir) for i in range(options.nodes)]
     edge = EdgeProcess(workdir)
-    # Off: `[routing] migrations = 0` (on: the edge's default).
-    if not options.migration:
-        edge.migrations = 0
+    edge.migrations = options.migrations if options.migration else 0
     edge_exit: int | None = None
     try:
         for node in nodes:
@@ -264,6 +262,7 @@ async def run_suite(options: Options) -> Report:
         not_started=sum(1 for r in results if not r.ended),
         listening={n.name: list(n.listening_at) for n in nodes},
         migration=options.migration,
+        migrations=options.migrations if options.migration else 0,
     )
     report.violations, report.figures = check_all(observed)
     write_results(workdir / "results.jsonl", report)

@@ -47,9 +47,10 @@ class Observed:
     not_started: int = 0
     # node -> wall-clock times each incarnation was seen listening (the runs log's clock).
     listening: dict[str, list[float]] = field(default_factory=dict)
-    # Mid-answer kills on: the edge moves an answer a kill cut to another node (its
-    # `[routing] migrations`, 1), and such a stream must complete whole.
+    # Mid-answer kills on: the edge moves an answer a kill cut to another node, up to
+    # `migrations` times (its `[routing] migrations`), and such a stream must complete whole.
     migration: bool = True
+    migrations: int = 1
 
 
 @dataclass(frozen=True, slots=True)

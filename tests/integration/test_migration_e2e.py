@@ -13,6 +13,8 @@ migrated answer must be the text of an uncut one.
 - A node whose model does not say `continuation` (`--no-continuation`) takes no
   continuation: the answers cut on the other node end with an error frame, as
   before migration.
+- A stream whose head went out with a keep-alive, its node killed before any
+  output: it starts again on the other node and completes whole.
 - A client that left is never migrated: its run is cancelled on its node, and the
   other node's runs log never names it.
 
@@ -71,10 +73,10 @@ def _sims(tmp: Path, *args: tuple[str, ...]) -> Iterator[tuple[SimProcess, ...]]
         yield tuple(nodes)
 
 
-def _config(*nodes: SimProcess, migrations: int = 1) -> Config:
+def _config(*nodes: SimProcess, migrations: int = 1, keepalive_s: float = 0) -> Config:
     return Config(
         # No refresh during a test: the edge learns of a dead node from its runs.
-        server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0, node_refresh_s=600),
+        server=ServerConfig(listen="127.0.0.1:0", keepalive_s=keepalive_s, node_refresh_s=600),
         routing=RoutingConfig(retries=2, retry_backoff_s=0.01, migrations=migrations),
         nodes=tuple(NodeConfig(name, n.address) for name, n in zip("ab", nodes, strict=False)),
     )
@@ -190,6 +192,37 @@ async def test_answers_cut_by_a_node_kill_complete_exactly_on_the_other_node(
         # b ran each answer once, whole or continued: one line per run id.
         on_b = [r for r in b.runs() if "outcome" in r]
         assert len(on_b) == len({r["run_id"] for r in on_b}) == 10
+        await stop_edge(running)
+
+
+async def test_a_stream_whose_node_died_before_output_but_after_a_keepalive_completes(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The answer's head and a keep-alive went out, then its node died before any output:
+    nothing was said yet, so the run starts again on the other node (no continuation
+    needed: b does not say it can continue) and the stream completes whole, once."""
+    slow = script(
+        {"sleep_ms": 800}, *[{"type": "delta", "delta": f"w{i} "} for i in range(PIECES)],
+        {"type": "complete", "usage": {"input_tokens": 9, "output_tokens": PIECES}},
+    )  # fmt: skip
+    with _sims(tmp_path, (), ("--no-continuation",)) as (a, b):
+        running = await start_edge(nursery, _config(a, b, keepalive_s=0.05))
+        body = chat_body("sim-script", slow, stream=True)
+        body["stream_options"] = {"include_usage": True}
+        reader = _Stream()
+        async with (
+            httpx.AsyncClient(base_url=running.url, timeout=60) as http,
+            trio.open_nursery() as clients,
+        ):
+            clients.start_soon(reader.read, http, body)
+            await poll(lambda: ": keep-alive" in reader.text)
+            first = "a" if _live_on(running, "a", lambda r: r.accepted) else "b"
+            assert reader.pieces == 0
+            node = a if first == "a" else b
+            node.process.send_signal(signal.SIGKILL)
+            node.process.wait(10)
+        _whole(reader.text)
+        assert _migrated(running) == 1
         await stop_edge(running)
 
 

@@ -188,7 +188,7 @@ class _Fleet:
         self.requests: list[tuple[str, pb.RunRequest]] = []
 
 
-Played = tuple[list[NodeEvent], NodeFailedError | None]
+Played = tuple[list[NodeEvent], NodeFailedError | NodeUnavailableError | None]
 
 
 def _node(name: str, fleet: _Fleet) -> ScriptedClient:
@@ -199,6 +199,8 @@ def _node(name: str, fleet: _Fleet) -> ScriptedClient:
         runs = fleet.requests
         events, error = fleet.script(message, len(runs))
         runs.append((name, message))
+        if isinstance(error, NodeUnavailableError):  # nothing starts: the node is gone
+            raise error
         handle = RunHandle(request.run_id, name, EventBuffer(max_events=64, max_chars=1 << 20))
         for event in events:
             assert handle.events.put_nowait(event)
@@ -392,6 +394,29 @@ async def test_an_answer_moves_at_most_migrations_times() -> None:
     assert len(fleet.requests) == 2
     assert _migrations(metrics, "stream_broken", "migrated") == 1
     assert _migrations(metrics, "stream_broken", "exhausted") == 1
+
+
+async def test_a_continuation_that_does_not_start_tries_another_node() -> None:
+    """The node picked for the continuation is gone (it died since the pool last heard of
+    it): the continuation starts on a node not tried yet, the answer is whole, once, and
+    the break is counted once, as a migration."""
+
+    def gone_then_continued(request: pb.RunRequest, run: int) -> Played:
+        if run == 0:
+            return [Delta(p) for p in ANSWER[:3]], BROKEN
+        if run == 1:
+            return [], NodeUnavailableError("node is unreachable")
+        return _continued(request)
+
+    fleet = _Fleet(gone_then_continued)
+    out, committed, metrics, _ = await _answer(fleet, continuation=(True, True, True))
+    assert _text(out) == "".join(ANSWER)
+    (terminal,) = _terminals(out)
+    assert isinstance(terminal, FinishOut)
+    assert len({node for node, _ in fleet.requests}) == 3
+    assert committed.run.info.node == fleet.requests[2][0]
+    assert _migrations(metrics, "stream_broken", "migrated") == 1
+    assert _migrations(metrics, "stream_broken", "failed") == 0
 
 
 async def test_a_stream_broken_before_output_is_restarted_not_continued() -> None:
