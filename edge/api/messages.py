@@ -2,7 +2,8 @@
 
 Anthropic's request is translated into a chat completions request (`system`
 -> a system message, content blocks -> content parts, `tool_use` blocks ->
-tool calls, `tool_result` blocks -> tool messages, `input_schema` ->
+tool calls, `tool_result` blocks -> tool messages (`is_error: true`: its
+content after `Error: `), `input_schema` ->
 `parameters`, `thinking` -> whether reasoning is exposed), which
 `chat_request_from` validates: every rule and limit of a chat request holds
 here too. `max_tokens` is required, as Anthropic requires it.
@@ -31,6 +32,8 @@ _EFFORTS: Final = {"low": "low", "medium": "medium", "high": "high", "max": "hig
 _PASSED: Final = frozenset({"document", "search_result"})
 # Blocks that say nothing the model needs again.
 _IGNORED: Final = frozenset({"redacted_thinking"})
+# What a `tool_result` with `is_error: true` starts with, for the model.
+ERROR_PREFIX: Final = "Error: "
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +169,11 @@ def _message(message: object, at: str) -> list[dict[str, Any]]:
                              "arguments": json.dumps(block.get("input", {}))},
             })  # fmt: skip
         elif kind == "tool_result" and role == "user":
-            out.append({
-                "role": "tool", "tool_call_id": _string(block, "tool_use_id", where),
-                "content": _result_content(block.get("content", ""), f"{where}.content"),
-            })  # fmt: skip
+            result = _result_content(block.get("content", ""), f"{where}.content")
+            if _is_error(block, where):
+                result = _as_error(result)
+            out.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", where),
+                        "content": result})  # fmt: skip
         elif kind == "thinking" and role == "assistant":
             thinking.append(_string(block, "thinking", where))
         elif kind in _PASSED:
@@ -227,6 +231,25 @@ def _result_content(value: object, at: str) -> str | list[dict[str, Any]]:
         else:
             parts.append(block)
     return parts or ""
+
+
+def _is_error(block: dict[str, Any], at: str) -> bool:
+    value = block.get("is_error")
+    if value is not None and not isinstance(value, bool):
+        raise _type(f"{at}.is_error", "a valid boolean")
+    return value is True
+
+
+def _as_error(content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A failed tool's result as the model reads it: its text after `ERROR_PREFIX`. A chat
+    tool message has no error flag, and neither LiteLLM nor vLLM carries it (they drop
+    it); the model is told in the words tool frameworks use for a failed call."""
+    if isinstance(content, str):
+        return ERROR_PREFIX + content if content else ERROR_PREFIX.rstrip()
+    first = content[0] if content else None
+    if first is not None and first.get("type") == "text" and isinstance(first.get("text"), str):
+        return [{**first, "text": ERROR_PREFIX + first["text"]}, *content[1:]]
+    return [{"type": "text", "text": ERROR_PREFIX.rstrip()}, *content]
 
 
 def _tools(tools: object, dropped: Mentions) -> list[dict[str, Any]]:

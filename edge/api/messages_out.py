@@ -4,8 +4,9 @@ The session's output events become content blocks: reasoning a `thinking`
 block, visible text a `text` block, each tool call a `tool_use` block whose
 input streams as one `input_json_delta`. A block stays open while its kind
 of text keeps coming. The stream opens with `message_start` and ends with
-`message_delta` (`stop_reason`, usage) and `message_stop`, or with one
-`event: error` carrying Anthropic's error object. Errors before the first
+`message_delta` (`stop_reason`, `stop_sequence`, usage) and `message_stop`, or
+with one `event: error` carrying Anthropic's error object. Usage is counted as
+Anthropic counts it: `input_tokens` without the cached ones. Errors before the first
 byte are HTTP errors in Anthropic's shape (`anthropic_error`), with the
 status Anthropic gives their type.
 
@@ -76,11 +77,16 @@ def anthropic_error(status: int, edge_type: str, message: str) -> tuple[int, dic
 
 
 def messages_usage(usage: Usage | None) -> dict[str, Any]:
+    """Node usage as Anthropic counts it: `input_tokens` are the prompt tokens that were
+    not read from the cache (a node's, like OpenAI's, count them all), so the prompt is
+    `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`. The node
+    does not say which tokens it wrote to its cache: `cache_creation_input_tokens` is 0."""
     u = usage or Usage()
+    cached = min(u.cached_input_tokens, u.input_tokens)
     return {
-        "input_tokens": u.input_tokens,
+        "input_tokens": u.input_tokens - cached,
         "output_tokens": u.output_tokens,
-        "cache_read_input_tokens": u.cached_input_tokens,
+        "cache_read_input_tokens": cached,
         "cache_creation_input_tokens": 0,
     }
 
@@ -90,10 +96,14 @@ class MessagesRenderer:
 
     keepalive: Final = PING
 
-    def __init__(self, run_id: str, model: str, *, status_of: Callable[[str], int]) -> None:
+    def __init__(
+        self, run_id: str, model: str, *, status_of: Callable[[str], int],
+        stop_sequences: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
         self.message_id = f"msg_{run_id}"
         self._model = model
         self._status_of = status_of  # error type -> the edge's HTTP status
+        self._stop_sequences = stop_sequences  # the request's
         self._blocks: list[dict[str, Any]] = []
         self._open: str | None = None  # "text" | "thinking" while a block is open
         self._text: list[str] = []
@@ -128,9 +138,8 @@ class MessagesRenderer:
                 self._close()
                 self.finish = event
                 usage = messages_usage(event.usage)
-                self._emit("message_delta",
-                           delta={"stop_reason": self.stop_reason, "stop_sequence": None},
-                           usage=usage)  # fmt: skip
+                delta = {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence}
+                self._emit("message_delta", delta=delta, usage=usage)
                 self._emit("message_stop")
             elif isinstance(event, ErrorOut):
                 self.error = event
@@ -143,9 +152,27 @@ class MessagesRenderer:
         finish = self.finish
         if finish is None:
             return None
-        if finish.finish_reason == "stop" and finish.node_reason.strip().lower() in _STOP_SEQUENCE:
-            return "stop_sequence"  # told apart only by the node's own reason
+        if finish.finish_reason == "stop" and (
+            finish.node_reason.strip().lower() in _STOP_SEQUENCE or self.stop_sequence is not None
+        ):
+            return "stop_sequence"  # told apart only by what the node says
         return STOP_REASONS.get(finish.finish_reason, "end_turn")
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """Which of the request's stop sequences ended the text: the one the node names
+        (if it is one of them); else, when the node's finish reason says a stop sequence
+        matched and the request has exactly one, that one; else None (as Anthropic, when
+        the answer did not end on one, or the node does not say which of several)."""
+        finish = self.finish
+        if finish is None or finish.finish_reason != "stop":
+            return None
+        if finish.stop_sequence and finish.stop_sequence in self._stop_sequences:
+            return finish.stop_sequence
+        said = finish.node_reason.strip().lower() in _STOP_SEQUENCE
+        if said and len(self._stop_sequences) == 1:
+            return self._stop_sequences[0]
+        return None
 
     def response(self) -> dict[str, Any]:
         """The whole Message (after a finish)."""
@@ -154,11 +181,12 @@ class MessagesRenderer:
             stop_reason=self.stop_reason,
             usage=messages_usage(finish.usage if finish is not None else None),
             content=self._blocks,
+            stop_sequence=self.stop_sequence,
         )
 
     def _message(
         self, *, stop_reason: str | None, usage: dict[str, Any],
-        content: list[dict[str, Any]] | None = None,
+        content: list[dict[str, Any]] | None = None, stop_sequence: str | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         return {
             "id": self.message_id,
@@ -167,7 +195,7 @@ class MessagesRenderer:
             "model": self._model,
             "content": content or [],
             "stop_reason": stop_reason,
-            "stop_sequence": None,
+            "stop_sequence": stop_sequence,
             "usage": usage,
         }
 

@@ -12,12 +12,17 @@ The edge keeps no state: `previous_response_id`, `conversation` and
 `item_reference` items are refused with a 400 saying so; `store` is
 accepted and nothing is stored. Hosted tools the edge cannot run
 (`web_search`, `file_search`, ...) are dropped (`dropped` says which).
+A `custom` (freeform) tool is declared to the node as a function tool taking
+one string, `input`; its calls are rendered back as `custom_tool_call` items
+(`edge.api.responses_out`), and its earlier calls and outputs in `input` are
+that function's.
 
 Pure: bytes in, values out (or a `RequestError`). No HTTP, no trio.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -35,6 +40,16 @@ _TEXT_PARTS: Final = frozenset({"input_text", "output_text", "text", "summary_te
                                 "reasoning_text"})  # fmt: skip
 # Reasoning efforts beyond chat's four, as the nearest of them (None: send none).
 _EFFORTS: Final[dict[str, str | None]] = {"none": None, "xhigh": "high"}
+_SUMMARIES: Final = ("auto", "concise", "detailed")
+_TRUNCATIONS: Final = ("auto", "disabled")
+# A custom tool's one parameter: the freeform text the model writes (OpenAI's `input`).
+CUSTOM_INPUT: Final = "input"
+_CUSTOM_PARAMETERS: Final = {
+    "type": "object",
+    "properties": {CUSTOM_INPUT: {"type": "string"}},
+    "required": [CUSTOM_INPUT],
+    "additionalProperties": False,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +101,9 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     if user is not None:
         chat["user"] = user
     tools = obj.get("tools")
+    echoed: list[dict[str, Any]] = []
     if tools is not None:
-        chat["tools"] = _tools(tools, dropped)
+        chat["tools"], echoed = _tools(tools, dropped)
     if obj.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(obj["tool_choice"])
     text = obj.get("text")
@@ -105,18 +121,23 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         effort = _EFFORTS.get(effort, effort) if isinstance(effort, str) else effort
         if effort is not None:
             chat["reasoning_effort"] = effort
+        _one_of(reasoning.get("summary"), _SUMMARIES, "reasoning.summary")
+    _one_of(obj.get("truncation"), _TRUNCATIONS, "truncation")
     key = obj.get("prompt_cache_key")
     request = chat_request_from(chat)
     return ResponsesRequest(
         chat=request,
-        echo=_echo(obj, chat.get("tools", [])),
+        echo=_echo(obj, echoed),
         affinity_key=key if isinstance(key, str) and key else None,
         dropped=dropped.notes(),
     )
 
 
 def _echo(obj: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The request fields a Response object repeats, with OpenAI's defaults."""
+    """The request fields a Response object repeats, with OpenAI's defaults. `tools`: the
+    tools declared, as the Response lists them (a custom tool as a custom tool: the
+    renderer renders its calls by it). `truncation` is repeated as asked: the edge never
+    truncates either way (a prompt too long is the node's refusal)."""
     reasoning = obj["reasoning"] if isinstance(obj.get("reasoning"), dict) else {}
     text = obj["text"] if isinstance(obj.get("text"), dict) else {}
     return {
@@ -130,9 +151,9 @@ def _echo(obj: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
         "temperature": obj.get("temperature", 1.0),
         "text": {"format": text.get("format") or {"type": "text"}},
         "tool_choice": obj.get("tool_choice", "auto"),
-        "tools": [{"type": "function", **t["function"]} for t in tools],
+        "tools": tools,
         "top_p": obj.get("top_p", 1.0),
-        "truncation": "disabled",
+        "truncation": obj.get("truncation") or "disabled",
         "user": obj.get("user"),
     }
 
@@ -160,14 +181,16 @@ def _input(value: object) -> list[dict[str, Any]]:
                 message["reasoning_content"] = "".join(reasoning)
                 reasoning.clear()
             messages.append(message)
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            call_id, name = _string(item, "call_id", at), _string(item, "name", at)
+            if kind == "function_call":
+                arguments = _string(item, "arguments", at)
+            else:  # a custom tool's call: its function's one argument
+                arguments = json.dumps({CUSTOM_INPUT: _string(item, "input", at)})
             call = {
-                "id": _string(item, "call_id", at),
+                "id": call_id,
                 "type": "function",
-                "function": {
-                    "name": _string(item, "name", at),
-                    "arguments": _string(item, "arguments", at),
-                },
+                "function": {"name": name, "arguments": arguments},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # one turn: text, then calls
@@ -178,7 +201,7 @@ def _input(value: object) -> list[dict[str, Any]]:
                     message["reasoning_content"] = "".join(reasoning)
                     reasoning.clear()
                 messages.append(message)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             content: object = output
             if isinstance(output, list):
@@ -195,7 +218,8 @@ def _input(value: object) -> list[dict[str, Any]]:
         else:
             raise RequestError(
                 f"Invalid value for '{at}.type': {kind!r}; supported input items are "
-                "'message', 'function_call', 'function_call_output' and 'reasoning'.",
+                "'message', 'function_call', 'function_call_output', 'custom_tool_call', "
+                "'custom_tool_call_output' and 'reasoning'.",
                 param=f"{at}.type",
             )
     return messages
@@ -257,23 +281,31 @@ def _reasoning_text(item: dict[str, Any], at: str) -> str:
 # --- tools, tool_choice, text.format ---------------------------------------------
 
 
-def _tools(tools: object, dropped: Mentions) -> list[dict[str, Any]]:
+def _tools(tools: object, dropped: Mentions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The chat tools declared to the node, and the tools as the Response repeats them."""
     if not isinstance(tools, list):
         raise _type("tools", "an array")
     out: list[dict[str, Any]] = []
+    echoed: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise _type(f"tools[{i}]", "an object")
         kind = tool.get("type")
-        if kind == "function":
-            out.append(_function_tool(tool))
-        elif kind == "namespace" and isinstance(tool.get("tools"), list):
-            # A group of function tools (Codex CLI): declared one by one.
-            out.extend(_function_tool(t) for t in tool["tools"]
-                       if isinstance(t, dict) and t.get("type") == "function")  # fmt: skip
-        else:
-            dropped.add(f"tools[{i}] (type {clip_repr(kind, 64)}: not a function tool)")
-    return out
+        # A namespace groups tools (Codex CLI): declared one by one.
+        group = tool["tools"] if kind == "namespace" and isinstance(tool.get("tools"), list) \
+            else [tool]  # fmt: skip
+        declared = [t for t in group if isinstance(t, dict) and t.get("type") in _DECLARED]
+        if not declared:
+            what = "holds no function or custom tool" if kind == "namespace" else "a hosted tool"
+            dropped.add(f"tools[{i}] (type {clip_repr(kind, 64)}: {what})")
+        for t in declared:
+            out.append(_function_tool(t) if t["type"] == "function" else _custom_tool(t))
+            echoed.append(_echoed_tool(t))
+    return out, echoed
+
+
+# Tool types declared to the node (of a namespace, these; any other is dropped).
+_DECLARED: Final = frozenset({"function", "custom"})
 
 
 def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -282,10 +314,33 @@ def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _custom_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A custom (freeform) tool as a function of one string, `input`; a grammar its input
+    must follow is told in the description (the node has no grammar to hold it to)."""
+    description = tool.get("description")
+    description = description if isinstance(description, str) else ""
+    fmt = tool.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+        syntax, definition = fmt.get("syntax"), fmt.get("definition")
+        if isinstance(syntax, str) and isinstance(definition, str):
+            told = f"The input follows this {syntax} grammar:\n{definition}"
+            description = f"{description}\n\n{told}" if description else told
+    function: dict[str, Any] = {"name": tool.get("name"), "parameters": _CUSTOM_PARAMETERS}
+    if description:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    if tool["type"] == "function":
+        return {"type": "function", **_function_tool(tool)["function"]}
+    return {k: tool[k] for k in ("type", "name", "description", "format") if k in tool}
+
+
 def _tool_choice(choice: object) -> object:
     if isinstance(choice, str):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         return {"type": "function", "function": {"name": choice.get("name")}}
     raise RequestError(
         "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
@@ -312,6 +367,15 @@ def _text_format(fmt: object) -> dict[str, Any] | None:
         "or 'json_schema'.",
         param="text.format.type",
     )
+
+
+def _one_of(value: object, allowed: tuple[str, ...], param: str) -> None:
+    if value is not None and value not in allowed:
+        expected = ", ".join(repr(a) for a in allowed)
+        raise RequestError(
+            f"Invalid value for '{param}': {clip_repr(value, 64)}; expected one of {expected}.",
+            param=param,
+        )
 
 
 def _string(obj: dict[str, Any], name: str, at: str) -> str:

@@ -3,25 +3,32 @@
 The same session's output events (`edge.stream.output`) that chat renders as
 chunks become output items here: reasoning text a `reasoning` item, visible
 text a `message` item with one `output_text` part, each tool call a
-`function_call` item. An item stays open while its kind of text keeps
-coming and is closed (its `.done` events) when another kind begins or the
-answer ends. The stream's events carry `sequence_number`s from 0, open with
-`response.created` and `response.in_progress`, and end with exactly one of
-`response.completed`, `response.incomplete` (finish_reason `length` or
-`content_filter`) or `response.failed` (an error), each with the whole
-Response. The non-streaming answer is the same fold without the bytes.
+`function_call` item (a call of a `custom` tool: a `custom_tool_call` item
+with its `input`). A reasoning item carries its text as one `reasoning_text`
+content part; when the request asked for a summary (`reasoning.summary`), as
+one `summary_text` part of its `summary` instead (the reasoning itself stands
+as its summary), with the summary events OpenAI sends. An item stays open
+while its kind of text keeps coming and is closed (its `.done` events) when
+another kind begins or the answer ends. The stream's events carry
+`sequence_number`s from 0, open with `response.created` and
+`response.in_progress`, and end with exactly one of `response.completed`,
+`response.incomplete` (finish_reason `length` or `content_filter`) or
+`response.failed` (an error), each with the whole Response. The
+non-streaming answer is the same fold without the bytes.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any, Final
 
 import msgspec
 
 from edge.api.render import KEEPALIVE
+from edge.api.responses import CUSTOM_INPUT
 from edge.stream.events import Usage
 from edge.stream.output import (
     ContentOut,
@@ -67,6 +74,12 @@ class ResponsesRenderer:
         self._created = created
         self._model = model
         self._echo = echo
+        reasoning = echo.get("reasoning")
+        # Reasoning as a summary: the request asked for one.
+        self._summary = isinstance(reasoning, dict) and reasoning.get("summary") is not None
+        self._custom = frozenset(  # the custom tools' names: their calls are custom_tool_calls
+            t.get("name") for t in echo.get("tools") or () if t.get("type") == "custom"
+        )
         self._seq = 0
         self._output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the message or reasoning item being written
@@ -102,7 +115,10 @@ class ResponsesRenderer:
             elif isinstance(event, ToolCallsOut):
                 self._close()
                 for call in event.calls:
-                    self._function_call(call.id, call.name, call.arguments)
+                    if call.name in self._custom:
+                        self._custom_call(call.id, call.name, call.arguments)
+                    else:
+                        self._function_call(call.id, call.name, call.arguments)
             elif isinstance(event, FinishOut):
                 self._close()
                 self.finish = event
@@ -136,6 +152,9 @@ class ResponsesRenderer:
         if kind == "message":
             self._emit("response.output_text.delta", item_id=item["id"], output_index=index,
                        content_index=0, delta=text, logprobs=[])  # fmt: skip
+        elif self._summary:
+            self._emit("response.reasoning_summary_text.delta", item_id=item["id"],
+                       output_index=index, summary_index=0, delta=text)  # fmt: skip
         else:
             self._emit("response.reasoning_text.delta", item_id=item["id"], output_index=index,
                        content_index=0, delta=text)  # fmt: skip
@@ -148,16 +167,19 @@ class ResponsesRenderer:
                 "status": "in_progress", "role": "assistant", "content": [],
             }  # fmt: skip
         else:
-            item = {
-                "id": f"rs_{self._run_id}_{index}", "type": "reasoning", "summary": [],
-                "content": [], "status": "in_progress",
-            }  # fmt: skip
-        part = _part(kind, "")
+            item = {"id": f"rs_{self._run_id}_{index}", "type": "reasoning", "summary": [],
+                    "content": [], "status": "in_progress"}  # fmt: skip
+            if self._summary:
+                del item["content"]  # as OpenAI's summarized reasoning: no content
         self._output.append(item)
         self._open = item
         self._emit("response.output_item.added", output_index=index, item=_copy(item))
-        self._emit("response.content_part.added", item_id=item["id"], output_index=index,
-                   content_index=0, part=part)  # fmt: skip
+        if self._summarized(item):
+            self._emit("response.reasoning_summary_part.added", item_id=item["id"],
+                       output_index=index, summary_index=0, part=_summary(""))  # fmt: skip
+        else:
+            self._emit("response.content_part.added", item_id=item["id"], output_index=index,
+                       content_index=0, part=_part(kind, ""))  # fmt: skip
         return item
 
     def _close(self) -> None:
@@ -168,6 +190,16 @@ class ResponsesRenderer:
         index = len(self._output) - 1
         text = "".join(self._text)
         self._text = []
+        if self._summarized(item):
+            summary = _summary(text)
+            self._emit("response.reasoning_summary_text.done", item_id=item["id"],
+                       output_index=index, summary_index=0, text=text)  # fmt: skip
+            self._emit("response.reasoning_summary_part.done", item_id=item["id"],
+                       output_index=index, summary_index=0, part=summary)  # fmt: skip
+            item["summary"] = [summary]
+            item["status"] = "completed"
+            self._emit("response.output_item.done", output_index=index, item=_copy(item))
+            return
         part = _part(item["type"], text)
         if item["type"] == "message":
             self._emit("response.output_text.done", item_id=item["id"], output_index=index,
@@ -197,13 +229,35 @@ class ResponsesRenderer:
         item["status"] = "completed"
         self._emit("response.output_item.done", output_index=index, item=_copy(item))
 
+    def _custom_call(self, call_id: str, name: str, arguments: str) -> None:
+        """A custom tool's call: its freeform `input`, in one delta."""
+        index = len(self._output)
+        text = custom_input(arguments)
+        item = {"id": f"ctc_{self._run_id}_{index}", "type": "custom_tool_call",
+                "call_id": call_id, "name": name, "input": ""}  # fmt: skip
+        self._output.append(item)
+        self._emit("response.output_item.added", output_index=index, item=_copy(item))
+        self._emit("response.custom_tool_call_input.delta", item_id=item["id"],
+                   output_index=index, delta=text)  # fmt: skip
+        self._emit("response.custom_tool_call_input.done", item_id=item["id"],
+                   output_index=index, input=text)  # fmt: skip
+        item["input"] = text
+        self._emit("response.output_item.done", output_index=index, item=_copy(item))
+
+    def _summarized(self, item: dict[str, Any]) -> bool:
+        return self._summary and item["type"] == "reasoning"
+
     # --- the Response object and the frames ---------------------------------------
 
     def _response(self, status: str) -> dict[str, Any]:
         output = [_copy(item) for item in self._output]
         if self._open is not None and status != "in_progress":  # cut short by an error
             output[-1]["status"] = "incomplete"
-            output[-1]["content"] = [_part(self._open["type"], "".join(self._text))]
+            text = "".join(self._text)
+            if self._summarized(self._open):
+                output[-1]["summary"] = [_summary(text)]
+            else:
+                output[-1]["content"] = [_part(self._open["type"], text)]
         finish = self.finish
         incomplete = _INCOMPLETE.get(finish.finish_reason) if finish is not None else None
         error = self.error
@@ -234,6 +288,30 @@ def _part(kind: str, text: str) -> dict[str, Any]:
     if kind == "message":
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"type": "reasoning_text", "text": text}
+
+
+def _summary(text: str) -> dict[str, Any]:
+    """The one part of a reasoning item's summary."""
+    return {"type": "summary_text", "text": text}
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool's call as its freeform text: the `input` string of its function's
+    arguments; a call the model wrote otherwise (let through by `report` or `off` tool
+    validation) gives its one string value, else its arguments as written."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict):
+        text = value.get(CUSTOM_INPUT)
+        if isinstance(text, str):
+            return text
+        if len(value) == 1:
+            (only,) = value.values()
+            if isinstance(only, str):
+                return only
+    return arguments
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:

@@ -157,10 +157,12 @@ class MessagesApi(Api):
         return ApiRequest(parsed.chat, dropped=parsed.dropped, thinking=parsed.thinking)
 
     def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
-        return _MessagesOut(answer.run_id, answer.model, status_of=status_of)
+        return _MessagesOut(answer.run_id, answer.model, status_of=status_of,
+                            stop_sequences=request.chat.stop)  # fmt: skip
 
     def folder(self, request: ApiRequest, answer: Answer) -> Folder:
-        return _MessagesOut(answer.run_id, answer.model, status_of=status_of)
+        return _MessagesOut(answer.run_id, answer.model, status_of=status_of,
+                            stop_sequences=request.chat.stop)  # fmt: skip
 
     def error(
         self, status: int, error_type: str, message: str, code: str | None = None

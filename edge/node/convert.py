@@ -56,13 +56,14 @@ _REASONING_PREFIX = b"\x0a\x0freasoning_delta\x12"
 
 
 def _usage(message: pb.Usage | None) -> Usage | None:
+    """A node's usage; its cached tokens are some of its input tokens, at most all."""
     if message is None:
         return None
     return Usage(
         input_tokens=message.input_tokens,
         output_tokens=message.output_tokens,
         reasoning_tokens=message.reasoning_tokens,
-        cached_input_tokens=message.cached_input_tokens,
+        cached_input_tokens=min(message.cached_input_tokens, message.input_tokens),
     )
 
 

@@ -46,11 +46,15 @@ class FinishOut:
     """Terminal success: the finish chunk, the usage chunk if asked, `[DONE]`.
 
     `node_reason`: the node's own finish reason, as it sent it (an API that tells
-    more reasons apart than chat's five reads it, e.g. Anthropic's `stop_sequence`)."""
+    more reasons apart than chat's five reads it, e.g. Anthropic's `stop_sequence`).
+    `stop_sequence`: the stop sequence the node says ended the text (its `complete`
+    metadata's `stop_sequence`), "" when it named none; the renderer believes it
+    only when it is one of the request's."""
 
     finish_reason: str
     usage: Usage | None
     node_reason: str = field(default="", compare=False)
+    stop_sequence: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ gets the rest applied first, in that one step.
 from __future__ import annotations
 
 from edge.errors import NodeFailedError, NodeRateLimitedError, RequestError
+from edge.stream.bounds import MAX_STOP_CHARS
 from edge.stream.events import (
     Complete,
     Delta,
@@ -336,7 +337,9 @@ class StreamSession(SessionState):
                 "reasoning_len": self._reasoning_chars(),
             },
         )
-        self.out.append(FinishOut(finish_reason, event.usage, finish.node_reason))
+        said = event.metadata.get("stop_sequence", "")  # a node's word: kept only if it fits
+        stop_sequence = said if len(said) <= MAX_STOP_CHARS else ""
+        self.out.append(FinishOut(finish_reason, event.usage, finish.node_reason, stop_sequence))
 
     def _reasoning_fallback(self, finish_reason: str) -> None:
         """A run with reasoning but no visible answer: write a placeholder (never an

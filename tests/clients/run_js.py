@@ -21,7 +21,7 @@ JS_DIR = Path(__file__).parent / "js"
 
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="clients-js-") as tmp:
-        sim = start_sim(Path(tmp))
+        sim = start_sim(Path(tmp), "sim", "--kv-tokens", "65536")  # cached prompts, counted
         try:
             edge = start_edge_process(Path(tmp), sim)
             try:

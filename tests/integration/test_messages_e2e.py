@@ -204,6 +204,77 @@ async def test_stop_sequence_stop_reason(edge: RunningEdge) -> None:
 
     created, streamed = await _in_thread(edge, call)
     assert created.stop_reason == streamed.stop_reason == "stop_sequence"
+    assert created.stop_sequence is None  # the request had none: which is unknown
+
+
+async def test_stop_sequence_names_the_one_that_matched(edge: RunningEdge) -> None:
+    """The request's stop sequence the node names (`stop_sequence` in its complete
+    metadata) is the Message's `stop_sequence`, streamed (message_delta) and not."""
+    body = script(
+        {"type": "delta", "delta": "up to the"},
+        {"type": "complete", "metadata": {"finish_reason": "stop", "stop_sequence": "STOP"}},
+    )
+    stops = ["END", "STOP"]
+
+    def call(c: anthropic.Anthropic) -> tuple[Any, Any]:
+        created = c.messages.create(
+            model="sim-script", max_tokens=64, messages=_user(body), stop_sequences=stops
+        )
+        with c.messages.stream(
+            model="sim-script", max_tokens=64, messages=_user(body), stop_sequences=stops
+        ) as s:
+            streamed = s.get_final_message()
+        return created, streamed
+
+    for message in await _in_thread(edge, call):
+        assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "STOP")
+
+
+async def test_usage_as_the_sdk_counts_it(edge: RunningEdge) -> None:
+    """Anthropic's accounting: `input_tokens` leave out the cached ones, so input + cache
+    read + cache creation is the node's 11 prompt tokens (4 cached), in `message.usage`
+    and in the stream's final message alike."""
+    usage = {"input_tokens": 11, "output_tokens": 2, "cached_input_tokens": 4}
+    body = script({"type": "delta", "delta": "ok"}, {"type": "complete", "usage": usage})
+
+    def call(c: anthropic.Anthropic) -> tuple[Any, Any]:
+        created = c.messages.create(model="sim-script", max_tokens=8, messages=_user(body))
+        with c.messages.stream(model="sim-script", max_tokens=8, messages=_user(body)) as s:
+            streamed = s.get_final_message()
+        return created, streamed
+
+    for message in await _in_thread(edge, call):
+        u = message.usage
+        assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens) == (
+            7, 4, 0,
+        )  # fmt: skip
+        assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == 11
+        assert u.output_tokens == 2
+
+
+async def test_tool_result_is_error_reaches_the_node(edge: RunningEdge) -> None:
+    """A tool_result with `is_error: true` reaches the node as a tool message whose content
+    says the call failed (`Error: ...`); one without it as sent."""
+    request = script({"type": "request"}, {"type": "complete"})
+    uses = [{"type": "tool_use", "id": f"t{i}", "name": "get_weather", "input": {"city": "X"}}
+            for i in range(2)]  # fmt: skip
+    messages: list[Any] = [
+        *_user("Weather?"),
+        {"role": "assistant", "content": uses},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t0", "content": "no such city",
+             "is_error": True},
+            {"type": "tool_result", "tool_use_id": "t1", "content": "22 C"},
+        ]},
+    ]  # fmt: skip
+    message = await _in_thread(
+        edge,
+        lambda c: c.messages.create(model="sim-script", max_tokens=64, system=request,
+                                    tools=[WEATHER], messages=messages),
+    )  # fmt: skip
+    sent = json.loads(message.content[0].text)
+    tools = [(m["toolCallId"], m["content"]) for m in sent["messages"] if m["role"] == "tool"]
+    assert tools == [("t0", "Error: no such city"), ("t1", "22 C")]
 
 
 async def test_errors_are_sdk_exceptions(edge: RunningEdge, http: httpx.AsyncClient) -> None:

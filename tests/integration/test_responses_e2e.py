@@ -135,6 +135,93 @@ async def test_reasoning_item(edge: RunningEdge) -> None:
     assert usage.input_tokens_details.cached_tokens == 2
 
 
+REASONED = script(
+    {"type": "reasoning_delta", "delta": "Think "},
+    {"type": "reasoning_delta", "delta": "hard."},
+    {"type": "delta", "delta": "Answer."},
+    {"type": "complete"},
+)
+
+
+async def test_reasoning_summary_when_asked(edge: RunningEdge) -> None:
+    """`reasoning: {"summary": ...}`: the node's reasoning is the reasoning item's summary
+    (summary events streamed, in order, with the item's id and index), in the stream,
+    the stream helper's final response and a non-streaming response alike."""
+
+    def call(client: openai.OpenAI) -> tuple[list[Any], Any, Any]:
+        asked: Any = {"summary": "detailed"}
+        with client.responses.stream(model="sim-script", input=REASONED, reasoning=asked) as s:
+            events = list(s)
+            streamed = s.get_final_response()
+        whole = client.responses.create(model="sim-script", input=REASONED,
+                                        reasoning={"summary": "auto"})  # fmt: skip
+        return events, streamed, whole
+
+    events, streamed, whole = await _in_thread(edge, call)
+    _check_stream_order(events)
+    assert [e.type for e in events[2:9]] == [
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+    ]
+    item_id = events[2].item.id
+    assert {(e.item_id, e.output_index, e.summary_index) for e in events[3:8]} == {(item_id, 0, 0)}
+    assert "".join(e.delta for e in events[4:6]) == "Think hard."
+    assert not [e for e in events if e.type.startswith("response.reasoning_text")]
+    for final in (events[-1].response, streamed, whole):
+        assert [item.type for item in final.output] == ["reasoning", "message"]
+        assert [(p.type, p.text) for p in final.output[0].summary] == [
+            ("summary_text", "Think hard.")
+        ]
+        assert final.output_text == "Answer."
+
+
+async def test_custom_tool_loop(edge: RunningEdge) -> None:
+    """A custom (freeform) tool: the model's call is a custom_tool_call with its input
+    (streamed with custom_tool_call_input events), sent back with its output as
+    custom_tool_call_output, then the answer; `truncation: "auto"` is repeated as asked."""
+    patch = {"id": "call_p", "name": "apply_patch", "arguments": {"input": "*** Begin Patch"}}
+    turns = json.dumps({"turns": [
+        {"events": [{"type": "complete", "tool_calls": [patch]}]},
+        {"events": [{"type": "delta", "delta": "Patched."}, {"type": "complete"}]},
+    ]})  # fmt: skip
+    tool: Any = {"type": "custom", "name": "apply_patch", "description": "Edit files."}
+
+    def loop(client: openai.OpenAI) -> tuple[list[Any], Any, Any]:
+        with client.responses.stream(model="sim-script", input=turns, tools=[tool],
+                                     truncation="auto") as stream:  # fmt: skip
+            events = list(stream)
+            first = stream.get_final_response()
+        calls = [item for item in first.output if item.type == "custom_tool_call"]
+        follow_up: list[Any] = [{"role": "user", "content": turns}]
+        follow_up += [c.model_dump(exclude_none=True) for c in calls]
+        follow_up += [{"type": "custom_tool_call_output", "call_id": c.call_id, "output": "ok"}
+                      for c in calls]  # fmt: skip
+        second = client.responses.create(model="sim-script", input=follow_up, tools=[tool])
+        return events, first, second
+
+    events, first, second = await _in_thread(edge, loop)
+    _check_stream_order(events)
+    kinds = [e.type for e in events]
+    assert kinds[2:6] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+    ]
+    (call,) = first.output
+    assert (call.type, call.name, call.call_id, call.input) == (
+        "custom_tool_call", "apply_patch", "call_p", "*** Begin Patch",
+    )  # fmt: skip
+    assert first.truncation == "auto"
+    assert [t.type for t in first.tools] == ["custom"]
+    assert second.output_text == "Patched."
+
+
 async def test_two_turn_tool_loop(edge: RunningEdge, sim: SimProcess) -> None:
     """A function call, its output sent back as function_call_output, then the answer."""
     turns = json.dumps({"turns": [

@@ -172,8 +172,91 @@ def test_whole_message() -> None:
         {"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}},
     ]
     assert message["stop_reason"] == "tool_use"
-    assert message["usage"]["input_tokens"] == 3
+    assert message["usage"]["input_tokens"] == 1  # the 3 prompt tokens but the 2 cached
     assert message["usage"]["cache_read_input_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        (Usage(11, 4, 0, 4), (7, 4)),
+        (Usage(11, 4, 0, 0), (11, 0)),
+        (Usage(5, 1, 0, 9), (0, 5)),  # a node saying more cached than its prompt: all of it
+        (None, (0, 0)),
+    ],
+)
+def test_usage_as_anthropic_counts_it(usage: Usage | None, expected: tuple[int, int]) -> None:
+    """Anthropic's `input_tokens` leave the cached ones out: input + cache read + cache
+    creation is the node's prompt tokens, in the Message and in the stream's
+    message_delta alike."""
+    whole = MessagesRenderer("r1", "m", status_of=status_of)
+    whole.add([RoleOut(), ContentOut("hi"), FinishOut("stop", usage)])
+    streamed = MessagesRenderer("r2", "m", status_of=status_of)
+    raw = streamed.encode([RoleOut(), ContentOut("hi"), FinishOut("stop", usage)]).decode()
+    (delta,) = [json.loads(f.split("\ndata: ")[1]) for f in raw.split("\n\n")
+                if f.startswith("event: message_delta")]  # fmt: skip
+    for counted in (whole.response()["usage"], delta["usage"]):
+        got = (counted["input_tokens"], counted["cache_read_input_tokens"])
+        assert got == expected
+        assert counted["cache_creation_input_tokens"] == 0
+        assert counted["output_tokens"] == (usage.output_tokens if usage else 0)
+
+
+@pytest.mark.parametrize(
+    ("stops", "node_reason", "named", "expected"),
+    [
+        (("END", "STOP"), "stop", "STOP", ("stop_sequence", "STOP")),  # the node names it
+        (("END", "STOP"), "stop_sequence", "STOP", ("stop_sequence", "STOP")),
+        (("END",), "stop_sequence", "", ("stop_sequence", "END")),  # the only one
+        (("END", "STOP"), "stop_sequence", "", ("stop_sequence", None)),  # which: unknown
+        ((), "stop_sequence", "", ("stop_sequence", None)),  # the model's own stop string
+        (("END",), "stop", "OTHER", ("end_turn", None)),  # not one of the request's
+        (("END",), "stop", "", ("end_turn", None)),  # vLLM without its stop_reason
+        (("END",), "length", "END", ("max_tokens", None)),
+    ],
+)
+def test_stop_sequence(
+    stops: tuple[str, ...], node_reason: str, named: str, expected: tuple[str, str | None]
+) -> None:
+    """`stop_sequence` names the request's stop sequence that ended the text: the one the
+    node names, else the only one when the node says one matched; else null."""
+    finish_reason = "length" if node_reason == "length" else "stop"
+    finish = FinishOut(finish_reason, None, node_reason, named)
+    whole = MessagesRenderer("r1", "m", status_of=status_of, stop_sequences=stops)
+    whole.add([RoleOut(), ContentOut("up to the"), finish])
+    message = whole.response()
+    assert (message["stop_reason"], message["stop_sequence"]) == expected
+    streamed = MessagesRenderer("r2", "m", status_of=status_of, stop_sequences=stops)
+    raw = streamed.encode([RoleOut(), ContentOut("up to the"), finish]).decode()
+    (delta,) = [json.loads(f.split("\ndata: ")[1]) for f in raw.split("\n\n")
+                if f.startswith("event: message_delta")]  # fmt: skip
+    assert (delta["delta"]["stop_reason"], delta["delta"]["stop_sequence"]) == expected
+
+
+def test_tool_result_is_error_reaches_the_model() -> None:
+    """`is_error: true` on a tool_result: its content (a string or blocks) after `Error: `;
+    false or absent: as sent; not a boolean: refused."""
+
+    def results(*blocks: dict[str, Any]) -> list[Any]:
+        parsed = parse({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": f"t{i}", "name": "f", "input": {}}
+                for i in range(len(blocks))]},
+            {"role": "user", "content": list(blocks)},
+        ]})  # fmt: skip
+        return [m.text() for m in parsed.chat.messages if m.role == "tool"]
+
+    assert results(
+        {"type": "tool_result", "tool_use_id": "t0", "content": "no such city", "is_error": True},
+        {"type": "tool_result", "tool_use_id": "t1", "is_error": True,
+         "content": [{"type": "text", "text": "timed out"}]},
+        {"type": "tool_result", "tool_use_id": "t2", "content": "", "is_error": True},
+        {"type": "tool_result", "tool_use_id": "t3", "content": "22 C", "is_error": False},
+        {"type": "tool_result", "tool_use_id": "t4", "content": "sunny"},
+    ) == ["Error: no such city", "Error: timed out", "Error:", "22 C", "sunny"]  # fmt: skip
+    with pytest.raises(RequestError) as refused:
+        results({"type": "tool_result", "tool_use_id": "t0", "content": "x", "is_error": "yes"})
+    assert refused.value.param == "messages[1].content.0.is_error"
 
 
 def test_a_stream_keeps_none_of_the_text_it_sent() -> None:

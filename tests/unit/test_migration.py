@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 import trio
 
+from edge.api.messages_out import messages_usage
 from edge.api.request import ChatRequest, parse_chat_request
 from edge.config import AdmissionConfig, RoutingConfig, TimeoutsConfig
 from edge.contract._proto.iop.node import v1 as pb
@@ -164,6 +165,9 @@ def test_usage_sums_the_runs_input_as_each_node_reported_it() -> None:
     assert delivered.output_tokens == 6
     complete = Complete(Usage(input_tokens=40, output_tokens=12, cached_input_tokens=8))
     assert delivered.summed(complete).usage == Usage(70, 12, 0, 8)
+    # Anthropic's count of the moved answer: all its runs' prompts, the cached ones apart.
+    anthropic = messages_usage(delivered.summed(complete).usage)
+    assert (anthropic["input_tokens"], anthropic["cache_read_input_tokens"]) == (62, 8)
     assert delivered.summed(Complete()).usage is None
     assert Delivered(10).summed(complete) is complete
     unreported = Delivered(10)

@@ -20,7 +20,7 @@ from edge.api.messages_out import STOP_REASONS, MessagesRenderer
 from edge.api.render import ResponseBuilder, SSEEncoder
 from edge.api.request import TOO_DEEP, parse_chat_request
 from edge.api.responses import parse_responses_request
-from edge.api.responses_out import ResponsesRenderer
+from edge.api.responses_out import ResponsesRenderer, custom_input
 from edge.errors import RequestError, status_of
 from edge.stream.events import Complete, NodeEvent, Usage
 from edge.stream.output import ContentOut, ErrorOut, FinishOut, ReasoningOut, RoleOut, ToolCallsOut
@@ -102,7 +102,7 @@ def test_tools_choice_format_effort() -> None:
     assert chat.reasoning_effort == "high"
     assert chat.max_tokens == 7
     assert parsed.affinity_key == "k"
-    assert parsed.dropped == ("tools[2] (type 'web_search': not a function tool)",)
+    assert parsed.dropped == ("tools[2] (type 'web_search': a hosted tool)",)
 
 
 @pytest.mark.parametrize(
@@ -194,6 +194,128 @@ def test_error_is_response_failed() -> None:
     assert final["error"] == {"code": "run_error", "message": "boom"}
     assert final["output"][0]["status"] == "incomplete"
     assert final["output"][0]["content"][0]["text"] == "part"
+
+
+def test_reasoning_summary_render() -> None:
+    """Asked for a summary, a reasoning item carries its text as one summary_text part,
+    with OpenAI's summary events in OpenAI's order (no reasoning_text content)."""
+    echo = parse({"model": "m", "input": "x", "reasoning": {"summary": "auto"}}).echo
+    renderer = ResponsesRenderer(RUN, 1, "m", echo)
+    raw = renderer.encode([RoleOut(), ReasoningOut("r1"), ReasoningOut("r2")])
+    raw += renderer.encode([ContentOut("t"), FinishOut("stop", None)])
+    events = _responses_events(raw)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[2:9]] == [
+        "response.output_item.added", "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta", "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
+        "response.output_item.done",
+    ]  # fmt: skip
+    item_id = events[2]["item"]["id"]
+    for e in events[3:8]:
+        assert (e["item_id"], e["output_index"], e["summary_index"]) == (item_id, 0, 0)
+    assert [e["delta"] for e in events[4:6]] == ["r1", "r2"]
+    assert events[6]["text"] == "r1r2"
+    assert events[7]["part"] == {"type": "summary_text", "text": "r1r2"}
+    reasoning = events[-1]["response"]["output"][0]
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "r1r2"}]
+    assert "content" not in reasoning
+    assert renderer.response() == events[-1]["response"]
+    assert events[-1]["response"]["reasoning"] == {"effort": None, "summary": "auto"}
+    cut = ResponsesRenderer(RUN, 1, "m", echo)
+    cut.add([RoleOut(), ReasoningOut("half"), ErrorOut("run_error", "boom")])
+    item = cut.response()["output"][0]
+    assert (item["status"], item["summary"]) == (
+        "incomplete", [{"type": "summary_text", "text": "half"}]
+    )  # fmt: skip
+
+
+def test_custom_tools_parse() -> None:
+    """A custom tool is a function of one string, `input` (a grammar told in its
+    description), listed back as the custom tool it is; tool_choice may name it; its
+    earlier calls and outputs in `input` are that function's."""
+    grammar = {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}
+    parsed = parse({
+        "model": "m",
+        "tools": [{"type": "custom", "name": "apply_patch", "description": "Edit files.",
+                   "format": grammar},
+                  {"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "sh"}]}],
+        "tool_choice": {"type": "custom", "name": "apply_patch"},
+        "input": [
+            {"role": "user", "content": "fix it"},
+            {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** x"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done"},
+        ],
+    })  # fmt: skip
+    tools = parsed.chat.tools.tools
+    assert [t.name for t in tools] == ["apply_patch", "sh"]
+    assert tools[0].parameters["properties"] == {"input": {"type": "string"}}
+    assert tools[0].parameters["required"] == ["input"]
+    assert "Edit files." in tools[0].description
+    assert "lark grammar:\nstart: /.+/" in tools[0].description
+    assert parsed.chat.tools.choice.name == "apply_patch"
+    assert parsed.echo["tools"] == [
+        {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": grammar},
+        {"type": "custom", "name": "sh"},
+    ]
+    assert parsed.dropped == ()
+    _, call, output = parsed.chat.messages
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in call.tool_calls] == [
+        ("c1", "apply_patch", {"input": "*** x"})
+    ]
+    assert (output.role, output.tool_call_id, output.text()) == ("tool", "c1", "Done")
+
+
+def test_custom_tool_call_render() -> None:
+    """A call of a custom tool is a custom_tool_call item with its freeform input, with
+    the custom_tool_call_input events; a function tool's call stays a function_call."""
+    tools = [{"type": "custom", "name": "apply_patch"}, {"type": "function", "name": "f"}]
+    echo = parse({"model": "m", "input": "x", "tools": tools}).echo
+    renderer = ResponsesRenderer(RUN, 1, "m", echo)
+    calls = (ToolCall(id="c1", name="apply_patch", arguments='{"input": "*** Begin"}'),
+             ToolCall(id="c2", name="f", arguments="{}"))  # fmt: skip
+    events = _responses_events(
+        renderer.encode([RoleOut(), ToolCallsOut(calls), FinishOut("tool_calls", None)])
+    )
+    assert [e["type"] for e in events[2:6]] == [
+        "response.output_item.added", "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done", "response.output_item.done",
+    ]  # fmt: skip
+    assert events[3]["delta"] == events[4]["input"] == "*** Begin"
+    assert events[3]["item_id"] == events[2]["item"]["id"]
+    custom, function = events[-1]["response"]["output"]
+    assert custom == {"id": f"ctc_{RUN}_0", "type": "custom_tool_call", "call_id": "c1",
+                      "name": "apply_patch", "input": "*** Begin"}  # fmt: skip
+    assert function["type"] == "function_call"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "text"),
+    [
+        ('{"input": "a\\nb"}', "a\nb"),
+        ('{"patch": "p"}', "p"),  # the model's own key, let through by report validation
+        ('{"a": "1", "b": "2"}', '{"a": "1", "b": "2"}'),
+        ("not json", "not json"),
+        ("[1]", "[1]"),
+    ],
+)
+def test_custom_input(arguments: str, text: str) -> None:
+    """A custom tool's call reads as its `input` string, its one string value, or as written."""
+    assert custom_input(arguments) == text
+
+
+def test_truncation_and_summary_values() -> None:
+    """`truncation` is repeated as asked (the edge truncates neither way); unknown values
+    of it and of `reasoning.summary` are 400s naming them."""
+    assert parse({"model": "m", "input": "x", "truncation": "auto"}).echo["truncation"] == "auto"
+    assert parse({"model": "m", "input": "x"}).echo["truncation"] == "disabled"
+    for body, param in (
+        ({"truncation": "sometimes"}, "truncation"),
+        ({"reasoning": {"summary": "long"}}, "reasoning.summary"),
+    ):
+        with pytest.raises(RequestError) as refused:
+            parse({"model": "m", "input": "x", **body})
+        assert refused.value.param == param
 
 
 # --- the property: three renderings of one session agree ----------------------------

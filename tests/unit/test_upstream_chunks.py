@@ -123,6 +123,28 @@ def test_finish_reason_without_done_is_complete() -> None:
     assert replay([text])[-1][:4] == ("complete", "", "", {"finish_reason": "stop"})
 
 
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"stop_reason": "END"}, "END"),  # vLLM
+        ({"stop_reason": None, "matched_stop": "END"}, "END"),  # SGLang
+        ({"stop_reason": 128009}, None),  # a stop token's id: no stop string
+        ({"matched_stop": "x" * 1025}, None),  # longer than any stop the edge sends
+        ({}, None),
+    ],
+)
+def test_matched_stop_string_is_the_stop_sequence(
+    fields: dict[str, object], named: str | None
+) -> None:
+    """The stop string a server says matched is the complete metadata's `stop_sequence`."""
+    mapper = ChunkMapper("call")
+    finish = {"index": 0, "delta": {"content": "up to the"}, "finish_reason": "stop", **fields}
+    mapper.feed(SSEMessage(json.dumps({"choices": [finish]})))
+    (complete,) = mapper.feed(SSEMessage("[DONE]"))
+    assert complete.metadata.get("stop_sequence") == named
+    assert complete.metadata["finish_reason"] == "stop"
+
+
 @pytest.mark.parametrize("name", STREAMS)
 def test_exactly_one_terminal_last(name: str) -> None:
     """Every stream maps to events with exactly one terminal, and it is the last."""

@@ -16,7 +16,9 @@ It tolerates the dialects of vLLM, llama.cpp, Ollama and SGLang: `reasoning`
 or `reasoning_content`, `content: null` or `""` deltas, nulls for absent
 fields, extra fields (`timings`, `matched_stop`, ...), a whole tool call in
 one chunk with or without `index`, usage in its own chunk, on the finish
-chunk, or missing, and error objects inside the stream.
+chunk, or missing, and error objects inside the stream. The stop string that
+ended the text, when the server names it (vLLM's `stop_reason`, SGLang's
+`matched_stop`, when a string), is the `complete` metadata's `stop_sequence`.
 
 It must not know sockets, httpx, grpclib or asyncio, nor who reads the events.
 """
@@ -38,6 +40,8 @@ __all__ = ["ChunkMapper"]
 _UINT32_MAX: Final = 2**32 - 1
 # Logprobs of chunks without content waiting for the next content, at most (then dropped).
 MAX_WAITING_LOGPROBS: Final = 4096
+# The longest stop string passed on as the one that matched (the edge takes no longer one).
+MAX_STOP_SEQUENCE_CHARS: Final = 1024
 
 
 def _text(value: object) -> str:
@@ -95,6 +99,7 @@ class ChunkMapper:
         "_cached_fallback",
         "_finish",
         "_id_prefix",
+        "_stop_sequence",
         "_usage",
         "_waiting_logprobs",
         "outcome",
@@ -105,6 +110,7 @@ class ChunkMapper:
         self._id_prefix = id_prefix
         self.tools = ToolCallAssembler()
         self._finish: str | None = None
+        self._stop_sequence = ""  # the stop string the server says matched
         self._usage: dict[str, Any] | None = None
         self._cached_fallback = 0  # llama.cpp: timings.cache_n
         # Logprobs of a chunk that had no content, for the next content delta.
@@ -206,11 +212,18 @@ class ChunkMapper:
             finish = choice.get("finish_reason")
             if isinstance(finish, str) and finish:
                 self._finish = finish
+                matched = choice.get("stop_reason")  # a stop token's id is an int: not one
+                if not isinstance(matched, str):
+                    matched = choice.get("matched_stop")
+                if isinstance(matched, str) and 0 < len(matched) <= MAX_STOP_SEQUENCE_CHARS:
+                    self._stop_sequence = matched
         return events
 
     def _complete(self) -> pb.RunEvent:
         self.outcome = "complete"
         metadata = {"finish_reason": self._finish or "stop"}
+        if self._stop_sequence:
+            metadata["stop_sequence"] = self._stop_sequence
         calls = self.tools.typed(self._id_prefix)
         if calls and metadata["finish_reason"] == "stop":  # Ollama and older servers
             metadata["finish_reason"] = "tool_calls"

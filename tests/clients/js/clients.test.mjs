@@ -1,11 +1,17 @@
 // The client-conformance suite for JavaScript: the `openai` npm package and the
-// Vercel AI SDK (`ai` with `@ai-sdk/openai-compatible`) against a real edge and
-// simulated node. `make clients-js` starts both and sets EDGE_BASE_URL (".../v1").
+// Vercel AI SDK (`ai` with `@ai-sdk/openai-compatible`, `@ai-sdk/openai` on the
+// Responses API and `@ai-sdk/anthropic` on the Messages API) against a real edge and
+// simulated node. `make clients-js` starts both and sets EDGE_BASE_URL (".../v1"); the
+// node models a KV cache, so a prompt sent twice is partly cached the second time.
 // The scripts are the simulated model's answers, turn by turn (see docs/simulated-node.md);
 // every case is one or two small requests.
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
+import { randomUUID } from "node:crypto";
+
+import { createAnthropic } from "@ai-sdk/anthropic";
+import { createOpenAI } from "@ai-sdk/openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { APICallError, generateObject, generateText, stepCountIs, streamText, tool } from "ai";
 import OpenAI from "openai";
@@ -243,5 +249,65 @@ describe("ai SDK (@ai-sdk/openai-compatible)", () => {
       generateText({ model: provider.chatModel("no-such-model"), prompt: "hi", maxRetries: 0 }),
       (err) => APICallError.isInstance(err) && err.statusCode === 404,
     );
+  });
+});
+
+describe("ai SDK (@ai-sdk/openai, the Responses API)", () => {
+  const model = createOpenAI({ baseURL: BASE_URL, apiKey: "unused" })("sim-script");
+  // An unknown model is not a reasoning model to the provider: it is told it is one, or
+  // it sends no `reasoning` at all.
+  const summary = { openai: { forceReasoning: true, reasoningSummary: "auto" } };
+
+  test("streamText: the reasoning summary is the reasoning", async () => {
+    const result = streamText({
+      model,
+      prompt: script(say("Hello there", "Hmm.")),
+      providerOptions: summary,
+      maxRetries: 0,
+    });
+    let text = "";
+    for await (const piece of result.textStream) text += piece;
+    assert.equal(text, "Hello there");
+    assert.equal(await result.reasoningText, "Hmm.");
+    const reasoning = (await result.content).filter((p) => p.type === "reasoning");
+    assert.deepEqual(reasoning.map((p) => p.text), ["Hmm."]);
+  });
+
+  test("generateText: the reasoning summary is the reasoning", async () => {
+    const result = await generateText({
+      model,
+      prompt: script(say("Hello there", "Hmm.")),
+      providerOptions: summary,
+      maxRetries: 0,
+    });
+    assert.equal(result.text, "Hello there");
+    assert.equal(result.reasoningText, "Hmm.");
+  });
+});
+
+describe("ai SDK (@ai-sdk/anthropic, the Messages API)", () => {
+  const model = createAnthropic({ baseURL: BASE_URL, apiKey: "unused" })("sim-echo");
+  // Several of the node's 256-character cache blocks, new to this run of the suite.
+  const system = `${randomUUID()} ${"You are a helpful assistant. ".repeat(60)}`;
+  const ask = { model, system, prompt: "hi there", maxOutputTokens: 64, maxRetries: 0 };
+
+  test("usage.inputTokens is the run's prompt tokens, cached ones counted once", async () => {
+    const cold = await generateText(ask);
+    assert.equal(cold.text, "hi there");
+    const prompt = cold.usage.inputTokens;
+    assert.ok(prompt > 256, `prompt tokens ${prompt}`);
+    assert.equal(cold.usage.inputTokenDetails.cacheReadTokens, 0);
+    const warm = streamText(ask);
+    let text = "";
+    for await (const piece of warm.textStream) text += piece;
+    assert.equal(text, "hi there");
+    const usage = await warm.usage;
+    assert.equal(usage.inputTokens, prompt);
+    const cached = usage.inputTokenDetails.cacheReadTokens;
+    assert.ok(cached > 0, `cached tokens ${cached}`);
+    assert.equal(usage.inputTokenDetails.noCacheTokens, prompt - cached);
+    const again = await generateText(ask);
+    assert.equal(again.usage.inputTokens, prompt);
+    assert.ok(again.usage.inputTokenDetails.cacheReadTokens > 0);
   });
 });
