@@ -10,9 +10,13 @@ edge's routes (`//`, a trailing slash, percent-encoding, `..`, an absolute
 URL) is the JSON 404, never a redirect (werkzeug would otherwise answer
 `//` with a 308 whose Location is built from the Host header).
 
-The three APIs (`/v1/chat/completions`, `/v1/responses`, `/v1/messages`)
-are one handler (`edge.http.chat`); an error of a `/v1/messages` request,
-whatever raised it, is rendered in Anthropic's shape instead.
+The four APIs (`/v1/chat/completions`, `/v1/responses`, `/v1/messages`,
+`/v1/completions`) are one handler (`edge.http.chat`); the endpoints that start
+no run (`/v1/models`, `/v1/models/{id}`, `/v1/messages/count_tokens`) are
+`edge.http.endpoints`'. An error under `/v1/messages`, whatever raised it
+(an unknown path there, a 405, a missing key), is rendered in Anthropic's
+shape instead, as is one of an Anthropic client's `/v1/models` request
+(`edge.http.endpoints.error_api`).
 
 API keys: `KeyRing` (edge.limits.limiter) tells which key a `/v1/` request
 holds, sent as `Authorization: Bearer <key>` or (Anthropic's way) `x-api-key`.
@@ -43,7 +47,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import RequestRedirect
 
-from edge.api.surfaces import APIS, CHAT, MESSAGES, RESPONSES, Api
+from edge.api.surfaces import APIS, CHAT, COMPLETIONS, MESSAGES, RESPONSES, Api
 from edge.errors import (
     AuthenticationError,
     EdgeError,
@@ -54,6 +58,7 @@ from edge.errors import (
     RequestError,
     ShuttingDownError,
 )
+from edge.http import endpoints
 from edge.http.chat import ChatService
 from edge.http.scope import CURRENT as CURRENT_SCOPE
 from edge.http.scope import ChatScope
@@ -72,7 +77,7 @@ def _json_response(value: object, status: int = 200) -> Response:
 
 
 def _error_response(error: EdgeError) -> Response:
-    api = APIS.get(request.path) if request else None
+    api = endpoints.error_api(request) if request else None
     status, body = api.edge_error(error) if api else (error.status, error.to_dict())
     response = _json_response(body, status)
     if isinstance(error, OverloadedError | RateLimitedError):
@@ -96,10 +101,15 @@ def _is_route_path() -> bool:
     """Whether the raw path is exactly the decoded one: no percent-escapes anywhere.
 
     The routes are plain ASCII, so a path that needed decoding is not one of
-    them; `%2F` must not turn into a separator behind the client's back.
+    them; `%2F` must not turn into a separator behind the client's back. But
+    for a model id: to the SDKs it is one segment, whose `/` (`org/name`) they
+    send as `%2F`; after `/v1/models/` as written, escapes are the id's.
     """
     raw = request.scope.get("raw_path")
-    return raw is None or raw == request.path.encode()
+    if raw is None or raw == request.path.encode():
+        return True
+    prefix = endpoints.MODELS_PATH + "/"
+    return raw.startswith(prefix.encode()) and request.path.startswith(prefix)
 
 
 def _http_error(exc: HTTPException) -> EdgeError:
@@ -306,15 +316,23 @@ def create_app(
     async def messages() -> Response:
         return await answer(MESSAGES)
 
-    @app.get("/v1/models")
+    # --- the legacy completions API, and the endpoints that start no run ---
+    @app.post(COMPLETIONS.path)
+    async def completions() -> Response:
+        return await answer(COMPLETIONS)
+
+    @app.get(endpoints.MODELS_PATH)
     async def models() -> Response:
-        key = g.get("key")
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "iop"}
-            for m in chat.pool.models()
-            if key is None or key.allows(m)
-        ]
-        return _json_response({"object": "list", "data": data})
+        return endpoints.models(chat, request, g.get("key"))
+
+    @app.get(endpoints.MODELS_PATH + "/<path:model_id>")  # ids may hold "/" (org/name)
+    async def model(model_id: str) -> Response:
+        return endpoints.model(chat, request, g.get("key"), model_id)
+
+    @app.post(endpoints.COUNT_TOKENS_PATH)
+    async def count_tokens() -> Response:
+        body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        return await endpoints.count_tokens(chat, body, g.get("key"))
 
     @app.get("/healthz")
     @app.get("/health")  # vLLM's and SGLang's path, which their gateways and probes ask
