@@ -18,6 +18,10 @@ no run (`/v1/models`, `/v1/models/{id}`, `/v1/messages/count_tokens`) are
 shape instead, as is one of an Anthropic client's `/v1/models` request
 (`edge.http.endpoints.error_api`).
 
+CORS (`edge.http.cors`): a preflight from an allowed origin is answered in
+`before`, after the path guard and before the API key is asked for; every
+answer to an allowed origin carries its headers (`after`).
+
 API keys: `KeyRing` (edge.limits.limiter) tells which key a `/v1/` request
 holds, sent as `Authorization: Bearer <key>` or (Anthropic's way) `x-api-key`.
 A chat request's `Gate` (its key's allow-list and limits) is opened
@@ -44,7 +48,7 @@ from loguru import logger
 from quart import Request, Response, g, request
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.routing import RequestRedirect
 
 from edge.api.surfaces import APIS, CHAT, COMPLETIONS, MESSAGES, RESPONSES, Api
@@ -60,6 +64,7 @@ from edge.errors import (
 )
 from edge.http import endpoints
 from edge.http.chat import ChatService
+from edge.http.cors import Cors
 from edge.http.scope import CURRENT as CURRENT_SCOPE
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
@@ -164,7 +169,7 @@ class _HTTPConnection(TrioASGIHTTPConnection):
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         path = self.scope["path"]
-        if path not in APIS:
+        if path not in APIS or self.scope["method"] == "OPTIONS":  # (a preflight runs nothing)
             await super().__call__(receive, send)
             return
         chat: ChatService = self.app.extensions["chat"]
@@ -222,10 +227,11 @@ def create_app(
     # Routes match as written: `//` is not merged into `/` by a redirect.
     app.url_map.merge_slashes = False
     app.extensions["limiter"] = limiter
+    cors = Cors(chat.config.server.cors_allow_origins)
     state = {"draining": False}
 
     @app.before_request
-    async def before() -> None:
+    async def before() -> Response | None:
         offered = request.headers.get("X-Request-Id", "")
         g.request_id = offered if _REQUEST_ID.match(offered) else secrets.token_hex(8)
         # Every line logged while this request is served (and by its run) carries its id.
@@ -235,6 +241,10 @@ def create_app(
         g.started = time.perf_counter()
         if not _is_route_path() or isinstance(request.routing_exception, RequestRedirect):
             raise _not_found()
+        if isinstance(known := request.routing_exception, MethodNotAllowed) and (
+            preflight := cors.preflight(request, known.valid_methods or ())
+        ):
+            return preflight  # before the key: a browser's preflight carries none
         g.key = None
         if keys.enabled and request.path.startswith("/v1/"):
             g.key = keys.identify(request.headers.get("Authorization"))
@@ -248,10 +258,12 @@ def create_app(
                 )
             if (gate := CURRENT_GATE.get()) is not None:
                 gate.key = g.key
+        return None
 
     @app.after_request
     async def after(response: Response) -> Response:
         response.headers.setdefault("X-Request-Id", g.get("request_id", ""))
+        cors.decorate(request, response)
         if (gate := CURRENT_GATE.get()) is not None:
             for name, value in gate.headers.items():  # a limited key's, success or not
                 response.headers.setdefault(name, value)
