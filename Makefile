@@ -7,13 +7,17 @@ STAMP := $(VENV)/.installed
 INSTRUCTOR_VENV := .venv-instructor
 INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 INSTRUCTOR_REQS := tests/clients/instructor-requirements.txt
+# LlamaIndex's OpenAI integration caps openai below 3: a venv of its own too (tests/clients).
+LLAMAINDEX_VENV := .venv-llamaindex
+LLAMAINDEX_STAMP := $(LLAMAINDEX_VENV)/.installed
+LLAMAINDEX_REQS := tests/clients/llamaindex-requirements.txt
 PROTO_OUT := edge/contract/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 CONFIG_REF := docs/config-reference.md
 
 .PHONY: setup redis-server proto proto-check config-ref config-ref-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
 
-setup: $(STAMP) $(INSTRUCTOR_STAMP) redis-server
+setup: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP) redis-server
 
 # The Redis limits tests run a real redis-server: Debian's package, installed when it is
 # missing and we are root; otherwise those tests skip and say why (under CI=true they fail).
@@ -38,6 +42,11 @@ $(INSTRUCTOR_STAMP): $(INSTRUCTOR_REQS)
 	test -x $(INSTRUCTOR_VENV)/bin/python || $(PYTHON) -m venv $(INSTRUCTOR_VENV)
 	$(INSTRUCTOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r $(INSTRUCTOR_REQS)
 	touch $(INSTRUCTOR_STAMP)
+
+$(LLAMAINDEX_STAMP): $(LLAMAINDEX_REQS)
+	test -x $(LLAMAINDEX_VENV)/bin/python || $(PYTHON) -m venv $(LLAMAINDEX_VENV)
+	$(LLAMAINDEX_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r $(LLAMAINDEX_REQS)
+	touch $(LLAMAINDEX_STAMP)
 
 # Regenerate the betterproto2 code from the .proto (committed; CI checks it is current).
 proto: $(STAMP)
@@ -73,7 +82,7 @@ run: $(STAMP)
 sim: $(STAMP)
 	$(BIN)/iop-sim-node --listen 127.0.0.1:50051
 
-test: $(STAMP) $(INSTRUCTOR_STAMP)
+test: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q tests
 
 # The JavaScript clients (pinned in tests/clients/js, installed there by npm ci) against a
@@ -122,4 +131,4 @@ typecheck: $(STAMP)
 check: lint imports typecheck proto-check config-ref-check test
 
 clean:
-	rm -rf $(VENV) $(INSTRUCTOR_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(INSTRUCTOR_VENV) $(LLAMAINDEX_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="iop-edge",
         description=(
             "OpenAI-compatible APIs in front of inference nodes reached over gRPC:"
-            " chat completions (/v1/chat/completions), Responses (/v1/responses)"
-            " and Anthropic's Messages (/v1/messages)."
+            " chat completions (/v1/chat/completions), Responses (/v1/responses),"
+            " Anthropic's Messages (/v1/messages) and legacy completions (/v1/completions)."
         ),
     )
     parser.add_argument(

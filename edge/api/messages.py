@@ -53,7 +53,21 @@ def parse_messages_request(body: bytes) -> MessagesRequest:
     Raises:
         RequestError: the body breaks a rule of the API (or of chat requests).
     """
-    obj = decode_object(body)
+    return messages_request_from(decode_object(body))
+
+
+def messages_request_from(obj: dict[str, Any], *, counting: bool = False) -> MessagesRequest:
+    """Translate and validate a Messages request already decoded into JSON values.
+
+    `counting`: the body of `POST /v1/messages/count_tokens`, which has no
+    `max_tokens` (a count's request is the Messages request without it).
+    Called inside a `deep_is_refused` parser (a deep input is its 400).
+
+    Raises:
+        RequestError: as `parse_messages_request`.
+    """
+    if counting:
+        obj = {**obj, "max_tokens": 1}  # nothing is generated: any valid value will do
     if obj.get("max_tokens") is None:
         raise RequestError("max_tokens: Field required", param="max_tokens")
     if "messages" not in obj:

@@ -1,12 +1,13 @@
-"""The three APIs over one run: how each parses its request and renders the answer.
+"""The four APIs over one run: how each parses its request and renders the answer.
 
-An `Api` is what differs between `/v1/chat/completions`, `/v1/responses`
-and `/v1/messages`: the parser that turns its body into the one run request
-(`ChatRequest`), the renderer that turns the one session's output events
-into its stream (`Streamer`) or its whole answer (`Folder`), and the shape
-of its errors. Everything else (sentinels, reasoning policy, tool calls,
-validation, strict output, the terminal, cancel, admission, failover,
-metrics) is the run's and the session's, the same for all three.
+An `Api` is what differs between `/v1/chat/completions`, `/v1/responses`,
+`/v1/messages` and `/v1/completions` (legacy completions): the parser that
+turns its body into the one run request (`ChatRequest`), the renderer that
+turns the one session's output events into its stream (`Streamer`) or its
+whole answer (`Folder`), and the shape of its errors. Everything else
+(sentinels, reasoning policy, tool calls, validation, strict output, the
+terminal, cancel, admission, failover, metrics) is the run's and the
+session's, the same for all four.
 
 Pure: no I/O, no HTTP framework.
 """
@@ -17,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from edge.api.completions import parse_completions_request
+from edge.api.completions_out import CompletionsFolder, CompletionsStreamer
 from edge.api.messages import parse_messages_request
 from edge.api.messages_out import MessagesRenderer, anthropic_error
 from edge.api.render import KEEPALIVE, ResponseBuilder, SSEEncoder
@@ -29,6 +32,7 @@ from edge.stream.output import ErrorOut, OutEvent
 CHAT_PATH = "/v1/chat/completions"
 RESPONSES_PATH = "/v1/responses"
 MESSAGES_PATH = "/v1/messages"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 class Streamer(Protocol):
@@ -178,7 +182,36 @@ class _MessagesOut(MessagesRenderer):
         return self.response()
 
 
+class CompletionsApi(Api):
+    """Legacy completions: the prompt as one user message (`edge.api.completions`),
+    the answer as `text_completion` objects; errors are OpenAI's."""
+
+    name = "completions"
+    path = COMPLETIONS_PATH
+
+    def parse(self, body: bytes) -> ApiRequest:
+        parsed = parse_completions_request(body)
+        echo = {} if parsed.echo_json is None else {"prompt_json": parsed.echo_json}
+        return ApiRequest(parsed.chat, echo=echo)
+
+    def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
+        echo: bytes | None = request.echo.get("prompt_json")
+        return CompletionsStreamer(
+            f"cmpl-{answer.run_id}", answer.created, answer.model,
+            include_usage=request.chat.include_usage, echo_json=echo,
+            echo_chars=len(request.chat.messages[0].text()) if echo is not None else 0,
+        )  # fmt: skip
+
+    def folder(self, request: ApiRequest, answer: Answer) -> Folder:
+        echo = request.chat.messages[0].text() if request.echo else None
+        return CompletionsFolder(
+            f"cmpl-{answer.run_id}", answer.created, answer.model,
+            logprobs=request.chat.logprobs, echo=echo,
+        )  # fmt: skip
+
+
 CHAT = Api()
 RESPONSES = ResponsesApi()
 MESSAGES = MessagesApi()
-APIS: dict[str, Api] = {api.path: api for api in (CHAT, RESPONSES, MESSAGES)}
+COMPLETIONS = CompletionsApi()
+APIS: dict[str, Api] = {api.path: api for api in (CHAT, RESPONSES, MESSAGES, COMPLETIONS)}

@@ -7,6 +7,7 @@ names the file and the key. Knows nothing of the daemon that uses the result.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -97,6 +98,9 @@ def _server(r: TableReader) -> ServerConfig:
         idle_timeout_s=r.number("idle_timeout_s", srv.idle_timeout_s, minimum=0.01, maximum=3600),
         body_timeout_s=r.number("body_timeout_s", srv.body_timeout_s, minimum=0.01, maximum=3600),
         workers=_workers(r),
+        cors_allow_origins=tuple(
+            _origin(r, origin) for origin in r.strings("cors_allow_origins", ())
+        ),
     )
     _check(r, "listen", split_address, server.listen)
     if any(not key.strip() for key in server.api_keys):
@@ -291,6 +295,23 @@ def _media_schemes(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
                 f"unsupported scheme {scheme!r} (allowed: {', '.join(MEDIA_SCHEMES)})",
             )
     return schemes
+
+
+# An origin as browsers send it: scheme://host[:port], nothing after.
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+")
+
+
+def _origin(r: TableReader, origin: str) -> str:
+    """One of `cors_allow_origins`: "*", or an origin (lower case, as browsers send it)."""
+    if origin == "*":
+        return origin
+    if _ORIGIN.fullmatch(origin.lower()) is None:
+        raise r.fail(
+            "cors_allow_origins",
+            f"{origin!r} is not an origin: write scheme://host[:port], no path and no"
+            ' trailing slash (e.g. "https://app.example.com"), or "*"',
+        )
+    return origin.lower()
 
 
 def _check(r: TableReader, key: str, check: Callable[[str], object], value: str) -> None:

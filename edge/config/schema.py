@@ -45,6 +45,9 @@ class ServerConfig:
     # Worker processes serving the listen address (edge.process.supervisor); 1 = one
     # process; "auto": one per CPU this process may run on.
     workers: int = 1
+    # Browser origins allowed to call the API (CORS), e.g. "https://app.example.com", or
+    # "*" for any; empty: no CORS headers at all (docs/operations.md).
+    cors_allow_origins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,17 @@ edge's routes (`//`, a trailing slash, percent-encoding, `..`, an absolute
 URL) is the JSON 404, never a redirect (werkzeug would otherwise answer
 `//` with a 308 whose Location is built from the Host header).
 
-The three APIs (`/v1/chat/completions`, `/v1/responses`, `/v1/messages`)
-are one handler (`edge.http.chat`); an error of a `/v1/messages` request,
-whatever raised it, is rendered in Anthropic's shape instead.
+The four APIs (`/v1/chat/completions`, `/v1/responses`, `/v1/messages`,
+`/v1/completions`) are one handler (`edge.http.chat`); the endpoints that start
+no run (`/v1/models`, `/v1/models/{id}`, `/v1/messages/count_tokens`) are
+`edge.http.endpoints`'. An error under `/v1/messages`, whatever raised it
+(an unknown path there, a 405, a missing key), is rendered in Anthropic's
+shape instead, as is one of an Anthropic client's `/v1/models` request
+(`edge.http.endpoints.error_api`).
+
+CORS (`edge.http.cors`): a preflight from an allowed origin is answered in
+`before`, after the path guard and before the API key is asked for; every
+answer to an allowed origin carries its headers (`after`).
 
 API keys: `KeyRing` (edge.limits.limiter) tells which key a `/v1/` request
 holds, sent as `Authorization: Bearer <key>` or (Anthropic's way) `x-api-key`.
@@ -40,10 +48,10 @@ from loguru import logger
 from quart import Request, Response, g, request
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.routing import RequestRedirect
 
-from edge.api.surfaces import APIS, CHAT, MESSAGES, RESPONSES, Api
+from edge.api.surfaces import APIS, CHAT, COMPLETIONS, MESSAGES, RESPONSES, Api
 from edge.errors import (
     AuthenticationError,
     EdgeError,
@@ -54,7 +62,9 @@ from edge.errors import (
     RequestError,
     ShuttingDownError,
 )
+from edge.http import endpoints
 from edge.http.chat import ChatService
+from edge.http.cors import Cors
 from edge.http.scope import CURRENT as CURRENT_SCOPE
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
@@ -72,7 +82,7 @@ def _json_response(value: object, status: int = 200) -> Response:
 
 
 def _error_response(error: EdgeError) -> Response:
-    api = APIS.get(request.path) if request else None
+    api = endpoints.error_api(request) if request else None
     status, body = api.edge_error(error) if api else (error.status, error.to_dict())
     response = _json_response(body, status)
     if isinstance(error, OverloadedError | RateLimitedError):
@@ -96,10 +106,15 @@ def _is_route_path() -> bool:
     """Whether the raw path is exactly the decoded one: no percent-escapes anywhere.
 
     The routes are plain ASCII, so a path that needed decoding is not one of
-    them; `%2F` must not turn into a separator behind the client's back.
+    them; `%2F` must not turn into a separator behind the client's back. But
+    for a model id: to the SDKs it is one segment, whose `/` (`org/name`) they
+    send as `%2F`; after `/v1/models/` as written, escapes are the id's.
     """
     raw = request.scope.get("raw_path")
-    return raw is None or raw == request.path.encode()
+    if raw is None or raw == request.path.encode():
+        return True
+    prefix = endpoints.MODELS_PATH + "/"
+    return raw.startswith(prefix.encode()) and request.path.startswith(prefix)
 
 
 def _http_error(exc: HTTPException) -> EdgeError:
@@ -154,7 +169,7 @@ class _HTTPConnection(TrioASGIHTTPConnection):
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         path = self.scope["path"]
-        if path not in APIS:
+        if path not in APIS or self.scope["method"] == "OPTIONS":  # (a preflight runs nothing)
             await super().__call__(receive, send)
             return
         chat: ChatService = self.app.extensions["chat"]
@@ -212,10 +227,11 @@ def create_app(
     # Routes match as written: `//` is not merged into `/` by a redirect.
     app.url_map.merge_slashes = False
     app.extensions["limiter"] = limiter
+    cors = Cors(chat.config.server.cors_allow_origins)
     state = {"draining": False}
 
     @app.before_request
-    async def before() -> None:
+    async def before() -> Response | None:
         offered = request.headers.get("X-Request-Id", "")
         g.request_id = offered if _REQUEST_ID.match(offered) else secrets.token_hex(8)
         # Every line logged while this request is served (and by its run) carries its id.
@@ -225,6 +241,10 @@ def create_app(
         g.started = time.perf_counter()
         if not _is_route_path() or isinstance(request.routing_exception, RequestRedirect):
             raise _not_found()
+        if isinstance(known := request.routing_exception, MethodNotAllowed) and (
+            preflight := cors.preflight(request, known.valid_methods or ())
+        ):
+            return preflight  # before the key: a browser's preflight carries none
         g.key = None
         if keys.enabled and request.path.startswith("/v1/"):
             g.key = keys.identify(request.headers.get("Authorization"))
@@ -238,10 +258,12 @@ def create_app(
                 )
             if (gate := CURRENT_GATE.get()) is not None:
                 gate.key = g.key
+        return None
 
     @app.after_request
     async def after(response: Response) -> Response:
         response.headers.setdefault("X-Request-Id", g.get("request_id", ""))
+        cors.decorate(request, response)
         if (gate := CURRENT_GATE.get()) is not None:
             for name, value in gate.headers.items():  # a limited key's, success or not
                 response.headers.setdefault(name, value)
@@ -306,15 +328,23 @@ def create_app(
     async def messages() -> Response:
         return await answer(MESSAGES)
 
-    @app.get("/v1/models")
+    # --- the legacy completions API, and the endpoints that start no run ---
+    @app.post(COMPLETIONS.path)
+    async def completions() -> Response:
+        return await answer(COMPLETIONS)
+
+    @app.get(endpoints.MODELS_PATH)
     async def models() -> Response:
-        key = g.get("key")
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "iop"}
-            for m in chat.pool.models()
-            if key is None or key.allows(m)
-        ]
-        return _json_response({"object": "list", "data": data})
+        return endpoints.models(chat, request, g.get("key"))
+
+    @app.get(endpoints.MODELS_PATH + "/<path:model_id>")  # ids may hold "/" (org/name)
+    async def model(model_id: str) -> Response:
+        return endpoints.model(chat, request, g.get("key"), model_id)
+
+    @app.post(endpoints.COUNT_TOKENS_PATH)
+    async def count_tokens() -> Response:
+        body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        return await endpoints.count_tokens(chat, body, g.get("key"))
 
     @app.get("/healthz")
     @app.get("/health")  # vLLM's and SGLang's path, which their gateways and probes ask

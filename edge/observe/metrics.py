@@ -88,8 +88,8 @@ class EdgeMetrics:
         r = self.registry
         self.requests = Counter(
             "iop_edge_requests",
-            "Requests that start runs (chat completions, responses, messages) by how they"
-            " ended.",
+            "Requests that start runs (chat completions, responses, messages, completions) by"
+            " how they ended.",
             ["model", "node", "stream", "status", "api"], registry=r,
         )  # fmt: skip
         self.tokens = Counter(
@@ -343,7 +343,7 @@ class EdgeMetrics:
         self, model: str, node: str, stream: bool, outcome: Outcome, api: str = "chat"
     ) -> None:
         """One request that ran (or began to), by its outcome; called once per request.
-        `api`: `chat`, `responses` or `messages` (the API it came in by)."""
+        `api`: `chat`, `responses`, `messages` or `completions` (the API it came in by)."""
         stream_label = "true" if stream else "false"
         self.requests.labels(model, node, stream_label, outcome.status, api).inc()
         if outcome.status == "error" and outcome.error_type == "run_error" and outcome.usage_sample:

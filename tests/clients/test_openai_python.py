@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from tests.clients.scripts import (
+    USAGE,
     WEATHER_ANSWER,
     WEATHER_ARGS,
     call,
@@ -131,3 +132,33 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
             model="no-such-model", messages=[{"role": "user", "content": "hi"}]
         )
     assert caught.value.status_code == 404
+
+
+def test_models_retrieve(client: openai.OpenAI) -> None:
+    """`models.retrieve` gives the model object; an unknown id is NotFoundError."""
+    model = client.models.retrieve("sim-echo")
+    assert (model.id, model.object, model.owned_by) == ("sim-echo", "model", "iop")
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_legacy_completions(client: openai.OpenAI) -> None:
+    """`completions.create`, whole and streamed (with usage): `choices[0].text`, its
+    finish reason, usage; the stream's text pieces join to the same text."""
+    prompt = script(say("Once upon a time"))
+    whole = client.completions.create(model="sim-script", prompt=prompt, max_tokens=50)
+    assert whole.object == "text_completion"
+    assert (whole.choices[0].text, whole.choices[0].finish_reason) == ("Once upon a time", "stop")
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens == USAGE["output_tokens"]
+    chunks = list(
+        client.completions.create(
+            model="sim-script", prompt=prompt, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Once upon a time"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == USAGE["input_tokens"] + USAGE["output_tokens"]
+    with pytest.raises(openai.BadRequestError, match="suffix"):
+        client.completions.create(model="sim-script", prompt="x", suffix="y")

@@ -170,6 +170,12 @@ media_url_schemes = ["HTTPS", "http:"]
         ),
         ('[models.m]\nmedia_url_schemes = "https"\n', "models.m.media_url_schemes: expected a"),
         ('[server]\napi_keys_file = "missing.txt"\n', "server.api_keys_file: cannot read"),
+        (
+            '[server]\ncors_allow_origins = ["https://a.example/"]\n',
+            "server.cors_allow_origins: 'https://a.example/' is not an origin",
+        ),
+        ('[server]\ncors_allow_origins = ["a.example"]\n', "is not an origin"),
+        ('[server]\ncors_allow_origins = "*"\n', "server.cors_allow_origins: expected a"),
         ("[server\n", "not valid TOML"),
     ],
 )
@@ -181,6 +187,14 @@ def test_mistakes_name_the_file_and_key(tmp_path: Path, text: str, message: str)
     assert "\n" not in line
     assert line.startswith(str(tmp_path / "edge.toml"))
     assert message in line
+
+
+def test_cors_origins_are_read_in_lower_case(tmp_path: Path) -> None:
+    """Origins as browsers send them (lower case), "*" as it is; none by default."""
+    assert _load(tmp_path, "").server.cors_allow_origins == ()
+    text = '[server]\ncors_allow_origins = ["HTTPS://App.example.com:8443", "*"]\n'
+    config = _load(tmp_path, text)
+    assert config.server.cors_allow_origins == ("https://app.example.com:8443", "*")
 
 
 def test_api_keys_file(tmp_path: Path) -> None:

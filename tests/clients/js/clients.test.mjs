@@ -1,8 +1,9 @@
-// The client-conformance suite for JavaScript: the `openai` npm package and the
-// Vercel AI SDK (`ai` with `@ai-sdk/openai-compatible`, `@ai-sdk/openai` on the
-// Responses API and `@ai-sdk/anthropic` on the Messages API) against a real edge and
-// simulated node. `make clients-js` starts both and sets EDGE_BASE_URL (".../v1"); the
-// node models a KV cache, so a prompt sent twice is partly cached the second time.
+// The client-conformance suite for JavaScript: the `openai` npm package, the Vercel AI
+// SDK (`ai` with `@ai-sdk/openai-compatible`, `@ai-sdk/openai` on the Responses API and
+// `@ai-sdk/anthropic` on the Messages API) and the Anthropic SDK (`@anthropic-ai/sdk`)
+// against a real edge and simulated node. `make clients-js` starts both and sets
+// EDGE_BASE_URL (".../v1"); the node models a KV cache, so a prompt sent twice is partly
+// cached the second time.
 // The scripts are the simulated model's answers, turn by turn (see docs/simulated-node.md);
 // every case is one or two small requests.
 import assert from "node:assert/strict";
@@ -13,6 +14,7 @@ import { randomUUID } from "node:crypto";
 import { createAnthropic } from "@ai-sdk/anthropic";
 import { createOpenAI } from "@ai-sdk/openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
+import Anthropic from "@anthropic-ai/sdk";
 import { APICallError, generateObject, generateText, stepCountIs, streamText, tool } from "ai";
 import OpenAI from "openai";
 import { zodResponseFormat } from "openai/helpers/zod";
@@ -309,5 +311,34 @@ describe("ai SDK (@ai-sdk/anthropic, the Messages API)", () => {
     const again = await generateText(ask);
     assert.equal(again.usage.inputTokens, prompt);
     assert.ok(again.usage.inputTokenDetails.cacheReadTokens > 0);
+  });
+});
+
+describe("Anthropic SDK (@anthropic-ai/sdk)", () => {
+  // The SDK appends /v1/... itself: its base URL is the edge's root.
+  const client = new Anthropic({
+    baseURL: BASE_URL.replace(/\/v1$/, ""),
+    apiKey: "unused",
+    maxRetries: 0,
+  });
+  const messages = [{ role: "user", content: "What is the weather like in Paris?" }];
+
+  test("messages.countTokens estimates the prompt, system and tools counted", async () => {
+    const plain = await client.messages.countTokens({ model: "sim-echo", messages });
+    assert.ok(plain.input_tokens > 0, JSON.stringify(plain));
+    const more = await client.messages.countTokens({
+      model: "sim-echo",
+      system: "You are a weather assistant. Answer in one short sentence.",
+      tools: [{ name: "get_weather", input_schema: { type: "object" } }],
+      messages,
+    });
+    assert.ok(more.input_tokens > plain.input_tokens, JSON.stringify(more));
+  });
+
+  test("models.retrieve gives the model; an unknown one is NotFoundError", async () => {
+    const model = await client.models.retrieve("sim-echo");
+    assert.equal(model.type, "model");
+    assert.equal(model.id, "sim-echo");
+    await assert.rejects(client.models.retrieve("no-such-model"), Anthropic.NotFoundError);
   });
 });
