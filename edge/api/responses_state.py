@@ -188,11 +188,14 @@ def with_items(value: object, resolved: Resolved) -> object:
 
 def as_items(value: object) -> list[Any]:
     """A parsed `input` as the list of items the store keeps: a string is one user
-    message."""
+    message, and a message without its `type` (OpenAI's "easy" form) gets it."""
     if isinstance(value, str):
         return [{"type": "message", "role": "user",
                  "content": [{"type": "input_text", "text": value}]}]  # fmt: skip
-    return value if isinstance(value, list) else []
+    if not isinstance(value, list):
+        return []
+    return [{"type": "message", **item} if isinstance(item, dict) and "type" not in item
+            else item for item in value]  # fmt: skip
 
 
 def _decode(data: bytes) -> object:
