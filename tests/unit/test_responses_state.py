@@ -23,6 +23,7 @@ from edge.api.responses_state import (
     input_items_page,
     scan_references,
 )
+from edge.config import ConfigError, parse_config
 from edge.errors import NotFoundError, RequestError
 from edge.store.base import Bounds
 from edge.store.sqlite import SqliteStore
@@ -190,3 +191,29 @@ async def test_sqlite_store_bounds_and_expiry(tmp_path: Path) -> None:
         assert store.totals() == (0, 0)
     finally:
         await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ({"responses": {"store": "redis"}}, "needs responses.redis_url or limits.redis_url"),
+        ({"responses": {"max_bytes": 65536, "max_response_bytes": 65537}}, "at most max_bytes"),
+        ({"responses": {"store": "disk"}}, "responses.store"),
+        ({"responses": {"redis_url": "http://x"}}, "responses.redis_url"),
+    ],
+)
+def test_responses_config_mistakes(toml: dict[str, Any], message: str) -> None:
+    """Each mistake in `[responses]` is one ConfigError naming the key."""
+    with pytest.raises(ConfigError, match=message):
+        parse_config(toml, "edge.toml")
+
+
+def test_responses_config() -> None:
+    """A relative `path` is beside the config file; Redis may be the limits' one."""
+    config = parse_config(
+        {"responses": {"path": "r.sqlite3", "store": "redis"},
+         "limits": {"redis_url": "redis://127.0.0.1:6379/0"}},
+        "/etc/iop-edge/config.toml",
+    )  # fmt: skip
+    assert config.responses.path == "/etc/iop-edge/r.sqlite3"
+    assert config.responses.store == "redis"
