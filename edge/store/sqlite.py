@@ -113,9 +113,9 @@ class SqliteStore:
             self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            _wal(conn, busy_timeout_s)
             conn.execute("PRAGMA synchronous=NORMAL")
-            with _transaction(conn):
+            with _transaction(conn, immediate=True):  # the workers open it at once
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 if version not in (0, SCHEMA_VERSION):
                     raise sqlite3.DatabaseError(
@@ -238,6 +238,21 @@ class SqliteStore:
         free, self._free = self._free, []
         for conn in free:
             conn.close()
+
+
+def _wal(conn: sqlite3.Connection, within_s: float) -> None:
+    """WAL mode. Switching to it takes the file's exclusive lock without waiting (no
+    busy handler): while another worker opens the file at the same moment it fails,
+    and is tried again, in this (worker) thread, for up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 @contextmanager

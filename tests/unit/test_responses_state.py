@@ -8,6 +8,8 @@ real one on a file of the test's own, its clock a variable the test moves.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +219,25 @@ def test_responses_config() -> None:
     )  # fmt: skip
     assert config.responses.path == "/etc/iop-edge/r.sqlite3"
     assert config.responses.store == "redis"
+
+
+_OPEN = """
+import sys
+from pathlib import Path
+from edge.store.base import Bounds
+from edge.store.sqlite import SqliteStore
+SqliteStore(Path(sys.argv[1]), Bounds(10, 1 << 20, 1 << 16, 60))
+"""
+
+
+def test_workers_opening_one_new_file_at_once_all_open(tmp_path: Path) -> None:
+    """Three processes open one new SQLite file at the same moment (as the workers of an
+    edge do at startup), three times over: every one opens it (the schema is made once,
+    the switch to WAL waits its turn), none fails on a locked database."""
+    for round_ in range(3):
+        path = tmp_path / f"r{round_}.sqlite3"
+        command = [sys.executable, "-c", _OPEN, str(path)]
+        openers = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        for opener in openers:
+            _, err = opener.communicate(timeout=60)
+            assert opener.returncode == 0, err
