@@ -23,6 +23,7 @@ import gc
 import logging
 import shutil
 import socket
+import sqlite3
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
@@ -288,7 +289,13 @@ async def _open_responses(
     if directory is None and wanted:
         directory = Path(tempfile.mkdtemp(prefix="iop-edge-"))
         stack.callback(shutil.rmtree, directory, ignore_errors=True)
-    store = await open_response_store(config, directory or Path("."))
+    try:
+        store = await open_response_store(config, directory or Path("."))
+    except (OSError, sqlite3.Error) as exc:  # the edge does not start: one clear line
+        logger.error(
+            'responses store: cannot open it: {} (set [responses] path, or store = "off")', exc
+        )
+        raise SystemExit(1) from None
     if store is None:
         return None
     stack.push_async_callback(store.aclose)

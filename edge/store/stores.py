@@ -9,6 +9,7 @@ reads the environment.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from loguru import logger
@@ -48,7 +49,10 @@ async def open_response_store(config: Config, directory: Path) -> ResponseStore 
         from edge.store.sqlite import SqliteStore
 
         path = Path(settings.path) if settings.path is not None else directory / SQLITE_FILE
-        store = await SqliteStore.open(path, bounds)
+        try:
+            store = await SqliteStore.open(path, bounds)
+        except sqlite3.Error as exc:  # its message does not name the file
+            raise sqlite3.OperationalError(f"{path}: {exc}") from None
         where = f"sqlite {path}"
     logger.info(
         "responses store: {}; at most {} responses, {} bytes, {}s each",
