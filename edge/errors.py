@@ -131,6 +131,13 @@ class ShuttingDownError(EdgeError):
     type = "service_unavailable"
 
 
+class StoreUnavailableError(EdgeError):
+    """The response store could not be read (disk, Redis): retry, or send the items."""
+
+    status = 503
+    type = "service_unavailable"
+
+
 class ToolValidationError(EdgeError):
     """The model produced a tool call that breaks the declared tools or tool_choice."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import msgspec
 
@@ -53,17 +53,20 @@ TYPE_WORDS: Final = {
     "null": "null",
 }
 _Parsed = TypeVar("_Parsed")
+_Args = ParamSpec("_Args")
 
 
-def deep_is_refused(parse: Callable[[bytes], _Parsed]) -> Callable[[bytes], _Parsed]:
+def deep_is_refused(
+    parse: Callable[Concatenate[bytes, _Args], _Parsed],
+) -> Callable[Concatenate[bytes, _Args], _Parsed]:
     """A body parser whose too deeply nested input is a 400 naming the limit, never a
     500: past Python's recursion limit the decoder itself stops (the body never gets
     to `check_json_bounds`, which bounds every shallower one to MAX_JSON_DEPTH)."""
 
     @functools.wraps(parse)
-    def guarded(body: bytes) -> _Parsed:
+    def guarded(body: bytes, /, *args: _Args.args, **kwargs: _Args.kwargs) -> _Parsed:
         try:
-            return parse(body)
+            return parse(body, *args, **kwargs)
         except RecursionError:
             raise RequestError(TOO_DEEP) from None
 

@@ -8,10 +8,14 @@ the run, the session and its guarantees are the same. What the Response
 object repeats of the request (`echo`) is kept for the renderer
 (`edge.api.responses_out`).
 
-The edge keeps no state: `previous_response_id`, `conversation` and
-`item_reference` items are refused with a 400 saying so; `store` is
-accepted and nothing is stored. Hosted tools the edge cannot run
-(`web_search`, `file_search`, ...) are dropped (`dropped` says which).
+State (`edge.api.responses_state`): with a response store, `resolved` holds what
+the store gave back for the body's references; `previous_response_id`'s items come
+before this input, each `item_reference` is replaced by its item, and a request
+with `store` true (the default) carries its context (`store_context`, JSON) for its
+answer to be stored with. Without one (`resolved` None), `previous_response_id`
+and `item_reference` items are refused with a 400 saying the edge keeps no state,
+and nothing is stored. `conversation` is always refused. Hosted tools the edge
+cannot run (`web_search`, `file_search`, ...) are dropped (`dropped` says which).
 A `custom` (freeform) tool is declared to the node as a function tool taking
 one string, `input`; its calls are rendered back as `custom_tool_call` items
 (`edge.api.responses_out`), and its earlier calls and outputs in `input` are
@@ -26,7 +30,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgspec
+
 from edge.api.request import ChatRequest, chat_request_from, decode_object, deep_is_refused
+from edge.api.responses_state import Resolved, as_items, history, with_items
 from edge.errors import RequestError
 from edge.observe.logbound import Mentions, clip_repr
 
@@ -62,19 +69,29 @@ class ResponsesRequest:
     affinity_key: str | None = None
     # Accepted but not used (hosted tools), for a log line.
     dropped: tuple[str, ...] = ()
+    # The items this response is given (earlier turns' and this input), as a JSON
+    # array, when its answer is to be stored; None: it is not.
+    store_context: bytes | None = None
 
 
 @deep_is_refused
-def parse_responses_request(body: bytes) -> ResponsesRequest:
-    """Decode, translate and validate a Responses request body.
+def parse_responses_request(body: bytes, resolved: Resolved | None = None) -> ResponsesRequest:
+    """Decode, translate and validate a Responses request body; `resolved`: what the
+    response store holds of its references (None: the edge keeps no state).
 
     Raises:
-        RequestError: the body breaks a rule of the API (or of chat requests).
+        RequestError: the body breaks a rule of the API (or of chat requests), or
+            (NotFoundError) refers to a response or item the store does not hold.
     """
     obj = decode_object(body)
-    for param in ("previous_response_id", "conversation"):
+    stateless = ("conversation",) if resolved is not None else ("previous_response_id",
+                                                                 "conversation")  # fmt: skip
+    for param in stateless:
         if obj.get(param) is not None:
             raise RequestError(STATELESS.format(param=param), param=param)
+    store = obj.get("store", True)
+    if store is not None and not isinstance(store, bool):
+        raise _type("store", "a boolean")
     if obj.get("background") is True:
         raise RequestError(
             "Background responses are not supported: this edge keeps no state.",
@@ -90,7 +107,14 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         messages.append({"role": "system", "content": instructions})
     if "input" not in obj:
         raise RequestError("Missing required parameter: 'input'.", param="input")
-    messages.extend(_input(obj["input"]))
+    given = obj["input"]
+    context: list[Any] = []
+    if resolved is not None:
+        context = history(resolved, obj.get("previous_response_id"))
+        given = with_items(given, resolved)
+        if context:
+            messages.extend(_input(context))
+    messages.extend(_input(given))
     chat["messages"] = messages
     for name in ("stream", "temperature", "top_p", "metadata", "parallel_tool_calls"):
         if obj.get(name) is not None:
@@ -125,19 +149,22 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     _one_of(obj.get("truncation"), _TRUNCATIONS, "truncation")
     key = obj.get("prompt_cache_key")
     request = chat_request_from(chat)
+    stored = resolved is not None and store is not False
     return ResponsesRequest(
         chat=request,
-        echo=_echo(obj, echoed),
+        echo=_echo(obj, echoed, stored=stored),
         affinity_key=key if isinstance(key, str) and key else None,
         dropped=dropped.notes(),
+        store_context=msgspec.json.encode([*context, *as_items(given)]) if stored else None,
     )
 
 
-def _echo(obj: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
+def _echo(obj: dict[str, Any], tools: list[dict[str, Any]], *, stored: bool) -> dict[str, Any]:
     """The request fields a Response object repeats, with OpenAI's defaults. `tools`: the
     tools declared, as the Response lists them (a custom tool as a custom tool: the
     renderer renders its calls by it). `truncation` is repeated as asked: the edge never
-    truncates either way (a prompt too long is the node's refusal)."""
+    truncates either way (a prompt too long is the node's refusal). `stored`: whether the
+    response is kept for later requests."""
     reasoning = obj["reasoning"] if isinstance(obj.get("reasoning"), dict) else {}
     text = obj["text"] if isinstance(obj.get("text"), dict) else {}
     return {
@@ -145,9 +172,9 @@ def _echo(obj: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
         "max_output_tokens": obj.get("max_output_tokens"),
         "metadata": obj.get("metadata") or {},
         "parallel_tool_calls": obj.get("parallel_tool_calls", True),
-        "previous_response_id": None,
+        "previous_response_id": obj.get("previous_response_id"),  # None unless resolved
         "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
-        "store": False,
+        "store": stored,
         "temperature": obj.get("temperature", 1.0),
         "text": {"format": text.get("format") or {"type": "text"}},
         "tool_choice": obj.get("tool_choice", "auto"),

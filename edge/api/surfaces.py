@@ -26,6 +26,7 @@ from edge.api.render import KEEPALIVE, ResponseBuilder, SSEEncoder
 from edge.api.request import ChatRequest, parse_chat_request
 from edge.api.responses import parse_responses_request
 from edge.api.responses_out import ResponsesRenderer
+from edge.api.responses_state import References, Resolved, scan_references
 from edge.errors import EdgeError, error_object, status_of
 from edge.stream.output import ErrorOut, OutEvent
 
@@ -65,6 +66,8 @@ class ApiRequest:
     dropped: tuple[str, ...] = ()
     echo: dict[str, Any] = field(default_factory=dict)
     thinking: bool = False
+    # Responses: the context its answer is stored with (JSON); None: not stored.
+    store_context: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,15 @@ class Api:
     stream_holds_text: ClassVar[bool] = False
     path: ClassVar[str] = CHAT_PATH
 
-    def parse(self, body: bytes) -> ApiRequest:
+    # Whether its requests may refer to stored responses (`references`, `parse`'s
+    # `resolved`) and leave theirs in the store.
+    stateful: ClassVar[bool] = False
+
+    def references(self, body: bytes) -> References:
+        """What `body` refers to in the response store (stateful APIs only)."""
+        return References()
+
+    def parse(self, body: bytes, resolved: Resolved | None = None) -> ApiRequest:
         return ApiRequest(parse_chat_request(body))
 
     def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
@@ -135,10 +146,15 @@ class ResponsesApi(Api):
     name = "responses"
     path = RESPONSES_PATH
     stream_holds_text = True  # its done events repeat each item's whole text
+    stateful = True
 
-    def parse(self, body: bytes) -> ApiRequest:
-        parsed = parse_responses_request(body)
-        return ApiRequest(parsed.chat, parsed.affinity_key, parsed.dropped, parsed.echo)
+    def references(self, body: bytes) -> References:
+        return scan_references(body)
+
+    def parse(self, body: bytes, resolved: Resolved | None = None) -> ApiRequest:
+        parsed = parse_responses_request(body, resolved)
+        return ApiRequest(parsed.chat, parsed.affinity_key, parsed.dropped, parsed.echo,
+                          store_context=parsed.store_context)  # fmt: skip
 
     def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
         return _ResponsesOut(answer.run_id, answer.created, answer.model, request.echo)
@@ -156,7 +172,7 @@ class MessagesApi(Api):
     name = "messages"
     path = MESSAGES_PATH
 
-    def parse(self, body: bytes) -> ApiRequest:
+    def parse(self, body: bytes, resolved: Resolved | None = None) -> ApiRequest:
         parsed = parse_messages_request(body)
         return ApiRequest(parsed.chat, dropped=parsed.dropped, thinking=parsed.thinking)
 

@@ -20,6 +20,7 @@ from edge.config.keys import _keys, _read_keys
 from edge.config.schema import (
     DEFAULT_MODEL,
     REASONING_PARSERS,
+    RESPONSE_STORES,
     ROUTING_POLICIES,
     SIM_MODEL,
     AdmissionConfig,
@@ -28,6 +29,7 @@ from edge.config.schema import (
     LogConfig,
     ModelConfig,
     NodeConfig,
+    ResponsesConfig,
     RoutingConfig,
     ServerConfig,
     TimeoutsConfig,
@@ -58,6 +60,14 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
     keys = _keys(source, root.get("keys", list, []), server.api_keys)
     limits = _table(source, root, "limits", _limits)
     tracing = _table(source, root, "tracing", _tracing)
+    responses = _table(source, root, "responses", _responses)
+    if responses.path is not None:
+        base = Path(source).parent if source != "<defaults>" else Path(".")
+        responses = replace(responses, path=str(base / responses.path))
+    if responses.store == "redis" and (responses.redis_url or limits.redis_url) is None:
+        raise ConfigError(
+            f'{source}: responses.store: "redis" needs responses.redis_url or limits.redis_url'
+        )
     models = _models(source, root.get("models", dict, {}))
     root.done()
     return Config(
@@ -71,6 +81,7 @@ def parse_config(doc: Mapping[str, Any], source: str) -> Config:
         keys=keys,
         limits=limits,
         tracing=tracing,
+        responses=responses,
         source=source,
     )
 
@@ -230,6 +241,32 @@ def _limits(r: TableReader) -> LimitsConfig:
         if scheme not in ("redis", "rediss", "unix"):
             raise r.fail("redis_url", "expected redis://HOST:PORT/DB, rediss://... or unix://...")
     return limits
+
+
+def _responses(r: TableReader) -> ResponsesConfig:
+    rsp = ResponsesConfig()
+    responses = ResponsesConfig(
+        store=r.choice("store", rsp.store, RESPONSE_STORES),
+        path=r.get("path", str, None),
+        redis_url=r.get("redis_url", str, None),
+        key_prefix=r.get("key_prefix", str, rsp.key_prefix),
+        redis_timeout_s=r.number("redis_timeout_s", rsp.redis_timeout_s, minimum=0.001, maximum=60),
+        max_responses=r.integer("max_responses", rsp.max_responses, minimum=1, maximum=10**9),
+        max_bytes=r.integer("max_bytes", rsp.max_bytes, minimum=2**16, maximum=2**44),
+        max_response_bytes=r.integer(
+            "max_response_bytes", rsp.max_response_bytes, minimum=1024, maximum=2**31
+        ),
+        ttl_s=r.number("ttl_s", rsp.ttl_s, minimum=1.0, maximum=10 * 365 * 86400.0),
+    )
+    if responses.max_response_bytes > responses.max_bytes:
+        raise r.fail("max_response_bytes", "must be at most max_bytes")
+    if responses.path is not None and not responses.path:
+        raise r.fail("path", "must not be empty")
+    if responses.redis_url is not None:
+        scheme = urlsplit(responses.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise r.fail("redis_url", "expected redis://HOST:PORT/DB, rediss://... or unix://...")
+    return responses
 
 
 def _tracing(r: TableReader) -> TracingConfig:

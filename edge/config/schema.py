@@ -179,6 +179,38 @@ class LimitsConfig:
     lease_renew_s: float = 3.0
 
 
+RESPONSE_STORES = ("sqlite", "redis", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesConfig:
+    """Where `/v1/responses` keeps the responses later requests refer to (`[responses]`)."""
+
+    # sqlite: a file shared by this edge's workers; redis: shared by every edge using
+    # it; off: nothing is kept (previous_response_id and item_reference are refused).
+    store: str = "sqlite"
+    # The SQLite file (relative to the config file); unset: responses.sqlite3 in
+    # systemd's $STATE_DIRECTORY, else in the edge run's own directory, removed when the
+    # edge stops.
+    path: str | None = None
+    # redis://HOST:PORT/DB (or rediss://, unix://) for store = "redis"; unset: [limits]
+    # redis_url.
+    redis_url: str | None = None
+    # Prefix of every Redis key of the store.
+    key_prefix: str = "iop-edge:responses:"
+    # Deadline of one Redis call of the store.
+    redis_timeout_s: float = 2.0
+    # Responses kept at most: past it, the oldest are evicted.
+    max_responses: int = 10_000
+    # Bytes kept at most (each response: its Response object, its context and its
+    # output items, as JSON): past it, the oldest are evicted.
+    max_bytes: int = 256 * 1024 * 1024
+    # A larger response is answered but not kept (logged and counted).
+    max_response_bytes: int = 8 * 1024 * 1024
+    # A response is kept this long after it was stored, at most.
+    ttl_s: float = 7 * 24 * 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     # The node's name in logs, metrics and errors, unique; unset: its address.
@@ -269,6 +301,8 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # OpenTelemetry traces; each key unset defers to the OTEL_* environment.
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    # The responses /v1/responses keeps for previous_response_id, item_reference and GET.
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     # The file read (in messages); not a key.
     source: str = "<defaults>"
 

@@ -68,6 +68,7 @@ from edge.http.cors import Cors
 from edge.http.scope import CURRENT as CURRENT_SCOPE
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
+from edge.http.stored import ResponseStates
 from edge.limits.limiter import Gate, KeyRing, Limiter, RateLimitedError
 from edge.observe.log import REQUEST_ID
 from edge.observe.metrics import CONTENT_TYPE
@@ -327,6 +328,36 @@ def create_app(
     @app.post(MESSAGES.path)
     async def messages() -> Response:
         return await answer(MESSAGES)
+
+    # --- stored responses (edge.http.stored): read, delete, input items ---------------
+
+    def _stored() -> tuple[ResponseStates, str]:
+        """The response store and the owner of what this request may read (its key's)."""
+        if chat.responses is None:
+            raise NotFoundError(
+                'This edge keeps no responses ([responses] store = "off").',
+                code="response_not_found",
+            )
+        key = g.get("key")
+        return chat.responses, key.name if key is not None else ""
+
+    @app.get("/v1/responses/<response_id>")
+    async def get_response(response_id: str) -> Response:
+        states, owner = _stored()
+        body = await states.response(owner, response_id)
+        return Response(body, status=200, content_type="application/json")
+
+    @app.delete("/v1/responses/<response_id>")
+    async def delete_response(response_id: str) -> Response:
+        states, owner = _stored()
+        body = await states.delete(owner, response_id)
+        return Response(body, status=200, content_type="application/json")
+
+    @app.get("/v1/responses/<response_id>/input_items")
+    async def response_input_items(response_id: str) -> Response:
+        states, owner = _stored()
+        body = await states.input_items(owner, response_id, request.args)
+        return Response(body, status=200, content_type="application/json")
 
     # --- the legacy completions API, and the endpoints that start no run ---
     @app.post(COMPLETIONS.path)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -38,6 +39,8 @@ from quart.wrappers.response import ResponseBody
 
 from edge.api.footprint import footprint
 from edge.api.request import ChatRequest
+from edge.api.responses_out import ResponsesRenderer
+from edge.api.responses_state import Resolved
 from edge.api.surfaces import CHAT, Answer, Api, ApiRequest, Folder, Streamer
 from edge.config import Config
 from edge.errors import NodeRateLimitedError, RequestError
@@ -50,6 +53,7 @@ from edge.fleet.run import OutcomeHook
 from edge.fleet.turns import Turns
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
+from edge.http.stored import ResponseStates
 from edge.limits.limiter import Gate
 from edge.node.wire import PreparedRunRequest, prepare_run_request
 from edge.observe.logbound import clip_join
@@ -89,8 +93,11 @@ class ChatService:
         on_outcome: OutcomeHook | None = None,
         *,
         tracing: Tracing | None = None,
+        responses: ResponseStates | None = None,
     ) -> None:
         self.config = config
+        # The response store of /v1/responses (edge.http.stored); None: it keeps none.
+        self.responses = responses
         # This edge's tracer (edge.observe.tracing); None: tracing is off.
         self.tracing = tracing
         # The fleet's parts this handler uses (`edge.fleet.fleet.Fleet`), built by the
@@ -135,14 +142,21 @@ class ChatService:
         # has not that much left, before any work), then what the parsed request holds,
         # queued and running, until its cycle ends.
         budget = self.config.admission.memory_budget_bytes
-        peak = self.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))
+        # The stored responses it refers to are parsed with it (edge.http.stored).
+        owner = gate.key.name if gate is not None and gate.key is not None else ""
+        peaks = [self.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))]
         try:
+            resolved = None
+            if api.stateful and self.responses is not None:
+                resolved = await self.responses.resolve(api, body, owner, self.parsing)
+                peaks.append(self.admission.hold(min(PARSE_PEAK_FACTOR * resolved.nbytes, budget)))
             prepared = await trio.to_thread.run_sync(
-                self.prepare, api, body, run_id, trace, limiter=self.parsing
+                self.prepare, api, body, run_id, trace, resolved, limiter=self.parsing
             )
         finally:
-            peak()
-        del body  # parsed: a request queued for a slot, or running, holds no body
+            for peak in peaks:
+                peak()
+        del body, resolved  # parsed: a request queued for a slot, or running, holds no body
         scope.at_end(self.admission.hold(prepared.nbytes))
         parsed = prepared.parsed
         request = parsed.chat
@@ -166,33 +180,49 @@ class ChatService:
             affinity_key=session_id or parsed.affinity_key or request.user,
         )  # fmt: skip
         run = committed.run
+        store = self.responses if parsed.store_context is not None else None
         if not request.stream:
             folder = api.folder(parsed, Answer(run_id, created, run.info.model))
             if trace is not None and trace.capture:
                 folder = trace.capturing_folder(folder)
-            return await _complete(committed, api, folder, scope.request_id, self.turns, gate=gate)
+            save = None
+            if store is not None and parsed.store_context is not None:
+                save = partial(store.save, owner, parsed.store_context)
+            return await _complete(committed, api, folder, scope.request_id, self.turns,
+                                   gate=gate, save=save)  # fmt: skip
         if committed.error is not None:
             await run.end()
             if gate is not None:
                 await gate.end(run.outcome)
             return _error_answer(api, committed.error, scope.request_id)
         encoder = api.streamer(parsed, Answer(run_id, created, request.model))
+        on_end = None
+        if store is not None and parsed.store_context is not None:
+            on_end = partial(_save_streamed, store, owner, parsed.store_context, encoder)
         if trace is not None and trace.capture:
             encoder = trace.capturing_streamer(encoder)
         labels = self.metrics.inter_chunk.labels(request.model, run.info.node)
         sse = SSEBody(run, encoder, self.turns, observe_gap=labels.observe,
                       observe_added=self.metrics.added_latency.observe,
                       first=committed.first, keepalive=committed.keepalive,
-                      gate=gate)  # fmt: skip
+                      gate=gate, on_end=on_end)  # fmt: skip
         response = Response(sse, status=200, headers=SSE_HEADERS)
         response.headers["X-Request-Id"] = scope.request_id
         return response
 
-    def prepare(self, api: Api, body: bytes, run_id: str, trace: RequestTrace | None) -> Prepared:
-        """In a worker thread: `body` parsed, as forwarded, its RunRequest serialized.
-        A refusal of the forwarding policy is kept for the caller to raise after the
-        API key's checks (its 403 or 429 comes first, as before the policy)."""
-        parsed = api.parse(body)
+    def prepare(
+        self,
+        api: Api,
+        body: bytes,
+        run_id: str,
+        trace: RequestTrace | None,
+        resolved: Resolved | None = None,
+    ) -> Prepared:
+        """In a worker thread: `body` parsed (with the stored responses it refers to), as
+        forwarded, its RunRequest serialized. A refusal of the forwarding policy is kept
+        for the caller to raise after the API key's checks (its 403 or 429 comes first,
+        as before the policy)."""
+        parsed = api.parse(body, resolved)
         nbytes = footprint(parsed)
         request = parsed.chat
         if parsed.dropped:
@@ -247,6 +277,14 @@ def _error_answer(api: Api, error: ErrorOut, request_id: str) -> Response:
     return response
 
 
+async def _save_streamed(
+    store: ResponseStates, owner: str, context: bytes, encoder: Streamer
+) -> None:
+    """A streamed Response, saved once its stream ended (edge.http.stored)."""
+    if isinstance(encoder, ResponsesRenderer):
+        await store.save(owner, context, encoder.response())
+
+
 async def _complete(
     committed: Committed,
     api: Api,
@@ -255,11 +293,13 @@ async def _complete(
     turns: Turns,
     *,
     gate: Gate | None = None,
+    save: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
 ) -> Response:
     """The non-streaming answer: the run's whole output folded into one JSON body.
 
     The run is left before the answer goes out, so its outcome is counted first
-    (and its key's stream given back, its tokens counted).
+    (and its key's stream given back, its tokens counted); a stored response is
+    saved (`save`) before it goes too, so the next request may refer to it.
     """
     run = committed.run
     builder.add(committed.first)
@@ -278,6 +318,8 @@ async def _complete(
     if builder.error is not None:
         return _error_answer(api, builder.error, request_id)
     body = builder.body()
+    if save is not None:
+        await save(body)
     response = Response(msgspec.json.encode(body), status=200, content_type="application/json")
     response.headers["X-Request-Id"] = request_id
     return response
@@ -301,9 +343,12 @@ class SSEBody(ResponseBody):
         first: list[OutEvent] | None = None,
         keepalive: bool = False,
         gate: Gate | None = None,
+        on_end: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._run = run
         self._gate = gate
+        # Called once the run ended, before the body's end (a stored response's save).
+        self._on_end = on_end
         # What the handler took up to the commit point, written first.
         self._first = first
         self._keepalive = keepalive
@@ -358,6 +403,10 @@ class SSEBody(ResponseBody):
         try:
             await self._turns.turn()  # if cancelled meanwhile, end at once all the same
         finally:
-            await self._run.end()
-            if self._gate is not None:
-                await self._gate.end(self._run.outcome)
+            try:
+                await self._run.end()
+                if self._gate is not None:
+                    await self._gate.end(self._run.outcome)
+            finally:
+                if self._on_end is not None:
+                    await self._on_end()

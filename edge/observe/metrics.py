@@ -337,6 +337,20 @@ class EdgeMetrics:
             "Calls to the limits store (redis) that failed or missed their deadline.",
             ["store"], registry=r,
         )  # fmt: skip
+        # The response store of /v1/responses (edge.store).
+        self.responses_stored = Counter(
+            "iop_edge_responses_stored",
+            "Responses offered to the response store, by result: stored, too_large (over "
+            "max_response_bytes: answered, not kept), failed (the store failed or missed "
+            "its deadline: answered, not kept).",
+            ["result"], registry=r,
+        )  # fmt: skip
+        self.responses_store_errors = Counter(
+            "iop_edge_responses_store_errors",
+            "Calls to the response store that failed or missed their deadline, by "
+            "operation: read, write, delete.",
+            ["op"], registry=r,
+        )  # fmt: skip
         self.log_lines_dropped = Counter(*_LOG_LINES_DROPPED, registry=r)
 
     def request(

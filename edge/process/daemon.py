@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import shutil
 import socket
+import sqlite3
+import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -45,6 +48,7 @@ from edge.http.chat import ChatService
 from edge.http.connection import ServerLimits
 from edge.http.refusals import shed_at_once
 from edge.http.server import ACCEPT_BURST, HttpServer
+from edge.http.stored import ResponseStates
 from edge.limits.limiter import KeyRing
 from edge.limits.stores import open_limiter
 from edge.node.backlog import Backlog
@@ -62,6 +66,7 @@ from edge.process.listeners import (
     listen_mode,
     raise_fd_limit,
 )
+from edge.store.stores import open_response_store
 
 # After the drain deadline: time for the notice frames to go out before
 # the HTTP server cuts the connections that are left.
@@ -164,7 +169,10 @@ async def _serve(
         fleet = _fleet(config, pool, metrics)
         async with trio.open_nursery() as root:
             _start_background(root, config, fleet, metrics)
-            chat = ChatService(config, fleet, metrics, on_outcome, tracing=tracing)
+            responses = await _open_responses(stack, config, metrics, shared_dir)
+            chat = ChatService(
+                config, fleet, metrics, on_outcome, tracing=tracing, responses=responses
+            )
             edge_app = _open_app(stack, config, chat, metrics, shared_dir)
             server = _http_server(config, edge_app, fleet, metrics, listen_sockets)
             http_done = trio.Event()
@@ -267,6 +275,31 @@ def _start_background(
     if metrics.multiproc_dir is not None:
         root.start_soon(_sync_metrics, metrics, config.server.node_refresh_s)
     root.start_soon(fleet.turns.run)
+
+
+async def _open_responses(
+    stack: AsyncExitStack, config: Config, metrics: EdgeMetrics, shared_dir: Path | None
+) -> ResponseStates | None:
+    """The response store (None: `[responses] store = "off"`), closed by `stack`. Its
+    SQLite file, unless `path` is set, is in systemd's state directory, else in the edge
+    run's directory (a worker's: its supervisor's; a single process: its own, removed
+    when it stops)."""
+    directory = systemd.state_directory() or shared_dir
+    wanted = config.responses.store == "sqlite" and config.responses.path is None
+    if directory is None and wanted:
+        directory = Path(tempfile.mkdtemp(prefix="iop-edge-"))
+        stack.callback(shutil.rmtree, directory, ignore_errors=True)
+    try:
+        store = await open_response_store(config, directory or Path("."))
+    except (OSError, sqlite3.Error) as exc:  # the edge does not start: one clear line
+        logger.error(
+            'responses store: cannot open it: {} (set [responses] path, or store = "off")', exc
+        )
+        raise SystemExit(1) from None
+    if store is None:
+        return None
+    stack.push_async_callback(store.aclose)
+    return ResponseStates(store, metrics)
 
 
 def _open_app(

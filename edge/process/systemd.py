@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import trio
 
@@ -81,3 +82,10 @@ async def watchdog_loop(interval: float) -> None:
     while True:
         notify("WATCHDOG=1")
         await trio.sleep(interval)
+
+
+def state_directory() -> Path | None:
+    """systemd's `StateDirectory=` for this service ($STATE_DIRECTORY: its first path when
+    it lists several), None when unset."""
+    value = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(value) if value else None

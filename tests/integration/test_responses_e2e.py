@@ -328,17 +328,23 @@ async def test_tool_validation_failure_is_failed(edge: RunningEdge) -> None:
 
 
 async def test_errors_are_sdk_exceptions(edge: RunningEdge) -> None:
-    """Refused requests: statuses the SDK maps to its exception classes."""
-    with pytest.raises(openai.BadRequestError, match="keeps no state"):
+    """Refused requests: statuses the SDK maps to its exception classes (references the
+    store does not hold: 404; `conversation`: 400, the edge keeps none)."""
+    with pytest.raises(openai.NotFoundError, match="'resp_123' not found"):
         await _in_thread(
             edge,
             lambda c: c.responses.create(
                 model="sim-echo", input="hi", previous_response_id="resp_123"
             ),
         )
+    with pytest.raises(openai.BadRequestError, match="keeps no state"):
+        await _in_thread(
+            edge,
+            lambda c: c.responses.create(model="sim-echo", input="hi", conversation="conv_1"),
+        )
     with pytest.raises(openai.NotFoundError):
         await _in_thread(edge, lambda c: c.responses.create(model="no-such-model", input="hi"))
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.NotFoundError, match="'msg_1'"):
         await _in_thread(
             edge, lambda c: c.responses.create(model="sim-echo", input=[{"type": "item_reference",
                                                                        "id": "msg_1"}])

@@ -1,9 +1,9 @@
 // The client-conformance suite for JavaScript: the `openai` npm package, the Vercel AI
-// SDK (`ai` with `@ai-sdk/openai-compatible`, `@ai-sdk/openai` on the Responses API and
-// `@ai-sdk/anthropic` on the Messages API) and the Anthropic SDK (`@anthropic-ai/sdk`)
-// against a real edge and simulated node. `make clients-js` starts both and sets
-// EDGE_BASE_URL (".../v1"); the node models a KV cache, so a prompt sent twice is partly
-// cached the second time.
+// SDK (`ai` with `@ai-sdk/openai-compatible`, `@ai-sdk/openai` on the Responses API with
+// its defaults (store on) and `@ai-sdk/anthropic` on the Messages API) and the Anthropic
+// SDK (`@anthropic-ai/sdk`) against a real edge and simulated node. `make clients-js`
+// starts both and sets EDGE_BASE_URL (".../v1"); the node models a KV cache, so a prompt
+// sent twice is partly cached the second time.
 // The scripts are the simulated model's answers, turn by turn (see docs/simulated-node.md);
 // every case is one or two small requests.
 import assert from "node:assert/strict";
@@ -340,5 +340,65 @@ describe("Anthropic SDK (@anthropic-ai/sdk)", () => {
     assert.equal(model.type, "model");
     assert.equal(model.id, "sim-echo");
     await assert.rejects(client.models.retrieve("no-such-model"), Anthropic.NotFoundError);
+  });
+});
+
+describe("ai SDK (@ai-sdk/openai, Responses, store on by default)", () => {
+  // Every request body the provider sends, to see what it refers to by id.
+  const sent = [];
+  const recording = async (url, init) => {
+    if (init?.body) sent.push(JSON.parse(init.body));
+    return fetch(url, init);
+  };
+  const openai = createOpenAI({ baseURL: BASE_URL, apiKey: "unused", fetch: recording });
+  const model = openai("sim-script");
+  const references = (body) => body.input.filter((item) => item.type === "item_reference");
+
+  test("a two-message chat: the first answer goes back as an item_reference", async () => {
+    sent.length = 0;
+    const system = turns(say("First answer."), say("Second answer."));
+    const first = streamText({ model, system, prompt: "Hello?", maxRetries: 0 });
+    assert.equal(await first.text, "First answer.");
+    const history = [{ role: "user", content: "Hello?" }, ...(await first.response).messages];
+    const second = await generateText({
+      model,
+      system,
+      messages: [...history, { role: "user", content: "And then?" }],
+      maxRetries: 0,
+    });
+    assert.equal(second.text, "Second answer.");
+    assert.equal(sent.length, 2);
+    assert.notEqual(sent[0].store, false);
+    assert.equal(references(sent[1]).length, 1);
+  });
+
+  test("a tool loop where the model writes text before its call", async () => {
+    sent.length = 0;
+    const cities = [];
+    const getWeather = tool({
+      description: "Current weather for a city.",
+      inputSchema: z.object({ city: z.string() }),
+      execute: async ({ city }) => {
+        cities.push(city);
+        return `22 C, sunny in ${city}`;
+      },
+    });
+    const textThenCall = [
+      { type: "delta", delta: "Let me check." },
+      ...call("get_weather", { city: "Paris" }),
+    ];
+    const result = await generateText({
+      model,
+      system: turns(textThenCall, say(WEATHER_ANSWER)),
+      prompt: "Weather in Paris?",
+      tools: { get_weather: getWeather },
+      stopWhen: stepCountIs(3),
+      maxRetries: 0,
+    });
+    assert.deepEqual(cities, ["Paris"]);
+    assert.equal(result.steps.length, 2);
+    assert.equal(result.steps[0].text, "Let me check.");
+    assert.equal(result.text, WEATHER_ANSWER);
+    assert.equal(references(sent[1]).length, 1);
   });
 });
