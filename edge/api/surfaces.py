@@ -205,7 +205,7 @@ class CompletionsApi(Api):
     name = "completions"
     path = COMPLETIONS_PATH
 
-    def parse(self, body: bytes) -> ApiRequest:
+    def parse(self, body: bytes, resolved: Resolved | None = None) -> ApiRequest:
         parsed = parse_completions_request(body)
         echo = {} if parsed.echo_json is None else {"prompt_json": parsed.echo_json}
         return ApiRequest(parsed.chat, echo=echo)
