@@ -69,7 +69,7 @@ async def test_a_hosted_tool_of_megabytes_is_answered_and_logged_in_a_bounded_li
     assert len(line) <= LINE_CHARS + 1
     message = json.loads(line)["msg"] if fmt == "json" else line
     assert f"…(+{3_900_000 - 64} chars)" in message
-    assert "tools[1] (type 'web_search': not a function tool)" in message
+    assert "tools[1] (type 'web_search': a hosted tool)" in message
     assert "tools[14] (type 'web_search'" in message
     assert f"…(+{5_001 - ITEMS + 1} more)" in message
     assert len(edge.stderr) < 64 * 1024
