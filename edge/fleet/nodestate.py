@@ -42,6 +42,7 @@ class NodeState:
         "max_runs",
         "models",
         "polled",
+        "retired",
         "watch_scope",
         "watching",
     )
@@ -84,6 +85,9 @@ class NodeState:
         # waiting for its next subscription.
         self.watch_scope: trio.CancelScope | None = None
         self.kick = trio.Event()
+        # Out of the configuration (a reload): no new runs, its watch task ends; the runs
+        # it has finish (`NodePool.remove`).
+        self.retired = False
 
     @property
     def healthy(self) -> bool:
