@@ -4,7 +4,7 @@ A reload (`edge.process.reload`) applies a new `Config` to an edge that runs
 on another. Most settings are read per request or per decision and change at
 once; the ones in `RESTART_ONLY` are bound when the process starts (the
 listening socket, the worker processes, the connection limits, the logging
-sink, the tracing exporter, the limits store) and keep their running values
+sink, the tracing exporter, the limits store, the response store) and keep their running values
 until a restart. `restart_needed` names those whose values differ,
 `applied` is the new configuration with them put back to the running
 values (what the edge then runs on), and `changes` says what the reload
@@ -36,11 +36,12 @@ RESTART_ONLY: Mapping[str, tuple[str, ...] | None] = {
     "log": ("format", "queue_bytes"),
     "timeouts": ("slow_client_s", "slow_client_backlog_chars"),
     "limits": None,
+    "responses": None,
     "tracing": ("enabled", "exporter", "endpoint"),
 }
 # The tables of single settings (the others are lists or maps of entries: nodes, keys,
 # models), in the order `changes` names them.
-_TABLES = ("server", "log", "timeouts", "routing", "admission", "limits", "tracing")
+_TABLES = ("server", "log", "timeouts", "routing", "admission", "limits", "responses", "tracing")
 # Not settings of their own: the keys of `api_keys_file` are counted with `api_keys`.
 _NOT_COMPARED = {"server": ("api_keys", "api_keys_file")}
 
