@@ -159,7 +159,8 @@ class NodePool:
     def add(self, client: NodeClient, max_runs: int | None = None) -> NodeState:
         """A node that joined the configuration. It takes no run before it answered: until
         its first Watch report (or Describe) it serves no model (the background task
-        subscribes to it at once)."""
+        subscribes to it at once; `NodeState.probed` is set once it answered, or failed
+        to)."""
         state = self._state(client, max_runs)
         self.nodes = [*self.nodes, state]
         self._wake()
@@ -276,6 +277,7 @@ class NodePool:
                 finally:
                     state.watch_scope = None
                     state.load = None
+                state.probed.set()
                 if health.watch_failed(self._clock(), reason):
                     logger.warning("node {} is down: {}", state.client.name, clip(reason))
         finally:
@@ -326,6 +328,7 @@ class NodePool:
             description = await state.client.describe()
         except Exception as exc:  # EdgeError, TooSlowError, or a bug: never kill the pool
             reason = str(exc) or type(exc).__name__
+            state.probed.set()
             if state.health.describe_failed(self._clock(), reason):
                 logger.warning("node {} is down: {}", state.client.name, clip(reason))
             return
@@ -342,6 +345,7 @@ class NodePool:
         self._learned(state, description, came_up)
 
     def _learned(self, state: NodeState, description: NodeDescription, came_up: bool) -> None:
+        state.probed.set()
         if came_up:
             logger.info(
                 "node {} is up, models: {}", state.client.name, clip_join(description.models)

@@ -3,17 +3,19 @@
 Owns, per configured node, its client (`GrpcNodeClient`) and what serves it in
 this process when it is embedded (the simulated node, or iop-node in front of a
 model server), each node in an exit stack of its own, so that one node can be
-closed while the others serve. `open` makes a node's client (and starts its
-embedded server); `apply` makes the pool's nodes those of a new `[[nodes]]`:
+closed while the others serve. `open_node` makes a node's client (and starts its
+embedded server); `changed`, `leave`, `join` and `apply` make the pool's nodes
+those of a new `[[nodes]]`:
 
 - a node in both, at the same address, stays the same object in the pool:
   its breaker, load, cache index and connection carry over; a new `max_runs`
   applies at once;
 - a node added joins the pool, which subscribes to it at once: it takes no
   run before it answered (it serves no model until then);
-- a node removed leaves the pool at once (no new run, not even a queued
-  request's); its runs in flight finish (bounded by the longest a run may
-  last), then its connection closes and its embedded server stops.
+- a node removed leaves the pool (once the nodes added answered: `join`,
+  then `apply`): no new run from then on, not even a queued request's; its
+  runs in flight finish (bounded by the longest a run may last), then its
+  connection closes and its embedded server stops.
 
 A node whose address changed is the old one removed and a new one added.
 Knows nothing of requests; the pool decides nothing here.
@@ -134,40 +136,50 @@ class NodeSet:
             raise
         return added, removed
 
-    def apply(
-        self,
-        nodes: Sequence[NodeConfig],
-        added: list[OpenNode],
-        removed: list[str],
-        pool: NodePool,
-        runs: Runs,
-        nursery: trio.Nursery,
-        longest_run_s: float,
-    ) -> None:
-        """Make the pool's nodes those of `nodes` (`changed` opened `added`): nodes removed
-        leave the pool and close in `nursery` once their runs are over (at most
-        `longest_run_s` later), the ones added join it, the others take their new
-        `max_runs`."""
-        for name in removed:
-            leaving = self.open.pop(name)
-            self.leaving.add(leaving)
-            self.metrics.unwatch_node(name)
-            if leaving.state is not None:
-                pool.remove(leaving.state)
-            nursery.start_soon(self._close_when_idle, leaving, runs, longest_run_s)
+    def join(self, added: list[OpenNode], pool: NodePool) -> list[NodeState]:
+        """The nodes `changed` opened join the pool (and its gauges); their states, whose
+        `probed` is set once each answered (or failed to)."""
+        states = []
         for opened in added:
             name = opened.config.name
             self.open[name] = opened
             state = pool.add(opened.client, opened.config.max_runs)
             self.watch(pool, opened, state)
-            logger.info("node {} ({}) added: it takes runs once it answers", name,
-                        opened.client.address)  # fmt: skip
+            states.append(state)
+            logger.info("node {} ({}) added", name, opened.client.address)
+        return states
+
+    def apply(
+        self,
+        nodes: Sequence[NodeConfig],
+        removed: list[OpenNode],
+        pool: NodePool,
+        runs: Runs,
+        nursery: trio.Nursery,
+        longest_run_s: float,
+    ) -> None:
+        """Make the pool's nodes those of `nodes`, those added having joined: nodes removed
+        (`leave` took them out) leave the pool and close in `nursery` once their runs are
+        over (at most `longest_run_s` later); the others take their new `max_runs`."""
+        for leaving in removed:
+            self.leaving.add(leaving)
+            if leaving.state is not None:
+                pool.remove(leaving.state)
+            nursery.start_soon(self._close_when_idle, leaving, runs, longest_run_s)
         for node in nodes:
             current = self.open[node.name]
             if current.config != node:
                 current.config = node
                 if current.state is not None:
                     pool.set_max_runs(current.state, node.max_runs)
+
+    def leave(self, removed: list[str]) -> list[OpenNode]:
+        """The nodes named `removed`, out of the open ones and their gauges out of the
+        scrape (before those added under the same names join); they still serve until
+        `apply` takes them out of the pool."""
+        for name in removed:
+            self.metrics.unwatch_node(name)
+        return [self.open.pop(name) for name in removed]
 
     async def _close_when_idle(self, leaving: OpenNode, runs: Runs, longest_run_s: float) -> None:
         """A removed node: once its runs are over (or `longest_run_s` passed), its

@@ -16,10 +16,11 @@ more reload, not one each. `Reloader.run` applies them one at a time:
 3. The next snapshot is built (`build_snapshot`: keys, limiter, failover),
    and the nodes added are opened (an embedded one started). A failure here
    refuses the reload as a mistake does.
-4. Then, with no wait in between: nodes added join the pool and removed ones
-   leave it (`edge.process.nodeset`), the pool takes the new routing, the
-   admission queue its bounds, the log its level, tracing its sample ratio,
-   and the snapshot is swapped in. Requests that arrived before keep theirs
+4. The nodes added join the pool and the reload waits for their first answer
+   (or failure, at most PROBE_WAIT_S); then, with no wait in between, the nodes
+   removed leave it (`edge.process.nodeset`), the pool takes the new routing,
+   the admission queue its bounds, the log its level, tracing its sample
+   ratio, and the snapshot is swapped in. Requests that arrived before keep theirs
    (`edge.http.live`). The log line names what changed, and
    `iop_edge_config_info` the digest this process runs.
 """
@@ -53,6 +54,9 @@ from edge.observe.tracing import Tracing
 from edge.process.nodeset import NodeSet, OpenNode
 from edge.process.supervisor import config_copy
 
+# How long a reload waits for the nodes it adds to answer (or fail to) before the nodes
+# it removes leave and the new snapshot applies.
+PROBE_WAIT_S = 5.0
 # Reads the configuration as the command line does (its flags on top): from its file,
 # or (a worker) from these bytes, the supervisor's copy of it.
 Loader = Callable[[bytes | None], LoadedConfig]
@@ -174,8 +178,15 @@ class Reloader:
                 for opened in added:
                     await opened.stack.aclose()
             return self._refused(current, f"{new.source}: {exc}")
+        # The nodes added answer before those removed leave: a node replaced by another
+        # has no moment with no node for its models.
+        leaving = self.nodes.leave(removed)
+        joined = self.nodes.join(added, self.pool)
+        with trio.move_on_after(PROBE_WAIT_S):
+            for state in joined:
+                await state.probed.wait()
         longest_run_s = max(current.config.timeouts.total_s, new.timeouts.total_s)
-        self.nodes.apply(new.nodes, added, removed, self.pool, self.runs, nursery, longest_run_s)
+        self.nodes.apply(new.nodes, leaving, self.pool, self.runs, nursery, longest_run_s)
         self.pool.configure(new.routing, new.server.node_refresh_s)
         self.admission.configure(new.admission)
         set_level(new.log.level)
