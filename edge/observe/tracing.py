@@ -16,7 +16,10 @@ It is on with the standard environment variables, `OTEL_TRACES_EXPORTER=otlp`
 `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_*`,
 `OTEL_SERVICE_NAME` apply as the SDK reads them), or with the edge's
 `[tracing]` table (`TracingConfig`), whose keys win over the variables.
-`OTEL_SDK_DISABLED=true` turns it off whatever else says on.
+`OTEL_SDK_DISABLED=true` turns it off whatever else says on. A reload changes
+the sample ratio and the capture of content (`Tracing.adjust`, for the spans
+begun after it); turning tracing on or off, or another endpoint, needs a
+restart.
 
 W3C trace context crosses each hop as a `traceparent` header: from the
 client to the edge (HTTP), from the edge to its node (gRPC metadata on the
