@@ -176,7 +176,8 @@ async def test_a_bad_file_changes_nothing(sim: SimProcess, tmp_path: Path) -> No
     """One process. A file that is not TOML, then one with a bad value: each reload is
     refused with one line naming the file (and the key), counted; the keys, the digest
     shown and the answers stay those of the configuration in use. A good file after
-    them applies (what waits for a restart named in its line)."""
+    them applies (what waits for a restart named in its line; a CORS origin it adds is
+    answered at once)."""
     async with edge_process(tmp_path, toml([sim], {"a": "key-a"})) as edge:
         config = tmp_path / "edge.toml"
         running = digest(config)
@@ -197,12 +198,19 @@ async def test_a_bad_file_changes_nothing(sim: SimProcess, tmp_path: Path) -> No
             metrics, "iop_edge_config_reloads_total"))  # fmt: skip
         assert reloads == {"ok": 0.0, "error": 2.0}
         # Good again, with a setting bound at start changed: applied, the setting named.
-        await reload(edge, config, toml([sim], {"b": "key-b"}, server="max_connections = 77"))
+        origin = "https://app.example"
+        server = f'max_connections = 77\ncors_allow_origins = ["{origin}"]'
+        await reload(edge, config, toml([sim], {"b": "key-b"}, server=server))
         line = next(line for line in edge.lines if RELOADED in line)
         assert "needs a restart" in line
         assert "server.max_connections" in line
         assert "keys +b -a" in line
-        assert await status(edge.url, "key-b") == 200
+        assert "server.cors_allow_origins" in line
+        async with httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
+            headers = {"Origin": origin, **bearer("key-b")}
+            response = await http.get("/v1/models", headers=headers)
+        assert response.status_code == 200
+        assert response.headers["access-control-allow-origin"] == origin
 
 
 async def test_two_workers_switch_together(tmp_path: Path) -> None:
