@@ -162,7 +162,6 @@ class NodeSet:
         (`leave` took them out) leave the pool and close in `nursery` once their runs are
         over (at most `longest_run_s` later); the others take their new `max_runs`."""
         for leaving in removed:
-            self.leaving.add(leaving)
             if leaving.state is not None:
                 pool.remove(leaving.state)
             nursery.start_soon(self._close_when_idle, leaving, runs, longest_run_s)
@@ -177,9 +176,11 @@ class NodeSet:
         """The nodes named `removed`, out of the open ones and their gauges out of the
         scrape (before those added under the same names join); they still serve until
         `apply` takes them out of the pool."""
-        for name in removed:
-            self.metrics.unwatch_node(name)
-        return [self.open.pop(name) for name in removed]
+        leaving = [self.open.pop(name) for name in removed]
+        for opened in leaving:
+            self.metrics.unwatch_node(opened.config.name)
+            self.leaving.add(opened)  # closed at the end whatever happens meanwhile
+        return leaving
 
     async def _close_when_idle(self, leaving: OpenNode, runs: Runs, longest_run_s: float) -> None:
         """A removed node: once its runs are over (or `longest_run_s` passed), its
