@@ -4,8 +4,8 @@ A reload (`edge.process.reload`) applies a new `Config` to an edge that runs
 on another. Most settings are read per request or per decision and change at
 once; the ones in `RESTART_ONLY` are bound when the process starts (the
 listening socket, the worker processes, the connection limits, the logging
-sink, the tracing exporter, the limits store, the response store) and keep their running values
-until a restart. `restart_needed` names those whose values differ,
+sink, the tracing exporter, the limits store, the response store) and keep
+their running values until a restart. `restart_needed` names those whose values differ,
 `applied` is the new configuration with them put back to the running
 values (what the edge then runs on), and `changes` says what the reload
 changes, for its log line.
