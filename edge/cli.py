@@ -3,7 +3,8 @@
 What its signals do is `edge.process.signals`'s. `--workers N` (`[server] workers`)
 above 1 runs a supervisor (`edge.process.supervisor`) that owns the edge's signals
 and starts N worker processes: this same command with the hidden `--worker-*`
-arguments.
+arguments. A reload (SIGHUP) reads the configuration as the start did
+(`load_configuration`: the file, then the flags on top).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from loguru import logger
 from edge.config import (
     Config,
     ConfigError,
+    LoadedConfig,
     NodeConfig,
     check_node_address,
-    load_config,
+    config_digest,
+    load_config_file,
     parse_workers,
     split_address,
 )
+from edge.config.toml import read_bytes
 from edge.observe.log import setup_logging
 from edge.process.allocator import tune_allocator
 from edge.process.signals import (
@@ -104,17 +108,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-fds", type=_fds, default=[], help=argparse.SUPPRESS)
     parser.add_argument("--worker-control", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-heartbeat-s", type=float, default=None, help=argparse.SUPPRESS)
+    # A worker's configuration: the supervisor's copy of the file, by its digest.
+    parser.add_argument("--worker-config-digest", default=None, help=argparse.SUPPRESS)
     return parser
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
     """The config file (if any), with command-line flags on top."""
-    if args.config is not None:  # named: it must exist
-        config = load_config(args.config)
-    elif DEFAULT_CONFIG.exists():
-        config = load_config(DEFAULT_CONFIG)
+    return load_configuration(args).config
+
+
+def load_configuration(args: argparse.Namespace, data: bytes | None = None) -> LoadedConfig:
+    """The config file (if any; `data`: its bytes, read before), with command-line flags
+    on top. A file named with --config must exist; ./config.toml is read when it does."""
+    path: Path | None = args.config
+    if path is None and (data or DEFAULT_CONFIG.exists()):
+        path = DEFAULT_CONFIG
+    if path is None:
+        loaded = LoadedConfig(Config(), b"", config_digest(b""))
     else:
-        config = Config()
+        loaded = load_config_file(path, data)
+    return replace(loaded, config=_flags(args, loaded.config))
+
+
+def _flags(args: argparse.Namespace, config: Config) -> Config:
+    """`config` with the command-line flags on top."""
     server = config.server
     if args.listen:
         server = replace(server, listen=args.listen)
@@ -136,26 +154,28 @@ def main(argv: list[str] | None = None) -> int:
     ignore_signals()
     args = build_parser().parse_args(argv)
     try:
-        config = resolve_config(args)
+        loaded = load_configuration(args, _worker_config(args))
     except ConfigError as exc:
         print(f"iop-edge: {exc}", file=sys.stderr)
         return 2
+    config = loaded.config
     hard_stop_s = config.server.drain_timeout_s + HARD_STOP_GRACE_S
     if args.worker_id is not None:
-        return _worker_main(args, config, hard_stop_s)
+        return _worker_main(args, loaded, hard_stop_s)
     setup_logging(
         config.log.level, config.log.format, worker=0 if config.server.workers > 1 else None,
         queue_bytes=config.log.queue_bytes,
     )  # fmt: skip
     logger.info("allocator: {}", allocator)
     if config.server.workers > 1:
-        return _supervisor_main(argv, config, hard_stop_s)
+        return _supervisor_main(argv, args, loaded, hard_stop_s)
     from edge.process.daemon import run_forever
 
     try:
         run_forever(
-            config, partial(daemon_signals, hard_stop_s=hard_stop_s), runs_log=args.runs_log
-        )
+            config, partial(daemon_signals, hard_stop_s=hard_stop_s), runs_log=args.runs_log,
+            digest=loaded.digest, load=partial(load_configuration, args),
+        )  # fmt: skip
     except KeyboardInterrupt:
         return 130
     except BaseExceptionGroup as group:
@@ -172,20 +192,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _supervisor_main(argv: list[str] | None, config: Config, hard_stop_s: float) -> int:
+def _supervisor_main(
+    argv: list[str] | None, args: argparse.Namespace, loaded: LoadedConfig, hard_stop_s: float
+) -> int:
     from edge.process.supervisor import serve_workers
 
+    worker_argv = sys.argv[1:] if argv is None else argv
     try:
-        return serve_workers(config, sys.argv[1:] if argv is None else argv, hard_stop_s)
+        return serve_workers(
+            loaded, worker_argv, hard_stop_s, load=partial(load_configuration, args)
+        )
     except OSError as error:
-        print(f"iop-edge: cannot listen on {config.server.listen}: {error}", file=sys.stderr)
+        listen = loaded.config.server.listen
+        print(f"iop-edge: cannot listen on {listen}: {error}", file=sys.stderr)
         return 1
 
 
-def _worker_main(args: argparse.Namespace, config: Config, hard_stop_s: float) -> int:
+def _worker_config(args: argparse.Namespace) -> bytes | None:
+    """A worker's configuration file: the bytes of its supervisor's copy (None: not a
+    worker, or a supervisor that gave none)."""
+    if args.worker_id is None or args.worker_config_digest is None:
+        return None
+    from edge.process.supervisor import config_copy, shared_dir
+
+    shared = shared_dir()
+    if shared is None:
+        raise ConfigError("a worker needs its supervisor's shared directory")
+    return read_bytes(config_copy(shared, args.worker_config_digest))
+
+
+def _worker_main(args: argparse.Namespace, loaded: LoadedConfig, hard_stop_s: float) -> int:
     """A worker process: the single-process daemon on the supervisor's sockets."""
     from edge.process import systemd
 
+    config = loaded.config
     setup_logging(
         config.log.level, config.log.format, worker=args.worker_id,
         queue_bytes=config.log.queue_bytes,
@@ -204,6 +244,8 @@ def _worker_main(args: argparse.Namespace, config: Config, hard_stop_s: float) -
         partial(worker_signals, control=control, hard_stop_s=hard_stop_s),
         runs_log=args.runs_log,
         listen_sockets=sockets,
+        digest=loaded.digest,
+        load=partial(load_configuration, args),
     )
     return 0
 

@@ -2,8 +2,9 @@
 
 The modules, bottom up: `toml` (`ConfigError`, the table reader, reading a file) and
 `address` (listen and node addresses) import nothing of the rest; `schema` (the settings
-dataclasses), `keys` (`[[keys]]`, `api_keys_file`), `parse` (a document into a `Config`)
-and `reference` (docs/config-reference.md, generated from `schema` and `parse`).
+dataclasses), `keys` (`[[keys]]`, `api_keys_file`), `parse` (a document into a `Config`),
+`reload` (what a new `Config` changes in a running edge, what waits for a restart) and
+`reference` (docs/config-reference.md, generated from `schema` and `parse`).
 
 A node's command (`edge.nodes.sim.cli`, `edge.nodes.upstream.cli`) imports `toml` and
 `address` directly and must not load the schema, and through it `edge.api` and
@@ -23,7 +24,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from edge.config.address import check_node_address, split_address, upstream_url
     from edge.config.keys import hmac_equal
-    from edge.config.parse import MAX_WORKERS, load_config, parse_config, parse_workers
+    from edge.config.parse import (
+        MAX_WORKERS,
+        LoadedConfig,
+        config_digest,
+        load_config,
+        load_config_file,
+        parse_config,
+        parse_workers,
+    )
     from edge.config.schema import (
         DEFAULT_MODEL,
         REASONING_PARSERS,
@@ -56,6 +65,7 @@ __all__ = [
     "ConfigError",
     "KeyConfig",
     "LimitsConfig",
+    "LoadedConfig",
     "LogConfig",
     "ModelConfig",
     "NodeConfig",
@@ -65,8 +75,10 @@ __all__ = [
     "TableReader",
     "TimeoutsConfig",
     "check_node_address",
+    "config_digest",
     "hmac_equal",
     "load_config",
+    "load_config_file",
     "parse_config",
     "parse_workers",
     "read_toml",

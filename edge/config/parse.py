@@ -6,10 +6,11 @@ names the file and the key. Knows nothing of the daemon that uses the result.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -34,7 +35,7 @@ from edge.config.schema import (
     ServerConfig,
     TimeoutsConfig,
 )
-from edge.config.toml import ConfigError, TableReader, read_toml
+from edge.config.toml import ConfigError, TableReader, parse_toml, read_bytes, read_toml
 from edge.observe.tracing import EXPORTERS, TracingConfig
 from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolValidation
 from edge.stream.toolparse import FORMATS
@@ -362,3 +363,28 @@ def _check(r: TableReader, key: str, check: Callable[[str], object], value: str)
 def load_config(path: Path) -> Config:
     """Read `path`; a missing file is an error (the caller decides about defaults)."""
     return parse_config(read_toml(path), str(path))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    """A configuration as read: the settings, the file's bytes and their digest (what
+    a reload compares, and what `iop_edge_config_info` shows)."""
+
+    config: Config
+    data: bytes = b""
+    digest: str = ""
+
+
+def config_digest(data: bytes) -> str:
+    """The digest of a configuration file: the first 16 hex digits of its sha256, as
+    `sha256sum FILE | cut -c1-16` prints them."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def load_config_file(path: Path, data: bytes | None = None) -> LoadedConfig:
+    """Read `path`, or parse `data` as its bytes (a copy read before: what a worker
+    gets from its supervisor); files it names (`api_keys_file`, `key_file`) are read
+    relative to `path` either way."""
+    if data is None:
+        data = read_bytes(path)
+    return LoadedConfig(parse_config(parse_toml(data, path), str(path)), data, config_digest(data))

@@ -154,11 +154,23 @@ def recording() -> Iterator[list[TableReader]]:
 
 def read_toml(path: Path) -> dict[str, Any]:
     """The TOML document at `path`; ConfigError when it cannot be read or parsed."""
+    return parse_toml(read_bytes(path), path)
+
+
+def read_bytes(path: Path) -> bytes:
+    """The bytes of the file at `path`; ConfigError when it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def parse_toml(data: bytes, path: Path) -> dict[str, Any]:
+    """`data`, the bytes of the file at `path`, as a TOML document; ConfigError when they
+    are not UTF-8 TOML."""
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None

@@ -83,6 +83,13 @@ class Admission:
         self._held = 0  # bytes of the memory budget taken (`hold`)
         pool.on_available = self.dispatch
 
+    def configure(self, config: AdmissionConfig) -> None:
+        """A reload's `[admission]`: the queue's bounds and the memory budget from the next
+        request on (a request queued keeps the timeout it was queued with; the bytes held
+        stay held, and a budget lowered below them sheds new requests until they go)."""
+        self._config = config
+        self.dispatch()
+
     @property
     def depth(self) -> int:
         """Requests waiting now."""

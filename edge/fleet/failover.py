@@ -46,7 +46,7 @@ import trio
 from loguru import logger
 
 from edge.api.request import ChatRequest
-from edge.config import RoutingConfig
+from edge.config import RoutingConfig, TimeoutsConfig
 from edge.errors import EdgeError
 from edge.fleet.cacheaware import Route
 from edge.fleet.migration import CANCEL_WAIT_S, MigrationScope, MovableRun, Mover
@@ -96,9 +96,15 @@ def backoff_s(base: float, retry: int) -> float:
 class Failover:
     """Starts answers: the attempts of each, on the pool's nodes (see the module doc)."""
 
-    def __init__(self, runs: Runs, routing: RoutingConfig) -> None:
+    def __init__(
+        self, runs: Runs, routing: RoutingConfig, timeouts: TimeoutsConfig | None = None
+    ) -> None:
+        """`routing` and `timeouts` (default: the runs') are those of one configuration:
+        a reload makes another `Failover` on the same runs, and a request keeps the one
+        it arrived under to its end."""
         self.runs = runs
         self.routing = routing
+        self.timeouts = runs.timeouts if timeouts is None else timeouts
 
     async def start(
         self,
@@ -128,7 +134,7 @@ class Failover:
         admission = runs.admission
         retries = self.routing.retries
         began = trio.current_time()
-        deadline = began + runs.timeouts.total_s
+        deadline = began + self.timeouts.total_s
         queued: list[float] = []
         slot: NodeState | None = None  # a slot taken here that no run holds yet
         prefix = payload.prefix
@@ -150,6 +156,7 @@ class Failover:
             mover = Mover(
                 runs, scope, request, payload, deadline, self.routing.migrations, tried,
                 keepalive_s=keepalive_s, affinity_key=affinity_key, route=route,
+                timeouts=self.timeouts,
             )  # fmt: skip
             for attempt in range(retries + 1):
                 node = slot
@@ -159,6 +166,7 @@ class Failover:
                     node, scope.nursery, request, payload, new_session(),
                     request_id=scope.request_id, keepalive_s=keepalive_s, deadline=deadline,
                     api=api, metadata=metadata, predicted=route.predicted if route else 0,
+                    timeouts=self.timeouts,
                 )  # fmt: skip
                 slot = None  # the run's now
                 moving = MovableRun(run, mover)

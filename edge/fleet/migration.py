@@ -62,6 +62,7 @@ import trio
 from loguru import logger
 
 from edge.api.request import ChatRequest
+from edge.config import TimeoutsConfig
 from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.fleet.cacheaware import Route
@@ -124,6 +125,8 @@ class Mover:
     keepalive_s: float = 0.0
     affinity_key: str | None = None
     route: Route | None = None
+    # The request's run deadlines (None: the runs' own).
+    timeouts: TimeoutsConfig | None = None
 
     def track(self, run: Run) -> None:
         """Keep `run`'s answer so far (its events tapped), when it may move: migrations
@@ -196,7 +199,7 @@ class Mover:
                 node, self.scope.nursery, self.request, payload, session,
                 request_id=self.scope.request_id, keepalive_s=self.keepalive_s,
                 deadline=self.deadline, api=self.scope.api, metadata=self.scope.node_metadata,
-                predicted=self.route.predicted if self.route else 0,
+                predicted=self.route.predicted if self.route else 0, timeouts=self.timeouts,
             )  # fmt: skip
             new.output_seen = True
             new.delivered = delivered

@@ -42,6 +42,8 @@ class NodeState:
         "max_runs",
         "models",
         "polled",
+        "probed",
+        "retired",
         "watch_scope",
         "watching",
     )
@@ -84,6 +86,11 @@ class NodeState:
         # waiting for its next subscription.
         self.watch_scope: trio.CancelScope | None = None
         self.kick = trio.Event()
+        # Its first check concluded (a report, a Describe answer, or a failure of either).
+        self.probed = trio.Event()
+        # Out of the configuration (a reload): no new runs, its watch task ends; the runs
+        # it has finish (`NodePool.remove`).
+        self.retired = False
 
     @property
     def healthy(self) -> bool:

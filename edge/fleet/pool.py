@@ -106,35 +106,84 @@ class NodePool:
         refresh_s: float = REFRESH_INTERVAL_S,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
-        routing = routing if routing is not None else RoutingConfig()
-        self.policy = HealthPolicy(
-            breaker_failures=routing.breaker_failures,
-            cooldown_s=routing.breaker_cooldown_s,
-            refresh_s=refresh_s,
-        )
-        self.affinity = routing.policy == "affinity"
-        self.cache_aware = routing.policy == "cache_aware"
-        self.cache_blocks = routing.cache_blocks
-        self.cache_load_factor = routing.cache_load_factor
-        self.cache_share_factor = routing.cache_share_factor
+        self.policy = HealthPolicy(refresh_s=refresh_s)
+        self._set_routing(routing if routing is not None else RoutingConfig())
         # cache_aware: each node's recent dispatches (the share bound) and where this
         # edge placed each prefix that missed (edge.fleet.cacheaware).
         self.shares = cacheaware.Recent(cacheaware.SHARE_WINDOW)
         self.placements = cacheaware.Placements()
         # Advanced each pick: ties between equal nodes start from the next one.
         self._turn = 0
-        self.watch_heartbeat_s = routing.watch_heartbeat_s
         caps = max_runs or {}
-        blocks = self.cache_blocks if self.cache_aware else 1
-        self.nodes = [
-            NodeState(c, NodeHealth(self.policy), max_runs=caps.get(c.name), cache_blocks=blocks)
-            for c in clients
-        ]
+        self.nodes = [self._state(c, caps.get(c.name)) for c in clients]
         self.on_available: Callable[[], None] | None = None
         # Hears each cache-aware pick: (outcome, node, predicted cached tokens).
         self.on_routed: Callable[[cacheaware.Outcome, str, int], None] | None = None
         self._clock = clock
         self._changed = trio.Event()
+
+    def _set_routing(self, routing: RoutingConfig) -> None:
+        """The policy and its knobs, the breaker's numbers and the Watch heartbeat."""
+        self.policy = replace(
+            self.policy,
+            breaker_failures=routing.breaker_failures,
+            cooldown_s=routing.breaker_cooldown_s,
+        )
+        self.affinity = routing.policy == "affinity"
+        self.cache_aware = routing.policy == "cache_aware"
+        self.cache_blocks = routing.cache_blocks
+        self.cache_load_factor = routing.cache_load_factor
+        self.cache_share_factor = routing.cache_share_factor
+        self.watch_heartbeat_s = routing.watch_heartbeat_s
+
+    def _state(self, client: NodeClient, max_runs: int | None) -> NodeState:
+        blocks = self.cache_blocks if self.cache_aware else 1
+        return NodeState(client, NodeHealth(self.policy), max_runs=max_runs, cache_blocks=blocks)
+
+    # --- what a reload changes ------------------------------------------------------------
+
+    def configure(self, routing: RoutingConfig, refresh_s: float) -> None:
+        """A reload's `[routing]` and `[server] node_refresh_s`, from the next pick and
+        the next check of each node on (a node's breaker and probes keep their state; a
+        new subscription asks for the new heartbeat). Switched to cache_aware, a node's
+        index that only ever held one block is sized as a node without a reported
+        capacity is."""
+        self.policy = replace(self.policy, refresh_s=refresh_s)
+        self._set_routing(routing)
+        for state in self.nodes:
+            state.health.policy = self.policy
+            if self.cache_aware and not state.cache.exact and state.cache.capacity == 1:
+                state.cache.resize(self.cache_blocks)
+        self._wake()
+
+    def add(self, client: NodeClient, max_runs: int | None = None) -> NodeState:
+        """A node that joined the configuration. It takes no run before it answered: until
+        its first Watch report (or Describe) it serves no model (the background task
+        subscribes to it at once; `NodeState.probed` is set once it answered, or failed
+        to)."""
+        state = self._state(client, max_runs)
+        self.nodes = [*self.nodes, state]
+        self._wake()
+        return state
+
+    def set_max_runs(self, state: NodeState, max_runs: int | None) -> None:
+        """A reload's `max_runs` of a node that stays: its cap from now on (the runs it
+        has keep their slots)."""
+        state.configured_max_runs = max_runs
+        old = state.max_runs
+        state.max_runs = max_runs_of(max_runs, state.description)
+        if state.max_runs > old:
+            self._available()
+
+    def remove(self, state: NodeState) -> None:
+        """A node that left the configuration: no new run from now on (not even a queued
+        request's), its subscription ends; the runs it has finish (the caller closes its
+        connection once they have: `edge.process.nodeset`)."""
+        self.nodes = [s for s in self.nodes if s is not state]
+        state.retired = True
+        if state.watch_scope is not None:
+            state.watch_scope.cancel()
+        self._wake()
 
     # --- the background task ------------------------------------------------------------
 
@@ -203,9 +252,11 @@ class NodePool:
         health = state.health
         try:
             first = True
-            while True:
+            while not state.retired:
                 if not first:
                     await self._next_subscription(state)
+                    if state.retired:
+                        return
                 first = False
                 try:
                     with trio.CancelScope() as scope:
@@ -226,6 +277,7 @@ class NodePool:
                 finally:
                     state.watch_scope = None
                     state.load = None
+                state.probed.set()
                 if health.watch_failed(self._clock(), reason):
                     logger.warning("node {} is down: {}", state.client.name, clip(reason))
         finally:
@@ -254,7 +306,7 @@ class NodePool:
     async def _next_subscription(self, state: NodeState) -> None:
         """Wait until the node's next check is due (`next_check`, read again whenever the
         pool's schedules change: a run on the node that succeeded brings it forward)."""
-        while self._clock() < state.health.next_check:
+        while self._clock() < state.health.next_check and not state.retired:
             state.kick = trio.Event()
             with trio.move_on_at(state.health.next_check):
                 await state.kick.wait()
@@ -276,6 +328,7 @@ class NodePool:
             description = await state.client.describe()
         except Exception as exc:  # EdgeError, TooSlowError, or a bug: never kill the pool
             reason = str(exc) or type(exc).__name__
+            state.probed.set()
             if state.health.describe_failed(self._clock(), reason):
                 logger.warning("node {} is down: {}", state.client.name, clip(reason))
             return
@@ -292,6 +345,7 @@ class NodePool:
         self._learned(state, description, came_up)
 
     def _learned(self, state: NodeState, description: NodeDescription, came_up: bool) -> None:
+        state.probed.set()
         if came_up:
             logger.info(
                 "node {} is up, models: {}", state.client.name, clip_join(description.models)

@@ -157,6 +157,11 @@ class Run:
     )
 
     @property
+    def node(self) -> NodeState | None:
+        """The node the run is on (None once it was retired)."""
+        return self._start.node if self._start is not None else None
+
+    @property
     def accepted(self) -> bool:
         """Whether the node accepted the run (its events are read from `handle`)."""
         return self.handle is not None

@@ -44,8 +44,11 @@ class Runs:
         # to send).
         self.live: set[Run] = set()
         self._idle = trio.Event()
+        # Runs in flight per node, and what wakes those waiting for a node's to end.
+        self._on_node: dict[NodeState, int] = {}
+        self._ended = trio.Event()
         self._services = RunServices(
-            pool, admission, metrics, timeouts, joined=self.live.add, left=self.ended
+            pool, admission, metrics, timeouts, joined=self.joined, left=self.ended
         )
 
     def open(
@@ -62,6 +65,7 @@ class Runs:
         api: str = "chat",
         metadata: Mapping[str, str] | None = None,
         predicted: int = 0,
+        timeouts: TimeoutsConfig | None = None,
     ) -> Run:
         """A run of `request` on `node`, whose slot the caller took; enter it to start.
         The slot is the run's from here: given back once its outcome is fixed (its end,
@@ -74,7 +78,8 @@ class Runs:
         Set the run's `on_end` to hear when its outcome is fixed. `api` is the
         request's API (a metrics label); `metadata` goes with the Run call.
         `predicted` is the prefix blocks the pick expected cached on `node` (the
-        cache-aware policy's prediction, corrected by the run's usage).
+        cache-aware policy's prediction, corrected by the run's usage). `timeouts`:
+        the request's (the configuration it arrived under; default: this edge's first).
         """
         run_id = session.settings.run_id
         started_at = trio.current_time()
@@ -83,15 +88,36 @@ class Runs:
         )
         start = RunStart(self._services, node, payload, nursery, metadata, predicted)
         return Run(
-            info, session, self.timeouts, keepalive_s=keepalive_s, start=start, deadline=deadline,
-            turns=self.turns,
+            info, session, timeouts or self.timeouts, keepalive_s=keepalive_s, start=start,
+            deadline=deadline, turns=self.turns,
         )  # fmt: skip
 
+    def joined(self, run: Run) -> None:
+        self.live.add(run)
+        node = run.node
+        if node is not None:
+            self._on_node[node] = self._on_node.get(node, 0) + 1
+
     def ended(self, run: Run) -> None:
-        self.live.discard(run)
+        if run in self.live:
+            self.live.discard(run)
+            node = run.node
+            if node is not None:
+                left = self._on_node.pop(node, 1) - 1
+                if left:
+                    self._on_node[node] = left
+        self._ended.set()
+        self._ended = trio.Event()
         if not self.live:
             self._idle.set()
             self._idle = trio.Event()
+
+    async def wait_node_idle(self, node: NodeState) -> None:
+        """Return once `node` has no run in flight (its read tasks and CancelRuns over) and
+        no slot taken. A slot given back without a run (a retry that did not go there)
+        is seen at the next end of any run: the caller bounds the wait."""
+        while node.in_flight or self._on_node.get(node):
+            await self._ended.wait()
 
     async def wait_idle(self) -> None:
         """Return once no run is in flight."""

@@ -22,7 +22,8 @@ CORS (`edge.http.cors`): a preflight from an allowed origin is answered in
 `before`, after the path guard and before the API key is asked for; every
 answer to an allowed origin carries its headers (`after`).
 
-API keys: `KeyRing` (edge.limits.limiter) tells which key a `/v1/` request
+API keys: the request's `KeyRing` (edge.limits.limiter; the keys of the
+configuration it arrived under, `edge.http.live`) tells which key a `/v1/` request
 holds, sent as `Authorization: Bearer <key>` or (Anthropic's way) `x-api-key`.
 A chat request's `Gate` (its key's allow-list and limits) is opened
 with its HTTP cycle, admits it in the handler before its body is read (a
@@ -64,12 +65,13 @@ from edge.errors import (
 )
 from edge.http import endpoints
 from edge.http.chat import ChatService
-from edge.http.cors import Cors
+from edge.http.live import CURRENT as CURRENT_SNAPSHOT
+from edge.http.live import Snapshots
 from edge.http.scope import CURRENT as CURRENT_SCOPE
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.http.stored import ResponseStates
-from edge.limits.limiter import Gate, KeyRing, Limiter, RateLimitedError
+from edge.limits.limiter import Gate, RateLimitedError
 from edge.observe.log import REQUEST_ID
 from edge.observe.metrics import CONTENT_TYPE
 
@@ -169,6 +171,16 @@ class _HTTPConnection(TrioASGIHTTPConnection):
             await super().handle_request(nursery, request, send_end_shielded)
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        # The configuration the request runs on, to its end (edge.http.live).
+        snapshots: Snapshots = self.app.extensions["snapshots"]
+        snapshot_token = CURRENT_SNAPSHOT.set(snapshots.current)
+        try:
+            await self._serve(receive, send)
+        finally:
+            CURRENT_SNAPSHOT.reset(snapshot_token)
+
+    async def _serve(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        snapshots: Snapshots = self.app.extensions["snapshots"]
         path = self.scope["path"]
         if path not in APIS or self.scope["method"] == "OPTIONS":  # (a preflight runs nothing)
             await super().__call__(receive, send)
@@ -177,7 +189,7 @@ class _HTTPConnection(TrioASGIHTTPConnection):
         scope = ChatScope(chat.metrics, chat.on_outcome, path)
         if chat.tracing is not None:  # the request's span: from here to the cycle's end
             scope.trace = RequestTrace.begin(chat.tracing, self.scope, APIS[path].name)
-        gate = Gate(self.app.extensions["limiter"], chat.metrics)
+        gate = Gate(snapshots.request().limiter, chat.metrics)
 
         async def send_noting_status(message: ASGISendEvent) -> None:
             if message["type"] == "http.response.start":
@@ -213,11 +225,10 @@ class EdgeApp:
     start_draining: Callable[[], None]
 
 
-def create_app(
-    chat: ChatService, *, keys: KeyRing, limiter: Limiter | None, max_body_bytes: int
-) -> EdgeApp:
-    """The app of `chat`: `keys` tells a request's key, `limiter` (None: no key has
-    limits) counts it."""
+def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) -> EdgeApp:
+    """The app of `chat`: each request's snapshot of `snapshots` (taken when it arrives)
+    tells its key, its limiter (None: no key has limits) counts it, and its CORS policy
+    answers its origin."""
     app = QuartTrio("iop-edge")
     app.asgi_http_class = _HTTPConnection
     app.extensions["chat"] = chat
@@ -227,8 +238,7 @@ def create_app(
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     # Routes match as written: `//` is not merged into `/` by a redirect.
     app.url_map.merge_slashes = False
-    app.extensions["limiter"] = limiter
-    cors = Cors(chat.config.server.cors_allow_origins)
+    app.extensions["snapshots"] = snapshots
     state = {"draining": False}
 
     @app.before_request
@@ -242,11 +252,13 @@ def create_app(
         g.started = time.perf_counter()
         if not _is_route_path() or isinstance(request.routing_exception, RequestRedirect):
             raise _not_found()
+        cors = snapshots.request().cors
         if isinstance(known := request.routing_exception, MethodNotAllowed) and (
             preflight := cors.preflight(request, known.valid_methods or ())
         ):
             return preflight  # before the key: a browser's preflight carries none
         g.key = None
+        keys = snapshots.request().keys
         if keys.enabled and request.path.startswith("/v1/"):
             g.key = keys.identify(request.headers.get("Authorization"))
             if g.key is None and (api_key := request.headers.get("x-api-key")) is not None:
@@ -264,7 +276,7 @@ def create_app(
     @app.after_request
     async def after(response: Response) -> Response:
         response.headers.setdefault("X-Request-Id", g.get("request_id", ""))
-        cors.decorate(request, response)
+        snapshots.request().cors.decorate(request, response)
         if (gate := CURRENT_GATE.get()) is not None:
             for name, value in gate.headers.items():  # a limited key's, success or not
                 response.headers.setdefault(name, value)

@@ -51,6 +51,7 @@ from edge.fleet.migration import MovableRun
 from edge.fleet.modelpolicy import forwarded_request, session_settings
 from edge.fleet.run import OutcomeHook
 from edge.fleet.turns import Turns
+from edge.http.live import Snapshots
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.http.stored import ResponseStates
@@ -83,11 +84,15 @@ PARSE_PEAK_FACTOR = 24
 
 
 class ChatService:
-    """The chat completions endpoint's state: config, nodes, runs, metrics."""
+    """The chat completions endpoint's state: configuration, nodes, runs, metrics.
+
+    Each request runs on the configuration it arrived under (its snapshot,
+    `edge.http.live`): its model policies, keep-alive, failover and deadlines.
+    """
 
     def __init__(
         self,
-        config: Config,
+        snapshots: Snapshots,
         fleet: Fleet,
         metrics: EdgeMetrics,
         on_outcome: OutcomeHook | None = None,
@@ -95,7 +100,7 @@ class ChatService:
         tracing: Tracing | None = None,
         responses: ResponseStates | None = None,
     ) -> None:
-        self.config = config
+        self.snapshots = snapshots
         # The response store of /v1/responses (edge.http.stored); None: it keeps none.
         self.responses = responses
         # This edge's tracer (edge.observe.tracing); None: tracing is off.
@@ -106,7 +111,6 @@ class ChatService:
         self.pool = fleet.pool
         self.admission = fleet.admission
         self.runs = fleet.runs
-        self.failover = fleet.failover
         self.metrics = metrics
         self.on_outcome = on_outcome
         # Request parsing runs in worker threads (schema checks cost ms per KiB);
@@ -131,6 +135,8 @@ class ChatService:
         """
         self.admission.shed_if_full()
         await self.turns.turn()
+        snapshot = self.snapshots.request()
+        config = snapshot.config
         run_id = secrets.token_hex(12)
         trace = scope.trace
         # Everything that grows with the request (the parse, whose schema checks
@@ -141,7 +147,7 @@ class ChatService:
         # comes out of the memory budget while it runs (503 overloaded when the budget
         # has not that much left, before any work), then what the parsed request holds,
         # queued and running, until its cycle ends.
-        budget = self.config.admission.memory_budget_bytes
+        budget = config.admission.memory_budget_bytes
         # The stored responses it refers to are parsed with it (edge.http.stored).
         owner = gate.key.name if gate is not None and gate.key is not None else ""
         peaks = [self.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))]
@@ -151,7 +157,7 @@ class ChatService:
                 resolved = await self.responses.resolve(api, body, owner, self.parsing)
                 peaks.append(self.admission.hold(min(PARSE_PEAK_FACTOR * resolved.nbytes, budget)))
             prepared = await trio.to_thread.run_sync(
-                self.prepare, api, body, run_id, trace, resolved, limiter=self.parsing
+                self.prepare, api, body, run_id, trace, config, resolved, limiter=self.parsing
             )
         finally:
             for peak in peaks:
@@ -167,15 +173,15 @@ class ChatService:
         if request.model in self.pool.models():  # metric labels: only models nodes serve
             scope.model = request.model
         request, payload = prepared.forwarded()
-        model = self.config.model(request.model)
+        model = config.model(request.model)
         settings = session_settings(model, request, run_id, stream_holds_text=api.stream_holds_text)
 
         def new_session() -> StreamSession:  # one per attempt, all with the one run id
             return StreamSession(settings, _trace if settings.trace else None)
 
-        keepalive_s = self.config.server.keepalive_s if request.stream else 0.0
+        keepalive_s = config.server.keepalive_s if request.stream else 0.0
         created = int(time.time())
-        committed = await self.failover.start(
+        committed = await snapshot.failover.start(
             scope, request, payload, new_session, keepalive_s=keepalive_s,
             affinity_key=session_id or parsed.affinity_key or request.user,
         )  # fmt: skip
@@ -216,12 +222,13 @@ class ChatService:
         body: bytes,
         run_id: str,
         trace: RequestTrace | None,
+        config: Config,
         resolved: Resolved | None = None,
     ) -> Prepared:
         """In a worker thread: `body` parsed (with the stored responses it refers to), as
-        forwarded, its RunRequest serialized. A refusal of the forwarding policy is kept
-        for the caller to raise after the API key's checks (its 403 or 429 comes first,
-        as before the policy)."""
+        forwarded (by `config`'s policy of its model), its RunRequest serialized. A
+        refusal of the forwarding policy is kept for the caller to raise after the API
+        key's checks (its 403 or 429 comes first, as before the policy)."""
         parsed = api.parse(body, resolved)
         nbytes = footprint(parsed)
         request = parsed.chat
@@ -232,7 +239,7 @@ class ChatService:
         if trace is not None:
             trace.request(request)
         try:
-            forwarded = forwarded_request(self.config.model(request.model), request)
+            forwarded = forwarded_request(config.model(request.model), request)
         except RequestError as exc:
             return Prepared(parsed, nbytes, refused=exc)
         payload = prepare_run_request(forwarded, run_id=run_id, model=forwarded.model)

@@ -76,7 +76,7 @@ async def count_tokens(chat: ChatService, body: bytes, key: Key | None) -> Respo
     """`POST /v1/messages/count_tokens`: `{"input_tokens": N}`, estimated; a bad body is
     a RequestError, a model not served (or not the key's) `model_not_found` (raised)."""
     await chat.turns.turn()
-    budget = chat.config.admission.memory_budget_bytes
+    budget = chat.snapshots.request().config.admission.memory_budget_bytes
     peak = chat.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))
     try:
         tokens, model_id = await trio.to_thread.run_sync(_count, body, limiter=chat.parsing)

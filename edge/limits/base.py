@@ -57,4 +57,10 @@ class LimitStore(Protocol):
         """Count a run's tokens against `key`."""
         ...
 
+    def rekey(self, keys: list[tuple[str, Limits]]) -> None:
+        """The limited keys are now `keys` (name, limits), after a reload: a key's counts
+        carry over while its name stays; a key that left is not counted any more (a call
+        for it does nothing)."""
+        ...
+
     async def aclose(self) -> None: ...

@@ -218,6 +218,11 @@ class Limiter:
                 self._renewer = self._system_task(self._renew_leases, "limits: renew leases")
         return decision
 
+    def rekey(self, keys: KeyRing) -> None:
+        """A reload's keys: the store counts the limited ones of `keys` from now on (the
+        streams held carry over: this process's are renewed by name)."""
+        self.store.rekey([(k.name, k.limits) for k in keys.keys if k.limited])
+
     def held(self, key: Key, lease: str) -> bool:
         """Whether `lease` is a stream of `key` this process holds (and renews)."""
         return lease in self._live.get(key.name, ())

@@ -17,6 +17,9 @@ Each operation takes the slot's byte range with `fcntl.lockf` (between
 processes; held for a few microseconds, no await inside, so tasks of one
 process never interleave in it), reads, runs `edge.limits.window`, writes.
 The clock is CLOCK_MONOTONIC, one for every process of the machine.
+
+A reload that changes the set of limited keys (`rekey`) moves every worker to
+the file of the new names, the counts of the keys in both copied over.
 """
 
 from __future__ import annotations
@@ -67,31 +70,60 @@ class SharedFileStore:
         clock: Callable[[], int] = monotonic_ms,
         lease_ms: int = DEFAULT_LEASE_MS,
     ) -> None:
-        names = sorted(name for name, _ in keys)
-        self._slots = {name: i for i, name in enumerate(names)}
-        # Another config (another edge in the same directory) gets another file.
-        digest = hashlib.sha256("\n".join([_LAYOUT, *names]).encode()).hexdigest()[:16]
-        self.path = directory / f"limits-{digest}.slots"
         self._clock = clock
         self._lease_ms = lease_ms
+        self._directory = directory
+        self._slots, self.path, self._map, self._fd = self._open(sorted(n for n, _ in keys))
+
+    def _open(
+        self, names: list[str], before: tuple[dict[str, int], mmap.mmap, int] | None = None
+    ) -> tuple[dict[str, int], Path, mmap.mmap, int]:
+        """The file of `names` (slots, path, map, descriptor), made if no worker made it
+        yet; then, with `before` (the slots, map and descriptor of the file used so far),
+        the slots of the keys in both are copied into it (`rekey`)."""
+        slots = {name: i for i, name in enumerate(names)}
+        # Another config (another edge in the same directory) gets another file.
+        digest = hashlib.sha256("\n".join([_LAYOUT, *names]).encode()).hexdigest()[:16]
+        path = self._directory / f"limits-{digest}.slots"
         size = max(1, len(names)) * SLOT_BYTES
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX)
             try:
-                if os.fstat(fd).st_size < size:
+                made = os.fstat(fd).st_size < size
+                if made:
                     os.ftruncate(fd, size)  # new bytes read as zeros: empty slots
+                mapped = mmap.mmap(fd, size)
+                if made and before is not None:
+                    _copy_slots(before, slots, mapped)
             finally:
                 fcntl.lockf(fd, fcntl.LOCK_UN)
-            self._map = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
             raise
-        self._fd = fd
+        return slots, path, mapped, fd
+
+    def rekey(self, keys: list[tuple[str, Limits]]) -> None:
+        """The limited keys changed (a reload): the file of the new names, every worker's
+        the same (the first to switch makes it, with the counts of the keys in both). A
+        worker that switches later counts in the old file meanwhile: each renewal puts
+        its streams right in the new one (within `lease_renew_s`)."""
+        names = sorted(n for n, _ in keys)
+        if names == sorted(self._slots):
+            return
+        before = (self._slots, self._map, self._fd)
+        self._slots, self.path, self._map, self._fd = self._open(names, before)
+        before[1].close()
+        os.close(before[2])
 
     @contextlib.contextmanager
     def _slot(self, key: str) -> Iterator[int]:
-        """The offset of `key`'s slot, its byte range locked against the other workers."""
+        """The offset of `key`'s slot, its byte range locked against the other workers.
+        A key with no slot (it left the limited keys in a reload while one of its
+        requests was under way) gets -1: it is counted nowhere."""
+        if key not in self._slots:
+            yield -1
+            return
         offset = self._slots[key] * SLOT_BYTES
         fcntl.lockf(self._fd, fcntl.LOCK_EX, SLOT_BYTES, offset)
         try:
@@ -141,6 +173,8 @@ class SharedFileStore:
     async def admit(self, key: str, limits: Limits, lease: str) -> Decision:
         with self._slot(key) as offset:
             now = self._clock()
+            if offset < 0:
+                return admit(Window(), 0, limits, now)
             window = self._window(offset)
             entries = self._entries(offset)
             held = self._held(entries, now)
@@ -171,10 +205,13 @@ class SharedFileStore:
 
     async def release(self, key: str, lease: str) -> None:
         with self._slot(key) as offset:
-            self._release(offset)
+            if offset >= 0:
+                self._release(offset)
 
     async def refund(self, key: str, lease: str) -> None:
         with self._slot(key) as offset:
+            if offset < 0:
+                return
             window = self._window(offset)
             refund(window, self._clock())
             self._put_window(offset, window)
@@ -196,6 +233,8 @@ class SharedFileStore:
 
     async def add_tokens(self, key: str, tokens: int) -> None:
         with self._slot(key) as offset:
+            if offset < 0:
+                return
             window = self._window(offset)
             add_tokens(window, tokens, self._clock())
             self._put_window(offset, window)
@@ -203,3 +242,23 @@ class SharedFileStore:
     async def aclose(self) -> None:
         self._map.close()
         os.close(self._fd)
+
+
+def _copy_slots(
+    before: tuple[dict[str, int], mmap.mmap, int], slots: dict[str, int], into: mmap.mmap
+) -> None:
+    """The slots of the keys both files have, from the old file into a new one (each old
+    slot's byte range locked while it is read)."""
+    old_slots, old_map, old_fd = before
+    for name, index in slots.items():
+        old = old_slots.get(name)
+        if old is None:
+            continue
+        offset = old * SLOT_BYTES
+        fcntl.lockf(old_fd, fcntl.LOCK_EX, SLOT_BYTES, offset)
+        try:
+            into[index * SLOT_BYTES : (index + 1) * SLOT_BYTES] = old_map[
+                offset : offset + SLOT_BYTES
+            ]
+        finally:
+            fcntl.lockf(old_fd, fcntl.LOCK_UN, SLOT_BYTES, offset)

@@ -3,7 +3,7 @@
 Owns logging (`log`: loguru, the stdlib loggers routed in; `logbound`: every
 value a line quotes, bounded; `logwriter`: the queue in front of stderr that
 drops rather than blocks), the Prometheus metrics (`metrics`) and OpenTelemetry
-tracing (`tracing`).
+tracing (`tracing`; `sampling`: its sampler, whose ratio a reload changes).
 
 Used by every layer above it; imports only `stream` (outcome types, for
 counting) and `errors`.

@@ -225,6 +225,9 @@ class _TextSink:
 
 
 _writer: LineWriter | None = None
+# The one sink (`setup_logging`) and its handler id: `set_level` adds it again.
+_sink: Callable[[Message], None] | None = None
+_sink_id: int | None = None
 
 
 def setup_logging(
@@ -235,7 +238,7 @@ def setup_logging(
     queue_bytes: int = QUEUE_BYTES,
 ) -> None:
     """Sinks for `level` and `fmt`; `worker`: the process's worker id (None: one process)."""
-    global _writer
+    global _writer, _sink, _sink_id
     logger.remove()
     if _writer is not None:
         _writer.stop(FLUSH_AT_EXIT_S)
@@ -243,19 +246,33 @@ def setup_logging(
         atexit.register(flush_logs)
     logger.configure(patcher=_patch if worker is None else _worker_patcher(worker))
     _writer = LineWriter(_stderr_writer(), max_bytes=queue_bytes, on_caught_up=_say_dropped)
-    sink = _JsonSink(_writer) if fmt == "json" else _TextSink(_writer, color=sys.stderr.isatty())
-    logger.add(
+    _sink = _JsonSink(_writer) if fmt == "json" else _TextSink(_writer, color=sys.stderr.isatty())
+    _sink_id = _add_sink(_sink, level)
+    logging.basicConfig(handlers=[InterceptHandler()], level=0, force=True)
+    logging.captureWarnings(True)
+    # Frame-level debug chatter of h2/hpack/grpclib is never wanted.
+    for noisy in ("hpack", "h2", "grpclib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _add_sink(sink: Callable[[Message], None], level: str) -> int:
+    return logger.add(
         sink,
         level=level,
         format="",  # loguru appends the formatted traceback, if any
         backtrace=False,
         diagnose=False,
     )
-    logging.basicConfig(handlers=[InterceptHandler()], level=0, force=True)
-    logging.captureWarnings(True)
-    # Frame-level debug chatter of h2/hpack/grpclib is never wanted.
-    for noisy in ("hpack", "h2", "grpclib"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def set_level(level: str) -> None:
+    """Log from `level` on (a reload's `[log] level`): the sink is added again with it.
+    Nothing when logging was never set up (an edge inside a test)."""
+    global _sink_id
+    if _sink is None or _sink_id is None:
+        return
+    logger.remove(_sink_id)
+    _sink_id = _add_sink(_sink, level)
 
 
 def _stderr_writer() -> Callable[[bytes], None]:

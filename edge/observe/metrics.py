@@ -73,6 +73,16 @@ _LOG_LINES_DROPPED = (
     "Log lines dropped because the reader of the log (stderr) was too slow: the queue in"
     " front of it ([log] queue_bytes) was full.",
 )
+# How a reload of the configuration ended (edge.process.reload): applied, or refused (a
+# file with a mistake, or one that changed since the supervisor checked it).
+RELOAD_RESULTS = ("ok", "error")
+_CONFIG_RELOADS = (
+    "iop_edge_config_reloads",
+    "Reloads of the configuration file (SIGHUP), by result: ok (applied; what waits for a"
+    " restart is logged), error (refused: the configuration in use stays). With worker"
+    " processes each worker counts the reloads it applies, the supervisor the files it"
+    " refuses.",
+)
 _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
 
 
@@ -352,6 +362,29 @@ class EdgeMetrics:
             ["op"], registry=r,
         )  # fmt: skip
         self.log_lines_dropped = Counter(*_LOG_LINES_DROPPED, registry=r)
+        self.config_reloads = Counter(*_CONFIG_RELOADS, ["result"], registry=r)
+        for result in RELOAD_RESULTS:
+            self.config_reloads.labels(result)
+        self.config_info = Gauge(
+            "iop_edge_config_info",
+            "The configuration this process runs: `digest` is the first 16 hex digits of the"
+            " sha256 of its file (`sha256sum config.toml`), the value the Unix time it was"
+            " loaded; a digest a worker ran before shows 0.",
+            ["digest"], registry=r, multiprocess_mode="liveall",
+        )  # fmt: skip
+        self._config_digest: str | None = None
+
+    def config_loaded(self, digest: str, loaded_at: float) -> None:
+        """This process runs the configuration of `digest` since `loaded_at` (Unix time).
+        The one it ran before leaves the gauge (across workers, where a series cannot be
+        removed, it shows 0)."""
+        previous, self._config_digest = self._config_digest, digest
+        if previous is not None and previous != digest:
+            if self.multiproc_dir is None:
+                self.config_info.remove(previous)
+            else:
+                self.config_info.labels(previous).set(0)
+        self.config_info.labels(digest).set(loaded_at)
 
     def request(
         self, model: str, node: str, stream: bool, outcome: Outcome, api: str = "chat"
@@ -402,6 +435,20 @@ class EdgeMetrics:
             for i, gauge in enumerate(gauges):
                 self._watch(gauge.labels(name), partial(_item, values, i))
         self.sync()
+
+    def unwatch_node(self, name: str) -> None:
+        """A node left the configuration: its gauges are read no more, and leave the scrape
+        (across workers, where a series cannot be removed, they keep their last value
+        until the worker restarts)."""
+        parents = (
+            self.node_state, self.node_waiting_runs, self.node_active_runs,
+            self.node_kv_cache_usage, self.node_watched,
+        )  # fmt: skip
+        children = [gauge.labels(name) for gauge in parents]
+        self._watched = [(g, v) for g, v in self._watched if all(g is not c for c in children)]
+        if self.multiproc_dir is None:
+            for gauge in parents:
+                gauge.remove(name)
 
     def cache_routed(self, outcome: str, node: str, predicted_tokens: int) -> None:
         """A cache-aware pick: how it chose, and the cached tokens it expected."""
@@ -455,3 +502,4 @@ class SupervisorMetrics:
             multiprocess_mode="livesum",
         )  # fmt: skip
         self.log_lines_dropped = Counter(*_LOG_LINES_DROPPED, registry=r)
+        self.config_reloads = Counter(*_CONFIG_RELOADS, ["result"], registry=r)

@@ -16,7 +16,10 @@ It is on with the standard environment variables, `OTEL_TRACES_EXPORTER=otlp`
 `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_*`,
 `OTEL_SERVICE_NAME` apply as the SDK reads them), or with the edge's
 `[tracing]` table (`TracingConfig`), whose keys win over the variables.
-`OTEL_SDK_DISABLED=true` turns it off whatever else says on.
+`OTEL_SDK_DISABLED=true` turns it off whatever else says on. A reload changes
+the sample ratio and the capture of content (`Tracing.adjust`, for the spans
+begun after it); turning tracing on or off, or another endpoint, needs a
+restart.
 
 W3C trace context crosses each hop as a `traceparent` header: from the
 client to the edge (HTTP), from the edge to its node (gRPC metadata on the
@@ -44,6 +47,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+
+    from edge.observe.sampling import AdjustableSampler
 
 __all__ = [
     "EXPORTERS",
@@ -104,11 +109,27 @@ def traces_url(endpoint: str) -> str:
 class Tracing:
     """The tracer of one process, and the provider behind it (see the module doc)."""
 
-    def __init__(self, provider: TracerProvider, *, capture_content: bool, service: str) -> None:
+    def __init__(
+        self,
+        provider: TracerProvider,
+        *,
+        capture_content: bool,
+        service: str,
+        sampler: AdjustableSampler | None = None,
+    ) -> None:
         self._provider = provider
+        self._sampler = sampler
         self.tracer: Tracer = provider.get_tracer("iop-edge")
         self.capture_content = capture_content
         self.service = service
+
+    def adjust(self, config: TracingConfig) -> None:
+        """A reload's `[tracing]`: its sample ratio and its capture of content, for the
+        spans made from now on (None keeps deferring to the environment)."""
+        if self._sampler is not None:
+            self._sampler.set_ratio(config.sample_ratio)
+        capture = config.capture_content
+        self.capture_content = _flag(os.environ, CAPTURE_ENV) if capture is None else capture
 
     def shutdown(self) -> None:
         """Export the spans still queued, then stop the exporter (blocking, bounded by
@@ -137,12 +158,14 @@ def setup_tracing(
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from edge.observe.sampling import AdjustableSampler
 
     name = env.get("OTEL_SERVICE_NAME") or service
-    sampler = None  # the SDK's: OTEL_TRACES_SAMPLER(_ARG), default parentbased_always_on
-    if config.sample_ratio is not None:
-        sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
+    # The SDK's sampler (OTEL_TRACES_SAMPLER(_ARG), default parentbased_always_on) as a
+    # provider made without one picks it, unless a ratio is set (a reload may set one).
+    default = TracerProvider(shutdown_on_exit=False).sampler
+    sampler = AdjustableSampler(default, config.sample_ratio)
     provider = TracerProvider(
         sampler=sampler, resource=Resource.create({SERVICE_NAME: name}), shutdown_on_exit=False
     )
@@ -160,7 +183,7 @@ def setup_tracing(
         provider.sampler.get_description(),
         ", with prompt and completion text" if capture else "",
     )  # fmt: skip
-    return Tracing(provider, capture_content=capture, service=name)
+    return Tracing(provider, capture_content=capture, service=name, sampler=sampler)
 
 
 def extract(headers: Mapping[str, str]) -> Context | None:

@@ -15,6 +15,10 @@ export are flushed (tracing on: `edge.observe.tracing`), off the loop.
 A worker process (`edge.process.supervisor`) runs the same `serve`, on listening
 sockets its supervisor bound (`listen_sockets`), and its sd_notify lines go
 to the supervisor (`edge.process.systemd.attach_supervisor`).
+
+Requests run on a snapshot of the configuration (`edge.http.live`): built here at
+start, and again by each reload (`edge.process.reload`; SIGHUP, when `serve` is
+given a way to read the file again) while the edge serves.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from loguru import logger
 
-from edge.config import Config, split_address, upstream_url
+from edge.config import Config, split_address
 from edge.fleet.admission import Admission
 from edge.fleet.failover import Failover
 from edge.fleet.fleet import Fleet
@@ -46,15 +50,12 @@ from edge.fleet.turns import Turns
 from edge.http.app import EdgeApp, create_app
 from edge.http.chat import ChatService
 from edge.http.connection import ServerLimits
+from edge.http.live import Snapshots
 from edge.http.refusals import shed_at_once
 from edge.http.server import ACCEPT_BURST, HttpServer
 from edge.http.stored import ResponseStates
-from edge.limits.limiter import KeyRing
-from edge.limits.stores import open_limiter
 from edge.node.backlog import Backlog
 from edge.node.bridge import asyncio_loop
-from edge.node.client import GrpcNodeClient, NodeClient
-from edge.nodes.embedded import embedded_node, embedded_upstream_node
 from edge.observe.log import count_dropped_lines
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
@@ -66,6 +67,9 @@ from edge.process.listeners import (
     listen_mode,
     raise_fd_limit,
 )
+from edge.process.nodeset import NodeSet
+from edge.process.reload import LimiterKeeper, Loader, Reloader, Reloads, build_snapshot
+from edge.process.signals import Reload
 from edge.store.stores import open_response_store
 
 # After the drain deadline: time for the notice frames to go out before
@@ -86,6 +90,8 @@ class Edge:
     metrics: EdgeMetrics
     shutdown: trio.Event
     embedded: list[object] = field(default_factory=list)
+    # The configuration requests run on (a reload swaps it).
+    snapshots: Snapshots | None = None
 
 
 def _hypercorn_config(config: Config) -> HypercornConfig:
@@ -127,6 +133,9 @@ async def serve(
     listen_sockets: Sequence[socket.socket] = (),
     shared_dir: Path | None = None,
     metrics_dir: Path | None = None,
+    digest: str = "",
+    load: Loader | None = None,
+    reloads: Reloads | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the edge until its `shutdown` event is set, then drain and return.
@@ -134,6 +143,8 @@ async def serve(
     `listen_sockets`: serve these (bound and listening already) instead of binding
     `server.listen`. A worker's `shared_dir` and `metrics_dir` are its supervisor's
     (`edge.process.supervisor`): the limits and the metrics of every worker of the edge.
+    `digest` is the configuration file's (`iop_edge_config_info`); with `load` (how to
+    read it again) each reload asked of `reloads` is applied while the edge serves.
     """
     if shutdown is None:
         shutdown = trio.Event()
@@ -143,7 +154,7 @@ async def serve(
     metrics.tracing.set(0 if tracing is None else 1)
     try:
         await _serve(config, metrics, tracing, shutdown, runs_log, on_outcome, listen_sockets,
-                     shared_dir, task_status)  # fmt: skip
+                     shared_dir, digest, load, reloads, task_status)  # fmt: skip
     finally:
         if tracing is not None:  # the spans still queued go out (bounded by the exporter)
             with trio.CancelScope(shield=True):
@@ -160,38 +171,49 @@ async def _serve(
     on_outcome: OutcomeHook | None,
     listen_sockets: Sequence[socket.socket],
     shared_dir: Path | None,
+    digest: str,
+    load: Loader | None,
+    reloads: Reloads | None,
     task_status: trio.TaskStatus[Edge],
 ) -> None:
     """The root nursery: nodes, pool, background tasks, server, readiness, drain."""
     async with asyncio_loop(), AsyncExitStack() as stack:
-        clients, embedded = await _open_nodes(stack, config, metrics, tracing, runs_log)
-        pool = await _open_pool(stack, config, clients, metrics)
+        nodes = await _open_nodes(stack, config, metrics, tracing, runs_log)
+        pool = await _open_pool(config, nodes, metrics)
         fleet = _fleet(config, pool, metrics)
+        # The limiter is closed by `stack`, inside the asyncio loop its Redis client may use.
+        limits = LimiterKeeper(config.limits, metrics, shared_dir, stack)
+        snapshots = Snapshots(build_snapshot(config, digest, fleet.runs, limits))
+        metrics.config_loaded(digest, snapshots.current.loaded_at)
         async with trio.open_nursery() as root:
             _start_background(root, config, fleet, metrics)
+            if load is not None and reloads is not None:
+                reloader = Reloader(
+                    config, load, snapshots, nodes, pool, fleet.admission, fleet.runs, limits,
+                    metrics, tracing, shared_dir,
+                )  # fmt: skip
+                root.start_soon(reloader.run, reloads, root)
             responses = await _open_responses(stack, config, metrics, shared_dir)
             chat = ChatService(
-                config, fleet, metrics, on_outcome, tracing=tracing, responses=responses
+                snapshots, fleet, metrics, on_outcome, tracing=tracing, responses=responses
             )
-            edge_app = _open_app(stack, config, chat, metrics, shared_dir)
+            edge_app = create_app(
+                chat, snapshots=snapshots, max_body_bytes=config.server.max_body_bytes
+            )
             server = _http_server(config, edge_app, fleet, metrics, listen_sockets)
             http_done = trio.Event()
             binds = await root.start(
                 _serve_http, server, config, shutdown, http_done, listen_sockets
             )
             url = binds[0]
-            logger.info("iop-edge serving on {} ({} node(s))", url, len(clients))
+            logger.info("iop-edge serving on {} ({} node(s))", url, len(pool.nodes))
             systemd.notify("READY=1\nSTATUS=serving")
-            task_status.started(
-                Edge(url, pool, chat, fleet.runs, fleet.admission, metrics, shutdown, embedded)
-            )
+            edge = Edge(url, pool, chat, fleet.runs, fleet.admission, metrics, shutdown,
+                        nodes.embedded, snapshots)  # fmt: skip
+            task_status.started(edge)
             await shutdown.wait()
             await _drain(config, edge_app.start_draining, chat, http_done)
             root.cancel_scope.cancel()
-
-
-def _count_state_rpc(metrics: EdgeMetrics, node: str, rpc: str) -> None:
-    metrics.node_state_rpcs.labels(node, rpc).inc()
 
 
 async def _open_nodes(
@@ -200,50 +222,29 @@ async def _open_nodes(
     metrics: EdgeMetrics,
     tracing: Tracing | None,
     runs_log: Path | None,
-) -> tuple[list[NodeClient], list[object]]:
-    """A client per configured node, and the nodes served in this process (embedded
-    simulated nodes, iop-node in front of a model server), kept up by `stack`."""
-    clients: list[NodeClient] = []
-    embedded: list[object] = []
+) -> NodeSet:
+    """The configured nodes' clients, and the nodes served in this process (embedded
+    simulated nodes, iop-node in front of a model server), closed by `stack`."""
     # What the runs' buffers of all the nodes hold for their streams, bounded in sum.
     backlog = Backlog(config.timeouts.slow_client_backlog_chars, on_cut=metrics.backlog_cuts.inc)
     metrics.watch_backlog(lambda: backlog.chars)
-    for node in config.nodes:
-        counter = metrics.node_cancels.labels(node.name).inc
-        state_rpcs = partial(_count_state_rpc, metrics, node.name)
-        client = partial(
-            GrpcNodeClient, on_cancel_sent=counter, backlog=backlog, on_state_rpc=state_rpcs
-        )
-        if node.embedded:
-            sim, port = await stack.enter_async_context(
-                embedded_node(node.name, runs_log, tracing=tracing)
-            )
-            embedded.append(sim)
-            clients.append(client(node.name, "127.0.0.1", port))
-        elif (url := upstream_url(node.address)) is not None:
-            served, port = await stack.enter_async_context(
-                embedded_upstream_node(node.name, url, tracing=tracing)
-            )
-            embedded.append(served)
-            clients.append(client(node.name, "127.0.0.1", port))
-        else:
-            host, port = split_address(node.address)
-            clients.append(client(node.name, host, port))
-    return clients, embedded
+    nodes = NodeSet(metrics, backlog, tracing, runs_log)
+    stack.push_async_callback(nodes.aclose)
+    await nodes.open_all(config.nodes)
+    return nodes
 
 
-async def _open_pool(
-    stack: AsyncExitStack, config: Config, clients: list[NodeClient], metrics: EdgeMetrics
-) -> NodePool:
-    """The pool of `clients`, closed by `stack`, after a first look at every node."""
+async def _open_pool(config: Config, nodes: NodeSet, metrics: EdgeMetrics) -> NodePool:
+    """The pool of `nodes`, after a first look at every node."""
+    opened = list(nodes.open.values())
     pool = NodePool(
-        clients, routing=config.routing, refresh_s=config.server.node_refresh_s,
+        [n.client for n in opened], routing=config.routing,
+        refresh_s=config.server.node_refresh_s,
         max_runs={n.name: n.max_runs for n in config.nodes if n.max_runs is not None},
     )  # fmt: skip
-    metrics.watch_nodes((s.client.name, partial(pool.state_value, s)) for s in pool.nodes)
-    metrics.watch_node_load((s.client.name, partial(pool.load_values, s)) for s in pool.nodes)
+    for node, state in zip(opened, pool.nodes, strict=True):
+        nodes.watch(pool, node, state)
     pool.on_routed = metrics.cache_routed
-    stack.push_async_callback(pool.aclose)
     await pool.refresh()
     for state in pool.nodes:
         if not state.healthy:
@@ -300,22 +301,6 @@ async def _open_responses(
         return None
     stack.push_async_callback(store.aclose)
     return ResponseStates(store, metrics)
-
-
-def _open_app(
-    stack: AsyncExitStack,
-    config: Config,
-    chat: ChatService,
-    metrics: EdgeMetrics,
-    shared_dir: Path | None,
-) -> EdgeApp:
-    """The app, with the API keys and the limiter of those with limits (closed by
-    `stack`, inside the asyncio loop its Redis client may use)."""
-    keys = KeyRing(config.keys, config.server.api_keys)
-    limiter = open_limiter(keys, config.limits, metrics, shared_dir=shared_dir)
-    if limiter is not None:
-        stack.push_async_callback(limiter.aclose)
-    return create_app(chat, keys=keys, limiter=limiter, max_body_bytes=config.server.max_body_bytes)
 
 
 def _http_server(
@@ -379,12 +364,15 @@ async def _sync_metrics(metrics: EdgeMetrics, every_s: float) -> None:
 
 def run_forever(
     config: Config,
-    signals: Callable[[trio.Event], Awaitable[None]],
+    signals: Callable[[trio.Event, Reload], Awaitable[None]],
     *,
     runs_log: Path | None = None,
     listen_sockets: Sequence[socket.socket] = (),
+    digest: str = "",
+    load: Loader | None = None,
 ) -> None:
-    """Serve until `signals` sets the shutdown event; returns once drained."""
+    """Serve until `signals` sets the shutdown event; returns once drained. The reloads
+    `signals` asks for read the configuration again with `load`."""
 
     # The objects made at startup live as long as the process: keep them out of
     # the collector's way. A collection's pause grows with what it scans: young
@@ -400,11 +388,13 @@ def run_forever(
 
     async def main() -> None:
         shutdown = trio.Event()
+        reloads = Reloads()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(signals, shutdown)
+            nursery.start_soon(signals, shutdown, reloads.ask)
             await serve(
                 config, shutdown=shutdown, runs_log=runs_log, listen_sockets=listen_sockets,
                 shared_dir=supervisor.shared_dir(), metrics_dir=supervisor.metrics_dir(),
+                digest=digest, load=load, reloads=reloads,
             )  # fmt: skip
             nursery.cancel_scope.cancel()
 

@@ -1,17 +1,21 @@
-"""The edge's signals: which ones stop it, which ones it ignores, what each does in a
-single process and in a worker, and the hard stop past the drain.
+"""The edge's signals: which ones stop it, which one reloads it, which ones it ignores,
+what each does in a single process and in a worker, and the hard stop past the drain.
 
-SIGTERM and SIGINT drain (a second one exits at once). SIGHUP, SIGUSR1 and SIGUSR2,
-whose default action would end the process on the spot (no drain, no CancelRun), are
-logged and otherwise ignored: the edge has no reload, and a stray `kill -HUP` or a
-closed terminal must not cut streams. SIGPIPE stays ignored as Python sets it at
-start: a write to a socket the peer closed fails for that connection only.
+SIGTERM and SIGINT drain (a second one exits at once). SIGHUP reloads the
+configuration (`edge.process.reload`; ignored while draining). SIGUSR1 and
+SIGUSR2, whose default action would end the process on the spot (no drain, no
+CancelRun), are logged and otherwise ignored: a stray signal must not cut streams.
+Until the receiver runs (and after it), SIGHUP is ignored too. SIGPIPE stays
+ignored as Python sets it at start: a write to a socket the peer closed fails for
+that connection only.
 
 In a worker (`edge.process.supervisor` starts them) SIGTERM drains (a repeat is
 ignored: systemd may send it to every process of the service as well as the
 supervisor forwarding it), SIGINT (the supervisor's second signal) exits at once,
-and the end of the supervisor's socket drains too. The supervisor receives its own
-signals, and starts its drain with `drain_then_stop` like the others.
+and the end of the supervisor's socket drains too. A worker reloads when its
+supervisor says so on that socket (`RELOAD=<digest>`: the file it checked), not on
+a SIGHUP of its own (logged and ignored). The supervisor receives its own signals,
+and starts its drain with `drain_then_stop` like the others.
 
 Used by the command line (`edge.cli`) and the supervisor, so neither imports the
 other for them; knows nothing of what is drained (it sets an event, or calls back).
@@ -34,7 +38,12 @@ from edge.observe.log import flush_logs
 # After the drain deadline: time for the notices and the CancelRuns to go out.
 HARD_STOP_GRACE_S = 15.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-IGNORED_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+RELOAD_SIGNAL = signal.SIGHUP
+IGNORED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# A supervisor's word to its worker: reload from the copy of the file of this digest.
+RELOAD_MESSAGE = "RELOAD="
+# What a reload is asked with: the digest a supervisor checked (None: read the file).
+Reload = Callable[[str | None], None]
 
 
 def exit_now(code: int) -> None:
@@ -63,13 +72,21 @@ def drain_then_stop(
     timer.start()
 
 
-async def daemon_signals(shutdown: trio.Event, hard_stop_s: float) -> None:
-    """A single-process edge's signals: the first stop signal drains, a second exits."""
-    with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
+async def daemon_signals(shutdown: trio.Event, reload: Reload, hard_stop_s: float) -> None:
+    """A single-process edge's signals: the first stop signal drains, a second exits;
+    SIGHUP asks for a reload."""
+    with trio.open_signal_receiver(*STOP_SIGNALS, RELOAD_SIGNAL, *IGNORED_SIGNALS) as signals:
         async for signum in signals:
+            if signum == RELOAD_SIGNAL:
+                if shutdown.is_set():
+                    logger.info("SIGHUP: ignored while draining")
+                else:
+                    logger.info("SIGHUP: reloading the configuration")
+                    reload(None)
+                continue
             if signum in IGNORED_SIGNALS:
                 logger.info(
-                    "{}: ignored (there is no reload; SIGTERM drains and stops)",
+                    "{}: ignored (SIGHUP reloads; SIGTERM drains and stops)",
                     signal.Signals(signum).name,
                 )
                 continue
@@ -81,9 +98,10 @@ async def daemon_signals(shutdown: trio.Event, hard_stop_s: float) -> None:
 
 
 async def worker_signals(
-    shutdown: trio.Event, *, control: socket.socket, hard_stop_s: float
+    shutdown: trio.Event, reload: Reload, *, control: socket.socket, hard_stop_s: float
 ) -> None:
-    """A worker's signals (see the module's docstring), and its supervisor's end."""
+    """A worker's signals (see the module's docstring), and its supervisor's words: a
+    reload, or its end."""
 
     def drain(why: str) -> None:
         if shutdown.is_set():
@@ -92,24 +110,39 @@ async def worker_signals(
         drain_then_stop(shutdown.set, hard_stop_s)
 
     async def watch_supervisor() -> None:
-        await trio.lowlevel.wait_readable(control)  # it never writes: this is its end
+        while True:
+            await trio.lowlevel.wait_readable(control)
+            try:
+                data = control.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            if not data:  # the supervisor's end of the socket is closed
+                break
+            for line in data.decode(errors="replace").splitlines():
+                if line.startswith(RELOAD_MESSAGE) and not shutdown.is_set():
+                    reload(line.removeprefix(RELOAD_MESSAGE))
         logger.warning("the supervisor is gone")
         drain("supervisor gone")
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_supervisor)
-        with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
+        with trio.open_signal_receiver(*STOP_SIGNALS, RELOAD_SIGNAL, *IGNORED_SIGNALS) as signals:
             async for signum in signals:
                 if signum == signal.SIGINT:
                     logger.warning("SIGINT from the supervisor: exiting now")
                     exit_now(1)
                 elif signum == signal.SIGTERM:
                     drain("SIGTERM")
+                elif signum == RELOAD_SIGNAL:
+                    logger.info("SIGHUP: ignored (a worker reloads when its supervisor says so:"
+                                " send SIGHUP to the supervisor)")  # fmt: skip
                 else:
                     logger.info("{}: ignored", signal.Signals(signum).name)
 
 
 def ignore_signals() -> None:
     """Until the daemon's receiver takes them over (and after it), these do nothing."""
-    for signum in IGNORED_SIGNALS:
+    for signum in (RELOAD_SIGNAL, *IGNORED_SIGNALS):
         signal.signal(signum, signal.SIG_IGN)

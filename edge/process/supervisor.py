@@ -3,14 +3,21 @@
 Owns: the listening sockets (bound once here, inherited by every worker), the
 worker processes (started, watched, restarted with backoff when one dies),
 the signals of the edge (SIGTERM and SIGINT drain every worker; a second one
-ends them at once), sd_notify for the whole edge, and the edge's shared
-directory (`IOP_EDGE_SHARED_DIR`, with the metrics of every process in it).
+ends them at once; SIGHUP reloads), sd_notify for the whole edge, and the edge's
+shared directory (`IOP_EDGE_SHARED_DIR`, with the metrics of every process in it).
 It serves no HTTP, opens no node connection, and knows nothing of requests.
 
 A worker is `python -m edge <the same arguments> --worker-id I ...`: a fresh
 interpreter (no fork of a process that holds threads or an event loop) that
-reads the same config and runs the single-process daemon on the inherited
-sockets. It tells the supervisor it is ready and alive over a SOCK_SEQPACKET
+runs the single-process daemon on the inherited sockets, on the configuration
+the supervisor read: the supervisor keeps a copy of the file's bytes in the
+shared directory (`config_copy`, named by their digest) and each worker parses
+that copy (`--worker-config-digest`), not the file, so all of them run the same
+bytes. On SIGHUP the supervisor reads and checks the file once: a mistake is
+refused here (one log line, counted; the workers hear nothing of it), a good
+file is copied and each worker is told `RELOAD=<digest>` on its socket
+(`edge.process.reload` applies it there). A worker started later (one that died)
+runs the last copy. It tells the supervisor it is ready and alive over a SOCK_SEQPACKET
 socket pair, in sd_notify's own words (READY=1, WATCHDOG=1, STOPPING=1;
 `edge.process.systemd.attach_supervisor`); when the supervisor goes away the worker
 sees the end of that socket and drains. Workers run in a session of their
@@ -42,7 +49,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,11 +57,19 @@ from typing import TYPE_CHECKING
 import trio
 from loguru import logger
 
-from edge.config import Config
+from edge.config import ConfigError, LoadedConfig
 from edge.observe.log import count_dropped_lines
+from edge.observe.logbound import clip
 from edge.process import systemd
 from edge.process.listeners import Address, addresses, bind_listeners, listen_mode, rebind, url_of
-from edge.process.signals import IGNORED_SIGNALS, STOP_SIGNALS, drain_then_stop, exit_now
+from edge.process.signals import (
+    IGNORED_SIGNALS,
+    RELOAD_MESSAGE,
+    RELOAD_SIGNAL,
+    STOP_SIGNALS,
+    drain_then_stop,
+    exit_now,
+)
 
 if TYPE_CHECKING:
     from edge.observe.metrics import SupervisorMetrics
@@ -72,6 +87,11 @@ STABLE_S = 30.0
 _KILL_MARGIN_S = 5.0
 # Environment a worker must not see: systemd speaks to the supervisor only.
 _SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
+
+
+def config_copy(shared: Path, digest: str) -> Path:
+    """Where the supervisor keeps the bytes of the configuration file of `digest`."""
+    return shared / f"config-{digest}.toml"
 
 
 def shared_dir() -> Path | None:
@@ -109,15 +129,28 @@ class _Slot:
     started: bool = False
     last_seen: float = 0.0
     deaths: int = 0  # in a row, without STABLE_S of service between them
+    # The supervisor's end of its current process's socket (None: no process).
+    control: trio.socket.SocketType | None = None
 
 
 class Supervisor:
     """Runs `workers` worker processes of one edge until told to stop."""
 
     def __init__(
-        self, config: Config, worker_argv: Sequence[str], *, listen_mode: str = "shared"
+        self,
+        loaded: LoadedConfig,
+        worker_argv: Sequence[str],
+        *,
+        listen_mode: str = "shared",
+        load: Callable[[], LoadedConfig] | None = None,
     ) -> None:
+        config = loaded.config
         self.config = config
+        # The configuration the workers run (the bytes of the file, their digest) and how
+        # a reload reads it again.
+        self.loaded = loaded
+        self.load = load
+        self._reloading = trio.Lock()
         self.workers = config.server.workers
         self.worker_argv = list(worker_argv)
         self.listen_mode = listen_mode
@@ -143,6 +176,7 @@ class Supervisor:
         (self._shared / "metrics").mkdir()
         os.environ[SHARED_DIR_ENV] = str(self._shared)
         os.environ[METRICS_ENV] = str(self._shared / "metrics")
+        self._keep_copy(self.loaded)
         copies = self.workers if self.listen_mode == "reuseport" else 1
         groups, holders = bind_listeners(self.config.server.listen, copies)
         self._all_sockets = [*holders, *(s for g in groups for s in g)]
@@ -156,6 +190,14 @@ class Supervisor:
         self._metrics = SupervisorMetrics()
         count_dropped_lines(self._metrics.log_lines_dropped.inc)
         return url_of(groups[0][0])
+
+    def _keep_copy(self, loaded: LoadedConfig) -> None:
+        """The bytes of `loaded`'s file, for the workers (written whole, then renamed)."""
+        assert self._shared is not None
+        path = config_copy(self._shared, loaded.digest)
+        partial = path.with_suffix(".part")
+        partial.write_bytes(loaded.data)
+        partial.replace(path)
 
     def cleanup(self) -> None:
         self._close_sockets()
@@ -239,6 +281,7 @@ class Supervisor:
             "--worker-id", str(slot.index),
             "--worker-fds", ",".join(map(str, fds)),
             "--worker-control", str(theirs.fileno()),
+            "--worker-config-digest", self.loaded.digest,
         ]  # fmt: skip
         if self._heartbeat_s is not None:
             argv += ["--worker-heartbeat-s", f"{self._heartbeat_s:g}"]
@@ -261,12 +304,14 @@ class Supervisor:
         self._metrics.workers.inc()
         ready_at: list[float] = []
         control = trio.socket.from_stdlib_socket(mine)
+        slot.control = control
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._listen, slot, control, ready_at)
                 code = await process.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            slot.control = None
             control.close()
             self._metrics.workers.dec()
             slot.serving = False
@@ -338,12 +383,51 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     slot.process.send_signal(signum)
 
+    async def reload(self) -> bool:
+        """SIGHUP: read and check the file once; a good one is copied for the workers and
+        each is told to switch to it. False: refused (or stopping), nothing changed."""
+        async with self._reloading:
+            if self.stopping.is_set() or self.load is None:
+                return False
+            assert self._metrics is not None
+            try:
+                loaded = await trio.to_thread.run_sync(self.load)
+                self._keep_copy(loaded)
+            except (ConfigError, OSError) as exc:
+                self._metrics.config_reloads.labels("error").inc()
+                logger.error(
+                    "reload refused, the workers keep the configuration in use ({}): {}",
+                    self.loaded.digest, clip(str(exc)),
+                )  # fmt: skip
+                return False
+            self.loaded = loaded
+            logger.info(
+                "configuration {} checked: {} workers reload it", loaded.digest, self.workers
+            )
+            message = f"{RELOAD_MESSAGE}{loaded.digest}".encode()
+            for slot in self.slots:
+                if slot.control is None:
+                    continue  # starting again: it reads the new copy
+                with trio.move_on_after(1.0):  # a worker that stopped reading: it is dying
+                    try:
+                        await slot.control.send(message)
+                    except OSError as exc:
+                        logger.warning("worker {}: cannot ask it to reload: {}", slot.index, exc)
+            return True
+
     async def _signals(self, hard_stop_s: float) -> None:
-        with trio.open_signal_receiver(*STOP_SIGNALS, *IGNORED_SIGNALS) as signals:
+        with trio.open_signal_receiver(*STOP_SIGNALS, RELOAD_SIGNAL, *IGNORED_SIGNALS) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name
+                if signum == RELOAD_SIGNAL:
+                    if self.stopping.is_set():
+                        logger.info("SIGHUP: ignored while draining")
+                    elif self._nursery is not None:
+                        logger.info("SIGHUP: reloading the configuration")
+                        self._nursery.start_soon(self.reload)
+                    continue
                 if signum in IGNORED_SIGNALS:
-                    logger.info("{}: ignored (there is no reload; SIGTERM drains and stops)", name)
+                    logger.info("{}: ignored (SIGHUP reloads; SIGTERM drains and stops)", name)
                     continue
                 if self.stopping.is_set():
                     logger.warning("second signal: stopping every worker now")
@@ -370,12 +454,18 @@ def _describe(code: int) -> str:
     return f"code {code}"
 
 
-def serve_workers(config: Config, worker_argv: Sequence[str], hard_stop_s: float) -> int:
+def serve_workers(
+    loaded: LoadedConfig,
+    worker_argv: Sequence[str],
+    hard_stop_s: float,
+    load: Callable[[], LoadedConfig] | None = None,
+) -> int:
     """The supervisor's main: bind, start the workers, serve until stopped; the exit code.
+    `load` reads the configuration again (a reload).
 
     Raises OSError when the listen address cannot be bound.
     """
-    supervisor = Supervisor(config, worker_argv, listen_mode=listen_mode())
+    supervisor = Supervisor(loaded, worker_argv, listen_mode=listen_mode(), load=load)
     try:
         url = supervisor.prepare()
         return trio.run(supervisor.run, url, hard_stop_s)

@@ -162,9 +162,9 @@ async def test_the_plain_routes_still_answer(edge: RunningEdge) -> None:
 
 
 async def test_sighup_and_sigusr1_are_logged_and_ignored(sim: SimProcess, tmp_path: Path) -> None:
-    """SIGHUP then SIGUSR1 (and SIGUSR2) mid-stream: one log line each, the edge keeps
-    serving (SIGPIPE too), the stream finishes with [DONE]; then SIGTERM drains and
-    exits 0."""
+    """SIGHUP (a reload of the same file) then SIGUSR1 and SIGUSR2 mid-stream: one log line
+    each, the edge keeps serving (SIGPIPE too), the stream finishes with [DONE]; then
+    SIGTERM drains and exits 0."""
     items = [{"type": "delta", "delta": "a"}, {"sleep_ms": 200}]
     items += [{"type": "delta", "delta": "b"}, COMPLETE]
     body = chat_body("sim-script", script(*items), stream=True)
@@ -177,7 +177,9 @@ async def test_sighup_and_sigusr1_are_logged_and_ignored(sim: SimProcess, tmp_pa
             async for line in lines:
                 if '"content":"a"' in line:
                     break
-            for signum in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            edge.signal(signal.SIGHUP)
+            await edge.wait_line("configuration reloaded from .*: nothing changed")
+            for signum in (signal.SIGUSR1, signal.SIGUSR2):
                 edge.signal(signum)
                 await edge.wait_line(rf"{signal.Signals(signum).name}: ignored")
             edge.signal(signal.SIGPIPE)  # ignored as Python sets it: no line, no exit
@@ -187,8 +189,9 @@ async def test_sighup_and_sigusr1_are_logged_and_ignored(sim: SimProcess, tmp_pa
         assert (await http.get("/healthz")).status_code == 200
         edge.signal(signal.SIGTERM)
         assert await edge.wait_exit() == 0
-    for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):
+    for name in ("SIGUSR1", "SIGUSR2"):
         assert sum(f"{name}: ignored" in line for line in edge.lines) == 1
+    assert sum("configuration reloaded" in line for line in edge.lines) == 1
 
 
 # --- forwarding policy --------------------------------------------------------

@@ -505,11 +505,15 @@ async def test_sd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
 
 def test_example_unit_files_are_valid(tmp_path: Path) -> None:
     """The example edge unit runs the console script as Type=notify with a watchdog, stops
-    with SIGTERM giving the drain time, and is hardened; `systemd-analyze verify` (where
-    installed) finds no unknown key or bad value in either unit."""
+    with SIGTERM giving the drain time, reloads with SIGHUP, and is hardened;
+    `systemd-analyze verify` (where installed) finds no unknown key or bad value in either
+    unit."""
     deploy = Path(__file__).resolve().parents[2] / "deploy"
     unit = (deploy / "iop-edge.service").read_text()
-    for line in ("Type=notify", "WatchdogSec=", "KillSignal=SIGTERM", "TimeoutStopSec="):
+    for line in (
+        "Type=notify", "WatchdogSec=", "KillSignal=SIGTERM", "TimeoutStopSec=",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+    ):  # fmt: skip
         assert f"\n{line}" in unit, line
     for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "DynamicUser=yes"):
         assert f"\n{line}" in unit, line

@@ -129,3 +129,30 @@ async def test_a_renewal_keeps_live_streams_and_drops_leaked_ones(tmp_path: Path
         assert (await store.admit("k", limits, "d")).admitted
     finally:
         await store.aclose()
+
+
+async def test_a_new_set_of_limited_keys_keeps_the_counts_of_those_that_stay(
+    tmp_path: Path,
+) -> None:
+    """`rekey` (a reload that adds and removes limited keys): the file of the new names
+    holds the counts of the keys in both; a key added starts empty; calls for a key
+    removed count nothing (its request under way ends without an error)."""
+    limits = Limits(rpm=2, max_streams=5)
+    store = SharedFileStore(tmp_path, [("a", limits), ("b", limits)], clock=lambda: 1_000)
+    try:
+        assert (await store.admit("a", limits, "1")).admitted
+        assert (await store.admit("b", limits, "2")).admitted
+        before = store.path
+        store.rekey([("a", limits), ("c", limits)])
+        assert store.path != before
+        second = await store.admit("a", limits, "3")
+        assert second.admitted
+        assert second.requests == 2
+        assert second.streams == 2
+        assert (await store.admit("a", limits, "4")).over == "requests"
+        assert (await store.admit("c", limits, "5")).requests == 1
+        await store.release("b", "2")
+        await store.add_tokens("b", 10)
+        assert (await store.admit("b", limits, "6")).admitted  # counted nowhere
+    finally:
+        await store.aclose()

@@ -1,0 +1,216 @@
+"""The node connections of one edge process, opened from `[[nodes]]` and changed by reloads.
+
+Owns, per configured node, its client (`GrpcNodeClient`) and what serves it in
+this process when it is embedded (the simulated node, or iop-node in front of a
+model server), each node in an exit stack of its own, so that one node can be
+closed while the others serve. `open_node` makes a node's client (and starts its
+embedded server); `changed`, `leave`, `join` and `apply` make the pool's nodes
+those of a new `[[nodes]]`:
+
+- a node in both, at the same address, stays the same object in the pool:
+  its breaker, load, cache index and connection carry over; a new `max_runs`
+  applies at once;
+- a node added joins the pool, which subscribes to it at once: it takes no
+  run before it answered (it serves no model until then);
+- a node removed leaves the pool (once the nodes added answered: `join`,
+  then `apply`): no new run from then on, not even a queued request's; its
+  runs in flight finish (bounded by the longest a run may last), then its
+  connection closes and its embedded server stops.
+
+A node whose address changed is the old one removed and a new one added.
+Knows nothing of requests; the pool decides nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import trio
+from loguru import logger
+
+from edge.config import NodeConfig, split_address, upstream_url
+from edge.fleet.migration import CANCEL_WAIT_S
+from edge.fleet.nodestate import NodeState
+from edge.fleet.pool import NodePool
+from edge.fleet.runs import Runs
+from edge.node.backlog import Backlog
+from edge.node.client import GrpcNodeClient, NodeClient
+from edge.nodes.embedded import embedded_node, embedded_upstream_node
+from edge.observe.metrics import EdgeMetrics
+from edge.observe.tracing import Tracing
+
+
+@dataclass(eq=False)
+class OpenNode:
+    """One configured node: its settings, client, embedded server (if any) and stack."""
+
+    config: NodeConfig
+    client: NodeClient
+    stack: AsyncExitStack
+    embedded: object | None = None
+    state: NodeState | None = None  # once in the pool
+
+
+@dataclass(eq=False)
+class NodeSet:
+    """Every node this process has open (see the module doc)."""
+
+    metrics: EdgeMetrics
+    backlog: Backlog
+    tracing: Tracing | None = None
+    runs_log: Path | None = None
+    # By name: the nodes of the configuration in use.
+    open: dict[str, OpenNode] = field(default_factory=dict)
+    # Removed from the configuration, their runs finishing.
+    leaving: set[OpenNode] = field(default_factory=set)
+
+    @property
+    def embedded(self) -> list[object]:
+        return [n.embedded for n in self.open.values() if n.embedded is not None]
+
+    async def open_node(self, node: NodeConfig) -> OpenNode:
+        """`node`'s client, its embedded server started first when it has one."""
+        metrics = self.metrics
+        client = partial(
+            GrpcNodeClient, on_cancel_sent=metrics.node_cancels.labels(node.name).inc,
+            backlog=self.backlog, on_state_rpc=partial(_count_state_rpc, metrics, node.name),
+        )  # fmt: skip
+        stack = AsyncExitStack()
+        try:
+            embedded: object | None = None
+            if node.embedded:
+                embedded, port = await stack.enter_async_context(
+                    embedded_node(node.name, self.runs_log, tracing=self.tracing)
+                )
+                host = "127.0.0.1"
+            elif (url := upstream_url(node.address)) is not None:
+                embedded, port = await stack.enter_async_context(
+                    embedded_upstream_node(node.name, url, tracing=self.tracing)
+                )
+                host = "127.0.0.1"
+            else:
+                host, port = split_address(node.address)
+            opened = OpenNode(node, client(node.name, host, port), stack, embedded)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
+        stack.push_async_callback(opened.client.aclose)
+        return opened
+
+    async def open_all(self, nodes: Sequence[NodeConfig]) -> list[OpenNode]:
+        """The nodes of the configuration at start, in its order."""
+        for node in nodes:
+            self.open[node.name] = await self.open_node(node)
+        return list(self.open.values())
+
+    def watch(self, pool: NodePool, opened: OpenNode, state: NodeState) -> None:
+        """`state` is `opened`'s node in the pool: its gauges read from there."""
+        opened.state = state
+        name = opened.config.name
+        self.metrics.watch_nodes([(name, partial(pool.state_value, state))])
+        self.metrics.watch_node_load([(name, partial(pool.load_values, state))])
+
+    async def changed(self, nodes: Sequence[NodeConfig]) -> tuple[list[OpenNode], list[str]]:
+        """The first half of `apply`, the one that may fail: the nodes of `nodes` to add,
+        opened (none if one fails: it raises), and the names of those to remove."""
+        wanted = {n.name: n for n in nodes}
+        removed = [
+            name for name, o in self.open.items()
+            if name not in wanted or wanted[name].address != o.config.address
+        ]  # fmt: skip
+        added: list[OpenNode] = []
+        try:
+            for node in nodes:
+                current = self.open.get(node.name)
+                if current is None or current.config.address != node.address:
+                    added.append(await self.open_node(node))
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                for opened in added:
+                    await opened.stack.aclose()
+            raise
+        return added, removed
+
+    def join(self, added: list[OpenNode], pool: NodePool) -> list[NodeState]:
+        """The nodes `changed` opened join the pool (and its gauges); their states, whose
+        `probed` is set once each answered (or failed to)."""
+        states = []
+        for opened in added:
+            name = opened.config.name
+            self.open[name] = opened
+            state = pool.add(opened.client, opened.config.max_runs)
+            self.watch(pool, opened, state)
+            states.append(state)
+            logger.info("node {} ({}) added", name, opened.client.address)
+        return states
+
+    def apply(
+        self,
+        nodes: Sequence[NodeConfig],
+        removed: list[OpenNode],
+        pool: NodePool,
+        runs: Runs,
+        nursery: trio.Nursery,
+        longest_run_s: float,
+    ) -> None:
+        """Make the pool's nodes those of `nodes`, those added having joined: nodes removed
+        (`leave` took them out) leave the pool and close in `nursery` once their runs are
+        over (at most `longest_run_s` later); the others take their new `max_runs`."""
+        for leaving in removed:
+            if leaving.state is not None:
+                pool.remove(leaving.state)
+            nursery.start_soon(self._close_when_idle, leaving, runs, longest_run_s)
+        for node in nodes:
+            current = self.open[node.name]
+            if current.config != node:
+                current.config = node
+                if current.state is not None:
+                    pool.set_max_runs(current.state, node.max_runs)
+
+    def leave(self, removed: list[str]) -> list[OpenNode]:
+        """The nodes named `removed`, out of the open ones and their gauges out of the
+        scrape (before those added under the same names join); they still serve until
+        `apply` takes them out of the pool."""
+        leaving = [self.open.pop(name) for name in removed]
+        for opened in leaving:
+            self.metrics.unwatch_node(opened.config.name)
+            self.leaving.add(opened)  # closed at the end whatever happens meanwhile
+        return leaving
+
+    async def _close_when_idle(self, leaving: OpenNode, runs: Runs, longest_run_s: float) -> None:
+        """A removed node: once its runs are over (or `longest_run_s` passed), its
+        connection closed and its embedded server stopped."""
+        name = leaving.config.name
+        try:
+            if leaving.state is not None:
+                in_flight = leaving.state.in_flight
+                logger.info(
+                    "node {} removed: no new runs; closing it once its {} run(s) finish",
+                    name, in_flight,
+                )  # fmt: skip
+                with trio.move_on_after(longest_run_s + CANCEL_WAIT_S):
+                    await runs.wait_node_idle(leaving.state)
+        finally:
+            self.leaving.discard(leaving)
+            with trio.CancelScope(shield=True):
+                await leaving.stack.aclose()
+            logger.info("node {} closed", name)
+
+    async def aclose(self) -> None:
+        """Every node still open or leaving: connections closed, embedded servers stopped."""
+        nodes = [*self.open.values(), *self.leaving]
+        self.open.clear()
+        self.leaving.clear()
+        with trio.CancelScope(shield=True):
+            async with AsyncExitStack() as every:  # each closed, whatever another raises
+                for opened in nodes:
+                    every.push_async_callback(opened.stack.aclose)
+
+
+def _count_state_rpc(metrics: EdgeMetrics, node: str, rpc: str) -> None:
+    metrics.node_state_rpcs.labels(node, rpc).inc()
