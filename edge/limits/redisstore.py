@@ -1,12 +1,11 @@
 """The counters in Redis: limits that hold across every edge (and worker) using it.
 
-redis-py's asyncio client, awaited through the edge's one trio-asyncio
-bridge (`edge.node.bridge.call_asyncio`), on the asyncio loop the edge
-already hosts for grpclib: no thread per call, one connection pool per
-process, and a trio cancel (the request's deadline, the client leaving)
-cancels the Redis call itself. (The sync client in `trio.to_thread` would
-cost a thread hop per request, and a call past its deadline would go on in
-its thread, abandoned, holding a connection.)
+Redis is reached through `edge.node.redis` (redis-py's asyncio client,
+awaited through the edge's one trio-asyncio bridge): no thread per call, one
+connection pool per process, and a trio cancel (the request's deadline, the
+client leaving) cancels the Redis call itself. (The sync client in
+`trio.to_thread` would cost a thread hop per request, and a call past its
+deadline would go on in its thread, abandoned, holding a connection.)
 
 Each update is one Lua script (EVALSHA, loaded again on NOSCRIPT by
 redis-py's Script), so check and count are atomic across edges; it reads
@@ -22,24 +21,17 @@ died is given back within one lease, not after the longest a request may
 live.
 
 Every call has a deadline (`timeout_s`); a Redis error or a missed deadline
-is `StoreUnavailable`, translated here and only here.
+(`RedisDown`) is `StoreUnavailable`, translated here and only here.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-import redis.asyncio as aioredis
-import trio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-
 from edge.limits.base import StoreUnavailable
 from edge.limits.window import OVER, WINDOW_MS, Decision, Limits
-from edge.node.bridge import call_asyncio
+from edge.node.redis import RedisDown, RedisLink
 
 # Mirrors edge.limits.window.admit; limits of 0 are "no limit".
 _ADMIT = """
@@ -133,29 +125,18 @@ class RedisStore:
 
     def __init__(self, url: str, *, prefix: str, timeout_s: float, lease_ms: int) -> None:
         self._prefix = prefix
-        self._timeout_s = timeout_s
         self._lease_ms = lease_ms
-        # No retries inside redis-py: the deadline is ours, and a retry would hide an outage.
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
-        self._admit = self._redis.register_script(_ADMIT)
-        self._add_tokens = self._redis.register_script(_ADD_TOKENS)
-        self._refund = self._redis.register_script(_REFUND)
-        self._renew = self._redis.register_script(_RENEW)
+        self._link = link = RedisLink(url, timeout_s=timeout_s)
+        self._admit = link.script(_ADMIT)
+        self._add_tokens = link.script(_ADD_TOKENS)
+        self._refund = link.script(_REFUND)
+        self._renew = link.script(_RENEW)
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        with trio.move_on_after(self._timeout_s) as deadline:
-            try:
-                return await call_asyncio(fn, *args, **kwargs)
-            except (RedisError, OSError) as exc:
-                raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
-        assert deadline.cancelled_caught
-        raise StoreUnavailable(f"no answer within {self._timeout_s}s")
+        try:
+            return await self._link.call(fn, *args, **kwargs)
+        except RedisDown as exc:
+            raise StoreUnavailable(str(exc)) from None
 
     async def admit(self, key: str, limits: Limits, lease: str) -> Decision:
         keys = [f"{self._prefix}w:{key}", f"{self._prefix}s:{key}"]
@@ -172,7 +153,7 @@ class RedisStore:
         )  # fmt: skip
 
     async def release(self, key: str, lease: str) -> None:
-        await self._call(self._redis.zrem, f"{self._prefix}s:{key}", lease)
+        await self._call(self._link.client.zrem, f"{self._prefix}s:{key}", lease)
 
     async def refund(self, key: str, lease: str) -> None:
         keys = [f"{self._prefix}w:{key}", f"{self._prefix}s:{key}"]
@@ -212,5 +193,4 @@ class RedisStore:
         pass  # counted by name in Redis: a new key starts empty, one that left is not asked
 
     async def aclose(self) -> None:
-        with trio.move_on_after(self._timeout_s), contextlib.suppress(RedisError, OSError):
-            await call_asyncio(self._redis.aclose)
+        await self._link.aclose()

@@ -1,9 +1,9 @@
 """The response store in Redis: responses shared by every edge (and worker) using it.
 
-As the limits' store (`edge.limits.redisstore`): redis-py's asyncio client, awaited
-through the edge's one trio-asyncio bridge (`edge.node.bridge.call_asyncio`), no
+As the limits' store (`edge.limits.redisstore`), through `edge.node.redis`:
+redis-py's asyncio client awaited through the edge's one trio-asyncio bridge, no
 retries inside redis-py, a deadline on every call (`timeout_s`), and every error
-translated here, once, into `StoreUnavailable`. A record is built in a worker thread
+(`RedisDown`) translated here, once, into `StoreUnavailable`. A record is built in a worker thread
 (its JSON can be megabytes); what crosses to Redis is bytes.
 
 Each operation is one Lua script, atomic across edges, on Redis's own clock (TIME),
@@ -19,18 +19,13 @@ younger than the TTL (`order`'s score). An owner is a key name, which holds no '
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
 import trio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
 from edge.api.responses_state import Resolved, StoredResponse
-from edge.node.bridge import call_asyncio
+from edge.node.redis import RedisDown, RedisLink
 from edge.store.base import Bounds, Record, StoreUnavailable, make_record
 
 # Removes one record (ARGV: its "owner:id"), as a function the other scripts share.
@@ -131,32 +126,22 @@ class RedisStore:
 
     def __init__(self, url: str, bounds: Bounds, *, prefix: str, timeout_s: float) -> None:
         self._bounds = bounds
-        self._timeout_s = timeout_s
         tag = "{" + prefix + "}"  # one hash slot for all six
         self._keys = [tag + name for name in ("resp", "ctx", "items", "meta", "order", "bytes")]
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
-        self._put = self._redis.register_script(_PUT)
-        self._fetch = self._redis.register_script(_FETCH)
-        self._delete = self._redis.register_script(_DELETE)
+        self._link = link = RedisLink(url, timeout_s=timeout_s)
+        self._put = link.script(_PUT)
+        self._fetch = link.script(_FETCH)
+        self._delete = link.script(_DELETE)
 
     @property
     def _ttl_ms(self) -> int:
         return int(self._bounds.ttl_s * 1000)
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        with trio.move_on_after(self._timeout_s) as deadline:
-            try:
-                return await call_asyncio(fn, *args, **kwargs)
-            except (RedisError, OSError) as exc:
-                raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from None
-        assert deadline.cancelled_caught
-        raise StoreUnavailable(f"redis: no answer within {self._timeout_s}s")
+        try:
+            return await self._link.call(fn, *args, **kwargs)
+        except RedisDown as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
 
     async def put(self, owner: str, response: Mapping[str, Any], context: bytes) -> bool:
         record = await trio.to_thread.run_sync(make_record, owner, response, context)
@@ -193,5 +178,4 @@ class RedisStore:
         return bool(await self._call(self._delete, keys=self._keys, args=args))
 
     async def aclose(self) -> None:
-        with trio.move_on_after(self._timeout_s), contextlib.suppress(RedisError, OSError):
-            await call_asyncio(self._redis.aclose)
+        await self._link.aclose()
