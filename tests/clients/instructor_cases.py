@@ -21,8 +21,6 @@ instructions into the system message, and a reask adds messages after it.
 from __future__ import annotations
 
 import json
-import sys
-import traceback
 from collections.abc import Callable
 
 import instructor
@@ -39,6 +37,7 @@ from tests.clients.scripts import (
     script,
     turns,
 )
+from tests.clients.venvcases import main
 
 
 class Weather(BaseModel):
@@ -165,18 +164,5 @@ CASES: dict[str, Callable[[str], None]] = {
 }
 
 
-def main() -> None:
-    base_url = sys.argv[1]
-    results: dict[str, str] = {}
-    for name, case in CASES.items():
-        try:
-            case(base_url)
-        except Exception:  # a failed case is reported, the others still run
-            results[name] = traceback.format_exc()
-        else:
-            results[name] = "ok"
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    main(CASES)

@@ -18,9 +18,6 @@ vLLM's), which is what is tested here.
 
 from __future__ import annotations
 
-import json
-import sys
-import traceback
 from collections.abc import Callable
 
 import openai
@@ -28,6 +25,7 @@ from llama_index.core.llms import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
 
 from tests.clients.scripts import USAGE, say, script
+from tests.clients.venvcases import main
 
 
 def make_llm(base_url: str, model: str = "sim-script") -> OpenAILike:
@@ -71,18 +69,5 @@ CASES: dict[str, Callable[[str], None]] = {
 }
 
 
-def main() -> None:
-    base_url = sys.argv[1]
-    results: dict[str, str] = {}
-    for name, case in CASES.items():
-        try:
-            case(base_url)
-        except Exception:  # a failed case is reported, the others still run
-            results[name] = traceback.format_exc()
-        else:
-            results[name] = "ok"
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    main(CASES)

@@ -7,14 +7,10 @@ process (built by `make setup` / `make test` from
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-INSTRUCTOR_PYTHON = ROOT / ".venv-instructor" / "bin" / "python"
+from tests.clients.venvcases import run_cases
+
 CASES = (
     "tools_mode_with_usage",
     "json_mode",
@@ -23,27 +19,14 @@ CASES = (
     "mid_stream_error_is_raised",
     "unknown_model_is_404",
 )
-CASES_TIMEOUT_S = 120.0
 
 
 @pytest.fixture(scope="module")
 def results(base_url: str) -> dict[str, str]:
-    if not INSTRUCTOR_PYTHON.exists():
-        pytest.fail(f"{INSTRUCTOR_PYTHON.relative_to(ROOT)} is missing: run `make setup`")
-    done = subprocess.run(
-        [str(INSTRUCTOR_PYTHON), "-m", "tests.clients.instructor_cases", base_url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=CASES_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    seen: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
-    assert sorted(seen) == sorted(CASES)
-    return seen
+    return run_cases(".venv-instructor", "tests.clients.instructor_cases", base_url, CASES)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_instructor(results: dict[str, str], case: str) -> None:
+    """Each case of Instructor with the openai release it allows passes."""
     assert results[case] == "ok", results[case]
