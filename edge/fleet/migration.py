@@ -217,6 +217,9 @@ class Mover:
                 node = await self._node(continues=delivered.output)
             if node is None:
                 self._adopt(old)  # the request's outcome: the break's, as before
+                if trio.current_time() >= self.deadline:  # it was the request's deadline
+                    self._refused(old, brk, "expired", delivered.chars)
+                    return False
                 self._count(brk.reason, "failed")
                 logger.bind(
                     request_id=old.info.request_id, run_id=old.info.run_id,

@@ -14,12 +14,13 @@ from collections.abc import Callable
 
 import pytest
 import trio
+import trio.testing
 
 from edge.api.messages_out import messages_usage
 from edge.api.request import ChatRequest, parse_chat_request
 from edge.config import AdmissionConfig, RoutingConfig, TimeoutsConfig
 from edge.contract._proto.iop.node import v1 as pb
-from edge.errors import NodeFailedError, NodeUnavailableError
+from edge.errors import NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.fleet.admission import Admission
 from edge.fleet.continuation import (
     JOIN_PARTS,
@@ -192,7 +193,7 @@ class _Fleet:
         self.requests: list[tuple[str, pb.RunRequest]] = []
 
 
-Played = tuple[list[NodeEvent], NodeFailedError | NodeUnavailableError | None]
+Played = tuple[list[NodeEvent], NodeFailedError | NodeUnavailableError | NodeTimeoutError | None]
 
 
 def _node(name: str, fleet: _Fleet) -> ScriptedClient:
@@ -204,6 +205,9 @@ def _node(name: str, fleet: _Fleet) -> ScriptedClient:
         events, error = fleet.script(message, len(runs))
         runs.append((name, message))
         if isinstance(error, NodeUnavailableError):  # nothing starts: the node is gone
+            raise error
+        if isinstance(error, NodeTimeoutError):  # no accept before the request's deadline
+            await trio.sleep(TIMEOUTS.total_s)
             raise error
         handle = RunHandle(request.run_id, name, EventBuffer(max_events=64, max_chars=1 << 20))
         for event in events:
@@ -420,6 +424,27 @@ async def test_a_continuation_that_does_not_start_tries_another_node() -> None:
     assert len({node for node, _ in fleet.requests}) == 3
     assert committed.run.info.node == fleet.requests[2][0]
     assert _migrations(metrics, "stream_broken", "migrated") == 1
+    assert _migrations(metrics, "stream_broken", "failed") == 0
+
+
+async def test_a_continuation_the_deadline_stopped_is_counted_expired(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The continuation's node accepted nothing before the request's total deadline: the
+    answer ends with an error frame (the text so far, once), counted as expired (the
+    request's deadline), not as a failed move."""
+
+    def never_accepted(request: pb.RunRequest, run: int) -> Played:
+        if run == 0:
+            return [Delta(p) for p in ANSWER[:3]], BROKEN
+        return [], NodeTimeoutError("node did not accept the run before its deadline")
+
+    fleet = _Fleet(never_accepted)
+    out, _, metrics, _ = await _answer(fleet, continuation=(True, True, True))
+    assert _text(out) == "".join(ANSWER[:3])
+    (terminal,) = _terminals(out)
+    assert isinstance(terminal, ErrorOut)
+    assert _migrations(metrics, "stream_broken", "expired") == 1
     assert _migrations(metrics, "stream_broken", "failed") == 0
 
 
