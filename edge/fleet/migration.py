@@ -24,12 +24,12 @@ before the commit point); a non-streaming answer once any output came: it
 continues rather than restarts (the work done is kept; the text is the
 model's own either way), and falls back on failover's restart when it cannot
 move. An answer whose head went out with a keep-alive before any output (its
-commit point) and whose run then broke has nothing to continue: it starts
-again on another node (any node serving the model, continuation or not),
-counted as a migration. A continuation that does not start (its node
-unreachable, no accept in time, a failed start: the node may have died since
-the pool last heard of it) is tried on another node not tried yet, within the
-same migration and deadline.
+commit point) and whose stream then broke (its node gone, its stream reset;
+not an error event, which is the node's answer) has nothing to continue: it
+starts again on another node (any node serving the model, continuation or
+not), counted as a migration. A continuation whose node is unreachable (it
+may have died since the pool last heard of it) is tried on another node not
+tried yet, within the same migration and deadline.
 
 The broken run ends as broken runs do (its outcome `stream_broken` or
 `error_event`, its slot back, its verdict to its breaker by the same rule:
@@ -64,7 +64,7 @@ from loguru import logger
 from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.contract.routes import MAX_MESSAGE_BYTES
-from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
+from edge.errors import EdgeError, NodeUnavailableError
 from edge.fleet.cacheaware import Route
 from edge.fleet.continuation import Break, Delivered, why_not
 from edge.fleet.nodestate import NodeState
@@ -104,10 +104,6 @@ class MigrationScope(Protocol):
 
     def migrated(self, run: Run, node: str, reason: str, chars: int) -> None:
         """`run`'s answer moves to `node` (`chars` characters delivered): the trace."""
-
-
-# A continuation that did not start (nothing ran on its node) may start on another.
-START_FAILED = (NodeUnavailableError, NodeTimeoutError, NodeFailedError)
 
 
 @dataclass(slots=True, eq=False)
@@ -209,11 +205,12 @@ class Mover:
                 break
             except EdgeError as exc:
                 failed = exc
-            # Nothing started there (unreachable, no accept in time, a failed start: the
-            # node may have died since the pool last heard of it): another node may take
-            # the continuation, as failover restarts a run before its first byte.
+            # Nothing reached that node (unreachable: it may have died since the pool last
+            # heard of it): another node may take the continuation. (A node that got the
+            # run and did not accept it in time holds it until its CancelRun: the answer
+            # ends there, as a run is never live on two nodes.)
             node = None
-            if isinstance(failed, START_FAILED) and not session.terminated:
+            if isinstance(failed, NodeUnavailableError) and not session.terminated:
                 node = await self._node(continues=delivered.output)
             if node is None:
                 self._adopt(old)  # the request's outcome: the break's, as before

@@ -516,16 +516,15 @@ class Run:
         return session.drain()
 
     def _tap(self, event: NodeEvent) -> bool:
-        """`session.feed`, the answer so far kept in `delivered`; a break after output or
-        after the head went out (the node's error or cancelled event) is kept in `broke`
-        instead of fed."""
+        """`session.feed`, the answer so far kept in `delivered`; a break after output (the
+        node's error or cancelled event) is kept in `broke` instead of fed."""
         delivered = self.delivered
         assert delivered is not None
         kind = type(event)
         if kind is Failed:
             assert isinstance(event, Failed)
             reason = failed_break(event)
-            if reason is not None and (delivered.output or self.head_sent):
+            if reason is not None and delivered.output:
                 delivered.broke(event)
                 self.broke = Break(reason, event)
                 return True
@@ -538,8 +537,8 @@ class Run:
 
     def _run_ended(self) -> None:
         """The run's events closed before the session's terminal: say why, from the cause.
-        A run whose answer may move, broken after output or after its head went out (no
-        cause: the edge did not end it), keeps its break in `broke` instead."""
+        A run whose answer may move, whose stream broke after output or after its head
+        went out (no cause: the edge did not end it), keeps its break in `broke` instead."""
         handle = self.handle
         assert handle is not None
         delivered = self.delivered

@@ -202,7 +202,7 @@ async def test_a_stream_whose_node_died_before_output_but_after_a_keepalive_comp
     nothing was said yet, so the run starts again on the other node (no continuation
     needed: b does not say it can continue) and the stream completes whole, once."""
     slow = script(
-        {"sleep_ms": 800}, *[{"type": "delta", "delta": f"w{i} "} for i in range(PIECES)],
+        {"sleep_ms": 1500}, *[{"type": "delta", "delta": f"w{i} "} for i in range(PIECES)],
         {"type": "complete", "usage": {"input_tokens": 9, "output_tokens": PIECES}},
     )  # fmt: skip
     with _sims(tmp_path, (), ("--no-continuation",)) as (a, b):
