@@ -214,14 +214,13 @@ class Mover:
                 node = await self._node(continues=delivered.output)
             if node is None:
                 self._adopt(old)  # the request's outcome: the break's, as before
-                if trio.current_time() >= self.deadline:  # it was the request's deadline
-                    self._refused(old, brk, "expired", delivered.chars)
-                    return False
-                self._count(brk.reason, "failed")
+                # Stopped by the request's deadline (no accept before it), or a failure.
+                outcome = "expired" if trio.current_time() >= self.deadline else "failed"
+                self._count(brk.reason, outcome)
                 logger.bind(
                     request_id=old.info.request_id, run_id=old.info.run_id,
                     from_node=old.info.node, to_node=new.info.node, reason=brk.reason,
-                    delivered_chars=delivered.chars,
+                    delivered_chars=delivered.chars, outcome=outcome,
                 ).warning("run {} broke on node {} after {} characters ({}); its continuation"
                           " did not start on node {}: {}", old.info.run_id, old.info.node,
                           delivered.chars, brk.reason, new.info.node, failed.type)  # fmt: skip
