@@ -27,9 +27,10 @@ move. An answer whose head went out with a keep-alive before any output (its
 commit point) and whose stream then broke (its node gone, its stream reset;
 not an error event, which is the node's answer) has nothing to continue: it
 starts again on another node (any node serving the model, continuation or
-not), counted as a migration. A continuation whose node is unreachable (it
-may have died since the pool last heard of it) is tried on another node not
-tried yet, within the same migration and deadline.
+not), counted as a migration. A continuation whose start failed with
+nothing running (its node unreachable, or its call ended before the node
+accepted: it may have died since the pool last heard of it) is tried on
+another node not tried yet, within the same migration and deadline.
 
 The broken run ends as broken runs do (its outcome `stream_broken` or
 `error_event`, its slot back, its verdict to its breaker by the same rule:
@@ -64,7 +65,7 @@ from loguru import logger
 from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.contract.routes import MAX_MESSAGE_BYTES
-from edge.errors import EdgeError, NodeUnavailableError
+from edge.errors import EdgeError, NodeFailedError, NodeUnavailableError
 from edge.fleet.cacheaware import Route
 from edge.fleet.continuation import Break, Delivered, why_not
 from edge.fleet.nodestate import NodeState
@@ -205,12 +206,14 @@ class Mover:
                 break
             except EdgeError as exc:
                 failed = exc
-            # Nothing reached that node (unreachable: it may have died since the pool last
-            # heard of it): another node may take the continuation. (A node that got the
-            # run and did not accept it in time holds it until its CancelRun: the answer
-            # ends there, as a run is never live on two nodes.)
+            # Its start failed and nothing runs there (the node unreachable, or its call
+            # ended before it accepted: it may have died since the pool last heard of it):
+            # another node may take the continuation. (A node that did not accept in time
+            # may still hold the run until its CancelRun: the answer ends there, as a run
+            # is never live on two nodes.)
             node = None
-            if isinstance(failed, NodeUnavailableError) and not session.terminated:
+            nothing_runs = isinstance(failed, (NodeUnavailableError, NodeFailedError))
+            if nothing_runs and not session.terminated:
                 node = await self._node(continues=delivered.output)
             if node is None:
                 self._adopt(old)  # the request's outcome: the break's, as before

@@ -97,6 +97,8 @@ class Joined:
     retries: list[tuple[str, str]] = field(default_factory=list)
     # The edge's lines for each run of this request that broke after output.
     breaks: list[Break] = field(default_factory=list)
+    # Nodes a continuation's start failed on (nothing ran there), before the next took it.
+    restarts: list[str] = field(default_factory=list)
     cancels: int = 0
     affected: bool = False
     # The error type when the node did not accept the run (the edge answered 502/503).
@@ -121,6 +123,7 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
     cancel_lost: set[str] = set()  # runs whose CancelRun failed
     retries: dict[str, list[tuple[str, str]]] = defaultdict(list)
     breaks: dict[str, list[Break]] = defaultdict(list)
+    restarts: dict[str, list[str]] = defaultdict(list)  # continuations tried elsewhere
     for rec in obs.edge_records:
         msg, rid = str(rec.get("msg", "")), str(rec.get("request_id", ""))
         if brk := _break(rec, msg):
@@ -129,6 +132,9 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
             completions[rid].append(rec)
         elif msg.startswith("run ") and " before any output" in msg and "retry" in rec:
             retries[rid].append((str(rec.get("node")), str(rec.get("reason"))))
+        elif msg.startswith("the continuation of run ") and " did not start on node " in msg:
+            # Its start failed with nothing running there; the next node takes it.
+            restarts[rid].append(str(rec.get("from_node")))
         elif msg.startswith("run ") and " did not start on node " in msg:
             not_started[rid] = rec
         elif lost := _cancel_lost_runs(msg):
@@ -157,6 +163,7 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
             j.run_id = result.run_id
         j.retries = retries.get(result.request_id, [])
         j.breaks = breaks.get(result.request_id, [])
+        j.restarts = restarts.get(result.request_id, [])
         if j.run_id is not None:
             j.attempts = lines.get(j.run_id, [])
             # With failover, one run id may have a line on each node an attempt reached:
@@ -184,6 +191,7 @@ def nodes_tried(j: Joined) -> set[str]:
     """The nodes this request's attempts ran on, as the edge logged them (an answer that
     moved ran on the node it broke on, and on the node it moved to)."""
     moved = {b.from_node for b in j.breaks} | {b.to_node for b in j.breaks if b.to_node}
+    moved |= set(j.restarts)
     return {node for node, _ in j.retries} | moved | ({j.node} if j.node is not None else set())
 
 
@@ -195,7 +203,7 @@ def migrations(j: Joined) -> int:
 def moves(j: Joined) -> int:
     """How many continuations of this request's answer the edge started on another node
     (one that did not start may still have reached its node)."""
-    return sum(1 for b in j.breaks if b.to_node is not None)
+    return sum(1 for b in j.breaks if b.to_node is not None) + len(j.restarts)
 
 
 def kill_after_first_byte(
