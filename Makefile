@@ -82,8 +82,11 @@ run: $(STAMP)
 sim: $(STAMP)
 	$(BIN)/iop-sim-node --listen 127.0.0.1:50051
 
+# Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on real
+# processes and sockets, so two keep two cores busy. TEST_ARGS="-n 0" runs them in one.
+TEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP)
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q tests
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q $(TEST_ARGS) tests
 
 # The JavaScript clients (pinned in tests/clients/js, installed there by npm ci) against a
 # real edge and sim node; the Python clients run in `make test` (tests/clients).
