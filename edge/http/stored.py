@@ -29,10 +29,10 @@ from loguru import logger
 
 from edge.api.responses_state import References, Resolved, input_items_page, response_not_found
 from edge.api.surfaces import Api
-from edge.errors import StoreUnavailableError
+from edge.errors import PayloadTooLargeError, StoreUnavailableError
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
-from edge.store.base import ResponseStore, StoreUnavailable
+from edge.store.base import ResponseStore, StoreUnavailable, TooMuchReferenced
 
 # The longest a save holds the end of its answer (the store's own deadlines are shorter).
 SAVE_DEADLINE_S: Final = 10.0
@@ -73,6 +73,14 @@ class ResponseStates:
             return await self.store.fetch(owner, refs.previous, refs.items)
         except StoreUnavailable as exc:
             raise self._unavailable("read", exc) from None
+        except TooMuchReferenced as exc:
+            raise PayloadTooLargeError(
+                "The stored response and items this request refers to come to more than "
+                f"{exc.limit} bytes ([responses] max_response_bytes):"
+                " send the conversation's items in 'input' instead.",
+                param="input",
+                code="references_too_large",
+            ) from None
 
     async def save(self, owner: str, context: bytes, response: Mapping[str, Any]) -> None:
         """Store `response` (given `context`) if it ended completed or incomplete; never

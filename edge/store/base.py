@@ -32,6 +32,15 @@ class StoreUnavailable(Exception):
     """The store failed (a full disk, Redis gone) or did not answer in time."""
 
 
+class TooMuchReferenced(Exception):
+    """What a request refers to comes to more than `max_response_bytes` (`limit`): a
+    conversation that large could not be stored again either (the fetch stops there)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
 @dataclass(frozen=True, slots=True)
 class Bounds:
     """What a store holds at most (`[responses]`)."""
@@ -82,7 +91,11 @@ class ResponseStore(Protocol):
 
     async def fetch(self, owner: str, response_id: str | None, items: Sequence[str]) -> Resolved:
         """What `owner` has stored of `response_id` and `items` (a missing or expired one
-        is left out)."""
+        is left out).
+
+        Raises:
+            TooMuchReferenced: it comes to more than `max_response_bytes` (no more is read).
+        """
         ...
 
     async def delete(self, owner: str, response_id: str) -> bool:

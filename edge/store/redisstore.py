@@ -26,7 +26,7 @@ import trio
 
 from edge.api.responses_state import Resolved, StoredResponse
 from edge.node.redis import RedisDown, RedisLink
-from edge.store.base import Bounds, Record, StoreUnavailable, make_record
+from edge.store.base import Bounds, Record, StoreUnavailable, TooMuchReferenced, make_record
 
 # Removes one record (ARGV: its "owner:id"), as a function the other scripts share.
 _DROP = """
@@ -80,8 +80,8 @@ return 1
 """
 )
 
-# ARGV: ttl ms, "owner:id" (or ""), then item fields. Returns {response, context, items...},
-# false for each one missing or expired.
+# ARGV: ttl ms, "owner:id" (or ""), max bytes, then item fields. Returns {response, context,
+# items...}, false for each one missing or expired; -1 (no more read) past the max bytes.
 _FETCH = (
     _DROP
     + """
@@ -90,20 +90,25 @@ local function alive(k)
   local at = redis.call('ZSCORE', KEYS[5], k)
   return at and tonumber(at) > now - ttl
 end
+local room = tonumber(ARGV[3])
 local out = {false, false}
 if ARGV[2] ~= '' and alive(ARGV[2]) then
   out[1] = redis.call('HGET', KEYS[1], ARGV[2])
   out[2] = redis.call('HGET', KEYS[2], ARGV[2])
+  if out[1] and out[2] then room = room - #out[1] - #out[2] end
 end
-for i = 3, #ARGV do
+for i = 4, #ARGV do
+  if room < 0 then return -1 end
   local value = redis.call('HGET', KEYS[3], ARGV[i])
   local cut = value and string.find(value, '\\n', 1, true)
   if cut and alive(string.sub(value, 1, cut - 1)) then
     out[#out + 1] = string.sub(value, cut + 1)
+    room = room - (#value - cut)
   else
     out[#out + 1] = false
   end
 end
+if room < 0 then return -1 end
 return out
 """
 )
@@ -164,8 +169,11 @@ class RedisStore:
 
     async def fetch(self, owner: str, response_id: str | None, items: Sequence[str]) -> Resolved:
         k = "" if response_id is None else f"{owner}:{response_id}"
-        args = [self._ttl_ms, k, *(f"{owner}:{item_id}" for item_id in items)]
+        room = self._bounds.max_response_bytes
+        args = [self._ttl_ms, k, room, *(f"{owner}:{item_id}" for item_id in items)]
         out = await self._call(self._fetch, keys=self._keys, args=args)
+        if out == -1:
+            raise TooMuchReferenced(self._bounds.max_response_bytes)
         response, context, *bodies = out
         previous = None
         if isinstance(response, bytes) and isinstance(context, bytes):

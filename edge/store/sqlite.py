@@ -28,7 +28,7 @@ from typing import Any, Final, TypeVar
 import trio
 
 from edge.api.responses_state import Resolved, StoredResponse
-from edge.store.base import Bounds, StoreUnavailable, make_record
+from edge.store.base import Bounds, StoreUnavailable, TooMuchReferenced, make_record
 
 _T = TypeVar("_T")
 SCHEMA_VERSION: Final = 1
@@ -205,6 +205,7 @@ class SqliteStore:
         now = self._clock()
         previous: StoredResponse | None = None
         found: dict[str, bytes] = {}
+        room = self._bounds.max_response_bytes
         with _transaction(conn):  # one snapshot for every read
             if response_id is not None:
                 row = conn.execute(
@@ -214,7 +215,10 @@ class SqliteStore:
                 ).fetchone()
                 if row is not None:
                     previous = StoredResponse(bytes(row[0]), bytes(row[1]))
+                    room -= len(previous.response) + len(previous.context)
             for start in range(0, len(ids), _IDS_PER_QUERY):
+                if room < 0:
+                    break
                 chunk = ids[start : start + _IDS_PER_QUERY]
                 marks = ", ".join("?" * len(chunk))
                 rows = conn.execute(
@@ -223,7 +227,13 @@ class SqliteStore:
                     f" AND items.id IN ({marks}) AND responses.expires_at > ?",
                     (owner, *chunk, now),
                 )
-                found.update((item_id, bytes(body)) for item_id, body in rows)
+                for item_id, body in rows:
+                    room -= len(body)
+                    if room < 0:
+                        break
+                    found[item_id] = bytes(body)
+        if room < 0:
+            raise TooMuchReferenced(self._bounds.max_response_bytes)
         return Resolved(previous, found)
 
     def totals(self) -> tuple[int, int]:

@@ -295,6 +295,7 @@ async def _edges_on_redis(
         f'[server]\nlisten = "127.0.0.1:0"\nkeepalive_s = 0\n'
         f'[[nodes]]\nname = "sim"\naddress = "{sim.address}"\n'
         f'[responses]\nstore = "redis"\nredis_url = "{redis.url}"\nredis_timeout_s = 1\n'
+        "max_response_bytes = 8192\n"
     )
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(edge_process(tmp_path, toml, name="edge-a"))
@@ -306,9 +307,20 @@ async def test_two_edges_share_responses_through_redis(
     tmp_path: Path, sim: SimProcess, redis_server: RedisServer
 ) -> None:
     """Two edges on one real Redis: a response stored through one is continued, read and
-    deleted through the other. Redis gone: a new response is still answered (its write
-    failing is counted), and a continuation is a 503 saying to resend the items."""
+    deleted through the other. References past `max_response_bytes` are a 413 naming
+    the bound. Redis gone: a new response is still answered (its write failing is
+    counted), and a continuation is a 503 saying to resend the items."""
     async with _edges_on_redis(tmp_path, sim, redis_server) as (a, b):
+        long = [await _call(a.url, lambda c, n=n: c.responses.create(
+            model="sim-echo", input=str(n) * 2000)) for n in range(4)]  # fmt: skip
+        async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+            body = {"model": "sim-echo", "previous_response_id": long[3].id,
+                    "input": [{"type": "item_reference", "id": r.output[0].id}
+                              for r in long[:3]]}  # fmt: skip
+            over = await http.post(RESPONSES, json=body)
+        assert over.status_code == 413, over.text
+        assert over.json()["error"]["code"] == "references_too_large"
+        assert "8192 bytes" in over.json()["error"]["message"]
         r1 = await _call(a.url, lambda c: c.responses.create(model="sim-script", input=TURNS))
         r2 = await _call(b.url, lambda c: c.responses.create(
             model="sim-script", input="go on", previous_response_id=r1.id))  # fmt: skip

@@ -27,7 +27,7 @@ from edge.api.responses_state import (
 )
 from edge.config import ConfigError, parse_config
 from edge.errors import NotFoundError, RequestError
-from edge.store.base import Bounds
+from edge.store.base import Bounds, TooMuchReferenced
 from edge.store.sqlite import SqliteStore
 
 STORED_CONTEXT = [{"type": "message", "role": "user",
@@ -191,6 +191,26 @@ async def test_sqlite_store_bounds_and_expiry(tmp_path: Path) -> None:
         assert store.totals()[0] == 1  # the expired ones went with that write
         assert await store.delete("b", "resp_10")
         assert store.totals() == (0, 0)
+    finally:
+        await store.aclose()
+
+
+async def test_what_a_request_refers_to_is_read_up_to_the_per_response_bound(
+    tmp_path: Path,
+) -> None:
+    """References that come to more than `max_response_bytes` (a conversation that large
+    could not be stored again) stop the read with TooMuchReferenced, whatever mix of a
+    previous response and items makes them up; under it, all are read."""
+    bounds = Bounds(max_responses=100, max_bytes=1 << 20, max_response_bytes=2048, ttl_s=60)
+    store = await SqliteStore.open(tmp_path / "r.sqlite3", bounds)
+    try:
+        for n in range(6):
+            assert await store.put("a", _response(n, "z" * 700), b"[]")
+        assert len((await store.fetch("a", None, ["msg_0", "msg_1"])).items) == 2
+        with pytest.raises(TooMuchReferenced):
+            await store.fetch("a", None, [f"msg_{n}" for n in range(6)])
+        with pytest.raises(TooMuchReferenced):
+            await store.fetch("a", "resp_5", ["msg_0", "msg_1"])
     finally:
         await store.aclose()
 
