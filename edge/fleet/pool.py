@@ -1,20 +1,13 @@
 """The nodes an edge routes to: their models, health, slots, and the pick of one per run.
 (One node's state is `edge.fleet.nodestate.NodeState`.)
 
-The pool learns each node's models, max_runs and load from its Watch stream:
-one task per node (`_watch`) holds one subscription, each report is what a
-Describe answer was plus the node's load (`edge.fleet.load`). A broken
-stream, or one silent past its bound, makes the node suspect at once (as a
-failed Describe); it is subscribed to again on the probes' schedule
-(PROBE_FIRST_S, doubling: `edge.fleet.health`). A node that answers Watch
-UNIMPLEMENTED (older than that RPC) is asked with Describe instead, by the
-background task (`run_refresh`): healthy nodes every refresh interval, down
-or suspect ones soon and with backoff; Watch is tried again when such a node
-comes back up from down (it may have been upgraded). The same task half-opens
-the breakers on time. Nothing of it runs per request: `pick` only reads the
-states, and the run side reports each run's verdict (`run_succeeded`,
-`run_failed`) and refusals (`mark_down`, which also ends a watched node's
-subscription: it is subscribed to again as a down node is probed).
+What each node serves and how it is (models, max_runs, load, health) is kept
+by the feed (`edge.fleet.feed`: each node's Watch stream, or its Describe
+answers, in one background task). Nothing of it runs per request: `pick`
+only reads the states, and the run side reports each run's verdict
+(`run_succeeded`, `run_failed`) and refusals (`mark_down`, which also ends a
+watched node's subscription: it is subscribed to again as a down node is
+probed).
 
 `pick` chooses a node for a new run: one serving the model, healthy (up,
 its breaker closed or half-open with the probe run free), not excluded
@@ -41,7 +34,6 @@ none is left to try.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from array import array
 from collections.abc import Callable, Collection, Mapping
@@ -55,18 +47,17 @@ from edge.contract.prefix import BLOCK_TOKENS
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
 from edge.fleet import affinity, cacheaware, load
 from edge.fleet.cacheaware import Candidate, Route
+from edge.fleet.feed import NodeFeed
 from edge.fleet.health import (
-    SILENCE_HEARTBEATS,
-    SILENCE_MIN_S,
     STATE_VALUES,
     HealthPolicy,
     NodeHealth,
     NodeStateName,
 )
 from edge.fleet.load import NodeLoad
-from edge.fleet.nodestate import NodeState, kv_events, max_runs_of
-from edge.node.client import NodeClient, NodeDescription, WatchUnsupported
-from edge.observe.logbound import clip, clip_join
+from edge.fleet.nodestate import NodeState, max_runs_of
+from edge.node.client import NodeClient
+from edge.observe.logbound import clip
 from edge.stream.events import Usage
 
 REFRESH_INTERVAL_S = 5.0
@@ -120,7 +111,7 @@ class NodePool:
         # Hears each cache-aware pick: (outcome, node, predicted cached tokens).
         self.on_routed: Callable[[cacheaware.Outcome, str, int], None] | None = None
         self._clock = clock
-        self._changed = trio.Event()
+        self.feed = NodeFeed(self, clock)
 
     def _set_routing(self, routing: RoutingConfig) -> None:
         """The policy and its knobs, the breaker's numbers and the Watch heartbeat."""
@@ -154,7 +145,7 @@ class NodePool:
             state.health.policy = self.policy
             if self.cache_aware and not state.cache.exact and state.cache.capacity == 1:
                 state.cache.resize(self.cache_blocks)
-        self._wake()
+        self.feed.wake()
 
     def add(self, client: NodeClient, max_runs: int | None = None) -> NodeState:
         """A node that joined the configuration. It takes no run before it answered: until
@@ -163,7 +154,7 @@ class NodePool:
         to)."""
         state = self._state(client, max_runs)
         self.nodes = [*self.nodes, state]
-        self._wake()
+        self.feed.wake()
         return state
 
     def set_max_runs(self, state: NodeState, max_runs: int | None) -> None:
@@ -173,7 +164,7 @@ class NodePool:
         old = state.max_runs
         state.max_runs = max_runs_of(max_runs, state.description)
         if state.max_runs > old:
-            self._available()
+            self.available()
 
     def remove(self, state: NodeState) -> None:
         """A node that left the configuration: no new run from now on (not even a queued
@@ -183,189 +174,19 @@ class NodePool:
         state.retired = True
         if state.watch_scope is not None:
             state.watch_scope.cancel()
-        self._wake()
+        self.feed.wake()
 
-    # --- the background task ------------------------------------------------------------
+    # --- what the nodes report (edge.fleet.feed) ------------------------------------------
 
     async def refresh(self) -> None:
         """Ask every node for its models, concurrently (at startup, and in tests)."""
-        async with trio.open_nursery() as nursery:
-            for state in self.nodes:
-                nursery.start_soon(self._refresh_one, state)
+        await self.feed.refresh()
 
     async def run_refresh(self, interval: float | None = None) -> None:
-        """Keep every node's health, forever (in the daemon's nursery).
+        """Keep every node's health, forever (in the daemon's nursery): `NodeFeed`."""
+        await self.feed.run_refresh(interval)
 
-        Each node gets its watch task (`_watch`), or, polled, is asked when
-        its health says (at most one Describe each at a time, so a node that
-        takes its whole Describe timeout holds up no other); in between the
-        task sleeps until the next thing due, or until a run's verdict, a
-        refusal or a watch task changed a schedule.
-        """
-        if interval is not None and interval != self.policy.refresh_s:
-            self.policy = replace(self.policy, refresh_s=interval)
-            for state in self.nodes:
-                state.health.policy = self.policy
-        async with trio.open_nursery() as nursery:
-            while True:
-                self._changed = trio.Event()
-                now = self._clock()
-                wake = math.inf
-                for state in self.nodes:
-                    health = state.health
-                    if health.advance(now):
-                        logger.info(
-                            "node {}: circuit half-open, one probe run may start", state.client.name
-                        )
-                        self._available()
-                    if not state.polled:
-                        if not state.watching:
-                            state.watching = True
-                            nursery.start_soon(self._watch, state)
-                        # Its watch task keeps its schedule: here only its breaker's.
-                        wake = min(wake, health.wake_at(describing=True))
-                        continue
-                    if not state.describing and health.next_check <= now:
-                        state.describing = True
-                        nursery.start_soon(self._refresh_one, state)
-                    wake = min(wake, health.wake_at(describing=state.describing))
-                with trio.move_on_at(wake):
-                    await self._changed.wait()
-
-    def _wake(self) -> None:
-        """Something changed a node's schedule: the background task, and the watch
-        tasks waiting for their next subscription, look again."""
-        self._changed.set()
-        for state in self.nodes:
-            state.kick.set()
-
-    # --- Watch ----------------------------------------------------------------------------
-
-    async def _watch(self, state: NodeState) -> None:
-        """Keep `state` from its Watch stream while the node has one (the watch task).
-
-        Subscribes at once, then again after each end of the stream, when its
-        health says (`next_check`: the probes' backoff). Returns when the node
-        answers UNIMPLEMENTED, after asking it with Describe: from then on the
-        background task polls it.
-        """
-        health = state.health
-        try:
-            first = True
-            while not state.retired:
-                if not first:
-                    await self._next_subscription(state)
-                    if state.retired:
-                        return
-                first = False
-                try:
-                    with trio.CancelScope() as scope:
-                        state.watch_scope = scope
-                        reason = await self._subscription(state)
-                    if scope.cancelled_caught:
-                        continue  # a refused run ended it: the node is down, probed as such
-                except WatchUnsupported as exc:
-                    logger.info(
-                        "node {} is asked with Describe every {:g}s: {}",
-                        state.client.name, self.policy.refresh_s, clip(str(exc)),
-                    )  # fmt: skip
-                    await self._refresh_one(state)
-                    state.polled = True
-                    return
-                except Exception as exc:  # EdgeError, or a bug: never kill the pool
-                    reason = str(exc) or type(exc).__name__
-                finally:
-                    state.watch_scope = None
-                    state.load = None
-                state.probed.set()
-                if health.watch_failed(self._clock(), reason):
-                    logger.warning("node {} is down: {}", state.client.name, clip(reason))
-        finally:
-            state.watching = False
-            self._wake()
-
-    async def _subscription(self, state: NodeState) -> str:
-        """One subscription, report after report, until it fails (it raises) or a report
-        is overdue (returns why)."""
-        health = state.health
-        health.subscribed(self._clock(), self.watch_heartbeat_s)
-        reports = state.client.watch(self.watch_heartbeat_s)
-        async with contextlib.aclosing(reports):
-            while True:
-                with trio.move_on_at(health.silent_at):
-                    description = await anext(reports)
-                    scope = state.watch_scope
-                    if scope is None or not scope.cancel_called:  # not after a refusal
-                        self._reported(state, description)
-                    continue
-                return (
-                    f"no Watch report within its silence bound ({SILENCE_HEARTBEATS} heartbeats,"
-                    f" at least {SILENCE_MIN_S:g}s)"
-                )
-
-    async def _next_subscription(self, state: NodeState) -> None:
-        """Wait until the node's next check is due (`next_check`, read again whenever the
-        pool's schedules change: a run on the node that succeeded brings it forward)."""
-        while self._clock() < state.health.next_check and not state.retired:
-            state.kick = trio.Event()
-            with trio.move_on_at(state.health.next_check):
-                await state.kick.wait()
-
-    def _reported(self, state: NodeState, description: NodeDescription) -> None:
-        """A Watch report: the node's models and load; this process's runs on it are
-        counted from here (the node's numbers now include those it had)."""
-        heartbeat_s = (description.heartbeat_ms or self.watch_heartbeat_s * 1000) / 1000
-        came_up = state.health.reported(self._clock(), heartbeat_s)
-        self._learned(state, description, came_up)
-        state.load = NodeLoad.of(description)
-        state.at_report = state.in_flight
-        if self.cache_aware:
-            kv_events(state.cache, description)
-
-    async def _refresh_one(self, state: NodeState) -> None:
-        state.describing = True
-        try:
-            description = await state.client.describe()
-        except Exception as exc:  # EdgeError, TooSlowError, or a bug: never kill the pool
-            reason = str(exc) or type(exc).__name__
-            state.probed.set()
-            if state.health.describe_failed(self._clock(), reason):
-                logger.warning("node {} is down: {}", state.client.name, clip(reason))
-            return
-        else:
-            self._described(state, description)
-        finally:
-            state.describing = False
-            self._wake()
-
-    def _described(self, state: NodeState, description: NodeDescription) -> None:
-        came_up = state.health.describe_ok(self._clock())
-        if came_up:
-            state.polled = False  # back from down: Watch is tried again
-        self._learned(state, description, came_up)
-
-    def _learned(self, state: NodeState, description: NodeDescription, came_up: bool) -> None:
-        state.probed.set()
-        if came_up:
-            logger.info(
-                "node {} is up, models: {}", state.client.name, clip_join(description.models)
-            )
-        old_cap, old_models = state.max_runs, state.models
-        state.models = description.models
-        state.logprobs_models = description.logprobs_models
-        state.continuation_models = description.continuation_models
-        state.description = description
-        state.max_runs = max_runs_of(state.configured_max_runs, description)
-        if self.cache_aware:
-            tokens = description.kv_cache_tokens
-            if tokens:
-                state.cache.resize(tokens // BLOCK_TOKENS)
-            elif not state.cache.exact:
-                state.cache.resize(self.cache_blocks)
-        if came_up or state.max_runs > old_cap or set(state.models) - set(old_models):
-            self._available()
-
-    def _available(self) -> None:
+    def available(self) -> None:
         if self.on_available is not None:
             self.on_available()
 
@@ -378,14 +199,14 @@ class NodePool:
             logger.warning("node {} is down: {}", state.client.name, clip(reason))
             if state.watch_scope is not None:
                 state.watch_scope.cancel()
-        self._wake()
+        self.feed.wake()
 
     def run_succeeded(self, state: NodeState) -> None:
         """A run on `state` got its first event, or completed."""
         if state.health.run_succeeded(self._clock()):
             logger.info("node {} takes runs again (a run succeeded)", state.client.name)
-            self._available()
-            self._wake()
+            self.available()
+            self.feed.wake()
 
     def run_failed(self, state: NodeState, reason: str, *, started_at: float | None = None) -> None:
         """A run on `state` could not start, broke, or failed before any output.
@@ -405,7 +226,7 @@ class NodePool:
                 " no new runs for {:g}s",
                 state.client.name, state.health.run_failures, clip(reason), self.policy.cooldown_s,
             )  # fmt: skip
-            self._wake()
+            self.feed.wake()
 
     def run_usage(self, state: NodeState, blocks: array[int], predicted: int, usage: Usage) -> None:
         """A run of `blocks` on `state`, for which the pick predicted `predicted` cached
@@ -418,8 +239,8 @@ class NodePool:
         """A run on `state` that the node refused (4xx: the request's fault) or was too
         busy for (429): nothing for the breaker; a half-open probe is free again."""
         if state.health.run_refused(self._clock()):
-            self._available()
-            self._wake()
+            self.available()
+            self.feed.wake()
 
     # --- picking a node ----------------------------------------------------------------
 

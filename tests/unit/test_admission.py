@@ -33,7 +33,7 @@ class _Client:
 def _pool(*nodes: tuple[str, tuple[str, ...], float]) -> NodePool:
     pool = NodePool([_Client(name) for name, _, _ in nodes])  # type: ignore[list-item]
     for state, (name, models, max_runs) in zip(pool.nodes, nodes, strict=True):
-        pool._described(state, NodeDescription(name, models))
+        pool.feed.described(state, NodeDescription(name, models))
         state.max_runs = max_runs
     return pool
 

@@ -56,7 +56,7 @@ def kv_report(
     active: int = 0,
 ) -> None:
     """A Watch report carrying KV block events, as the watch task hands it to the pool."""
-    pool._reported(
+    pool.feed.reported(
         state,
         NodeDescription(
             state.client.name, MODELS, active_runs=active, heartbeat_ms=2000, seq=seq,

@@ -141,7 +141,7 @@ _CASES: dict[str, tuple[tuple[Start, ...], type[PreparedRunRequest], type[ChatSc
 def _pool(starts: tuple[Start, ...], clock: Callable[[], float] = trio.current_time) -> NodePool:
     pool = NodePool([ScriptedClient(f"n{i}", start) for i, start in enumerate(starts)], clock=clock)
     for state in pool.nodes:
-        pool._described(state, NodeDescription(state.client.name, ("m",)))
+        pool.feed.described(state, NodeDescription(state.client.name, ("m",)))
         state.max_runs = 2
     return pool
 

@@ -260,7 +260,7 @@ async def _answer(
     pool = NodePool([_node(f"n{i}", fleet) for i in range(len(continuation))])
     for state, can in zip(pool.nodes, continuation, strict=True):
         name = state.client.name
-        pool._described(
+        pool.feed.described(
             state,
             NodeDescription(name, ("m",), continuation_models=frozenset({"m"} if can else ())),
         )

@@ -58,7 +58,7 @@ def make_pool(
             state.client.name, MODELS, max_runs=describe_max_runs,
             logprobs_models=frozenset(logprobs),
         )  # fmt: skip
-        pool._described(state, description)
+        pool.feed.described(state, description)
     return pool, clock, pool.nodes
 
 
@@ -294,12 +294,12 @@ def test_on_available_when_a_node_comes_up_or_its_cap_rises() -> None:
     pool, _, (a,) = make_pool("a", describe_max_runs=2)
     calls: list[str] = []
     pool.on_available = lambda: calls.append("x")
-    pool._described(a, NodeDescription("a", MODELS, max_runs=2))
+    pool.feed.described(a, NodeDescription("a", MODELS, max_runs=2))
     assert calls == []
-    pool._described(a, NodeDescription("a", MODELS, max_runs=4))
+    pool.feed.described(a, NodeDescription("a", MODELS, max_runs=4))
     assert calls == ["x"]
     pool.mark_down(a, "refused")
-    pool._described(a, NodeDescription("a", MODELS, max_runs=4))
+    pool.feed.described(a, NodeDescription("a", MODELS, max_runs=4))
     assert calls == ["x", "x"]
 
 
@@ -315,7 +315,7 @@ def test_the_breaker_counts_only_the_nodes_failures_of_its_current_life() -> Non
     before = clock.now
     pool.mark_down(a, "connection refused")
     clock.now += 1.0
-    pool._described(a, NodeDescription("a", MODELS))  # up again: a new process
+    pool.feed.described(a, NodeDescription("a", MODELS))  # up again: a new process
     for _ in range(5):
         pool.run_failed(a, "stream_broken", started_at=before)
     assert pool.state_of(a) == "up"

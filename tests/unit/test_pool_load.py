@@ -2,7 +2,7 @@
 
 `rank` is checked as a pure function (hypothesis: the order it gives, whatever
 the numbers); the pool's pick is driven by Watch reports given to it as its
-watch task would (`_reported`), with runs taken as the admission queue takes
+watch task would (`NodeFeed.reported`), with runs taken as the admission queue takes
 them. No node is contacted.
 """
 
@@ -35,7 +35,7 @@ def report(
     kv: tuple[int, int] | None = None,
 ) -> None:
     """A Watch report of `state`'s node, as its watch task hands it to the pool."""
-    pool._reported(
+    pool.feed.reported(
         state,
         NodeDescription(
             state.client.name, MODELS, active_runs=active, max_runs=max_runs,

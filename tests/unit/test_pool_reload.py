@@ -18,7 +18,7 @@ from tests.unit.test_pool import MODELS, Clock, _Named
 def _pool(*names: str, routing: RoutingConfig | None = None) -> NodePool:
     pool = NodePool([cast(NodeClient, _Named(n)) for n in names], routing=routing, clock=Clock())
     for state in pool.nodes:
-        pool._described(state, NodeDescription(state.client.name, MODELS))
+        pool.feed.described(state, NodeDescription(state.client.name, MODELS))
     return pool
 
 
@@ -32,7 +32,7 @@ def test_a_node_added_takes_runs_once_it_answered() -> None:
     assert {pool.pick("m") for _ in range(4)} == {pool.nodes[0]}
     with pytest.raises(NodeUnavailableError):
         pool.pick("only-b")
-    pool._described(added, NodeDescription("b", ("only-b", *MODELS)))
+    pool.feed.described(added, NodeDescription("b", ("only-b", *MODELS)))
     assert added.probed.is_set()
     assert pool.pick("only-b") is added
 
