@@ -6,7 +6,7 @@ A chat request's answer starts here, streaming or not:
 
 An attempt is one `Run` on one node: a slot from the admission queue
 (`edge.fleet.admission`), the start, the accept, then output up to the commit
-point (`Run.first_batch`: the first batch beyond the role chunk, the first
+point (`MovableRun.first_batch`: the first batch beyond the role chunk, the first
 keep-alive, or the session's terminal; a non-streaming answer's is its
 end). Nothing was sent to the caller
 before that point, so an attempt that failed there on the node's side

@@ -343,8 +343,16 @@ class MovableRun:
         await self.leg.end()
 
     async def first_batch(self) -> tuple[list[OutEvent], bool]:
-        """The output up to the commit point (see `Run.first_batch`), moved if the run
-        breaks where its answer may move."""
+        """The output up to the point where the answer's HTTP status is committed, from
+        whichever run answers (moved if the run breaks where its answer may move).
+
+        Batches are taken until one holds more than the role chunk (a stream; a
+        non-streaming answer: until the session terminates, its status is committed
+        when it is whole), the session terminates, or a keep-alive is due; returns
+        what was taken and whether a keep-alive is due. Nothing of it was sent yet:
+        a run that failed here (`failed_over`) can still be tried elsewhere or
+        answered with a status.
+        """
         taken: list[OutEvent] = []
         stream = self.leg.info.stream
         while True:
@@ -353,6 +361,7 @@ class MovableRun:
                 self.leg.head_sent = True
                 return taken, True
             taken.extend(batch)
+            # An error frame is the terminal, not output; anything else is the answer.
             if any(type(event) not in (RoleOut, ErrorOut) for event in batch):
                 self.leg.output_seen = True
                 if stream:

@@ -66,7 +66,7 @@ from edge.node.wire import PreparedRunRequest
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
 from edge.stream.events import Complete, Failed, NodeEvent
-from edge.stream.output import ErrorOut, Outcome, OutEvent, RoleOut
+from edge.stream.output import Outcome, OutEvent
 from edge.stream.session import StreamSession
 
 # Node events taken per batch: output for a batch goes out in one write. A
@@ -213,10 +213,10 @@ class Run:
         self.first_event_at: float | None = None
         # When the node events of the batch just returned arrived (None: no event in it).
         self.batch_event_at: float | None = None
-        # Whether output beyond the role chunk was taken (see `first_batch`).
+        # Whether output beyond the role chunk was taken (see `MovableRun.first_batch`).
         self.output_seen = False
         # Whether the answer's head went out before its output: its commit point was a
-        # keep-alive (`first_batch`), so a break from here is not failover's restart.
+        # keep-alive (`MovableRun.first_batch`), so a break from here is not failover's restart.
         self.head_sent = False
         # The answer so far, when it may move to another node if this run breaks after
         # output (`edge.fleet.migration`): the events fed are kept there, and a break
@@ -412,32 +412,6 @@ class Run:
             self.start_error.__traceback__ = None
 
     # --- events under the deadlines ---------------------------------------------------
-
-    async def first_batch(self) -> tuple[list[OutEvent], bool]:
-        """The output up to the point where the answer's HTTP status is committed.
-
-        Batches are taken until one holds more than the role chunk (a stream; a
-        non-streaming answer: until the session terminates, its status is committed
-        when it is whole), the session terminates, or a keep-alive is due; returns
-        what was taken and whether a keep-alive is due. Nothing of it was sent yet:
-        a run that failed here (`failed_over`) can still be tried elsewhere or
-        answered with a status.
-        """
-        taken: list[OutEvent] = []
-        stream = self.info.stream
-        while True:
-            batch = await self.next_batch()
-            if batch == "keepalive":
-                self.head_sent = True
-                return taken, True
-            taken.extend(batch)
-            # An error frame is the terminal, not output; anything else is the answer.
-            if any(type(event) not in (RoleOut, ErrorOut) for event in batch):
-                self.output_seen = True
-                if stream:
-                    return taken, False
-            if self.session.terminated or self.broke is not None:
-                return taken, False
 
     async def next_batch(self) -> list[OutEvent] | Literal["keepalive"]:
         """Wait for the next events and return the output they produce.

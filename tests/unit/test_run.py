@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from edge.config import TimeoutsConfig
+from edge.fleet.migration import MovableRun
 from edge.fleet.run import MAX_BATCH_CHARS, Run, RunInfo
 from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
 from edge.node.client import EndCause, RunHandle
@@ -234,7 +235,7 @@ async def test_first_batch_stops_at_the_first_output(
     the run then counts as having shown output (no failover past it)."""
     run, send = _stream()
     send.send_nowait(Delta("hi"))
-    taken, keepalive = await run.first_batch()
+    taken, keepalive = await MovableRun(run).first_batch()
     assert (taken, keepalive) == ([RoleOut(), ContentOut("hi")], False)
     assert run.output_seen
 
@@ -246,20 +247,22 @@ async def test_first_batch_an_error_before_output_is_no_output(
     no output seen: the answer can still be a real status, or another node's."""
     run, send = _stream()
     send.send_nowait(Failed("error", "boom"))
-    taken, keepalive = await run.first_batch()
+    taken, keepalive = await MovableRun(run).first_batch()
     assert (taken, keepalive) == ([RoleOut(), ErrorOut("run_error", "boom")], False)
     assert not run.output_seen
     assert run.session.terminated
 
 
 async def test_first_batch_a_keepalive_commits(autojump_clock: trio.testing.MockClock) -> None:
-    """A keep-alive due before any output ends the first batch (the body starts with it)."""
+    """A keep-alive due before any output ends the first batch (the body starts with it):
+    the answer's head went out, though no output did."""
     run, _send = _stream(keepalive_s=3)
     start = trio.current_time()
-    taken, keepalive = await run.first_batch()
+    taken, keepalive = await MovableRun(run).first_batch()
     assert (taken, keepalive) == ([RoleOut()], True)
     assert trio.current_time() - start == 3
     assert not run.output_seen
+    assert run.head_sent
 
 
 async def test_a_long_delta_is_taken_a_slice_a_batch_with_a_pass_between() -> None:
