@@ -27,9 +27,12 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from grpclib.client import Channel
 
 from edge.config import Config, NodeConfig, ServerConfig, TimeoutsConfig
+from edge.contract._proto.iop.node import v1 as pb
 from edge.fleet.run import RunInfo
+from edge.node.bridge import asyncio_loop, call_asyncio
 from edge.node.client import RunHandle
 from edge.process.daemon import Edge, serve
 from edge.stream.events import NodeEvent
@@ -160,6 +163,23 @@ async def node_events(handle: RunHandle) -> list[NodeEvent]:
             events.append(await handle.events.receive())
         except trio.EndOfChannel:
             return events
+
+
+async def describe_through_stub(address: str) -> pb.DescribeResponse:
+    """A node's Describe answer through the generated stub, on a channel of its own (in an
+    asyncio loop of its own: call outside the edge's)."""
+
+    async def describe() -> pb.DescribeResponse:
+        host, port = address.rsplit(":", 1)
+        channel = Channel(host, int(port))
+        try:
+            return await pb.NodeServiceStub(channel).describe(pb.DescribeRequest())
+        finally:
+            channel.close()
+
+    async with asyncio_loop():
+        with trio.fail_after(10):
+            return await call_asyncio(describe)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import h11
@@ -38,3 +40,25 @@ async def send_events(stream: trio.SocketStream, conn: h11.Connection, *events: 
             await stream.send_all(data)
             sent += len(data)
     return sent
+
+
+async def send_whole(
+    stream: trio.SocketStream,
+    conn: h11.Connection,
+    status: int,
+    body: bytes,
+    content_type: str = "application/json",
+) -> None:
+    """One whole response: `status`, `body` with its length."""
+    headers = [("content-type", content_type), ("content-length", str(len(body)))]
+    response = h11.Response(status_code=status, headers=headers)
+    await send_events(stream, conn, response, h11.Data(body), h11.EndOfMessage())
+
+
+async def serve_upstream(
+    nursery: trio.Nursery, handler: Callable[[trio.SocketStream], Awaitable[None]]
+) -> str:
+    """Serve `handler` on 127.0.0.1 (a port of the kernel's) in `nursery`; its
+    OpenAI-style base URL (".../v1")."""
+    listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    return f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"

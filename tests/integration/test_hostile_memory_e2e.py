@@ -19,7 +19,6 @@ import socket
 import tracemalloc
 from collections.abc import Mapping
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ from tests.integration.conftest import (
     stop_process,
 )
 from tests.integration.edgeproc import edge_process
-from tests.integration.rawhttp import read_request, send_events
+from tests.integration.rawhttp import read_request, send_events, serve_upstream
 
 MiB = 1024 * 1024
 WAIT_S = 60.0
@@ -402,8 +401,7 @@ async def test_iop_node_caps_what_it_reads_from_an_upstream(
     is an error event naming the limit, the upstream request is closed, and the node's RSS
     stays bounded (it peaked at 1.7-1.9 GB when it read without limits)."""
     upstream = HostileUpstream()
-    listeners = await nursery.start(partial(trio.serve_tcp, upstream.serve, 0, host="127.0.0.1"))
-    url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
+    url = await serve_upstream(nursery, upstream.serve)
     node = start_upstream_node(tmp_path / "runs.jsonl", url)
     try:
         port = int(node.address.rsplit(":", 1)[1])

@@ -17,7 +17,7 @@ from edge.node.bridge import asyncio_loop, call_asyncio
 from edge.node.client import GrpcNodeClient, RunHandle
 from edge.node.grpc import STREAMS_PER_CHANNEL
 from edge.stream.events import Delta, NodeEvent
-from tests.integration.conftest import SimProcess, script
+from tests.integration.conftest import SimProcess, describe_through_stub, script
 
 WAIT_S = 10.0
 
@@ -72,17 +72,7 @@ async def test_sim_describe_through_the_generated_stub(sim: SimProcess) -> None:
     """Describe answers through the generated base and stub: the node's name and models,
     and, without --max-runs, no cap (max_runs 0) and an empty queue."""
 
-    async def describe() -> pb.DescribeResponse:
-        host, port = sim.address.rsplit(":", 1)
-        channel = Channel(host, int(port))
-        try:
-            return await pb.NodeServiceStub(channel).describe(pb.DescribeRequest())
-        finally:
-            channel.close()
-
-    async with asyncio_loop():
-        with trio.fail_after(WAIT_S):
-            response = await call_asyncio(describe)
+    response = await describe_through_stub(sim.address)
     assert [m.id for m in response.models] == ["sim-echo", "sim-script"]
     assert response.node_name
     assert (response.max_runs, response.waiting_runs) == (0, 0)

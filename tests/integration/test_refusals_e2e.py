@@ -47,7 +47,7 @@ from tests.integration.conftest import (
     stop_edge,
     stop_process,
 )
-from tests.integration.rawhttp import read_request, send_events
+from tests.integration.rawhttp import read_request, send_events, serve_upstream
 
 WAIT_S = 20.0
 CHAT = "/v1/chat/completions"
@@ -139,10 +139,7 @@ async def _fleet(
     async with AsyncExitStack() as stack:
         for name, table in zip("abc", errors, strict=False):
             upstream = MockUpstream(table)
-            listeners = await nursery.start(
-                partial(trio.serve_tcp, partial(_serve, upstream), 0, host="127.0.0.1")
-            )
-            upstream.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
+            upstream.url = await serve_upstream(nursery, partial(_serve, upstream))
             node = await trio.to_thread.run_sync(
                 partial(
                     start_upstream_node, tmp_path / f"{name}-runs.jsonl", upstream.url,

@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 import trio
-from grpclib.client import Channel
 
 from edge.contract._proto.iop.node import v1 as pb
-from edge.node.bridge import asyncio_loop, call_asyncio
+from edge.node.bridge import asyncio_loop
 from edge.node.client import EndCause, GrpcNodeClient
 from edge.stream.events import (
     Complete,
@@ -28,7 +27,14 @@ from edge.stream.events import (
     NodeEvent,
     ReasoningDelta,
 )
-from tests.integration.conftest import SimProcess, node_events, script, start_sim, stop_process
+from tests.integration.conftest import (
+    SimProcess,
+    describe_through_stub,
+    node_events,
+    script,
+    start_sim,
+    stop_process,
+)
 
 WAIT_S = 10.0
 
@@ -162,23 +168,9 @@ async def test_a_mismatched_continuation_is_an_error_event(sim: SimProcess) -> N
     assert record["outcome"] == "error"
 
 
-async def _describe(node: SimProcess) -> pb.DescribeResponse:
-    async def describe() -> pb.DescribeResponse:
-        host, port = node.address.rsplit(":", 1)
-        channel = Channel(host, int(port))
-        try:
-            return await pb.NodeServiceStub(channel).describe(pb.DescribeRequest())
-        finally:
-            channel.close()
-
-    async with asyncio_loop():
-        with trio.fail_after(WAIT_S):
-            return await call_asyncio(describe)
-
-
 async def test_describe_says_every_model_continues(sim: SimProcess) -> None:
     """Describe (and so Watch) says `continuation` for each model of the simulated node."""
-    response = await _describe(sim)
+    response = await describe_through_stub(sim.address)
     assert [(m.id, m.continuation) for m in response.models] == [
         ("sim-echo", True),
         ("sim-script", True),
@@ -190,7 +182,7 @@ async def test_a_node_without_continuation_says_so_and_refuses_one(tmp_path: Pat
     an answer anyway is an error event, not the answer played again."""
     node = start_sim(tmp_path, "nocont", "--no-continuation")
     try:
-        response = await _describe(node)
+        response = await describe_through_stub(node.address)
         assert [m.continuation for m in response.models] == [False, False]
         held = pb.Continuation(text="word0 ")
         async with asyncio_loop():

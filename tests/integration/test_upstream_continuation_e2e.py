@@ -28,7 +28,7 @@ from edge.node.client import GrpcNodeClient
 from edge.nodes.embedded import embedded_upstream_node
 from edge.stream.events import Complete, Delta, Failed, NodeEvent
 from tests.integration.conftest import node_events, start_upstream_node, stop_process
-from tests.integration.rawhttp import read_request, send_events
+from tests.integration.rawhttp import read_request, send_events, send_whole, serve_upstream
 
 WAIT_S = 10.0
 ANSWER = "The capital of France is Paris, a city on the Seine."
@@ -78,14 +78,14 @@ class ContinuingUpstream:
             status, kind = (200, "application/json") if target == b"/v1/models" else (404, "text")
             models = {"object": "list", "data": [{"id": "qwen", "owned_by": self.owner}]}
             body = json.dumps(models).encode() if status == 200 else b"Not Found"
-            await _whole(stream, conn, status, kind, body)
+            await send_whole(stream, conn, status, body, kind)
             return
         request = json.loads(raw)
         self.requests.append(request)
         status, text = self.answer(request)
         if status != 200:
             error = {"object": "error", "message": text, "code": 400}
-            await _whole(stream, conn, status, "application/json", json.dumps(error).encode())
+            await send_whole(stream, conn, status, json.dumps(error).encode())
             return
         head = h11.Response(status_code=200, headers=[("content-type", "text/event-stream")])
         await send_events(stream, conn, head)
@@ -108,17 +108,8 @@ def _sse(choice: dict[str, Any], usage: dict[str, int] | None = None) -> bytes:
     return f"data: {json.dumps(chunk)}\n\n".encode()
 
 
-async def _whole(
-    stream: trio.SocketStream, conn: h11.Connection, status: int, kind: str, body: bytes
-) -> None:
-    headers = [("content-type", kind), ("content-length", str(len(body)))]
-    response = h11.Response(status_code=status, headers=headers)
-    await send_events(stream, conn, response, h11.Data(body), h11.EndOfMessage())
-
-
 async def _serve(nursery: trio.Nursery, upstream: ContinuingUpstream) -> ContinuingUpstream:
-    listeners = await nursery.start(partial(trio.serve_tcp, upstream.serve, 0, host="127.0.0.1"))
-    upstream.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
+    upstream.url = await serve_upstream(nursery, upstream.serve)
     return upstream
 
 

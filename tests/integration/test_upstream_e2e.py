@@ -48,7 +48,7 @@ from tests.integration.conftest import (
     stop_edge,
     stop_process,
 )
-from tests.integration.rawhttp import read_request, send_events
+from tests.integration.rawhttp import read_request, send_events, serve_upstream
 from tests.integration.test_nodes_e2e import cancel_while_reading
 
 FIXTURES = Path(__file__).parent / "upstream_fixtures"
@@ -157,10 +157,7 @@ async def _connection(upstream: Upstream, stream: trio.SocketStream) -> None:
 @pytest.fixture
 async def upstream(nursery: trio.Nursery) -> Upstream:
     replay = Upstream()
-    listeners = await nursery.start(
-        partial(trio.serve_tcp, partial(_connection, replay), 0, host="127.0.0.1")
-    )
-    replay.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
+    replay.url = await serve_upstream(nursery, partial(_connection, replay))
     return replay
 
 

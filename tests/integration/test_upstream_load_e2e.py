@@ -14,7 +14,6 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import h11
@@ -27,7 +26,7 @@ from edge.node.bridge import asyncio_loop, call_asyncio
 from edge.nodes.upstream.load import MAX_METRICS_BYTES
 from edge.nodes.upstream.loadpoll import FAILURES_UNSET
 from tests.integration.conftest import STARTUP_TIMEOUT_S, stop_process
-from tests.integration.rawhttp import read_request, send_events
+from tests.integration.rawhttp import read_request, send_events, serve_upstream
 
 FIXTURES = Path(__file__).parent / "upstream_fixtures" / "metrics"
 WAIT_S = 10.0
@@ -103,8 +102,7 @@ class Node:
 @pytest.fixture
 async def upstream(nursery: trio.Nursery) -> MetricsUpstream:
     server = MetricsUpstream()
-    listeners = await nursery.start(partial(trio.serve_tcp, server.answer, 0, host="127.0.0.1"))
-    server.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
+    server.url = await serve_upstream(nursery, server.answer)
     return server
 
 

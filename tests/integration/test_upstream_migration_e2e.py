@@ -43,7 +43,7 @@ from tests.integration.conftest import (
     stop_process,
 )
 from tests.integration.edgeproc import edge_process
-from tests.integration.rawhttp import read_request, send_events
+from tests.integration.rawhttp import read_request, send_events, send_whole, serve_upstream
 
 CHAT = "/v1/chat/completions"
 WAIT_S = 20.0
@@ -88,16 +88,16 @@ class MockUpstream:
         """Answer one request; False when the connection must close."""
         if target == b"/v1/models":
             models = {"object": "list", "data": [{"id": "qwen", "owned_by": "vllm"}]}
-            await _whole(stream, conn, 200, json.dumps(models).encode())
+            await send_whole(stream, conn, 200, json.dumps(models).encode())
             return True
         if target != b"/v1/chat/completions":  # /metrics: no load said
-            await _whole(stream, conn, 404, b'{"detail": "Not Found"}')
+            await send_whole(stream, conn, 404, b'{"detail": "Not Found"}')
             return True
         body = json.loads(raw)
         self.requests.append(body)
         if not self.dies and not _continues_first(body):
             error = {"object": "error", "message": "not the continuation expected", "code": 400}
-            await _whole(stream, conn, 400, json.dumps(error).encode())
+            await send_whole(stream, conn, 400, json.dumps(error).encode())
             return True
         head = h11.Response(status_code=200, headers=[("content-type", "text/event-stream")])
         await send_events(stream, conn, head, h11.Data(_sse({"role": "assistant", "content": ""})))
@@ -141,15 +141,8 @@ def _sse(delta: dict[str, Any], finish: str | None = None, usage: Any = None) ->
     return f"data: {json.dumps(chunk)}\n\n".encode()
 
 
-async def _whole(stream: trio.SocketStream, conn: h11.Connection, status: int, body: bytes) -> None:
-    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
-    response = h11.Response(status_code=status, headers=headers)
-    await send_events(stream, conn, response, h11.Data(body), h11.EndOfMessage())
-
-
 async def _serve(nursery: trio.Nursery, upstream: MockUpstream) -> MockUpstream:
-    listeners = await nursery.start(partial(trio.serve_tcp, upstream.serve, 0, host="127.0.0.1"))
-    upstream.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
+    upstream.url = await serve_upstream(nursery, upstream.serve)
     return upstream
 
 
