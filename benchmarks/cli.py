@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "latest.json"
 PACKAGES = (
     "trio",
-    "trio-asyncio",
     "hypercorn",
     "quart",
     "quart-trio",
