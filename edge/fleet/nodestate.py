@@ -1,6 +1,6 @@
 """One node as the pool sees it (`NodeState`), and how what a node says of itself
 updates it: its cap on runs (`max_runs_of`), its cache index from a Watch report's
-KV block events (`kv_events`).
+KV block events (`kv_events`); the nodes one request tried (`Tried`).
 
 The pool (`edge.fleet.pool`) holds one `NodeState` per node and picks among them;
 the run side counts its runs in flight on it. Nothing here does I/O.
@@ -9,6 +9,7 @@ the run side counts its runs in flight on it. Nothing here does I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import trio
 
@@ -135,3 +136,30 @@ def max_runs_of(configured: int | None, described: NodeDescription | None) -> fl
     if described is not None and described.max_runs:
         return described.max_runs
     return math.inf
+
+
+class Tried:
+    """The nodes one request tried (a failover, a migration), each in the life it had
+    then: a node that went down and came up again since (a restarted process, a new
+    life: `NodeHealth.up_since`) is not tried any more, and may take the request.
+    One that failed it and stayed up is. A collection of the nodes tried in their
+    current life, as the pool's `exclude` takes it.
+    """
+
+    __slots__ = ("_lives",)
+
+    def __init__(self) -> None:
+        self._lives: dict[NodeState, float] = {}
+
+    def add(self, node: NodeState) -> None:
+        self._lives[node] = node.health.up_since
+
+    def __contains__(self, node: object) -> bool:
+        life = self._lives.get(node)  # type: ignore[call-overload]
+        return life is not None and node.health.up_since <= life  # type: ignore[attr-defined]
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return (node for node in self._lives if node in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

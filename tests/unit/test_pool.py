@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
 from edge.fleet import affinity
-from edge.fleet.nodestate import NodeState
+from edge.fleet.nodestate import NodeState, Tried
 from edge.fleet.pool import NodePool
 from edge.node.client import NodeClient, NodeDescription
 
@@ -98,6 +98,27 @@ def test_excluded_nodes_are_skipped_and_all_excluded_is_unavailable() -> None:
     assert pool.pick("m", exclude={a}) is b
     with pytest.raises(NodeUnavailableError):
         pool.pick("m", exclude=[a, b])
+
+
+def test_a_node_tried_in_an_earlier_life_may_be_tried_again() -> None:
+    """A request's tried nodes are excluded in the life they had: one that failed it and
+    stayed up stays excluded; one that went down and came up since (a restarted
+    process) takes the request again."""
+    pool, clock, (a, b) = make_pool("a", "b")
+    tried = Tried()
+    tried.add(a)
+    tried.add(b)
+    assert (a in tried, b in tried, len(tried)) == (True, True, 2)
+    with pytest.raises(NodeUnavailableError):
+        pool.pick("m", exclude=tried)
+    clock.now += 1
+    assert a.health.mark_down(clock.now, "killed")
+    clock.now += 1
+    pool.feed.described(a, NodeDescription("a", MODELS))  # back up: a new life
+    assert (a in tried, list(tried)) == (False, [b])
+    assert pool.pick("m", exclude=tried) is a
+    tried.add(a)  # tried again, in this life
+    assert a in tried
 
 
 def test_slots_none_when_every_eligible_node_is_full() -> None:
