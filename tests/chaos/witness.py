@@ -167,8 +167,14 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
         if j.run_id is not None:
             j.attempts = lines.get(j.run_id, [])
             # With failover, one run id may have a line on each node an attempt reached:
-            # the answering attempt's is the one on the node the edge logged.
+            # the answering attempt's is the one on the node the edge logged; a node
+            # restarted since an earlier attempt (a new life, tried again) has one per
+            # life, and the answering attempt is in its last (two in one life still
+            # count as two).
             mine = [x for x in j.attempts if x["node"] == j.node]
+            if mine:
+                last = max(int(x.get("_life", 0)) for x in mine)
+                mine = [x for x in mine if int(x.get("_life", 0)) == last]
             j.lines = mine if j.node is not None else j.attempts
             j.cancels = sum(int(x.get("cancel_rpcs", 0)) for x in j.lines)
             if j.node is not None:
