@@ -44,6 +44,7 @@ PACKAGES = (
     "quart-trio",
     "h11",
     "grpclib",
+    "uvloop",
     "h2",
     "betterproto2",
     "msgspec",

@@ -17,6 +17,8 @@ of streams, each with its HTTP tasks) the gRPC side fell up to a second behind
 the HTTP side, and runs missed their accept deadline on nodes that were fine
 (BENCHMARKS.md "The asyncio loop in a thread"). A loop of its own runs every
 ready callback in each pass, and the two share the interpreter by its lock.
+The loop is uvloop's (libuv, its transports in C): the less the loop's own
+machinery holds that lock, the sooner trio's thread gets it back.
 
 Nothing else in the edge starts an asyncio loop for grpclib; nothing outside
 `edge.node` (and the nodes it embeds) imports asyncio.
@@ -34,6 +36,7 @@ from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar, cast
 
 import trio
+import uvloop
 
 from edge.node.backlog import Backlog
 from edge.node.grpc import Accepted, EventSink
@@ -83,7 +86,7 @@ async def asyncio_loop() -> AsyncIterator[None]:
     On the way out, the tasks still on the loop are cancelled and waited for,
     then the loop stops and its thread is joined.
     """
-    loop = asyncio.new_event_loop()
+    loop = uvloop.new_event_loop()
     token = trio.lowlevel.current_trio_token()
     stopped = trio.Event()
 
