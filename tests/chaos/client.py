@@ -40,6 +40,8 @@ class StreamResult:
     t_end: float = 0.0
     # When the response head (its first byte) arrived; None: it never did.
     t_head: float | None = None
+    # When the client stopped reading (a plan's stall), from the request's start.
+    t_stall: float | None = None
     ended: str = ""
     status: int | None = None
     run_id: str | None = None
@@ -225,6 +227,7 @@ async def _read(
                 await trio.sleep(plan.read_pause_s)
             if stall_at is not None and received >= stall_at:
                 stall_at = None
+                result.t_stall = trio.current_time() - t0
                 await trio.sleep(plan.stall_s)
             continue
         if isinstance(event, h11.Response):
