@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "latest.json"
 PACKAGES = (
     "trio",
+    "trio-asyncio",
     "hypercorn",
     "quart",
     "quart-trio",
     "h11",
     "grpclib",
-    "uvloop",
     "h2",
     "betterproto2",
     "msgspec",

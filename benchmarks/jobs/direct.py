@@ -1,7 +1,7 @@
 """Trio jobs: the node through the edge's own node client, beside the edge over HTTP.
 
 The baseline of most figures is "the same run via the node client directly":
-`edge.node.client.GrpcNodeClient` over the asyncio bridge (`edge.node.bridge`),
+`edge.node.client.GrpcNodeClient` over the trio-asyncio bridge (`edge.node.bridge`),
 in a load-generator process, against the same simulated node. The jobs that compare
 (time to first token, disconnect -> CancelRun) interleave the edge over raw HTTP
 (`benchmarks.httpclient.TrioConnection`) and the node client in one process and one

@@ -1,7 +1,7 @@
 """The counters in Redis: limits that hold across every edge (and worker) using it.
 
 Redis is reached through `edge.node.redis` (redis-py's asyncio client,
-awaited through the edge's one asyncio bridge): no thread per call, one
+awaited through the edge's one trio-asyncio bridge): no thread per call, one
 connection pool per process, and a trio cancel (the request's deadline, the
 client leaving) cancels the Redis call itself. (The sync client in
 `trio.to_thread` would cost a thread hop per request, and a call past its

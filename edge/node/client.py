@@ -37,7 +37,7 @@ from edge.errors import (
     PayloadTooLargeError,
 )
 from edge.node.backlog import Backlog
-from edge.node.bridge import EventBuffer, call_asyncio, read_into
+from edge.node.bridge import EventBuffer, call_asyncio
 from edge.node.describe import NodeDescription as NodeDescription
 from edge.node.describe import description_from_pb
 from edge.node.grpc import Accepted, GrpcNode, NodeWatch
@@ -168,7 +168,7 @@ class NodeClient(Protocol):
 
 
 class GrpcNodeClient:
-    """A NodeClient over grpclib, through the asyncio bridge (`edge.node.bridge`)."""
+    """A NodeClient over grpclib, through the trio-asyncio bridge."""
 
     def __init__(
         self,
@@ -286,10 +286,9 @@ class GrpcNodeClient:
         try:
             with handle._scope:
                 try:
-                    await read_into(
-                        events, handle.settling,
-                        lambda sink: self._grpc.read_run(request, sink, metadata),
-                    )  # fmt: skip
+                    await call_asyncio(
+                        self._grpc.read_run, request, events, metadata, settles=handle.settling
+                    )
                 except EdgeError as exc:
                     handle.error = _detached(exc)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):

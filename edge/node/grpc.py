@@ -1,8 +1,8 @@
 """The asyncio side of talking to a node: grpclib channels, the run read loop, and
 Watch subscriptions (`NodeWatch`).
 
-Everything here runs on the asyncio loop that `edge.node.bridge` runs in a
-thread of its own. It knows nothing of trio: events leave through an `EventSink`, and every
+Everything here runs on the asyncio loop that `edge.node.bridge` hosts inside
+trio. It knows nothing of trio: events leave through an `EventSink`, and every
 grpclib/OS error is translated here, once, into the edge's error tree.
 """
 
@@ -45,8 +45,9 @@ T = TypeVar("T")
 # asyncio loop, at most SETTLE_S, before its stream is reset (`GrpcNode.read_run`).
 # A pass runs every callback queued before it: the first hands over what grpclib
 # already holds, the next ones what the socket held, once the loop reads it. On
-# an idle edge four passes take microseconds; on a loaded one a pass takes as
-# long as the callbacks queued ahead of it.
+# an idle edge four passes take microseconds; a loaded one runs one callback per
+# trio scheduler pass (trio-asyncio), behind every stream's, so a pass takes as
+# long as the backlog of the loop.
 SETTLE_PASSES = 4
 SETTLE_S = 0.25
 _CONNECT_ERRORS = (OSError, asyncio.TimeoutError, ConnectionError)
@@ -91,11 +92,6 @@ class EventSink(Protocol):
     def put_nowait(self, item: NodeEvent | Accepted) -> bool: ...
 
     def put(self, item: NodeEvent | Accepted) -> Awaitable[None]: ...
-
-    def settles(self) -> bool:
-        """Asked once the read was cancelled: whether it goes on a little first (the
-        run's client left; decided on the edge's side before it cancelled)."""
-        ...
 
 
 def _describe_status(err: GRPCError) -> str:
@@ -263,6 +259,8 @@ class GrpcNode:
         request: pb.RunRequest | EncodedRunRequest,
         sink: EventSink,
         metadata: Mapping[str, str] | None = None,
+        *,
+        settles: Callable[[], bool] = lambda: False,
     ) -> None:
         """Run `request` on the node, putting ACCEPTED and then each event into `sink`.
 
@@ -272,7 +270,7 @@ class GrpcNode:
         cancelled). Raises an EdgeError when the node cannot be reached, the
         stream breaks, or it ends without a terminal event.
 
-        Cancelled while `sink.settles()` says so (the run's client left), the read
+        Cancelled while `settles()` says so (the run's client left), the read
         goes on for SETTLE_PASSES passes of this loop (at most SETTLE_S) before
         the stream is reset: what the node sent before the edge gave up (in the
         connection's socket or grpclib's buffers, read and handed over in the
@@ -283,7 +281,7 @@ class GrpcNode:
         try:
             await asyncio.shield(reading)
         except asyncio.CancelledError:
-            await settle_read(reading, SETTLE_PASSES if sink.settles() else 0)
+            await settle_read(reading, SETTLE_PASSES if settles() else 0)
             raise
 
     async def _read_run(

@@ -2,8 +2,8 @@
 
 The limits (`edge.limits.redisstore`) and the response store
 (`edge.store.redisstore`) share this one way to talk to Redis: redis-py's
-asyncio client, awaited through the edge's one asyncio bridge
-(`edge.node.bridge.call_asyncio`) on the asyncio loop the edge already runs
+asyncio client, awaited through the edge's one trio-asyncio bridge
+(`edge.node.bridge.call_asyncio`) on the asyncio loop the edge already hosts
 for grpclib: no thread per call, one connection pool per client, and a trio
 cancel (the request's deadline, the client leaving) cancels the Redis call
 itself. No retries inside redis-py (the deadline is the caller's, and a retry

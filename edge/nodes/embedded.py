@@ -5,12 +5,12 @@ Each is the real grpclib server of its node, listening on an ephemeral
 127.0.0.1 port, so an embedded node is reached over real gRPC like any
 other, and knows nothing of the pool. They differ in the loop they run on:
 
-- `embedded_node`: the simulated node, on the asyncio loop of the bridge
-  (`edge.node.bridge`), beside the edge's gRPC clients.
+- `embedded_node`: the simulated node, on the asyncio loop the bridge hosts
+  inside trio (`edge.node.bridge`).
 - `embedded_upstream_node`: iop-node, on an asyncio loop of its own
-  (`asyncio.run` in a thread), apart from the bridge's: its upstream HTTP
-  work (httpx) does not queue behind the edge's gRPC reads, nor they behind
-  it. A developer can point the edge
+  (`asyncio.run` in a thread), not on the trio-asyncio loop: httpx's
+  transport (anyio) finds the running loop the standard way there, so
+  nothing of anyio or asyncio is patched. A developer can point the edge
   straight at a local model server without a second daemon. Stopping it
   stops the server and the node's runs on that loop, then joins the thread.
 """

@@ -1,7 +1,7 @@
 """The response store in Redis: responses shared by every edge (and worker) using it.
 
 As the limits' store (`edge.limits.redisstore`), through `edge.node.redis`:
-redis-py's asyncio client awaited through the edge's one asyncio bridge, no
+redis-py's asyncio client awaited through the edge's one trio-asyncio bridge, no
 retries inside redis-py, a deadline on every call (`timeout_s`), and every error
 (`RedisDown`) translated here, once, into `StoreUnavailable`. A record is built in a worker thread
 (its JSON can be megabytes); what crosses to Redis is bytes.

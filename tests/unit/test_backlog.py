@@ -1,7 +1,7 @@
 """The process's backlog of output held for streams (`edge.node.backlog`).
 
 Pure: waiters of the tests' own for the choice of victims; real EventBuffers
-(trio memory channels, a producer's wait as the run's read task waits) for what they
+(trio memory channels, the asyncio bridge for a producer's wait) for what they
 report, and a Run for the end a client that reads again sees; trio's MockClock
 where the slow-client limit plays. Every kind of end of a real run, read task
 included, is in tests/integration/test_backlog_e2e.py.
@@ -16,7 +16,7 @@ from edge.config import TimeoutsConfig
 from edge.errors import NodeTimeoutError, OverloadedError
 from edge.fleet.run import SLOW_CLIENT_CUT, SLOW_CLIENT_NOTICE, Run, RunInfo
 from edge.node.backlog import Backlog
-from edge.node.bridge import EventBuffer
+from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
 from edge.node.client import EndCause, RunHandle
 from edge.stream.events import Complete, Delta, LogprobDelta, ReasoningDelta
 from edge.stream.logprobs import TokenLogprob
@@ -103,9 +103,9 @@ def test_a_buffer_counts_its_text_into_the_backlog_and_leaves_it_once() -> None:
 
 
 async def _wait_put(buffer: EventBuffer, item: Delta, outcome: list[BaseException | None]) -> None:
-    """A producer that waits for room, as a run's read task does."""
+    """A producer that waits for room, as the node's read loop does (on the asyncio side)."""
     try:
-        await buffer.put(item)
+        await call_asyncio(lambda: buffer.put(item))
         outcome.append(None)
     except (trio.TooSlowError, trio.BrokenResourceError) as exc:
         outcome.append(exc)
@@ -121,25 +121,26 @@ async def test_past_the_budget_the_producer_waiting_longest_is_cut_as_a_slow_cli
         EventBuffer(max_events=16, max_chars=100, backlog=backlog) for _ in range(3)
     )
     outcomes: dict[str, list[BaseException | None]] = {"first": [], "second": []}
-    with trio.fail_after(10):  # generous: only a bug waits this long
-        async with trio.open_nursery() as nursery:
-            assert first.put_nowait(Delta("a" * 100))
-            nursery.start_soon(_wait_put, first, Delta("x"), outcomes["first"])
-            await trio.testing.wait_all_tasks_blocked()
-            assert second.put_nowait(Delta("b" * 100))
-            nursery.start_soon(_wait_put, second, Delta("y"), outcomes["second"])
-            await trio.testing.wait_all_tasks_blocked()
-            assert (backlog.chars, backlog.waiting) == (200, 2)
-            assert reader.put_nowait(Delta("r" * 40))  # 240: under
-            assert backlog.cuts == 0
-            assert reader.put_nowait(Delta("s" * 20))  # 260: the first waiter goes
-            await trio.testing.wait_all_tasks_blocked()
-            assert isinstance(outcomes["first"][0], trio.TooSlowError)
-            assert first.cut_by_backlog
-            assert not second.cut_by_backlog
-            assert (backlog.chars, backlog.waiting, backlog.cuts) == (160, 1, 1)
-            assert outcomes["second"] == []
-            assert second.receive_nowait() == Delta("b" * 100)
+    async with asyncio_loop():
+        with trio.fail_after(10):  # generous: only a bug waits this long
+            async with trio.open_nursery() as nursery:
+                assert first.put_nowait(Delta("a" * 100))
+                nursery.start_soon(_wait_put, first, Delta("x"), outcomes["first"])
+                await trio.testing.wait_all_tasks_blocked()
+                assert second.put_nowait(Delta("b" * 100))
+                nursery.start_soon(_wait_put, second, Delta("y"), outcomes["second"])
+                await trio.testing.wait_all_tasks_blocked()
+                assert (backlog.chars, backlog.waiting) == (200, 2)
+                assert reader.put_nowait(Delta("r" * 40))  # 240: under
+                assert backlog.cuts == 0
+                assert reader.put_nowait(Delta("s" * 20))  # 260: the first waiter goes
+                await trio.testing.wait_all_tasks_blocked()
+                assert isinstance(outcomes["first"][0], trio.TooSlowError)
+                assert first.cut_by_backlog
+                assert not second.cut_by_backlog
+                assert (backlog.chars, backlog.waiting, backlog.cuts) == (160, 1, 1)
+                assert outcomes["second"] == []
+                assert second.receive_nowait() == Delta("b" * 100)
     assert outcomes["second"] == [None]
     assert (backlog.chars, backlog.waiting) == (61, 0)
     for buffer in (first, second, reader):
@@ -154,8 +155,9 @@ async def test_a_producer_that_comes_to_wait_past_the_budget_is_cut_at_once() ->
     buffer = EventBuffer(max_events=16, max_chars=100, backlog=backlog)
     outcome: list[BaseException | None] = []
     assert buffer.put_nowait(Delta("a" * 100))
-    with trio.fail_after(10):
-        await _wait_put(buffer, Delta("x"), outcome)
+    async with asyncio_loop():
+        with trio.fail_after(10):
+            await _wait_put(buffer, Delta("x"), outcome)
     assert isinstance(outcome[0], trio.TooSlowError)
     assert buffer.cut_by_backlog
     assert (backlog.chars, backlog.waiting, backlog.cuts) == (0, 0, 1)
@@ -170,9 +172,10 @@ async def test_the_slow_client_limit_still_ends_a_wait_under_the_budget(
     buffer = EventBuffer(max_events=16, max_chars=100, limit_s=30, backlog=backlog)
     outcome: list[BaseException | None] = []
     assert buffer.put_nowait(Delta("a" * 100))
-    start = trio.current_time()
-    await _wait_put(buffer, Delta("x"), outcome)
-    assert trio.current_time() - start >= 30
+    async with asyncio_loop():
+        start = trio.current_time()
+        await _wait_put(buffer, Delta("x"), outcome)
+        assert trio.current_time() - start >= 30
     assert isinstance(outcome[0], trio.TooSlowError)
     assert not buffer.cut_by_backlog
     assert (backlog.chars, backlog.waiting, backlog.cuts) == (100, 0, 0)

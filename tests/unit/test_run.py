@@ -14,7 +14,7 @@ import trio.testing
 from edge.config import TimeoutsConfig
 from edge.fleet.migration import MovableRun
 from edge.fleet.run import MAX_BATCH_CHARS, Run, RunInfo
-from edge.node.bridge import EventBuffer
+from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
 from edge.node.client import EndCause, RunHandle
 from edge.stream.events import (
     LOGPROB_ENTRY_CHARS,
@@ -177,26 +177,30 @@ async def test_a_batch_stops_past_max_batch_chars() -> None:
 
 
 async def test_a_producer_waiting_for_room_gives_up_when_the_run_is_cancelled() -> None:
-    """A run's read task waits for room in a full buffer; cancelling the run through its
-    handle wakes the wait at once with BrokenResourceError, so the read task ends and
-    sends its CancelRun instead of waiting for the slow-consumer limit."""
+    """The node's read loop (asyncio) waits for room in a full buffer; cancelling the run
+    through its handle wakes it at once with BrokenResourceError, so the read task ends
+    and sends its CancelRun instead of waiting for the slow-consumer limit."""
     events = EventBuffer(max_events=16, max_chars=100)
     handle = RunHandle("r1", "node", events)
     assert events.put_nowait(Delta("a" * 100))
     outcome: list[BaseException] = []
 
+    async def read_loop() -> None:  # as the gRPC read loop does, on the asyncio side
+        await events.put(Delta("b" * 10))
+
     async def producer(task_status: trio.TaskStatus[None]) -> None:
         task_status.started()
         try:
-            await events.put(Delta("b" * 10))
+            await call_asyncio(read_loop)
         except trio.BrokenResourceError as exc:
             outcome.append(exc)
 
-    with trio.fail_after(10):  # generous: without the fix the put waits forever
-        async with trio.open_nursery() as nursery:
-            await nursery.start(producer)
-            await trio.testing.wait_all_tasks_blocked()
-            handle.cancel(EndCause.CLIENT_GONE)
+    async with asyncio_loop():
+        with trio.fail_after(10):  # generous: without the fix the put waits forever
+            async with trio.open_nursery() as nursery:
+                await nursery.start(producer)
+                await trio.testing.wait_all_tasks_blocked()
+                handle.cancel(EndCause.CLIENT_GONE)
     assert len(outcome) == 1
     assert events.held_chars == 100
 
