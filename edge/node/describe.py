@@ -65,6 +65,9 @@ class NodeDescription:
     kv_stored: array[int] = field(default_factory=lambda: array("Q"))
     kv_evicted: array[int] = field(default_factory=lambda: array("Q"))
     kv_snapshot: bool = False
+    # This life of the node's process (DescribeResponse.instance_id): it changes when
+    # the node restarts. Empty: the node does not say.
+    instance: str = ""
 
     @property
     def kv_cache_usage(self) -> float | None:
@@ -129,6 +132,7 @@ def description_from_pb(
         kv_stored=_hashes(response.kv_blocks_stored),
         kv_evicted=_hashes(response.kv_blocks_evicted),
         kv_snapshot=response.kv_blocks_snapshot,
+        instance=_name(response.instance_id or "", "an instance id", address),
     )
 
 

@@ -14,7 +14,8 @@
   it ends: run_id, model, outcome, cancel_rpc, cancel_rpcs, events_sent. A run
   that ended without CancelRun waits CANCEL_GRACE_S for one (a CancelRun
   races the stream reset) before its line is written; a CancelRun for an id
-  the node does not know is logged as {"type": "cancel_rpc", "found": false}.
+  the node does not know is logged as {"type": "cancel_rpc", "found": false,
+  "at": <unix time>}.
   In-process users read the last FINISHED_KEPT records (`RunsLog.finished`); a
   node keeps nothing per run beyond that window, however long it serves.
 - `NodeSpans`: with tracing on, one SERVER span per run, continued from the
@@ -54,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import signal
 import socket
 import time
@@ -232,7 +234,7 @@ class RunsLog:
         """Record a CancelRun. Returns (the live run to stop or None, whether it was live)."""
         run = self._runs.get(run_id)
         if run is None:
-            self._write({"type": "cancel_rpc", "run_id": run_id, "found": False})
+            self._write({"type": "cancel_rpc", "run_id": run_id, "found": False, "at": time.time()})
             return None, False
         run.cancel_rpcs += 1
         if run.outcome is None:
@@ -371,6 +373,8 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         self, name: str, runs_log: Path | None = None, *, tracing: Tracing | None = None
     ) -> None:
         self.name = name
+        # This life of the node (DescribeResponse.instance_id): new at each start.
+        self.instance_id = secrets.token_hex(8)
         self.runs = RunsLog(runs_log)
         # One span per run, continued from the edge's traceparent (None: tracing off).
         self.spans = NodeSpans(tracing, name) if tracing is not None else None

@@ -33,8 +33,10 @@ def test_every_field_of_a_report_is_read() -> None:
         kv_cache_used_tokens=250,
         heartbeat_ms=2000,
         seq=7,
+        instance_id="5f2c",
     )
     d = description_from_pb(report, "fallback", "h:1")
+    assert d.instance == "5f2c"
     assert (d.name, d.models, d.logprobs_models) == ("n1", ("a", "b"), frozenset({"a"}))
     assert (d.active_runs, d.max_runs, d.waiting_runs) == (3, 8, 2)
     assert (d.kv_cache_tokens, d.kv_cache_used_tokens, d.kv_cache_usage) == (1000, 250, 0.25)
@@ -44,7 +46,7 @@ def test_every_field_of_a_report_is_read() -> None:
 def test_what_a_node_does_not_say_stays_unknown() -> None:
     """An older node's answer: no queue, no KV cache, no heartbeat; its name is the edge's."""
     d = description_from_pb(pb.DescribeResponse(models=[pb.ModelInfo(id="a")]), "edge-name", "h:1")
-    assert d.name == "edge-name"
+    assert (d.name, d.instance) == ("edge-name", "")
     assert (d.waiting_runs, d.kv_cache_tokens, d.kv_cache_usage, d.heartbeat_ms) == (
         None, None, None, 0,
     )  # fmt: skip
@@ -57,15 +59,15 @@ def test_too_many_models_is_refused_with_the_bound() -> None:
         description_from_pb(report, "n", "h:1")
 
 
-@pytest.mark.parametrize("where", ["model", "name"])
+@pytest.mark.parametrize("where", ["model", "name", "instance"])
 def test_a_name_too_long_is_refused_with_the_bound(where: str) -> None:
-    """A model id or node name past MAX_NAME_CHARS: refused, naming the bound."""
+    """A model id, node name or instance id past MAX_NAME_CHARS: refused, naming the bound."""
     long = "x" * (MAX_NAME_CHARS + 1)
-    report = (
-        pb.DescribeResponse(models=[pb.ModelInfo(id=long)])
-        if where == "model"
-        else pb.DescribeResponse(node_name=long)
-    )
+    report = {
+        "model": pb.DescribeResponse(models=[pb.ModelInfo(id=long)]),
+        "name": pb.DescribeResponse(node_name=long),
+        "instance": pb.DescribeResponse(instance_id=long),
+    }[where]
     with pytest.raises(NodeFailedError, match=f"over the limit of {MAX_NAME_CHARS}"):
         description_from_pb(report, "n", "h:1")
 

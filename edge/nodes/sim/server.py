@@ -263,6 +263,7 @@ class SimNode(NodeService):
         cache = self.cache
         return pb.DescribeResponse(
             node_name=self.name,
+            instance_id=self.instance_id,
             models=[
                 pb.ModelInfo(
                     id=m, owned_by="iop-sim", logprobs=True, continuation=self.continuation

@@ -177,6 +177,7 @@ class UpstreamNode(NodeService):
         models = await self.models()
         described = pb.DescribeResponse(
             node_name=self.name,
+            instance_id=self.instance_id,
             models=[
                 pb.ModelInfo(
                     id=m,

@@ -184,6 +184,15 @@ class DescribeResponse(betterproto2.Message):
 
     kv_blocks_snapshot: "bool" = betterproto2.field(12, betterproto2.TYPE_BOOL)
 
+    instance_id: "str" = betterproto2.field(13, betterproto2.TYPE_STRING)
+    """
+    Names this run of the node's process: a new value each time it starts (a
+    random id), the same in every answer until it stops. A caller that sees
+    it change knows the node restarted: its runs and its KV cache are gone, and
+    a request that failed on its earlier life may be tried on it again. Empty:
+    the node does not say (it is never taken for another life).
+    """
+
 
 default_message_pool.register_message("iop.node.v1", "DescribeResponse", DescribeResponse)
 
