@@ -37,6 +37,7 @@ class NodeState:
         "description",
         "health",
         "in_flight",
+        "instance",
         "kick",
         "load",
         "logprobs_models",
@@ -74,6 +75,9 @@ class NodeState:
         # Runs in flight it takes at once (inf: no limit).
         self.max_runs: float = max_runs_of(max_runs, None)
         self.description: NodeDescription | None = None
+        # The life of the node's process it last reported (DescribeResponse.instance_id;
+        # "": it does not say): a new one means it restarted.
+        self.instance = ""
         self.describing = False
         # Its load as its last Watch report gave it (None: no report on the stream open
         # now, or the node is polled), and this process's runs on it when it came.
@@ -140,23 +144,24 @@ def max_runs_of(configured: int | None, described: NodeDescription | None) -> fl
 
 class Tried:
     """The nodes one request tried (a failover, a migration), each in the life it had
-    then: a node that went down and came up again since (a restarted process, a new
-    life: `NodeHealth.up_since`) is not tried any more, and may take the request.
-    One that failed it and stayed up is. A collection of the nodes tried in their
-    current life, as the pool's `exclude` takes it.
+    then (`NodeState.instance`, the node's own DescribeResponse.instance_id): a node
+    that restarted since (killed, upgraded) is a new process, with nothing of the
+    request's earlier failure, and may take the request. One that failed it and
+    lives on may not, nor one that does not say which life it is in. A collection of
+    the nodes tried in their current life, as the pool's `exclude` takes it.
     """
 
     __slots__ = ("_lives",)
 
     def __init__(self) -> None:
-        self._lives: dict[NodeState, float] = {}
+        self._lives: dict[NodeState, str] = {}
 
     def add(self, node: NodeState) -> None:
-        self._lives[node] = node.health.up_since
+        self._lives[node] = node.instance
 
     def __contains__(self, node: object) -> bool:
         life = self._lives.get(node)  # type: ignore[call-overload]
-        return life is not None and node.health.up_since <= life  # type: ignore[attr-defined]
+        return life is not None and (not life or node.instance == life)  # type: ignore[attr-defined]
 
     def __iter__(self) -> Iterator[NodeState]:
         return (node for node in self._lives if node in self)

@@ -9,6 +9,7 @@ and the real nodes are in tests/integration/test_fleet_e2e.py).
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
 from dataclasses import dataclass
 from typing import cast
@@ -101,24 +102,43 @@ def test_excluded_nodes_are_skipped_and_all_excluded_is_unavailable() -> None:
 
 
 def test_a_node_tried_in_an_earlier_life_may_be_tried_again() -> None:
-    """A request's tried nodes are excluded in the life they had: one that failed it and
-    stayed up stays excluded; one that went down and came up since (a restarted
-    process) takes the request again."""
-    pool, clock, (a, b) = make_pool("a", "b")
+    """A request's tried nodes are excluded in the life they had (the node's reported
+    instance id): one that failed it and lives on stays excluded, even down and up
+    again; one that restarted since (a new instance) takes the request again; one
+    that reports no instance is never taken for another life."""
+    pool, clock, (a, b, c) = make_pool("a", "b", "c")
+    for state, life in ((a, "a1"), (b, "b1")):
+        pool.feed.described(state, NodeDescription(state.client.name, MODELS, instance=life))
     tried = Tried()
-    tried.add(a)
-    tried.add(b)
-    assert (a in tried, b in tried, len(tried)) == (True, True, 2)
+    for state in (a, b, c):
+        tried.add(state)
+    assert (a in tried, b in tried, c in tried, len(tried)) == (True, True, True, 3)
     with pytest.raises(NodeUnavailableError):
         pool.pick("m", exclude=tried)
     clock.now += 1
-    assert a.health.mark_down(clock.now, "killed")
-    clock.now += 1
-    pool.feed.described(a, NodeDescription("a", MODELS))  # back up: a new life
-    assert (a in tried, list(tried)) == (False, [b])
+    assert a.health.mark_down(clock.now, "refused a run")
+    pool.feed.described(a, NodeDescription("a", MODELS, instance="a1"))  # the same life
+    assert a in tried
+    pool.feed.described(a, NodeDescription("a", MODELS, instance="a2"))  # restarted
+    pool.feed.described(c, NodeDescription("c", MODELS))  # says nothing of its life
+    assert (a in tried, c in tried, list(tried)) == (False, True, [b, c])
     assert pool.pick("m", exclude=tried) is a
     tried.add(a)  # tried again, in this life
     assert a in tried
+
+
+def test_a_restarted_node_starts_with_an_empty_cache_index() -> None:
+    """A new instance id: the approximate index of what the node's KV cache holds is
+    forgotten (the cache went with the old process)."""
+    pool, _, (a,) = make_pool("a")
+    pool.feed.described(a, NodeDescription("a", MODELS, instance="a1"))
+    a.cache.resize(16)
+    a.cache.routed(array("Q", [1, 2, 3]))
+    assert len(a.cache) == 3
+    pool.feed.described(a, NodeDescription("a", MODELS, instance="a1"))
+    assert len(a.cache) == 3
+    pool.feed.described(a, NodeDescription("a", MODELS, instance="a2"))
+    assert len(a.cache) == 0
 
 
 def test_slots_none_when_every_eligible_node_is_full() -> None:
