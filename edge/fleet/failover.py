@@ -190,6 +190,7 @@ class Failover:
                         return Committed(moving, first, False)
                 # The run failed before any byte, on its node's side: another node?
                 if attempt < retries and trio.current_time() < deadline:
+                    tried.add(node)  # in the life the pool knows now: see `Tried`
                     slot = await self._next_node(request, tried, affinity_key, route)
                 if slot is None or not await self._dropped(run, attempt, deadline):
                     if run.start_error is not None:

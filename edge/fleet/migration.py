@@ -174,6 +174,8 @@ class Mover:
                 why = "too_long"
         node = None
         if why is None:
+            if (was := old.node) is not None:
+                self.tried.add(was)  # in the life the pool knows now: see `Tried`
             node = await self._node(continues=delivered.output)
             if node is None:
                 why = "no_node"
@@ -212,6 +214,7 @@ class Mover:
             # another node may take the continuation. (A node that did not accept in time
             # may still hold the run until its CancelRun: the answer ends there, as a run
             # is never live on two nodes.)
+            self.tried.add(node)  # in the life the pool knows now: see `Tried`
             node = None
             nothing_runs = isinstance(failed, (NodeUnavailableError, NodeFailedError))
             if nothing_runs and not session.terminated:

@@ -149,6 +149,12 @@ class Tried:
     request's earlier failure, and may take the request. One that failed it and
     lives on may not, nor one that does not say which life it is in. A collection of
     the nodes tried in their current life, as the pool's `exclude` takes it.
+
+    A node is recorded when a run is sent to it and again when that run failed:
+    the pool may learn of a restart only after a run reached the new process (on
+    the same address), and the life known at the failure is then the run's own.
+    A failure processed after the pool learned of a later restart records the
+    later life: the node is left out once more than it needed, never taken twice.
     """
 
     __slots__ = ("_lives",)
