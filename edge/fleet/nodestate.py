@@ -1,6 +1,6 @@
 """One node as the pool sees it (`NodeState`), and how what a node says of itself
 updates it: its cap on runs (`max_runs_of`), its cache index from a Watch report's
-KV block events (`kv_events`); the nodes one request tried (`Tried`).
+KV block events (`kv_events`).
 
 The pool (`edge.fleet.pool`) holds one `NodeState` per node and picks among them;
 the run side counts its runs in flight on it. Nothing here does I/O.
@@ -9,7 +9,6 @@ the run side counts its runs in flight on it. Nothing here does I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import trio
 
@@ -140,37 +139,3 @@ def max_runs_of(configured: int | None, described: NodeDescription | None) -> fl
     if described is not None and described.max_runs:
         return described.max_runs
     return math.inf
-
-
-class Tried:
-    """The nodes one request tried (a failover, a migration), each in the life it had
-    then (`NodeState.instance`, the node's own DescribeResponse.instance_id): a node
-    that restarted since (killed, upgraded) is a new process, with nothing of the
-    request's earlier failure, and may take the request. One that failed it and
-    lives on may not, nor one that does not say which life it is in. A collection of
-    the nodes tried in their current life, as the pool's `exclude` takes it.
-
-    A node is recorded when a run is sent to it and again when that run failed:
-    the pool may learn of a restart only after a run reached the new process (on
-    the same address), and the life known at the failure is then the run's own.
-    A failure processed after the pool learned of a later restart records the
-    later life: the node is left out once more than it needed, never taken twice.
-    """
-
-    __slots__ = ("_lives",)
-
-    def __init__(self) -> None:
-        self._lives: dict[NodeState, str] = {}
-
-    def add(self, node: NodeState) -> None:
-        self._lives[node] = node.instance
-
-    def __contains__(self, node: object) -> bool:
-        life = self._lives.get(node)  # type: ignore[call-overload]
-        return life is not None and (not life or node.instance == life)  # type: ignore[attr-defined]
-
-    def __iter__(self) -> Iterator[NodeState]:
-        return (node for node in self._lives if node in self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
 from edge.fleet import affinity
-from edge.fleet.nodestate import NodeState, Tried
+from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
 from edge.node.client import NodeClient, NodeDescription
 
@@ -99,32 +99,6 @@ def test_excluded_nodes_are_skipped_and_all_excluded_is_unavailable() -> None:
     assert pool.pick("m", exclude={a}) is b
     with pytest.raises(NodeUnavailableError):
         pool.pick("m", exclude=[a, b])
-
-
-def test_a_node_tried_in_an_earlier_life_may_be_tried_again() -> None:
-    """A request's tried nodes are excluded in the life they had (the node's reported
-    instance id): one that failed it and lives on stays excluded, even down and up
-    again; one that restarted since (a new instance) takes the request again; one
-    that reports no instance is never taken for another life."""
-    pool, clock, (a, b, c) = make_pool("a", "b", "c")
-    for state, life in ((a, "a1"), (b, "b1")):
-        pool.feed.described(state, NodeDescription(state.client.name, MODELS, instance=life))
-    tried = Tried()
-    for state in (a, b, c):
-        tried.add(state)
-    assert (a in tried, b in tried, c in tried, len(tried)) == (True, True, True, 3)
-    with pytest.raises(NodeUnavailableError):
-        pool.pick("m", exclude=tried)
-    clock.now += 1
-    assert a.health.mark_down(clock.now, "refused a run")
-    pool.feed.described(a, NodeDescription("a", MODELS, instance="a1"))  # the same life
-    assert a in tried
-    pool.feed.described(a, NodeDescription("a", MODELS, instance="a2"))  # restarted
-    pool.feed.described(c, NodeDescription("c", MODELS))  # says nothing of its life
-    assert (a in tried, c in tried, list(tried)) == (False, True, [b, c])
-    assert pool.pick("m", exclude=tried) is a
-    tried.add(a)  # tried again, in this life
-    assert a in tried
 
 
 def test_a_restarted_node_starts_with_an_empty_cache_index() -> None:
