@@ -109,8 +109,9 @@ class RoutingConfig:
     # when it does not report its capacity (kv_cache_tokens).
     cache_blocks: int = 16384
     # cache_aware: no node is chosen for its cache with more than this many times the
-    # mean runs of the candidates + 1.
-    cache_load_factor: float = 1.25
+    # mean runs of the candidates + 1 (looser than affinity's 1.25: a hit is short, and
+    # a prefix spilled to another node is a miss there; BENCHMARKS.md).
+    cache_load_factor: float = 2.0
     # cache_aware: the hot-spot guard: no node is chosen for its cache with more than
     # this many times the mean share of the edge's recent dispatches (about the last
     # 64) + 1.

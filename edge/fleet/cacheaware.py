@@ -7,7 +7,8 @@ counted from dispatch), its rank (`edge.fleet.load.rank`) and its cache
 index (`edge.fleet.cacheindex`). Then:
 
 1. **Load bound.** A node with more than `factor` x the candidates' mean
-   runs + 1 (1.25 x mean + 1 by default, as the affinity policy) is not
+   runs + 1 (`[routing] cache_load_factor`, 2 by default; this function's
+   own default is the affinity policy's 1.25) is not
    chosen for its cache.
 2. **Share bound** (the hot-spot guard). A node whose share of this edge's
    recent dispatches (`Recent`: a count per node decayed by one step each
