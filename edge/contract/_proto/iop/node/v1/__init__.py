@@ -188,9 +188,8 @@ class DescribeResponse(betterproto2.Message):
     """
     Names this run of the node's process: a new value each time it starts (a
     random id), the same in every answer until it stops. A caller that sees
-    it change knows the node restarted: its runs and its KV cache are gone, and
-    a request that failed on its earlier life may be tried on it again. Empty:
-    the node does not say (it is never taken for another life).
+    it change knows the node restarted: its runs and its KV cache are gone.
+    Empty: the node does not say.
     """
 
 
