@@ -1,6 +1,6 @@
 """One node as the pool sees it (`NodeState`), and how what a node says of itself
 updates it: its cap on runs (`max_runs_of`), its cache index from a Watch report's
-KV block events (`kv_events`); the nodes one request tried (`Tried`).
+KV block events (`kv_events`).
 
 The pool (`edge.fleet.pool`) holds one `NodeState` per node and picks among them;
 the run side counts its runs in flight on it. Nothing here does I/O.
@@ -9,7 +9,6 @@ the run side counts its runs in flight on it. Nothing here does I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import trio
 
@@ -140,37 +139,3 @@ def max_runs_of(configured: int | None, described: NodeDescription | None) -> fl
     if described is not None and described.max_runs:
         return described.max_runs
     return math.inf
-
-
-class Tried:
-    """The nodes one request tried (a failover, a moved answer), each with the life of
-    the node's process its run reached: the instance id the node named in that run's
-    accept. A node that reports another instance since restarted: a new process with
-    nothing of the request's failure, which may take the request again (a rolling
-    restart, an answer whose nodes all died in turn). A node whose run got no accept,
-    that names no instance, or whose current instance the edge does not know yet
-    stays excluded. A collection of the nodes excluded now, as the pool's `exclude`
-    takes it.
-    """
-
-    __slots__ = ("_lives",)
-
-    def __init__(self) -> None:
-        self._lives: dict[NodeState, str] = {}
-
-    def add(self, node: NodeState, instance: str = "") -> None:
-        """`node` was tried; `instance`: the life its run reached ("": unknown)."""
-        self._lives[node] = instance
-
-    def __contains__(self, node: object) -> bool:
-        life = self._lives.get(node)  # type: ignore[call-overload]
-        if life is None:
-            return False
-        now: str = node.instance  # type: ignore[attr-defined]
-        return not life or not now or now == life
-
-    def __iter__(self) -> Iterator[NodeState]:
-        return (node for node in self._lives if node in self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)

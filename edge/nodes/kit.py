@@ -74,7 +74,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import ContractCodec, Serialized
-from edge.contract.routes import INSTANCE_METADATA, MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
+from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
 from edge.nodes.blocklog import BlockLog
 from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extract, set_error
 
@@ -527,7 +527,7 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         span = self.run_span(stream, run)
         try:
             await self.hold(request)
-            await stream.send_initial_metadata(metadata={INSTANCE_METADATA: self.instance_id})
+            await stream.send_initial_metadata()
             outcome = await self.play(run, request, span)
             if run.outcome is None:
                 run.outcome = outcome

@@ -121,7 +121,7 @@ class _AcceptingStream:
     async def recv_message(self) -> pb.RunRequest:
         return self.request
 
-    async def send_initial_metadata(self, *, metadata: dict[str, str] | None = None) -> None:
+    async def send_initial_metadata(self) -> None:
         self.accepting.set()
         await asyncio.Event().wait()
 
