@@ -221,12 +221,11 @@ class NodeFeed:
                 "node {} is up, models: {}", state.client.name, clip_join(description.models)
             )
         old_cap, old_models = state.max_runs, state.models
-        if description.instance != state.instance:
-            if state.instance:
-                # A new process: what this edge knew of its KV cache went with the old one.
-                logger.info("node {} restarted (a new instance)", state.client.name)
-                state.cache.clear()
-            state.instance = description.instance
+        old = state.description
+        if old is not None and old.instance and description.instance != old.instance:
+            # A new process: what this edge knew of its KV cache went with the old one.
+            logger.info("node {} restarted (a new instance)", state.client.name)
+            state.cache.clear()
         state.models = description.models
         state.logprobs_models = description.logprobs_models
         state.continuation_models = description.continuation_models

@@ -36,7 +36,6 @@ class NodeState:
         "description",
         "health",
         "in_flight",
-        "instance",
         "kick",
         "load",
         "logprobs_models",
@@ -74,9 +73,6 @@ class NodeState:
         # Runs in flight it takes at once (inf: no limit).
         self.max_runs: float = max_runs_of(max_runs, None)
         self.description: NodeDescription | None = None
-        # The life of the node's process it last reported (DescribeResponse.instance_id;
-        # "": it does not say): a new one means it restarted.
-        self.instance = ""
         self.describing = False
         # Its load as its last Watch report gave it (None: no report on the stream open
         # now, or the node is polled), and this process's runs on it when it came.

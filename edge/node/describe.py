@@ -132,7 +132,7 @@ def description_from_pb(
         kv_stored=_hashes(response.kv_blocks_stored),
         kv_evicted=_hashes(response.kv_blocks_evicted),
         kv_snapshot=response.kv_blocks_snapshot,
-        instance=_name(response.instance_id or "", "an instance id", address),
+        instance=_name(response.instance_id, "an instance id", address),
     )
 
 

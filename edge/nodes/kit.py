@@ -14,8 +14,7 @@
   it ends: run_id, model, outcome, cancel_rpc, cancel_rpcs, events_sent. A run
   that ended without CancelRun waits CANCEL_GRACE_S for one (a CancelRun
   races the stream reset) before its line is written; a CancelRun for an id
-  the node does not know is logged as {"type": "cancel_rpc", "found": false,
-  "at": <unix time>}.
+  the node does not know is logged as {"type": "cancel_rpc", "found": false}.
   In-process users read the last FINISHED_KEPT records (`RunsLog.finished`); a
   node keeps nothing per run beyond that window, however long it serves.
 - `NodeSpans`: with tracing on, one SERVER span per run, continued from the
@@ -234,7 +233,7 @@ class RunsLog:
         """Record a CancelRun. Returns (the live run to stop or None, whether it was live)."""
         run = self._runs.get(run_id)
         if run is None:
-            self._write({"type": "cancel_rpc", "run_id": run_id, "found": False, "at": time.time()})
+            self._write({"type": "cancel_rpc", "run_id": run_id, "found": False})
             return None, False
         run.cancel_rpcs += 1
         if run.outcome is None:
