@@ -7,9 +7,8 @@ counted from dispatch), its rank (`edge.fleet.load.rank`) and its cache
 index (`edge.fleet.cacheindex`). Then:
 
 1. **Load bound.** A node with more than `factor` x the candidates' mean
-   runs + 1 (`[routing] cache_load_factor`, 2 by default; this function's
-   own default is the affinity policy's 1.25) is not
-   chosen for its cache.
+   runs + 1 (`[routing] cache_load_factor`, 2 by default) is not chosen for
+   its cache.
 2. **Share bound** (the hot-spot guard). A node whose share of this edge's
    recent dispatches (`Recent`: a count per node decayed by one step each
    dispatch, over about SHARE_WINDOW dispatches) is past `share_factor` x
@@ -42,7 +41,7 @@ Ties between equal ranks go round with `turn` (a number the pool advances
 each pick), so that equal nodes share the runs evenly.
 
 A session key (`X-Session-Id`, else `user`) pins the session to its node
-as the affinity policy does, within the same bound; the request's blocks
+as the affinity policy does, within the load bound; the request's blocks
 are recorded there all the same.
 
 `Choice.outcome` says which rule chose: `hit`, `miss`, `load_bound` (a node
@@ -70,9 +69,7 @@ from edge.fleet.load import Rank
 Outcome = Literal["hit", "miss", "load_bound", "session", "short"]
 OUTCOMES: Final[tuple[Outcome, ...]] = ("hit", "miss", "load_bound", "session", "short")
 
-# The share bound: no node chosen for its cache past this many times the mean share of
-# recent dispatches + 1 (`[routing] cache_share_factor`), over about this many.
-SHARE_FACTOR: Final = 1.4
+# The share bound counts dispatches over about this many (`Recent`).
 SHARE_WINDOW: Final = 64
 # The prefixes that missed whose node this edge remembers.
 MAX_PLACEMENTS: Final = 4096
@@ -169,13 +166,15 @@ def choose(
     nodes: Sequence[Candidate],
     *,
     session: str | None = None,
-    factor: float = affinity.LOAD_FACTOR,
-    share_factor: float = SHARE_FACTOR,
+    factor: float,
+    share_factor: float,
     placed_on: str | None = None,
     turn: int = 0,
 ) -> Choice:
-    """The node of `nodes` (not empty) a request of `blocks` goes to (see the module doc);
-    `placed_on`: the node this edge last placed the request's prefix on, if any."""
+    """The node of `nodes` (not empty) a request of `blocks` goes to (see the module doc):
+    the bounds are `factor` x the mean runs + 1 and `share_factor` x the mean share + 1
+    (`[routing] cache_load_factor`, `cache_share_factor`); `placed_on`: the node this
+    edge last placed the request's prefix on, if any."""
     if not nodes:
         raise ValueError("no node to choose from")
     count = len(nodes)
