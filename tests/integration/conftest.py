@@ -213,6 +213,16 @@ class RunningEdge:
         with trio.fail_after(within_s):
             await self.edge.runs.wait_idle()
 
+    def counted(self, name: str, **labels: str) -> float:
+        """The sum of the edge's samples `name` whose labels include `labels` (read in
+        process; `name` as the sample is named, e.g. `..._total` for a counter)."""
+        return sum(
+            s.value
+            for family in self.edge.metrics.registry.collect()
+            for s in family.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+
 
 def edge_config(sim: SimProcess, **timeouts: float) -> Config:
     return Config(

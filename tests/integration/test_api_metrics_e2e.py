@@ -8,15 +8,6 @@ import trio
 from tests.integration.conftest import RunningEdge, chat_body
 
 
-def _sum(edge: RunningEdge, name: str, **labels: str) -> float:
-    return sum(
-        s.value
-        for family in edge.edge.metrics.registry.collect()
-        for s in family.samples
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    )
-
-
 async def test_each_api_is_counted_under_its_own_label(edge: RunningEdge) -> None:
     text = "count me by api"
     bodies = {
@@ -34,12 +25,12 @@ async def test_each_api_is_counted_under_its_own_label(edge: RunningEdge) -> Non
     requests = "iop_edge_requests_total"
     # A request is counted once its cycle is over, just after its last byte went out.
     with trio.fail_after(10):
-        while _sum(edge, requests) < 4:  # noqa: ASYNC110 - in-process state with no event
+        while edge.counted(requests) < 4:  # noqa: ASYNC110 - in-process state with no event
             await trio.sleep(0.01)
-    assert _sum(edge, requests, api="chat", status="success", stream="false") == 1
-    assert _sum(edge, requests, api="responses", status="success", stream="true") == 1
-    assert _sum(edge, requests, api="messages", status="success") == 1
-    assert _sum(edge, requests, api="messages", status="error") == 1
-    assert _sum(edge, requests) == 4
+    assert edge.counted(requests, api="chat", status="success", stream="false") == 1
+    assert edge.counted(requests, api="responses", status="success", stream="true") == 1
+    assert edge.counted(requests, api="messages", status="success") == 1
+    assert edge.counted(requests, api="messages", status="error") == 1
+    assert edge.counted(requests) == 4
     for api in ("chat", "responses", "messages"):
-        assert _sum(edge, "iop_edge_tokens_total", api=api, type="output") > 0
+        assert edge.counted("iop_edge_tokens_total", api=api, type="output") > 0

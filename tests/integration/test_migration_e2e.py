@@ -52,6 +52,7 @@ from tests.integration.conftest import (
 CHAT = "/v1/chat/completions"
 WAIT_S = 30.0
 PIECES = 200
+MIGRATIONS = "iop_edge_migrations_total"
 EXPECTED = "".join(f"w{i} " for i in range(PIECES))
 # 200 deltas with a short sleep after each: an answer of a second or so.
 LONG = script(
@@ -79,26 +80,6 @@ def _config(*nodes: SimProcess, migrations: int = 1, keepalive_s: float = 0) -> 
         server=ServerConfig(listen="127.0.0.1:0", keepalive_s=keepalive_s, node_refresh_s=600),
         routing=RoutingConfig(retries=2, retry_backoff_s=0.01, migrations=migrations),
         nodes=tuple(NodeConfig(name, n.address) for name, n in zip("ab", nodes, strict=False)),
-    )
-
-
-def _migrated(edge: RunningEdge, outcome: str = "migrated") -> float:
-    total = 0.0
-    for family in edge.edge.metrics.registry.collect():
-        for sample in family.samples:
-            if (sample.name == "iop_edge_migrations_total"
-                    and sample.labels["outcome"] == outcome):  # fmt: skip
-                total += sample.value
-    return total
-
-
-def _retried(edge: RunningEdge) -> float:
-    """Runs started again on another node before any of their output reached the edge."""
-    return sum(
-        sample.value
-        for family in edge.edge.metrics.registry.collect()
-        for sample in family.samples
-        if sample.name == "iop_edge_retries_total"
     )
 
 
@@ -196,11 +177,12 @@ async def test_answers_cut_by_a_node_kill_complete_exactly_on_the_other_node(
         # the count and the kill): those on a moved if their output had reached the
         # edge (what a sent before it died included), else started again on b; each
         # answer did one or the other at most once (b never failed).
+        moved = running.counted(MIGRATIONS, outcome="migrated")
         if stream:
-            assert _migrated(running) == on_a
+            assert moved == on_a
         else:
-            assert _migrated(running) >= 1  # one had output on a: the poll saw it
-            assert _migrated(running) + _retried(running) <= 10
+            assert moved >= 1  # one had output on a: the poll saw it
+            assert moved + running.counted("iop_edge_retries_total") <= 10
         await running.wait_idle(within_s=WAIT_S)
         # b ran each answer once, whole or continued: one line per run id.
         on_b = [r for r in b.runs() if "outcome" in r]
@@ -235,7 +217,7 @@ async def test_a_stream_whose_node_died_before_output_but_after_a_keepalive_comp
             node.process.send_signal(signal.SIGKILL)
             node.process.wait(10)
         _whole(reader.text)
-        assert _migrated(running) == 1
+        assert running.counted(MIGRATIONS, outcome="migrated") == 1
         await stop_edge(running)
 
 
@@ -266,8 +248,8 @@ async def test_a_node_that_cannot_continue_takes_no_continuation(
             assert last["error"]["type"] == "run_error", text[-300:]
         for text in (s.text for s in streams if "data: [DONE]" in s.text):
             assert sse_content(sse_frames(text)) == EXPECTED
-        assert _migrated(running) == 0
-        assert _migrated(running, "no_node") == on_a
+        assert running.counted(MIGRATIONS, outcome="migrated") == 0
+        assert running.counted(MIGRATIONS, outcome="no_node") == on_a
         await running.wait_idle(within_s=WAIT_S)
         assert len([r for r in b.runs() if "outcome" in r]) == 4 - on_a
         await stop_edge(running)
@@ -294,5 +276,5 @@ async def test_a_client_that_left_is_never_migrated(nursery: trio.Nursery, tmp_p
         assert record is not None
         assert record["outcome"] == "cancelled", record
         assert not any(r.get("run_id") == run_id for r in other.runs())
-        assert _migrated(running) == 0
+        assert running.counted(MIGRATIONS, outcome="migrated") == 0
         await stop_edge(running)
