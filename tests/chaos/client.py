@@ -40,7 +40,7 @@ class StreamResult:
     t_end: float = 0.0
     # When the response head (its first byte) arrived; None: it never did.
     t_head: float | None = None
-    # When the client stopped reading (a plan's stall), from the request's start.
+    # When the client stopped reading (a plan's stall); None: it did not.
     t_stall: float | None = None
     ended: str = ""
     status: int | None = None
