@@ -7,8 +7,10 @@ other, and knows nothing of the pool. They differ in the loop they run on:
 
 - `embedded_node`: the simulated node, on the asyncio loop the bridge hosts
   inside trio (`edge.node.bridge`).
-- `embedded_upstream_node`: iop-node, on an asyncio loop of its own
-  (`asyncio.run` in a thread), not on the trio-asyncio loop: httpx's
+- `embedded_upstream_node`: iop-node, on an asyncio loop of its own (a
+  `SelectorEventLoop` in a thread, named as the runner's loop factory: the
+  policy trio-asyncio installs would make it trio-asyncio's loop), not on the
+  trio-asyncio loop: httpx's
   transport (anyio) finds the running loop the standard way there, so
   nothing of anyio or asyncio is patched. A developer can point the edge
   straight at a local model server without a second daemon. Stopping it
@@ -77,7 +79,11 @@ class _NodeThread:
 
     def _main(self) -> None:
         try:
-            asyncio.run(self._serve())
+            # A loop of asyncio's own, named: trio-asyncio's event loop policy (the
+            # edge's bridge installs it) would give `asyncio.run` a SyncTrioEventLoop,
+            # a trio run under asyncio, which costs the node several times the CPU.
+            with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+                runner.run(self._serve())
         except BaseException as exc:  # reported to whoever waits on start()
             self._error = exc
         finally:
