@@ -250,8 +250,10 @@ def setup_logging(
     _sink_id = _add_sink(_sink, level)
     logging.basicConfig(handlers=[InterceptHandler()], level=0, force=True)
     logging.captureWarnings(True)
-    # Frame-level debug chatter of h2/hpack/grpclib is never wanted.
-    for noisy in ("hpack", "h2", "grpclib"):
+    # Frame-level debug chatter of h2/hpack/grpclib, and httpcore's trace of each
+    # request's steps (iop-node's upstream calls), is never wanted: below WARNING it
+    # costs a record per step only for the sink to drop it.
+    for noisy in ("hpack", "h2", "grpclib", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -317,3 +317,23 @@ def test_a_record_of_any_size_writes_a_bounded_line(fmt: str) -> None:
         assert "…(+" in text
         assert text.splitlines()[-1].endswith("done")
         assert all(len(line) <= LINE_CHARS + 20 for line in text.splitlines())
+
+
+_CHATTER_SCRIPT = """
+import logging
+from edge.observe.log import setup_logging
+setup_logging("DEBUG", "text")
+quiet = ("h2", "hpack", "grpclib", "httpcore.connection", "httpcore.http11")
+print(all(not logging.getLogger(n).isEnabledFor(logging.INFO) for n in quiet))
+print(logging.getLogger("quart.app").isEnabledFor(logging.DEBUG))
+"""
+
+
+def test_library_step_chatter_is_off_even_at_debug() -> None:
+    """Per-frame (h2, hpack, grpclib) and per-request-step (httpcore: iop-node's
+    upstream calls) debug records are not even created, whatever the edge's level; other
+    libraries' records reach the sink at its level."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CHATTER_SCRIPT], capture_output=True, timeout=60, check=True
+    )
+    assert done.stdout.decode().split() == ["True", "True"]
