@@ -25,6 +25,10 @@ def _route(request_type: type) -> str:
 RUN_ROUTE: str = _route(pb.RunRequest)
 WATCH_ROUTE: str = _route(pb.WatchRequest)
 
+# The Run call's initial metadata (the node's accept) names the life of the node's
+# process that took the run: DescribeResponse.instance_id, under this key.
+INSTANCE_METADATA = "iop-instance"
+
 # gRPC's default limit on a received message, at the edge and at every node. A node
 # never needs more (it splits long text into deltas); a larger message is refused.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024

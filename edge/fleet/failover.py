@@ -50,7 +50,7 @@ from edge.config import RoutingConfig, TimeoutsConfig
 from edge.errors import EdgeError
 from edge.fleet.cacheaware import Route
 from edge.fleet.migration import CANCEL_WAIT_S, MigrationScope, MovableRun, Mover
-from edge.fleet.nodestate import NodeState
+from edge.fleet.nodestate import NodeState, Tried
 from edge.fleet.run import Run
 from edge.fleet.runs import Runs
 from edge.node.wire import PreparedRunRequest
@@ -150,7 +150,7 @@ class Failover:
             finally:
                 scope.slot_wait(began, queued[0] if queued else None)
             api, metadata = scope.api, scope.node_metadata
-            tried: list[NodeState] = []
+            tried = Tried()
             # An answer that breaks after output moves to another node (the nodes tried
             # excluded), at most `migrations` times a request (`edge.fleet.migration`).
             mover = Mover(
@@ -161,7 +161,7 @@ class Failover:
             for attempt in range(retries + 1):
                 node = slot
                 assert node is not None  # taken above, or for this retry
-                tried.append(node)
+                tried.add(node)
                 run = runs.open(
                     node, scope.nursery, request, payload, new_session(),
                     request_id=scope.request_id, keepalive_s=keepalive_s, deadline=deadline,
@@ -189,6 +189,7 @@ class Failover:
                         return Committed(moving, first, False)
                 # The run failed before any byte, on its node's side: another node?
                 if attempt < retries and trio.current_time() < deadline:
+                    tried.add(node, run.instance)  # the life it reached, if it said
                     slot = await self._next_node(request, tried, affinity_key, route)
                 if slot is None or not await self._dropped(run, attempt, deadline):
                     if run.start_error is not None:
@@ -212,7 +213,7 @@ class Failover:
     async def _next_node(
         self,
         request: ChatRequest,
-        tried: list[NodeState],
+        tried: Tried,
         affinity_key: str | None,
         route: Route | None,
     ) -> NodeState | None:

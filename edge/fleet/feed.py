@@ -226,6 +226,7 @@ class NodeFeed:
             # A new process: what this edge knew of its KV cache went with the old one.
             logger.info("node {} restarted (a new instance)", state.client.name)
             state.cache.clear()
+            state.past_instances.append(old.instance)
         state.models = description.models
         state.logprobs_models = description.logprobs_models
         state.continuation_models = description.continuation_models

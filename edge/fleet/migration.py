@@ -9,7 +9,8 @@ When the run breaks after output (`edge.fleet.continuation`: its stream broke
 or was reset, its node went away, was drained, or failed) and the answer may
 move (`Mover.move`): the request is within its total deadline, it has
 `[routing] migrations` left, the answer so far is within what a continuation
-carries, and another node (not tried yet, up, admitting runs) whose model
+carries, and another node (not tried yet, or restarted since: `Tried`; up,
+admitting runs) whose model
 says `continuation` has a slot for it, then a run on that node continues the
 answer: the request's RunRequest with `continuation` (the text and reasoning
 text its earlier runs sent, every event in order, and their output tokens),
@@ -68,7 +69,7 @@ from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import EdgeError, NodeFailedError, NodeUnavailableError
 from edge.fleet.cacheaware import Route
 from edge.fleet.continuation import Break, Delivered, why_not
-from edge.fleet.nodestate import NodeState
+from edge.fleet.nodestate import NodeState, Tried
 from edge.fleet.run import Run, RunInfo
 from edge.fleet.runs import Runs
 from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S
@@ -118,7 +119,7 @@ class Mover:
     payload: PreparedRunRequest
     deadline: float
     left: int
-    tried: list[NodeState] = field(default_factory=list)
+    tried: Tried = field(default_factory=Tried)
     keepalive_s: float = 0.0
     affinity_key: str | None = None
     route: Route | None = None
@@ -173,6 +174,8 @@ class Mover:
                 why = "too_long"
         node = None
         if why is None:
+            if (was := old.node) is not None:
+                self.tried.add(was, old.instance)  # the life it reached: see `Tried`
             node = await self._node(continues=delivered.output)
             if node is None:
                 why = "no_node"
@@ -191,7 +194,7 @@ class Mover:
         self.left -= 1
         tokens = delivered.moved()
         while True:
-            self.tried.append(node)
+            self.tried.add(node)
             new = self.runs.open(
                 node, self.scope.nursery, self.request, payload, session,
                 request_id=self.scope.request_id, keepalive_s=self.keepalive_s,

@@ -1,6 +1,6 @@
 """One node as the pool sees it (`NodeState`), and how what a node says of itself
 updates it: its cap on runs (`max_runs_of`), its cache index from a Watch report's
-KV block events (`kv_events`).
+KV block events (`kv_events`); the nodes one request tried (`Tried`).
 
 The pool (`edge.fleet.pool`) holds one `NodeState` per node and picks among them;
 the run side counts its runs in flight on it. Nothing here does I/O.
@@ -8,7 +8,9 @@ the run side counts its runs in flight on it. Nothing here does I/O.
 
 from __future__ import annotations
 
+import collections
 import math
+from collections.abc import Iterator
 
 import trio
 
@@ -18,6 +20,10 @@ from edge.fleet.cacheindex import MAX_BLOCKS, CacheIndex
 from edge.fleet.health import HealthPolicy, NodeHealth
 from edge.fleet.load import NodeLoad
 from edge.node.client import NodeClient, NodeDescription
+
+# How many ended lives of a node's process are remembered: more restarts than a
+# request's deadline sees.
+PAST_INSTANCES = 8
 
 
 class NodeState:
@@ -41,6 +47,7 @@ class NodeState:
         "logprobs_models",
         "max_runs",
         "models",
+        "past_instances",
         "polled",
         "probed",
         "retired",
@@ -74,6 +81,9 @@ class NodeState:
         self.max_runs: float = max_runs_of(max_runs, None)
         self.description: NodeDescription | None = None
         self.describing = False
+        # The lives of its process this edge saw end: instance ids it reported, each
+        # replaced by a later one (a restart), the last few (`Tried`).
+        self.past_instances: collections.deque[str] = collections.deque(maxlen=PAST_INSTANCES)
         # Its load as its last Watch report gave it (None: no report on the stream open
         # now, or the node is polled), and this process's runs on it when it came.
         self.load: NodeLoad | None = None
@@ -135,3 +145,37 @@ def max_runs_of(configured: int | None, described: NodeDescription | None) -> fl
     if described is not None and described.max_runs:
         return described.max_runs
     return math.inf
+
+
+class Tried:
+    """The nodes one request tried (a failover, a moved answer), each with the life of
+    the node's process its run reached: the instance id the node named in that run's
+    accept. A node may take the request again once the edge saw that life end: the
+    node reported it, then another one (it restarted, a new process with nothing of
+    the request's failure: a rolling restart, an answer whose nodes all died in turn).
+    A node whose run got no accept, that names no instance, or whose run reached a
+    life the edge has not seen end (a restart it has not heard of yet, or none) stays
+    excluded. A collection of the nodes excluded now, as the pool's `exclude` takes it.
+    """
+
+    __slots__ = ("_lives",)
+
+    def __init__(self) -> None:
+        self._lives: dict[NodeState, str] = {}
+
+    def add(self, node: NodeState, instance: str = "") -> None:
+        """`node` was tried; `instance`: the life its run reached ("": unknown)."""
+        self._lives[node] = instance
+
+    def __contains__(self, node: object) -> bool:
+        life = self._lives.get(node)  # type: ignore[call-overload]
+        if life is None:
+            return False
+        assert isinstance(node, NodeState)
+        return not life or life not in node.past_instances
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return (node for node in self._lives if node in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -167,6 +167,12 @@ class Run:
         return self.handle is not None
 
     @property
+    def instance(self) -> str:
+        """The life of the node's process that accepted the run ("": none did, or the
+        node does not say): `edge.fleet.nodestate.Tried`."""
+        return self.handle.instance if self.handle is not None else ""
+
+    @property
     def failed_over(self) -> bool:
         """Whether another node may serve the request instead: this run ended in a node
         failure before any byte of its answer can have reached the caller (before any

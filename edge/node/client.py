@@ -97,7 +97,10 @@ class RunHandle:
         done: set once the read task is over, CancelRun included.
     """
 
-    __slots__ = ("_scope", "cause", "done", "error", "events", "finished", "node_name", "run_id")
+    __slots__ = (
+        "_scope", "cause", "done", "error", "events", "finished", "instance", "node_name",
+        "run_id",
+    )  # fmt: skip
 
     def __init__(
         self, run_id: str, node_name: str, events: EventBuffer, *, deadline: float = math.inf
@@ -108,6 +111,9 @@ class RunHandle:
         self.error: EdgeError | None = None
         self.cause: EndCause | None = None
         self.finished = False
+        # The life of the node's process that accepted the run (its instance id; "":
+        # not accepted yet, or the node does not say).
+        self.instance = ""
         self.done = trio.Event()
         # The read task's scope; its deadline is the run's total deadline.
         self._scope = trio.CancelScope(deadline=deadline)
@@ -265,6 +271,7 @@ class GrpcNodeClient:
                 await handle.done.wait()
             raise
         assert isinstance(first, Accepted)
+        handle.instance = first.instance
         return handle
 
     async def _run(

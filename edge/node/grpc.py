@@ -22,7 +22,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import ContractCodec
-from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
+from edge.contract.routes import INSTANCE_METADATA, MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.node.convert import Refused, RunEventDecoder, Skip
 from edge.node.wire import EncodedRunRequest
@@ -78,12 +78,26 @@ _CODEC = BoundedCodec()
 
 
 class Accepted:
-    """First item a run sends into its sink: the node has accepted the run."""
+    """First item a run sends into its sink: the node has accepted the run, in the
+    life of its process `instance` names ("": the node does not say)."""
 
-    __slots__ = ()
+    __slots__ = ("instance",)
+
+    def __init__(self, instance: str = "") -> None:
+        self.instance = instance
 
 
 ACCEPTED = Accepted()
+# An instance id longer than this in a node's accept is not taken (as no instance).
+MAX_INSTANCE_CHARS = 256
+
+
+def _accepted(metadata: Mapping[str, str | bytes] | None) -> Accepted:
+    """The accept of a run, with the node's instance from its initial metadata."""
+    value = metadata.get(INSTANCE_METADATA) if metadata is not None else None
+    if isinstance(value, str) and 0 < len(value) <= MAX_INSTANCE_CHARS:
+        return Accepted(value)
+    return ACCEPTED
 
 
 class EventSink(Protocol):
@@ -303,8 +317,9 @@ class GrpcNode:
                 await stream.send_message(request, end=True)
                 await stream.recv_initial_metadata()
                 accepted = True
-                if not sink.put_nowait(ACCEPTED):
-                    await sink.put(ACCEPTED)
+                accept = _accepted(stream.initial_metadata)
+                if not sink.put_nowait(accept):
+                    await sink.put(accept)
                 put_nowait = sink.put_nowait
                 recv = cast("Callable[[], Awaitable[NodeEvent | Skip | None]]", stream.recv_message)
                 while (event := await recv()) is not None:

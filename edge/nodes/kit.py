@@ -14,7 +14,8 @@
   it ends: run_id, model, outcome, cancel_rpc, cancel_rpcs, events_sent. A run
   that ended without CancelRun waits CANCEL_GRACE_S for one (a CancelRun
   races the stream reset) before its line is written; a CancelRun for an id
-  the node does not know is logged as {"type": "cancel_rpc", "found": false}.
+  the node does not know is logged as {"type": "cancel_rpc", "found": false,
+  "at": <unix time>}.
   In-process users read the last FINISHED_KEPT records (`RunsLog.finished`); a
   node keeps nothing per run beyond that window, however long it serves.
 - `NodeSpans`: with tracing on, one SERVER span per run, continued from the
@@ -73,7 +74,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import ContractCodec, Serialized
-from edge.contract.routes import MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
+from edge.contract.routes import INSTANCE_METADATA, MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
 from edge.nodes.blocklog import BlockLog
 from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extract, set_error
 
@@ -233,7 +234,7 @@ class RunsLog:
         """Record a CancelRun. Returns (the live run to stop or None, whether it was live)."""
         run = self._runs.get(run_id)
         if run is None:
-            self._write({"type": "cancel_rpc", "run_id": run_id, "found": False})
+            self._write({"type": "cancel_rpc", "run_id": run_id, "found": False, "at": time.time()})
             return None, False
         run.cancel_rpcs += 1
         if run.outcome is None:
@@ -526,7 +527,7 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         span = self.run_span(stream, run)
         try:
             await self.hold(request)
-            await stream.send_initial_metadata()
+            await stream.send_initial_metadata(metadata={INSTANCE_METADATA: self.instance_id})
             outcome = await self.play(run, request, span)
             if run.outcome is None:
                 run.outcome = outcome

@@ -143,11 +143,15 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
             rejected[rid].append(rec["status"])
     lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
     unknown_cancels: Counter[str] = Counter()
-    unknown_at: Counter[tuple[str, str]] = Counter()  # (run id, node)
+    # (run id, node) -> (life, unix time) of each CancelRun for an id the node did not know
+    unknown_at: dict[tuple[str, str], list[tuple[int, float | None]]] = defaultdict(list)
     for node, rec in obs.runs_lines:
         if rec.get("type") == "cancel_rpc":
             unknown_cancels[str(rec.get("run_id"))] += 1
-            unknown_at[str(rec.get("run_id")), node] += 1
+            at = rec.get("at")
+            unknown_at[str(rec.get("run_id")), node].append(
+                (int(rec.get("_life", 0)), float(at) if at is not None else None)
+            )
         elif "run_id" in rec:
             lines[str(rec["run_id"])].append({**rec, "node": node})
     joined: list[Joined] = []
@@ -167,12 +171,18 @@ def join(obs: Observed) -> tuple[list[Joined], dict[str, Any]]:
         if j.run_id is not None:
             j.attempts = lines.get(j.run_id, [])
             # With failover, one run id may have a line on each node an attempt reached:
-            # the answering attempt's is the one on the node the edge logged.
+            # the answering attempt's is the one on the node the edge logged; a node
+            # restarted since an earlier attempt (a new life, which the edge may try
+            # again) has one per life, and the answering attempt is in its last (two in
+            # one life still count as two).
             mine = [x for x in j.attempts if x["node"] == j.node]
+            if mine:
+                last = max(int(x.get("_life", 0)) for x in mine)
+                mine = [x for x in mine if int(x.get("_life", 0)) == last]
             j.lines = mine if j.node is not None else j.attempts
             j.cancels = sum(int(x.get("cancel_rpcs", 0)) for x in j.lines)
             if j.node is not None:
-                j.cancels += unknown_at.get((j.run_id, j.node), 0)
+                j.cancels += _unknown_cancels_of(unknown_at.get((j.run_id, j.node), []), mine)
             else:
                 j.cancels += unknown_cancels.get(j.run_id, 0)
         j.cancel_lost = j.run_id in cancel_lost
@@ -301,6 +311,24 @@ def _cancel_lost_runs(msg: str) -> list[str]:
         named = msg.split(" run(s) (", 1)[1].split(")", 1)[0]
         return named.split(" and ", 1)[0].split()
     return []
+
+
+def _unknown_cancels_of(
+    unknown: list[tuple[int, float | None]], lines: list[dict[str, Any]]
+) -> int:
+    """The CancelRuns for an unknown id on the answering node that are the answering
+    attempt's: in its life or later (a CancelRun that reached the node after it
+    restarted), and not before that attempt started there (an earlier attempt's, on
+    the node's earlier life, whose CancelRun reached the restarted node first)."""
+    if not lines:
+        return len(unknown)
+    life = int(lines[0].get("_life", 0))
+    started = lines[0].get("started_at")
+    return sum(
+        1 for at_life, at in unknown
+        if at_life > life
+        or (at_life == life and (at is None or started is None or at >= float(started)))
+    )  # fmt: skip
 
 
 def _affected(j: Joined, downtimes: dict[str, list[tuple[float, float]]]) -> bool:

@@ -17,6 +17,9 @@ migrated answer must be the text of an uncut one.
   output: it starts again on the other node and completes whole.
 - A client that left is never migrated: its run is cancelled on its node, and the
   other node's runs log never names it.
+- An answer whose two nodes are killed in turn goes back to the first, restarted
+  meanwhile (a new process, a life the edge saw the old one's end of), and
+  completes whole; the restarted process runs it once.
 
 Waits are bounded polls on in-process state or on the nodes' runs logs; nothing
 asserts a duration.
@@ -277,4 +280,62 @@ async def test_a_client_that_left_is_never_migrated(nursery: trio.Nursery, tmp_p
         assert record["outcome"] == "cancelled", record
         assert not any(r.get("run_id") == run_id for r in other.runs())
         assert running.counted(MIGRATIONS, outcome="migrated") == 0
+        await stop_edge(running)
+
+
+def _node_state(edge: RunningEdge, name: str) -> Any:
+    return next(s for s in edge.edge.pool.nodes if s.client.name == name)
+
+
+async def test_an_answer_whose_nodes_died_in_turn_goes_back_to_a_restarted_one(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A fleet of two, one long answer: its node killed mid-answer, it moves to the other;
+    the first restarted on its address (a new process: the edge hears its new instance),
+    the second killed too: the answer goes back to the first node, whose life it failed
+    in has ended, and completes whole. The new process runs it once."""
+    # The answer pauses on nodes "a" and "b" only (where it is killed); the restarted
+    # process is named "a2" or "b2", so it plays the rest at once.
+    paced = script(
+        *[{"type": "delta", "delta": f"w{i} "} for i in range(10)],
+        {"sleep_ms": 60_000, "on_node": "a"}, {"sleep_ms": 60_000, "on_node": "b"},
+        *[{"type": "delta", "delta": f"w{i} "} for i in range(10, PIECES)],
+        {"type": "complete", "usage": {"input_tokens": 9, "output_tokens": PIECES}},
+    )  # fmt: skip
+    with _sims(tmp_path, (), ()) as sims, ExitStack() as stack:
+        running = await start_edge(nursery, _config(*sims, migrations=2))
+        body = chat_body("sim-script", paced, stream=True)
+        body["stream_options"] = {"include_usage": True}
+        reader = _Stream()
+        async with (
+            httpx.AsyncClient(base_url=running.url, timeout=60) as http,
+            trio.open_nursery() as clients,
+        ):
+            clients.start_soon(reader.read, http, body)
+            await poll(lambda: reader.pieces >= 10)
+            first = "a" if _live_on(running, "a", lambda r: r.accepted) else "b"
+            nodes = dict(zip("ab", sims, strict=True))
+            other = "b" if first == "a" else "a"
+            nodes[first].process.send_signal(signal.SIGKILL)
+            nodes[first].process.wait(10)
+            await poll(lambda: _live_on(running, other, lambda r: r.accepted) >= 1)
+            state = _node_state(running, first)
+            old = state.description.instance
+            again = start_sim(
+                tmp_path, f"{first}2", "--name", f"{first}2", "--listen", nodes[first].address
+            )
+            stack.callback(stop_process, again.process)
+            await poll(
+                lambda: state.description.instance not in ("", old) and state.health.up
+            )  # fmt: skip
+            assert not reader.done
+            nodes[other].process.send_signal(signal.SIGKILL)
+            nodes[other].process.wait(10)
+        _whole(reader.text)
+        assert running.counted(MIGRATIONS, outcome="migrated") == 2
+        run_id = sse_frames(reader.text)[0]["id"].removeprefix("chatcmpl-")
+        await running.wait_idle(within_s=WAIT_S)
+        record = await again.wait_run(run_id)
+        assert record["outcome"] == "complete", record
+        assert len([r for r in again.runs() if r.get("run_id") == run_id]) == 1
         await stop_edge(running)

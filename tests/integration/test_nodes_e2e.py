@@ -106,3 +106,24 @@ async def test_more_runs_than_one_connection_carries(sim: SimProcess) -> None:
         finally:
             await client.aclose()
     assert first == [Delta("x")] * runs
+
+
+async def test_a_run_is_accepted_by_a_named_life_of_the_node(sim: SimProcess) -> None:
+    """The node names the life of its process in each Run's accept (its initial metadata),
+    the same instance id its Describe gives: the edge's handle of the run holds it."""
+    host, port = sim.address.rsplit(":", 1)
+    client = GrpcNodeClient("sim", host, int(port))
+    request = pb.RunRequest(
+        run_id="instance-1", model="sim-echo", messages=[pb.Message(role="user", content="hi")]
+    )
+    async with asyncio_loop():
+        try:
+            with trio.fail_after(WAIT_S):
+                described = await client.describe()
+                async with trio.open_nursery() as nursery:
+                    deadline = trio.current_time() + WAIT_S
+                    handle = await client.start_run(nursery, request, deadline=deadline)
+        finally:
+            await client.aclose()
+    assert len(described.instance) == 16
+    assert handle.instance == described.instance

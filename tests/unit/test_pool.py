@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
 from edge.fleet import affinity
-from edge.fleet.nodestate import NodeState
+from edge.fleet.nodestate import NodeState, Tried
 from edge.fleet.pool import NodePool
 from edge.node.client import NodeClient, NodeDescription
 
@@ -99,6 +99,38 @@ def test_excluded_nodes_are_skipped_and_all_excluded_is_unavailable() -> None:
     assert pool.pick("m", exclude={a}) is b
     with pytest.raises(NodeUnavailableError):
         pool.pick("m", exclude=[a, b])
+
+
+def test_a_node_tried_is_excluded_until_it_restarts() -> None:
+    """A request's tried nodes stay excluded in the life its run reached (the instance
+    the node named in the run's accept): one that failed it and lives on stays out, even
+    down and up again; one the edge saw report another instance since (a restart) may
+    take the request; one whose run got no accept, that names no life, or whose run
+    reached a life the edge has not seen end, stays out."""
+    pool, clock, (a, b, c) = make_pool("a", "b", "c")
+    for state, life in ((a, "a1"), (b, "b1")):
+        pool.feed.described(state, NodeDescription(state.client.name, MODELS, instance=life))
+    tried = Tried()
+    tried.add(a, "a1")  # its run was accepted by a1
+    tried.add(b)  # its run got no accept
+    tried.add(c, "c1")  # c names no life in its reports
+    assert (a in tried, b in tried, c in tried, len(tried)) == (True, True, True, 3)
+    with pytest.raises(NodeUnavailableError):
+        pool.pick("m", exclude=tried)
+    assert a.health.mark_down(clock.now, "refused a run")
+    pool.feed.described(a, NodeDescription("a", MODELS, instance="a1"))  # the same life
+    assert a in tried
+    pool.feed.described(a, NodeDescription("a", MODELS, instance="a2"))  # restarted
+    pool.feed.described(b, NodeDescription("b", MODELS, instance="b2"))
+    assert (a in tried, b in tried, list(tried)) == (False, True, [b, c])
+    assert pool.pick("m", exclude=tried) is a
+    tried.add(a, "a2")  # tried again, in this life
+    assert a in tried
+    # A run that reached a life the edge had not heard of yet (the restart raced the
+    # run): that life has not ended, whatever the edge knew before; the node stays out.
+    tried.add(b, "b3")
+    pool.feed.described(b, NodeDescription("b", MODELS, instance="b3"))
+    assert b in tried
 
 
 def test_a_restarted_node_starts_with_an_empty_cache_index() -> None:

@@ -189,7 +189,9 @@ class DescribeResponse(betterproto2.Message):
     Names this run of the node's process: a new value each time it starts (a
     random id), the same in every answer until it stops. A caller that sees
     it change knows the node restarted: its runs and its KV cache are gone.
-    Empty: the node does not say.
+    Empty: the node does not say. A node that sets it also names it in each
+    Run's initial metadata (its accept), as "iop-instance": the life that took
+    that run.
     """
 
 
