@@ -214,6 +214,8 @@ class Mover:
             # another node may take the continuation. (A node that did not accept in time
             # may still hold the run until its CancelRun: the answer ends there, as a run
             # is never live on two nodes.)
+            if new.unreached:  # no process of it saw the run: it may, once up again
+                self.tried.discard(node)
             node = None
             nothing_runs = isinstance(failed, (NodeUnavailableError, NodeFailedError))
             if nothing_runs and not session.terminated:

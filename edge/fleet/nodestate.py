@@ -167,6 +167,11 @@ class Tried:
         """`node` was tried; `instance`: the life its run reached ("": unknown)."""
         self._lives[node] = instance
 
+    def discard(self, node: NodeState) -> None:
+        """`node` was not tried after all: its run never reached it (the RunRequest was
+        not written: no connection). Its health keeps it out while it is down."""
+        self._lives.pop(node, None)
+
     def __contains__(self, node: object) -> bool:
         life = self._lives.get(node)  # type: ignore[call-overload]
         if life is None:

@@ -167,6 +167,13 @@ class Run:
         return self.handle is not None
 
     @property
+    def unreached(self) -> bool:
+        """Its node was unreachable before the RunRequest was written to a connection:
+        no process of the node saw the run (and the pool marked the node down)."""
+        error = self.start_error
+        return isinstance(error, NodeUnavailableError) and not error.sent
+
+    @property
     def instance(self) -> str:
         """The life of the node's process that accepted the run ("": none did, or the
         node does not say): `edge.fleet.nodestate.Tried`."""

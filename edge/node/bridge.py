@@ -20,13 +20,13 @@ import trio
 import trio_asyncio
 
 from edge.node.backlog import Backlog
-from edge.node.grpc import Accepted
+from edge.node.grpc import Accepted, Sent
 from edge.stream.events import Complete, Delta, Failed, LogprobDelta, NodeEvent, ReasoningDelta
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-Item = NodeEvent | Accepted
+Item = NodeEvent | Accepted | Sent
 
 _TEXT_EVENTS = frozenset({Delta, ReasoningDelta})
 _TERMINAL_EVENTS = frozenset({Complete, Failed})
@@ -250,8 +250,8 @@ class EventBuffer:
 
     # --- consumer (the stream's writer) -----------------------------------------
 
-    # The first item is always ACCEPTED, taken by whoever starts the run; the
-    # consumer sees node events after it (typed so, to spare a check per event).
+    # The first items are always SENT and ACCEPTED, taken by whoever starts the run;
+    # the consumer sees node events after them (typed so, to spare a check per event).
 
     def _taken(self, item: Item) -> NodeEvent:
         kind = type(item)
@@ -279,3 +279,7 @@ class EventBuffer:
 
     async def receive(self) -> NodeEvent:
         return self._taken(await self._receive.receive())
+
+    async def receive_start(self) -> Item:
+        """The next item while the run starts (SENT, then ACCEPTED), for its starter."""
+        return await self._receive.receive()

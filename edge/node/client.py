@@ -31,6 +31,7 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import (
     EdgeError,
+    NodeError,
     NodeFailedError,
     NodeTimeoutError,
     NodeUnavailableError,
@@ -40,7 +41,7 @@ from edge.node.backlog import Backlog
 from edge.node.bridge import EventBuffer, call_asyncio
 from edge.node.describe import NodeDescription as NodeDescription
 from edge.node.describe import description_from_pb
-from edge.node.grpc import Accepted, GrpcNode, NodeWatch
+from edge.node.grpc import Accepted, GrpcNode, NodeWatch, Sent
 from edge.node.grpc import WatchUnsupported as WatchUnsupported
 from edge.node.wire import EncodedRunRequest
 from edge.observe.logbound import clip
@@ -220,8 +221,10 @@ class GrpcNodeClient:
         A request over the nodes' gRPC message limit is refused at once
         (PayloadTooLargeError, a 413): the node would refuse it anyway.
 
-        A node that has not accepted the run within `accept_s` fails it with
-        NodeTimeoutError (the run is cancelled, EndCause.TIMEOUT). When this
+        A node that has not accepted the run within `accept_s` of its RunRequest
+        written to the connection, or a RunRequest not written within `accept_s`
+        (the node unreachable, or the loop behind), fails it with NodeTimeoutError
+        (the run is cancelled, EndCause.TIMEOUT). When this
         raises, the read task is over (its CancelRun included).
 
         `deadline` (trio clock) bounds the whole run: past it the run is
@@ -245,15 +248,28 @@ class GrpcNodeClient:
         nursery.start_soon(self._run, handle, request, events, metadata)
         try:
             try:
-                with trio.move_on_after(accept_s) as waiting:
-                    first = await events.receive()
-                if waiting.cancelled_caught:
-                    handle.cancel(EndCause.TIMEOUT)
-                    raise NodeTimeoutError(
-                        f"node {self.name} did not accept the run in {accept_s}s"
-                    )
+                # `accept_s` to write the RunRequest (a connection to make first), then
+                # `accept_s` from there for the node to accept it.
+                limit, sent = trio.current_time() + accept_s, False
+                while True:
+                    with trio.move_on_at(limit) as waiting:
+                        first = await events.receive_start()
+                    if waiting.cancelled_caught:
+                        handle.cancel(EndCause.TIMEOUT)
+                        late = NodeTimeoutError(
+                            f"node {self.name} did not accept the run in {accept_s}s"
+                            if sent else f"the run could not be sent to node {self.name}"
+                            f" in {accept_s}s"
+                        )  # fmt: skip
+                        late.sent = sent
+                        raise late
+                    if type(first) is not Sent:
+                        break
+                    limit, sent = trio.current_time() + accept_s, True
             except trio.EndOfChannel:
                 if handle.error is not None:
+                    if isinstance(handle.error, NodeError):
+                        handle.error.sent = sent
                     raise handle.error from None
                 if handle.cause is EndCause.TIMEOUT:  # the run's total deadline came first
                     raise NodeTimeoutError(

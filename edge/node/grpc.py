@@ -88,6 +88,17 @@ class Accepted:
 
 
 ACCEPTED = Accepted()
+
+
+class Sent:
+    """The item a run puts into its sink before ACCEPTED: its RunRequest is written to
+    the node's connection. The node's time to accept the run counts from here, not from
+    when the edge began (a connection to make, or this loop behind under load)."""
+
+    __slots__ = ()
+
+
+SENT = Sent()
 # An instance id longer than this in a node's accept is not taken (as no instance).
 MAX_INSTANCE_CHARS = 256
 
@@ -103,9 +114,9 @@ def _accepted(metadata: Mapping[str, str | bytes] | None) -> Accepted:
 class EventSink(Protocol):
     """Where a run's events go; `put_nowait` says False when the sink is full."""
 
-    def put_nowait(self, item: NodeEvent | Accepted) -> bool: ...
+    def put_nowait(self, item: NodeEvent | Accepted | Sent) -> bool: ...
 
-    def put(self, item: NodeEvent | Accepted) -> Awaitable[None]: ...
+    def put(self, item: NodeEvent | Accepted | Sent) -> Awaitable[None]: ...
 
 
 def _describe_status(err: GRPCError) -> str:
@@ -276,7 +287,8 @@ class GrpcNode:
         *,
         settles: Callable[[], bool] = lambda: False,
     ) -> None:
-        """Run `request` on the node, putting ACCEPTED and then each event into `sink`.
+        """Run `request` on the node, putting SENT, ACCEPTED and then each event into
+        `sink`.
 
         `metadata` goes with the Run call (the trace context's `traceparent`).
 
@@ -315,6 +327,8 @@ class GrpcNode:
                 metadata=metadata,
             ) as stream:  # fmt: skip
                 await stream.send_message(request, end=True)
+                if not sink.put_nowait(SENT):
+                    await sink.put(SENT)
                 await stream.recv_initial_metadata()
                 accepted = True
                 accept = _accepted(stream.initial_metadata)

@@ -8,11 +8,14 @@ iop-node case lives with its upstream fixture (test_upstream_e2e.py).
 from __future__ import annotations
 
 import contextlib
+import socket
 
+import pytest
 import trio
 from grpclib.client import Channel
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.errors import NodeError, NodeTimeoutError, NodeUnavailableError
 from edge.node.bridge import asyncio_loop, call_asyncio
 from edge.node.client import GrpcNodeClient, RunHandle
 from edge.node.grpc import STREAMS_PER_CHANNEL
@@ -127,3 +130,40 @@ async def test_a_run_is_accepted_by_a_named_life_of_the_node(sim: SimProcess) ->
             await client.aclose()
     assert len(described.instance) == 16
     assert handle.instance == described.instance
+
+
+@pytest.mark.parametrize("listening", [False, True])
+async def test_a_run_that_failed_to_start_says_whether_it_was_sent(listening: bool) -> None:
+    """The accept clock: a port that refuses the connection fails the run at once, with
+    the RunRequest never written (`sent` False: no process saw it, so another attempt
+    of the request may go there once it is up); a listener that takes the connection and
+    never answers has it written, then does not accept it in `accept_s` (`sent` True)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        if listening:
+            listener.listen(1)
+        else:
+            listener.close()
+        client = GrpcNodeClient("x", "127.0.0.1", port)
+        request = pb.RunRequest(
+            run_id="sent-1", model="m", messages=[pb.Message(role="user", content="hi")]
+        )
+        async with asyncio_loop():
+            try:
+                with trio.fail_after(WAIT_S):
+                    async with trio.open_nursery() as nursery:
+                        deadline = trio.current_time() + WAIT_S
+                        with pytest.raises(NodeError) as raised:
+                            await client.start_run(
+                                nursery, request, deadline=deadline, accept_s=0.2
+                            )
+            finally:
+                await client.aclose()
+    if listening:
+        assert isinstance(raised.value, NodeTimeoutError)
+        assert "did not accept the run" in raised.value.message
+        assert raised.value.sent
+    else:
+        assert isinstance(raised.value, NodeUnavailableError)
+        assert not raised.value.sent

@@ -131,6 +131,10 @@ def test_a_node_tried_is_excluded_until_it_restarts() -> None:
     tried.add(b, "b3")
     pool.feed.described(b, NodeDescription("b", MODELS, instance="b3"))
     assert b in tried
+    # A run that never reached its node (no connection: the RunRequest not written) does
+    # not count as tried there: the node's health keeps it out while it is down.
+    tried.discard(b)
+    assert b not in tried
 
 
 def test_a_restarted_node_starts_with_an_empty_cache_index() -> None:
