@@ -162,6 +162,7 @@ def _routing(r: TableReader) -> RoutingConfig:
         cache_share_factor=r.number(
             "cache_share_factor", rtg.cache_share_factor, minimum=1.0, maximum=100
         ),
+        cache_threshold=r.number("cache_threshold", rtg.cache_threshold, minimum=0, maximum=1),
     )
 
 

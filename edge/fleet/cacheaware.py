@@ -24,18 +24,27 @@ index (`edge.fleet.cacheindex`). Then:
    bounds the cache decides, because the prefill a hit saves grows with the
    prompt while the bounds keep the queue it may cost short.
 4. **Miss** (no node within the bounds holds the first block): the node
-   this edge last placed the prefix on (`Placements`, by its first block),
+   this edge last placed the prefix on (`Placements`, by its key block),
    if within the bounds: a prefix's requests that arrive before its node
    reported storing it go where the first went (the exact index learns of
    a node's blocks only from its reports). Else rendezvous
-   (highest-random-weight) hashing of the first block's hash over the
+   (highest-random-weight) hashing of the key block's hash over the
    candidates, the first node in that order within the bounds: every edge
    sends a new prefix to the same node, without talking to the others, so
    the next request of that prefix, from whichever edge, finds it there.
+   The key block is the first block.
+5. **A weak prefix** (the longest prefix any node holds, past the bounds
+   too, is under `threshold` of the request's blocks: `[routing]
+   cache_threshold`, SMG's `cache_threshold`): a miss, whose key block is
+   the first block no node holds. New conversations that share only a
+   short system prompt (or tool list) are placed by what they do not
+   share, over all the nodes; by the shared part alone, every new one would
+   go to the nodes that held it first, and a node that did not would take
+   none until the others were past the load bound.
    (Balancing placements by this edge's own counts, bounded loads, placed
    prefixes more evenly but each edge differently: two edges then hit
    less; measured, BENCHMARKS.md.)
-5. A prompt shorter than one block: the least loaded (nothing to reuse).
+6. A prompt shorter than one block: the least loaded (nothing to reuse).
 
 Ties between equal ranks go round with `turn` (a number the pool advances
 each pick), so that equal nodes share the runs evenly.
@@ -47,7 +56,8 @@ are recorded there all the same.
 `Choice.outcome` says which rule chose: `hit`, `miss`, `load_bound` (a node
 past a bound held a longer prefix than the node chosen), `session`,
 `short`; `predicted` is the chosen node's cached prefix in blocks, the
-prediction each run's usage corrects (`CacheIndex.corrected`).
+prediction each run's usage corrects (`CacheIndex.corrected`); `placed`, for
+a miss, the key block the prefix is placed by (`Placements`).
 
 Pure: no I/O, no clock (`Recent` counts dispatches, not time). Work per
 pick: one binary search per candidate, O(nodes x log blocks) hash lookups,
@@ -89,11 +99,13 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The candidate chosen (its index), why, and its cached prefix in blocks."""
+    """The candidate chosen (its index), why, its cached prefix in blocks, and for a
+    placement (a miss), the key block's hash the prefix is placed by."""
 
     index: int
     outcome: Outcome
     predicted: int
+    placed: int | None = None
 
 
 class Route:
@@ -168,13 +180,15 @@ def choose(
     session: str | None = None,
     factor: float,
     share_factor: float,
-    placed_on: str | None = None,
+    threshold: float,
+    placements: Placements | None = None,
     turn: int = 0,
 ) -> Choice:
     """The node of `nodes` (not empty) a request of `blocks` goes to (see the module doc):
     the bounds are `factor` x the mean runs + 1 and `share_factor` x the mean share + 1
-    (`[routing] cache_load_factor`, `cache_share_factor`); `placed_on`: the node this
-    edge last placed the request's prefix on, if any."""
+    (`[routing] cache_load_factor`, `cache_share_factor`); a prefix held by no node past
+    `threshold` of the blocks is weak (`cache_threshold`); `placements`: where this edge
+    placed the prefixes that missed."""
     if not nodes:
         raise ValueError("no node to choose from")
     count = len(nodes)
@@ -186,32 +200,40 @@ def choose(
     bound = factor * sum(n.runs for n in nodes) / count + 1
     share_bound = share_factor * sum(n.share for n in nodes) / count + 1
     within = [n.runs <= bound and n.share <= share_bound for n in nodes]
+    held = [node.cache.longest(blocks) for node in nodes]
+    reach = max(held)
+    weak = reach < threshold * len(blocks)
     best, best_held, passed_over = -1, 0, 0
     best_key: tuple[Rank, int] | None = None
     for i, node in enumerate(nodes):
-        held = node.cache.longest(blocks)
+        if weak:
+            break
         if not within[i]:
-            passed_over = max(passed_over, held)
+            passed_over = max(passed_over, held[i])
             continue
-        if not held or held < best_held:
+        if not held[i] or held[i] < best_held:
             continue
         key = (node.rank, (i - turn) % count)
-        if held > best_held or best_key is None or key < best_key:
-            best, best_held, best_key = i, held, key
+        if held[i] > best_held or best_key is None or key < best_key:
+            best, best_held, best_key = i, held[i], key
     if best >= 0:
         return Choice(best, "load_bound" if passed_over > best_held else "hit", best_held)
     outcome: Outcome = "load_bound" if passed_over else "miss"
+    # The prefix is placed by its first block, or a weak one by the first block past
+    # what any node holds (the last block when the nodes hold it all).
+    placed = blocks[min(reach, len(blocks) - 1)] if weak else blocks[0]
+    placed_on = placements.get(placed) if placements is not None else None
     if placed_on is not None:
         for i, node in enumerate(nodes):
             if node.name == placed_on and within[i]:
-                return Choice(i, outcome, node.cache.longest(blocks))
-    for i in affinity.order(rendezvous_key(blocks[0]), [n.name for n in nodes]):
+                return Choice(i, outcome, held[i], placed)
+    for i in affinity.order(rendezvous_key(placed), [n.name for n in nodes]):
         if within[i]:
-            return Choice(i, outcome, nodes[i].cache.longest(blocks))
+            return Choice(i, outcome, held[i], placed)
     # None within both (the lightest within the load bound, the lowest share within the
     # share bound, but two nodes): the lightest, the load bound before the share's.
     i = _lightest(nodes, [i for i in range(count) if nodes[i].runs <= bound], turn)
-    return Choice(i, outcome, nodes[i].cache.longest(blocks))
+    return Choice(i, outcome, held[i], placed)
 
 
 def _lightest(nodes: Sequence[Candidate], among: Sequence[int], turn: int) -> int:

@@ -125,6 +125,7 @@ class NodePool:
         self.cache_blocks = routing.cache_blocks
         self.cache_load_factor = routing.cache_load_factor
         self.cache_share_factor = routing.cache_share_factor
+        self.cache_threshold = routing.cache_threshold
         self.watch_heartbeat_s = routing.watch_heartbeat_s
 
     def _state(self, client: NodeClient, max_runs: int | None) -> NodeState:
@@ -355,11 +356,10 @@ class NodePool:
             )
             for s in free
         ]
-        blocks = route.blocks
         return cacheaware.choose(
-            blocks, candidates, session=affinity_key, factor=self.cache_load_factor,
-            share_factor=self.cache_share_factor,
-            placed_on=self.placements.get(blocks[0]) if blocks else None, turn=turn,
+            route.blocks, candidates, session=affinity_key, factor=self.cache_load_factor,
+            share_factor=self.cache_share_factor, threshold=self.cache_threshold,
+            placements=self.placements, turn=turn,
         )  # fmt: skip
 
     def _routed(self, chosen: NodeState, route: Route, choice: cacheaware.Choice) -> None:
@@ -369,8 +369,11 @@ class NodePool:
         chosen.cache.routed(route.blocks)
         name = chosen.client.name
         self.shares.add(name)
-        if route.blocks and choice.outcome in ("miss", "load_bound") and not choice.predicted:
-            self.placements.placed(route.blocks[0], name)
+        # A prefix placed: where the node held none of it, or by a weak prefix's key (the
+        # node may hold the shared part, not the rest).
+        placed = choice.placed
+        if placed is not None and (not choice.predicted or placed != route.blocks[0]):
+            self.placements.placed(placed, name)
         if self.on_routed is not None:
             self.on_routed(choice.outcome, chosen.client.name, choice.predicted * BLOCK_TOKENS)
 

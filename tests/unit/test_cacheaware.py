@@ -10,6 +10,7 @@ No node is contacted.
 from __future__ import annotations
 
 from array import array
+from dataclasses import replace
 from typing import get_args
 
 import pytest
@@ -345,3 +346,52 @@ def test_none_within_both_bounds_goes_to_the_lightest() -> None:
         a.in_flight = 0
     b.in_flight = 20
     assert take(pool, Route(prefix)) is a
+
+
+def _conversation(k: int, turns: int = 1) -> array[int]:
+    """Conversation k: a shared first block (a short system prompt), then its own nine
+    blocks, and nine more for each later turn."""
+    return array("Q", [7, *range(1000 * k + 1, 1000 * k + 1 + 9 * turns)])
+
+
+@pytest.mark.parametrize("threshold", [0.3, 0.0])
+def test_new_conversations_sharing_only_a_short_prefix_spread_over_the_nodes(
+    threshold: float,
+) -> None:
+    """Conversations that share one block of ten (a system prompt) and nothing else: a
+    weak prefix, under cache_threshold of the request's blocks. Each is placed as a
+    miss by its first block no node holds, so they spread over all four nodes, and each
+    one's next turn is a hit where it went. With the threshold at 0, the shared block
+    decides: every one goes to the node that held it first (no bound is near)."""
+    routing = replace(
+        CACHE_AWARE, cache_threshold=threshold, cache_load_factor=100, cache_share_factor=100
+    )
+    pool, _, _ = make_pool("a", "b", "c", "d", routing=routing)
+    first = take(pool, Route(_conversation(0)))
+    first.in_flight -= 1
+    went: dict[int, str] = {}
+    for k in range(1, 40):
+        state = take(pool, Route(_conversation(k)))
+        state.in_flight -= 1  # it ended: the loads stay even
+        went[k] = state.client.name
+    if threshold:
+        assert set(went.values()) == {"a", "b", "c", "d"}
+        for k in (1, 5, 9):
+            route = Route(_conversation(k, turns=2))
+            again = take(pool, route)
+            assert (again.client.name, route.predicted) == (went[k], 10)
+    else:
+        assert set(went.values()) == {first.client.name}
+
+
+def test_a_weak_prefix_is_placed_the_same_by_two_edges() -> None:
+    """Two edges whose nodes hold the same blocks place a new conversation that shares
+    only a weak prefix on the same node (rendezvous on the same key block)."""
+    picked = []
+    for _ in range(2):
+        pool, _, _ = make_pool("a", "b", "c", "d", routing=CACHE_AWARE)
+        for state in pool.nodes:  # every node holds the shared block
+            state.cache.routed(array("Q", [7]))
+        picked.append([take(pool, Route(_conversation(k))).client.name for k in range(8)])
+    assert picked[0] == picked[1]
+    assert len(set(picked[0])) > 1
