@@ -66,7 +66,7 @@ from loguru import logger
 from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.contract.routes import MAX_MESSAGE_BYTES
-from edge.errors import EdgeError, NodeFailedError, NodeUnavailableError
+from edge.errors import EdgeError, NodeError, NodeFailedError, NodeUnavailableError
 from edge.fleet.cacheaware import Route
 from edge.fleet.continuation import Break, Delivered, why_not
 from edge.fleet.nodestate import NodeState, Tried
@@ -211,13 +211,17 @@ class Mover:
                 failed = exc
             # Its start failed and nothing runs there (the node unreachable, or its call
             # ended before it accepted: it may have died since the pool last heard of it):
-            # another node may take the continuation. (A node that did not accept in time
-            # may still hold the run until its CancelRun: the answer ends there, as a run
-            # is never live on two nodes.)
+            # another node may take the continuation; so may it when the RunRequest was
+            # never written (grpclib can park a request on a connection that is lost:
+            # vmagamedov/grpclib#216; the accept clock bounds it). (A node that did not
+            # accept in time may still hold the run until its CancelRun: the answer ends
+            # there, as a run is never live on two nodes.)
             if new.unreached:  # no process of it saw the run: it may, once up again
                 self.tried.discard(node)
             node = None
-            nothing_runs = isinstance(failed, (NodeUnavailableError, NodeFailedError))
+            nothing_runs = isinstance(failed, (NodeUnavailableError, NodeFailedError)) or (
+                isinstance(failed, NodeError) and not failed.sent
+            )
             if nothing_runs and not session.terminated:
                 node = await self._node(continues=delivered.output)
             if node is None:

@@ -248,8 +248,10 @@ class GrpcNodeClient:
         nursery.start_soon(self._run, handle, request, events, metadata)
         try:
             try:
-                # `accept_s` to write the RunRequest (a connection to make first), then
-                # `accept_s` from there for the node to accept it.
+                # `accept_s` to write the RunRequest (a connection to make first; grpclib
+                # can park a request on a connection that is then lost until a deadline:
+                # vmagamedov/grpclib#216), then `accept_s` from there for the node to
+                # accept it.
                 limit, sent = trio.current_time() + accept_s, False
                 while True:
                     with trio.move_on_at(limit) as waiting:
