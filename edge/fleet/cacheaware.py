@@ -29,10 +29,12 @@ index (`edge.fleet.cacheindex`). Then:
    reported storing it go where the first went (the exact index learns of
    a node's blocks only from its reports). Else rendezvous
    (highest-random-weight) hashing of the key block's hash over the
-   candidates, the first node in that order within the bounds: every edge
-   sends a new prefix to the same node, without talking to the others, so
-   the next request of that prefix, from whichever edge, finds it there.
-   The key block is the first block.
+   candidates, the first node in that order within the bounds whose cache
+   has room for the request's blocks (placed there, it evicts nothing),
+   else the first within the bounds: every edge sends a new prefix to the
+   same node, without talking to the others (in exact mode they see the
+   same blocks, so the same room), so the next request of that prefix, from
+   whichever edge, finds it there. The key block is the first block.
 5. **A weak prefix** (the longest prefix any node holds, past the bounds
    too, is under `threshold` of the request's blocks: `[routing]
    cache_threshold`, SMG's `cache_threshold`): a miss, whose key block is
@@ -227,7 +229,12 @@ def choose(
         for i, node in enumerate(nodes):
             if node.name == placed_on and within[i]:
                 return Choice(i, outcome, held[i], placed)
-    for i in affinity.order(rendezvous_key(placed), [n.name for n in nodes]):
+    order = affinity.order(rendezvous_key(placed), [n.name for n in nodes])
+    for i in order:  # the first within the bounds with room for it, evicting nothing
+        cache = nodes[i].cache
+        if within[i] and len(cache) + len(blocks) - held[i] <= cache.capacity:
+            return Choice(i, outcome, held[i], placed)
+    for i in order:
         if within[i]:
             return Choice(i, outcome, held[i], placed)
     # None within both (the lightest within the load bound, the lowest share within the

@@ -92,6 +92,22 @@ def test_a_new_prefix_goes_where_rendezvous_says_then_stays_there() -> None:
     assert seen == [("miss", chosen.client.name, 0), ("hit", chosen.client.name, 3 * BLOCK_TOKENS)]
 
 
+def test_a_new_prefix_goes_to_the_first_node_in_its_order_with_room() -> None:
+    """A miss skips a node in its rendezvous order whose cache is full (placing the
+    prefix there would evict another): the first one with room for it takes it. When
+    none has room, the first in order does, as plain rendezvous."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=replace(CACHE_AWARE, cache_blocks=10))
+    order = affinity.order(cacheaware.rendezvous_key(7), ["a", "b", "c"])
+    nodes[order[0]].cache.routed(blocks(100, 8))  # 8 of 10 blocks: no room for 3 more
+    chosen = take(pool, Route(blocks(7, 3)))
+    chosen.in_flight -= 1
+    assert chosen is nodes[order[1]]
+    for node in nodes:
+        node.cache.routed(blocks(200 + 20 * nodes.index(node), 10))  # every one full
+    chosen = take(pool, Route(blocks(9, 3)))
+    assert chosen is nodes[affinity.order(cacheaware.rendezvous_key(9), ["a", "b", "c"])[0]]
+
+
 def test_two_edges_send_a_new_prefix_to_the_same_node() -> None:
     """Two pools (two edges) over the same nodes, listed in another order, knowing
     nothing of each other: each sends a new prefix to the same node."""
