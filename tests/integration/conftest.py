@@ -213,6 +213,18 @@ class RunningEdge:
         with trio.fail_after(within_s):
             await self.edge.runs.wait_idle()
 
+    def requests(self) -> dict[tuple[str, ...], float]:
+        """iop_edge_requests_total by (model, node, stream, status), those counted (read
+        in process)."""
+        counts: dict[tuple[str, ...], float] = {}
+        for family in self.edge.metrics.registry.collect():
+            for s in family.samples:
+                if s.name == "iop_edge_requests_total" and s.value:
+                    labels = s.labels
+                    key = (labels["model"], labels["node"], labels["stream"], labels["status"])
+                    counts[key] = s.value
+        return counts
+
     def counted(self, name: str, **labels: str) -> float:
         """The sum of the edge's samples `name` whose labels include `labels` (read in
         process; `name` as the sample is named, e.g. `..._total` for a counter)."""

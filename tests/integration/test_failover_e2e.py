@@ -82,16 +82,6 @@ def _counter(edge: RunningEdge, name: str, **labels: str) -> float:
     return value or 0.0
 
 
-def _requests(edge: RunningEdge) -> dict[tuple[str, ...], float]:
-    counts: dict[tuple[str, ...], float] = {}
-    for family in edge.edge.metrics.registry.collect():
-        for s in family.samples:
-            if s.name == "iop_edge_requests_total" and s.value:
-                key = (s.labels["model"], s.labels["node"], s.labels["stream"], s.labels["status"])
-                counts[key] = s.value
-    return counts
-
-
 async def _answer(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[str, str]:
     """The answer's run id and content, streamed or not; asserts a 200 success."""
     response = await http.post(CHAT, json=body)
@@ -127,7 +117,7 @@ async def test_a_node_that_refuses_is_failed_over(
             _, content = await _answer(http, chat_body("sim-echo", "hello there", stream=stream))
             assert content == "hello there"
     assert _counter(running, "iop_edge_retries_total", node="a", reason="unavailable") == 1
-    assert _requests(running) == {
+    assert running.requests() == {
         ("sim-echo", "b", "false", "success"): 2,
         ("sim-echo", "b", "true", "success"): 2,
     }
@@ -173,7 +163,7 @@ async def test_an_error_event_before_output_is_failed_over(
     )
     assert retries == tried_a
     labels = ("sim-script", "b", "true" if stream else "false", "success")
-    assert _requests(fleet) == {labels: 6}
+    assert fleet.requests() == {labels: 6}
 
 
 async def test_an_accept_that_never_comes_is_cancelled_then_failed_over(
@@ -238,7 +228,7 @@ async def test_a_failure_before_the_first_byte_is_a_real_status(
     assert error["type"] == error_type
     assert error["message"]
     await running.wait_idle()
-    counted = _requests(running)
+    counted = running.requests()
     assert sum(counted.values()) == 1
     ((model, _node, streamed, outcome),) = counted
     assert (model, streamed) == ("sim-script", "true")

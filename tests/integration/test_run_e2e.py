@@ -96,17 +96,6 @@ class Client:
 # --- what the edge counted and logged ----------------------------------------------------
 
 
-def requests_counted(edge: RunningEdge) -> dict[tuple[str, ...], float]:
-    """iop_edge_requests_total by (model, node, stream, status), read in process."""
-    counts: dict[tuple[str, ...], float] = {}
-    for family in edge.edge.metrics.registry.collect():
-        for s in family.samples:
-            if s.name == "iop_edge_requests_total":
-                key = (s.labels["model"], s.labels["node"], s.labels["stream"], s.labels["status"])
-                counts[key] = s.value
-    return counts
-
-
 def gauge(edge: RunningEdge, name: str) -> float:
     value = edge.edge.metrics.registry.get_sample_value(name)
     assert value is not None
@@ -253,13 +242,13 @@ CASES = [
 async def _run_cases(edge: RunningEdge, cases: list[Case], lines: RequestLines) -> None:
     """Each case, one at a time: exactly one count under its labels, one request line."""
     for i, case in enumerate(cases):
-        before = requests_counted(edge)
+        before = edge.requests()
         rid = f"case-{i}-{case.name.replace(' ', '-').replace(',', '')}"
         await case.act(edge, rid)
         counted = sum(before.values())
-        await poll(lambda: sum(requests_counted(edge).values()) > counted)  # noqa: B023
+        await poll(lambda: sum(edge.requests().values()) > counted)  # noqa: B023
         await edge.wait_idle()
-        after = requests_counted(edge)
+        after = edge.requests()
         changed = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
         assert changed == {case.labels: 1}, (case.name, changed)
         assert len(lines.lines.get(rid, [])) == 1, (case.name, lines.lines.get(rid))
