@@ -35,6 +35,9 @@ index (`edge.fleet.cacheindex`). Then:
    same node, without talking to the others (in exact mode they see the
    same blocks, so the same room), so the next request of that prefix, from
    whichever edge, finds it there. The key block is the first block.
+   (Balancing placements by this edge's own counts, bounded loads, placed
+   prefixes more evenly but each edge differently: two edges then hit
+   less; measured, BENCHMARKS.md.)
 5. **A weak prefix** (the longest prefix any node holds, past the bounds
    too, is under `threshold` of the request's blocks: `[routing]
    cache_threshold`, SMG's `cache_threshold`): a miss, whose key block is
@@ -43,9 +46,6 @@ index (`edge.fleet.cacheindex`). Then:
    share, over all the nodes; by the shared part alone, every new one would
    go to the nodes that held it first, and a node that did not would take
    none until the others were past the load bound.
-   (Balancing placements by this edge's own counts, bounded loads, placed
-   prefixes more evenly but each edge differently: two edges then hit
-   less; measured, BENCHMARKS.md.)
 6. A prompt shorter than one block: the least loaded (nothing to reuse).
 
 Ties between equal ranks go round with `turn` (a number the pool advances
@@ -207,9 +207,7 @@ def choose(
     weak = reach < threshold * len(blocks)
     best, best_held, passed_over = -1, 0, 0
     best_key: tuple[Rank, int] | None = None
-    for i, node in enumerate(nodes):
-        if weak:
-            break
+    for i, node in enumerate(nodes if not weak else ()):
         if not within[i]:
             passed_over = max(passed_over, held[i])
             continue
