@@ -78,8 +78,8 @@ _CODEC = BoundedCodec()
 
 
 class Accepted:
-    """First item a run sends into its sink: the node has accepted the run, in the
-    life of its process `instance` names ("": the node does not say)."""
+    """The item a run sends into its sink after SENT: the node has accepted the run, in
+    the life of its process `instance` names ("": the node does not say)."""
 
     __slots__ = ("instance",)
 
