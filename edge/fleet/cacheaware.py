@@ -29,12 +29,18 @@ index (`edge.fleet.cacheindex`). Then:
    reported storing it go where the first went (the exact index learns of
    a node's blocks only from its reports). Else rendezvous
    (highest-random-weight) hashing of the key block's hash over the
-   candidates, the first node in that order within the bounds whose cache
-   has room for the request's blocks (placed there, it evicts nothing),
-   else the first within the bounds: every edge sends a new prefix to the
-   same node, without talking to the others (in exact mode they see the
-   same blocks, so the same room), so the next request of that prefix, from
-   whichever edge, finds it there. The key block is the first block.
+   candidates: the first node in that order within the bounds whose cache
+   has room for the request's blocks (placed there, it evicts nothing), or
+   with no room anywhere the first within the bounds. Every edge sends a
+   new prefix to the same node without talking to the others, so the next
+   request of that prefix, from whichever edge, finds it there. With
+   approximate indexes (no KV events: each edge's view is its own) it is
+   the one of the first two with room whose index holds fewer blocks (two
+   choices: hashing alone left one node 2 of 16 new prefixes and another
+   6); every edge then sends a new prefix to one of the same two. With
+   exact ones it is not: their counts move with each report, and two edges
+   that compared them a moment apart placed a prefix apart (two edges hit
+   0.85x of one). The key block is the first block.
    (Balancing placements by this edge's own counts, bounded loads, placed
    prefixes more evenly but each edge differently: two edges then hit
    less; measured, BENCHMARKS.md.)
@@ -228,10 +234,17 @@ def choose(
             if node.name == placed_on and within[i]:
                 return Choice(i, outcome, held[i], placed)
     order = affinity.order(rendezvous_key(placed), [n.name for n in nodes])
-    for i in order:  # the first within the bounds with room for it, evicting nothing
-        cache = nodes[i].cache
-        if within[i] and len(cache) + len(blocks) - held[i] <= cache.capacity:
-            return Choice(i, outcome, held[i], placed)
+    roomy = [
+        i for i in order
+        if within[i] and len(nodes[i].cache) + len(blocks) - held[i] <= nodes[i].cache.capacity
+    ][:2]  # fmt: skip
+    if roomy:  # the first with room; of two approximate indexes, the one holding less
+        i = roomy[0]
+        if len(roomy) > 1:
+            first, second = nodes[i].cache, nodes[roomy[1]].cache
+            if not (first.exact or second.exact) and len(second) < len(first):
+                i = roomy[1]
+        return Choice(i, outcome, held[i], placed)
     for i in order:
         if within[i]:
             return Choice(i, outcome, held[i], placed)

@@ -108,6 +108,22 @@ def test_a_new_prefix_goes_to_the_first_node_in_its_order_with_room() -> None:
     assert chosen is nodes[affinity.order(cacheaware.rendezvous_key(9), ["a", "b", "c"])[0]]
 
 
+def test_a_new_prefix_goes_to_the_emptier_of_two_nodes_when_the_indexes_are_approximate() -> None:
+    """Two choices, with approximate indexes: of the first two nodes in the prefix's
+    rendezvous order with room, the one whose index holds fewer blocks takes it; the
+    third, emptier still, is not asked. With exact indexes, the first with room."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=replace(CACHE_AWARE, cache_blocks=100))
+    order = affinity.order(cacheaware.rendezvous_key(7), ["a", "b", "c"])
+    nodes[order[0]].cache.routed(blocks(100, 6))
+    nodes[order[1]].cache.routed(blocks(200, 4))
+    assert take(pool, Route(blocks(7, 3))) is nodes[order[1]]
+    # Exact indexes (the nodes' own KV events): the first in order with room, always.
+    pool, _, nodes = make_pool("a", "b", "c", routing=replace(CACHE_AWARE, cache_blocks=100))
+    nodes[order[0]].cache.snapshot(blocks(100, 6))
+    nodes[order[1]].cache.snapshot(blocks(200, 4))
+    assert take(pool, Route(blocks(7, 3))) is nodes[order[0]]
+
+
 def test_two_edges_send_a_new_prefix_to_the_same_node() -> None:
     """Two pools (two edges) over the same nodes, listed in another order, knowing
     nothing of each other: each sends a new prefix to the same node."""
