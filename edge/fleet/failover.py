@@ -189,10 +189,7 @@ class Failover:
                         return Committed(moving, first, False)
                 # The run failed before any byte, on its node's side: another node?
                 if attempt < retries and trio.current_time() < deadline:
-                    if run.unreached:  # it may take the request once it is up again
-                        tried.discard(node)
-                    else:
-                        tried.add(node, run.instance)  # the life it reached, if it said
+                    tried.add(node, run.life)  # the life it reached (see `Tried`)
                     slot = await self._next_node(request, tried, affinity_key, route)
                 if slot is None or not await self._dropped(run, attempt, deadline):
                     if run.start_error is not None:

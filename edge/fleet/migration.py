@@ -175,7 +175,7 @@ class Mover:
         node = None
         if why is None:
             if (was := old.node) is not None:
-                self.tried.add(was, old.instance)  # the life it reached: see `Tried`
+                self.tried.add(was, old.life)  # the life it reached: see `Tried`
             node = await self._node(continues=delivered.output)
             if node is None:
                 why = "no_node"
@@ -216,8 +216,7 @@ class Mover:
             # vmagamedov/grpclib#216; the accept clock bounds it). (A node that did not
             # accept in time may still hold the run until its CancelRun: the answer ends
             # there, as a run is never live on two nodes.)
-            if new.unreached:  # no process of it saw the run: it may, once up again
-                self.tried.discard(node)
+            self.tried.add(node, new.life)  # None: no process of it saw the run
             node = None
             nothing_runs = isinstance(failed, (NodeUnavailableError, NodeFailedError)) or (
                 isinstance(failed, NodeError) and not failed.sent

@@ -163,14 +163,14 @@ class Tried:
     def __init__(self) -> None:
         self._lives: dict[NodeState, str] = {}
 
-    def add(self, node: NodeState, instance: str = "") -> None:
-        """`node` was tried; `instance`: the life its run reached ("": unknown)."""
-        self._lives[node] = instance
-
-    def discard(self, node: NodeState) -> None:
-        """`node` was not tried after all: its run never reached it (the RunRequest was
-        not written: no connection). Its health keeps it out while it is down."""
-        self._lives.pop(node, None)
+    def add(self, node: NodeState, life: str | None = "") -> None:
+        """`node` was tried; `life`: the one its run reached ("": unknown; `Run.life`).
+        None: its run reached no process of it (the RunRequest was not written), so it
+        is not tried: its health keeps it out while it is down."""
+        if life is None:
+            self._lives.pop(node, None)
+        else:
+            self._lives[node] = life
 
     def __contains__(self, node: object) -> bool:
         life = self._lives.get(node)  # type: ignore[call-overload]

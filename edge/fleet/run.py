@@ -167,16 +167,14 @@ class Run:
         return self.handle is not None
 
     @property
-    def unreached(self) -> bool:
-        """Its node was unreachable before the RunRequest was written to a connection:
-        no process of the node saw the run (and the pool marked the node down)."""
+    def life(self) -> str | None:
+        """The life of its node's process the run reached, as `Tried` records it: the
+        instance id the node named in its accept ("": no accept, or the node does not
+        say); None: no process of the node saw the run (it was unreachable before the
+        RunRequest was written, and the pool has it down)."""
         error = self.start_error
-        return isinstance(error, NodeUnavailableError) and not error.sent
-
-    @property
-    def instance(self) -> str:
-        """The life of the node's process that accepted the run ("": none did, or the
-        node does not say): `edge.fleet.nodestate.Tried`."""
+        if isinstance(error, NodeUnavailableError) and not error.sent:
+            return None
         return self.handle.instance if self.handle is not None else ""
 
     @property

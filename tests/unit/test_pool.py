@@ -133,7 +133,7 @@ def test_a_node_tried_is_excluded_until_it_restarts() -> None:
     assert b in tried
     # A run that never reached its node (no connection: the RunRequest not written) does
     # not count as tried there: the node's health keeps it out while it is down.
-    tried.discard(b)
+    tried.add(b, None)
     assert b not in tried
 
 
