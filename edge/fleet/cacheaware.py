@@ -65,7 +65,7 @@ are recorded there all the same.
 past a bound held a longer prefix than the node chosen), `session`,
 `short`; `predicted` is the chosen node's cached prefix in blocks, the
 prediction each run's usage corrects (`CacheIndex.corrected`); `placed`, for
-a miss, the key block the prefix is placed by (`Placements`).
+a miss that placed the prefix, the key block to remember it by (`Placements`).
 
 Pure: no I/O, no clock (`Recent` counts dispatches, not time). Work per
 pick: one binary search per candidate, O(nodes x log blocks) hash lookups,
@@ -78,6 +78,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Final, Literal
 
 from edge.fleet import affinity
@@ -108,7 +109,7 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class Choice:
     """The candidate chosen (its index), why, its cached prefix in blocks, and for a
-    placement (a miss), the key block's hash the prefix is placed by."""
+    placement (a miss), the key block's hash to remember the prefix's node by."""
 
     index: int
     outcome: Outcome
@@ -229,29 +230,37 @@ def choose(
     # what any node holds (the last block when the nodes hold it all).
     placed = blocks[min(reach, len(blocks) - 1)] if weak else blocks[0]
     placed_on = placements.get(placed) if placements is not None else None
-    if placed_on is not None:
-        for i, node in enumerate(nodes):
-            if node.name == placed_on and within[i]:
-                return Choice(i, outcome, held[i], placed)
-    order = affinity.order(rendezvous_key(placed), [n.name for n in nodes])
-    roomy = [
-        i for i in order
-        if within[i] and len(nodes[i].cache) + len(blocks) - held[i] <= nodes[i].cache.capacity
-    ][:2]  # fmt: skip
-    if roomy:  # the first with room; of two approximate indexes, the one holding less
-        i = roomy[0]
-        if len(roomy) > 1:
-            first, second = nodes[i].cache, nodes[roomy[1]].cache
-            if not (first.exact or second.exact) and len(second) < len(first):
-                i = roomy[1]
-        return Choice(i, outcome, held[i], placed)
-    for i in order:
-        if within[i]:
-            return Choice(i, outcome, held[i], placed)
-    # None within both (the lightest within the load bound, the lowest share within the
-    # share bound, but two nodes): the lightest, the load bound before the share's.
-    i = _lightest(nodes, [i for i in range(count) if nodes[i].runs <= bound], turn)
-    return Choice(i, outcome, held[i], placed)
+
+    def place() -> int:
+        if placed_on is not None:
+            for i, node in enumerate(nodes):
+                if node.name == placed_on and within[i]:
+                    return i
+        order = affinity.order(rendezvous_key(placed), [n.name for n in nodes])
+        roomy = islice(
+            (i for i in order if within[i] and nodes[i].cache.has_room(len(blocks) - held[i])),
+            2,
+        )
+        # The first with room; of two approximate indexes, the one holding less.
+        first = next(roomy, None)
+        if first is not None:
+            second = next(roomy, None)
+            if second is not None:
+                one, two = nodes[first].cache, nodes[second].cache
+                if not (one.exact or two.exact) and len(two) < len(one):
+                    return second
+            return first
+        for i in order:
+            if within[i]:
+                return i
+        # None within both (the lightest within the load bound, the lowest share within
+        # the share bound, but two nodes): the lightest, the load bound before the share's.
+        return _lightest(nodes, [i for i in range(count) if nodes[i].runs <= bound], turn)
+
+    i = place()
+    # Remembered (`Placements`) where the node held none of the prefix, or by a weak
+    # prefix's key (the node may hold the shared part, not the rest).
+    return Choice(i, outcome, held[i], placed if weak or not held[i] else None)
 
 
 def _lightest(nodes: Sequence[Candidate], among: Sequence[int], turn: int) -> int:

@@ -63,6 +63,10 @@ class CacheIndex:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def has_room(self, blocks: int) -> bool:
+        """Whether `blocks` more fit without evicting any."""
+        return len(self._blocks) + blocks <= self.capacity
+
     def __contains__(self, block: int) -> bool:
         return block in self._blocks
 

@@ -369,11 +369,8 @@ class NodePool:
         chosen.cache.routed(route.blocks)
         name = chosen.client.name
         self.shares.add(name)
-        # A prefix placed: where the node held none of it, or by a weak prefix's key (the
-        # node may hold the shared part, not the rest).
-        placed = choice.placed
-        if placed is not None and (not choice.predicted or placed != route.blocks[0]):
-            self.placements.placed(placed, name)
+        if choice.placed is not None:  # a prefix placed there
+            self.placements.placed(choice.placed, name)
         if self.on_routed is not None:
             self.on_routed(choice.outcome, chosen.client.name, choice.predicted * BLOCK_TOKENS)
 
