@@ -82,7 +82,7 @@ class NodeError(EdgeError):
     status = 502
     type = "node_error"
     # Whether the run's RunRequest was written to the node's connection first (False:
-    # no process of the node saw the run; `edge.node.client` says so where it knows).
+    # no process of the node saw the run; `edge.node` says so where it knows).
     sent = True
 
 

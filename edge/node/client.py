@@ -31,7 +31,6 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import (
     EdgeError,
-    NodeError,
     NodeFailedError,
     NodeTimeoutError,
     NodeUnavailableError,
@@ -270,8 +269,6 @@ class GrpcNodeClient:
                     limit, sent = trio.current_time() + accept_s, True
             except trio.EndOfChannel:
                 if handle.error is not None:
-                    if isinstance(handle.error, NodeError):
-                        handle.error.sent = sent
                     raise handle.error from None
                 if handle.cause is EndCause.TIMEOUT:  # the run's total deadline came first
                     raise NodeTimeoutError(

@@ -23,7 +23,13 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import ContractCodec
 from edge.contract.routes import INSTANCE_METADATA, MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
-from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
+from edge.errors import (
+    EdgeError,
+    NodeError,
+    NodeFailedError,
+    NodeTimeoutError,
+    NodeUnavailableError,
+)
 from edge.node.convert import Refused, RunEventDecoder, Skip
 from edge.node.wire import EncodedRunRequest
 from edge.stream.events import Complete, Failed, NodeEvent
@@ -123,8 +129,17 @@ def _describe_status(err: GRPCError) -> str:
     return f"{err.status.name}: {err.message}" if err.message else err.status.name
 
 
-def translate_error(exc: BaseException, *, accepted: bool, address: str) -> EdgeError:
-    """A grpclib or OS error as the edge's error: the one translation point."""
+def translate_error(
+    exc: BaseException, *, accepted: bool, address: str, sent: bool = True
+) -> EdgeError:
+    """A grpclib or OS error as the edge's error: the one translation point. `sent`:
+    whether the run's RunRequest was written first (`NodeError.sent`)."""
+    error = _translated(exc, accepted=accepted, address=address)
+    error.sent = sent
+    return error
+
+
+def _translated(exc: BaseException, *, accepted: bool, address: str) -> NodeError:
     if isinstance(exc, GRPCError):
         if exc.status is Status.DEADLINE_EXCEEDED:
             return NodeTimeoutError(f"node {address} timed out")
@@ -319,14 +334,14 @@ class GrpcNode:
         """The read loop of `read_run`, a task of its own: cancelling the caller
         does not cut it (between a message's header and its body)."""
         pooled = self._acquire()
-        accepted = False
-        terminal = False
+        sent = accepted = terminal = False
         try:
             async with pooled.channel.request(
                 RUN_ROUTE, Cardinality.UNARY_STREAM, type(request), RunEventDecoder,
                 metadata=metadata,
             ) as stream:  # fmt: skip
                 await stream.send_message(request, end=True)
+                sent = True
                 if not sink.put_nowait(SENT):
                     await sink.put(SENT)
                 await stream.recv_initial_metadata()
@@ -355,7 +370,7 @@ class GrpcNode:
         except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:
             if terminal:
                 return  # the trailers broke after the terminal event: nothing lost
-            raise translate_error(exc, accepted=accepted, address=self.address) from exc
+            raise translate_error(exc, accepted=accepted, address=self.address, sent=sent) from exc
         finally:
             self._release(pooled)
 
