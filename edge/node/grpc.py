@@ -31,6 +31,7 @@ from edge.errors import (
     NodeUnavailableError,
 )
 from edge.node.convert import Refused, RunEventDecoder, Skip
+from edge.node.describe import MAX_NAME_CHARS
 from edge.node.wire import EncodedRunRequest
 from edge.stream.events import Complete, Failed, NodeEvent
 
@@ -105,14 +106,13 @@ class Sent:
 
 
 SENT = Sent()
-# An instance id longer than this in a node's accept is not taken (as no instance).
-MAX_INSTANCE_CHARS = 256
 
 
 def _accepted(metadata: Mapping[str, str | bytes] | None) -> Accepted:
-    """The accept of a run, with the node's instance from its initial metadata."""
+    """The accept of a run, with the node's instance from its initial metadata (one
+    longer than a name may be, as Describe bounds it, is not taken: no instance)."""
     value = metadata.get(INSTANCE_METADATA) if metadata is not None else None
-    if isinstance(value, str) and 0 < len(value) <= MAX_INSTANCE_CHARS:
+    if isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS:
         return Accepted(value)
     return ACCEPTED
 
