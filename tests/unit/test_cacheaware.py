@@ -424,13 +424,23 @@ def test_new_conversations_sharing_only_a_short_prefix_spread_over_the_nodes(
 
 
 def test_a_weak_prefix_is_placed_the_same_by_two_edges() -> None:
-    """Two edges whose nodes hold the same blocks place a new conversation that shares
-    only a weak prefix on the same node (rendezvous on the same key block)."""
-    picked = []
-    for _ in range(2):
-        pool, _, _ = make_pool("a", "b", "c", "d", routing=CACHE_AWARE)
-        for state in pool.nodes:  # every node holds the shared block
-            state.cache.routed(array("Q", [7]))
-        picked.append([take(pool, Route(_conversation(k))).client.name for k in range(8)])
-    assert picked[0] == picked[1]
-    assert len(set(picked[0])) > 1
+    """Two edges (nodes listed in another order) whose nodes hold the same blocks (exact
+    indexes: every node reported the shared block) place a new conversation that shares
+    only that weak prefix on the same node: the first in the rendezvous order of its key
+    block, its first block no node holds."""
+    names = ["a", "b", "c", "d"]
+    expected = [
+        names[affinity.order(cacheaware.rendezvous_key(_conversation(k)[1]), names)[0]]
+        for k in range(8)
+    ]
+    for listed in (names, ["d", "b", "a", "c"]):
+        pool, _, _ = make_pool(*listed, routing=CACHE_AWARE)
+        for state in pool.nodes:
+            state.cache.snapshot(array("Q", [7]))
+        picked = []
+        for k in range(8):
+            state = take(pool, Route(_conversation(k)))
+            state.in_flight -= 1  # it ended: no bound is near
+            picked.append(state.client.name)
+        assert picked == expected
+    assert len(set(expected)) > 1
