@@ -31,6 +31,7 @@ from grpclib.client import Channel
 
 from edge.config import Config, NodeConfig, ServerConfig, TimeoutsConfig
 from edge.contract._proto.iop.node import v1 as pb
+from edge.fleet.nodestate import NodeState
 from edge.fleet.run import RunInfo
 from edge.node.bridge import asyncio_loop, call_asyncio
 from edge.node.client import RunHandle
@@ -224,6 +225,10 @@ class RunningEdge:
                     key = (labels["model"], labels["node"], labels["stream"], labels["status"])
                     counts[key] = s.value
         return counts
+
+    def node(self, name: str) -> NodeState:
+        """The pool's state of the node named `name`."""
+        return next(s for s in self.edge.pool.nodes if s.client.name == name)
 
     def counted(self, name: str, **labels: str) -> float:
         """The sum of the edge's samples `name` whose labels include `labels` (read in

@@ -26,7 +26,6 @@ from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
 from edge.stream.events import Complete, Failed, NodeEvent
 from tests.integration.conftest import (
-    RunningEdge,
     SimProcess,
     chat_body,
     edge_config,
@@ -62,10 +61,6 @@ def _on_available(pool: NodePool) -> trio.Event:
 
     pool.on_available = available
     return event
-
-
-def _pool_node(running: RunningEdge, name: str) -> NodeState:
-    return next(s for s in running.edge.pool.nodes if s.client.name == name)
 
 
 async def test_a_restarted_node_serves_again_soon_after_it_listens(
@@ -225,7 +220,7 @@ async def test_readyz_and_metrics_show_each_nodes_state(
         assert metrics.value("iop_edge_node_state", node="sim") == 1
         assert metrics.value("iop_edge_node_state", node="dead") == 0
 
-        sim_state = _pool_node(running, "sim")
+        sim_state = running.node("sim")
         for _ in range(2):
             running.edge.pool.run_failed(sim_state, "error_event")  # as the run side reports
         ready = await http.get("/readyz")
@@ -253,7 +248,7 @@ async def test_panic_routing_sends_to_a_node_marked_down(
     running = await start_edge(nursery, edge_config(sim))
     async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
         pool = running.edge.pool
-        state = _pool_node(running, "sim")
+        state = running.node("sim")
         pool.mark_down(state, "a refusal that was a blip")
         assert pool.state_of(state) == "down"
         assert pool.pick("sim-echo") is state  # panic routing, before any probe ran

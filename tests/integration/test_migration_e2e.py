@@ -86,6 +86,13 @@ def _config(*nodes: SimProcess, migrations: int = 1, keepalive_s: float = 0) -> 
     )
 
 
+def _streamed(text: str) -> dict[str, Any]:
+    """A streamed request of `text` (a sim-script), usage included."""
+    body = chat_body("sim-script", text, stream=True)
+    body["stream_options"] = {"include_usage": True}
+    return body
+
+
 def _live_on(edge: RunningEdge, node: str, seen: Callable[[Any], bool]) -> int:
     return sum(1 for r in edge.edge.runs.live if r.info.node == node and seen(r))
 
@@ -136,9 +143,7 @@ async def test_answers_cut_by_a_node_kill_complete_exactly_on_the_other_node(
     one terminal and usage; each that was on a is counted as migrated."""
     with _sims(tmp_path, (), ()) as (a, b):
         running = await start_edge(nursery, _config(a, b))
-        body = chat_body("sim-script", LONG, stream=stream)
-        if stream:
-            body["stream_options"] = {"include_usage": True}
+        body = _streamed(LONG) if stream else chat_body("sim-script", LONG, stream=False)
         streams = [_Stream() for _ in range(10)]
         answers: list[httpx.Response] = []
 
@@ -205,8 +210,7 @@ async def test_a_stream_whose_node_died_before_output_but_after_a_keepalive_comp
     )  # fmt: skip
     with _sims(tmp_path, (), ("--no-continuation",)) as (a, b):
         running = await start_edge(nursery, _config(a, b, keepalive_s=0.05))
-        body = chat_body("sim-script", slow, stream=True)
-        body["stream_options"] = {"include_usage": True}
+        body = _streamed(slow)
         reader = _Stream()
         async with (
             httpx.AsyncClient(base_url=running.url, timeout=60) as http,
@@ -283,10 +287,6 @@ async def test_a_client_that_left_is_never_migrated(nursery: trio.Nursery, tmp_p
         await stop_edge(running)
 
 
-def _node_state(edge: RunningEdge, name: str) -> Any:
-    return next(s for s in edge.edge.pool.nodes if s.client.name == name)
-
-
 async def test_an_answer_whose_nodes_died_in_turn_goes_back_to_a_restarted_one(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
@@ -304,8 +304,7 @@ async def test_an_answer_whose_nodes_died_in_turn_goes_back_to_a_restarted_one(
     )  # fmt: skip
     with _sims(tmp_path, (), ()) as sims, ExitStack() as stack:
         running = await start_edge(nursery, _config(*sims, migrations=2))
-        body = chat_body("sim-script", paced, stream=True)
-        body["stream_options"] = {"include_usage": True}
+        body = _streamed(paced)
         reader = _Stream()
         async with (
             httpx.AsyncClient(base_url=running.url, timeout=60) as http,
@@ -319,7 +318,7 @@ async def test_an_answer_whose_nodes_died_in_turn_goes_back_to_a_restarted_one(
             nodes[first].process.send_signal(signal.SIGKILL)
             nodes[first].process.wait(10)
             await poll(lambda: _live_on(running, other, lambda r: r.accepted) >= 1)
-            state = _node_state(running, first)
+            state = running.node(first)
             old = state.description.instance
             again = start_sim(
                 tmp_path, f"{first}2", "--name", f"{first}2", "--listen", nodes[first].address
