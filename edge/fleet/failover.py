@@ -161,7 +161,6 @@ class Failover:
             for attempt in range(retries + 1):
                 node = slot
                 assert node is not None  # taken above, or for this retry
-                tried.add(node)
                 run = runs.open(
                     node, scope.nursery, request, payload, new_session(),
                     request_id=scope.request_id, keepalive_s=keepalive_s, deadline=deadline,
@@ -189,7 +188,10 @@ class Failover:
                         return Committed(moving, first, False)
                 # The run failed before any byte, on its node's side: another node?
                 if attempt < retries and trio.current_time() < deadline:
-                    tried.add(node, run.life)  # the life it reached (see `Tried`)
+                    # The node of the run that failed (another than `node` when its
+                    # answer moved before any output), in the life it reached (`Tried`).
+                    if (failed := run.node) is not None:
+                        tried.add(failed, run.life)
                     slot = await self._next_node(request, tried, affinity_key, route)
                 if slot is None or not await self._dropped(run, attempt, deadline):
                     if run.start_error is not None:

@@ -194,7 +194,6 @@ class Mover:
         self.left -= 1
         tokens = delivered.moved()
         while True:
-            self.tried.add(node)
             new = self.runs.open(
                 node, self.scope.nursery, self.request, payload, session,
                 request_id=self.scope.request_id, keepalive_s=self.keepalive_s,
