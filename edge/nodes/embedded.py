@@ -7,12 +7,11 @@ other, and knows nothing of the pool. They differ in the loop they run on:
 
 - `embedded_node`: the simulated node, on the asyncio loop the bridge hosts
   inside trio (`edge.node.bridge`).
-- `embedded_upstream_node`: iop-node, on an asyncio loop of its own (a
-  `SelectorEventLoop` in a thread, named as the runner's loop factory: the
-  policy trio-asyncio installs would make it trio-asyncio's loop), not on the
-  trio-asyncio loop: httpx's
-  transport (anyio) finds the running loop the standard way there, so
-  nothing of anyio or asyncio is patched. A developer can point the edge
+- `embedded_upstream_node`: iop-node, on an asyncio loop of its own in a
+  thread (a `SelectorEventLoop`, named as the runner's loop factory: the
+  policy trio-asyncio installs would make it trio-asyncio's), not on the
+  trio-asyncio loop: httpx's transport (anyio) finds the running loop the
+  standard way there, so nothing of anyio or asyncio is patched. A developer can point the edge
   straight at a local model server without a second daemon. Stopping it
   stops the server and the node's runs on that loop, then joins the thread.
 """
