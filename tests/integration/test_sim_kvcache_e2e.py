@@ -252,6 +252,69 @@ async def test_an_uncached_prompts_prefill_delays_its_first_event_past_a_cached_
     assert seen["order"] == ["cached"]
 
 
+# The shared prefix's prefill in the test below: 4 blocks and 2,500 tokens more at 1 ms a
+# token, long enough for a watcher's report (every 100 ms) to come well before it ends.
+SHARED_PREFILL_S = (4 * BLOCK_TOKENS + 2_500) * PREFILL_US / 1e6
+
+
+async def _shared_prefill_scenario(address: str) -> dict[str, Any]:
+    """A run with a new prefix, and a run with the same prefix started once a watcher was
+    told of its blocks: what each saw, and when."""
+    seen: dict[str, Any] = {}
+    channel = _channel(address)
+    stub = pb.NodeServiceStub(channel)
+    loop = asyncio.get_running_loop()
+    prefix = [601, 602, 603, 604]
+    first: dict[str, float] = {}
+
+    async def play(name: str, request: pb.RunRequest) -> None:
+        async for event in stub.run(request):
+            first.setdefault(name, loop.time())
+            if event.type == "complete":
+                seen[name] = event.usage
+
+    try:
+        async with _watching(address) as watcher:
+            await watcher.next()
+            started = loop.time()
+            a = asyncio.create_task(play("a", _request("a", prefix, chars=10_000)))
+            try:
+                async with asyncio.timeout(WAIT_S):
+                    await watcher.until(lambda w: w.held >= set(prefix))
+                    seen["a_spoke_before_its_blocks_were_told"] = "a" in first
+                    await play("b", _request("b", prefix, chars=10))
+                    await a
+            finally:
+                a.cancel()
+                await asyncio.gather(a, return_exceptions=True)
+        seen["b_first_after_s"] = first["b"] - started
+        return seen
+    finally:
+        channel.close()
+
+
+async def test_a_prefix_is_stored_when_its_prefill_starts_and_shared_once_computed(
+    tmp_path: Path,
+) -> None:
+    """A run's blocks are stored (and told to watchers) when its prefill starts, as vLLM
+    commits a step's blocks when it schedules it: a run with the same prefix that comes
+    meanwhile counts them as cached, and its first event waits until they are computed
+    (a lower bound only: the first run's prefill time)."""
+    node = await trio.to_thread.run_sync(
+        start_sim, tmp_path, "kv", "--kv-tokens", "4096", "--prefill-us-per-token", str(PREFILL_US)
+    )
+    try:
+        async with asyncio_loop():
+            with trio.fail_after(WAIT_S * 3):
+                seen = await call_asyncio(_shared_prefill_scenario, node.address)
+    finally:
+        await trio.to_thread.run_sync(stop_process, node.process)
+    assert seen["a_spoke_before_its_blocks_were_told"] is False
+    assert seen["a"].cached_input_tokens == 0
+    assert seen["b"].cached_input_tokens == 4 * BLOCK_TOKENS
+    assert seen["b_first_after_s"] >= SHARED_PREFILL_S
+
+
 async def _queued_behind_prefill(address: str) -> tuple[int, int | None, bool]:
     """On a node that plays one run at a time: a long prefill accepted, then a cached run;
     the load once the second one waits, and whether it was accepted by then."""

@@ -44,6 +44,18 @@ def test_a_prompts_cached_tokens_are_its_longest_leading_run_held() -> None:
     assert cache.match([]) == 0
 
 
+def test_blocks_keep_the_time_the_run_that_first_stored_them_computes_them() -> None:
+    """A block stored by a run is computed when that run's prefill ends; a later run
+    touching it does not change that, and the blocks it adds get its own time. A match
+    is ready once the latest of its blocks is."""
+    cache = KVCache(16)
+    cache.store([1, 2], ready=5.0)
+    cache.store([1, 2, 3], ready=9.0)
+    assert cache.ready([1, 2, 3], 2) == 5.0
+    assert cache.ready([1, 2, 3], 3) == 9.0
+    assert cache.ready([1, 2, 3], 0) == 0.0
+
+
 def test_storing_touches_held_blocks_and_records_only_new_ones() -> None:
     """A run's blocks held already are touched, not stored again (no event for them),
     and the cache reports a change only when its set changed."""

@@ -10,7 +10,8 @@ messages' text length // CHARS_PER_TOKEN tokens, and nothing of it is cached.
 
 `KVCache` holds at most `capacity` blocks, an LRU keyed by those hashes:
 - `match`: the longest leading run of a prompt's blocks held; those are its
-  cached tokens (at most the prompt's).
+  cached tokens (at most the prompt's). `ready` says when the last of them
+  is computed.
 - `store`: hold a run's blocks (touching those held already), then evict the
   least recently used past the capacity. The blocks are touched last to
   first, so a block is always more recent than the blocks after it in its
@@ -18,6 +19,11 @@ messages' text length // CHARS_PER_TOKEN tokens, and nothing of it is cached.
   and never leaves a block held without the blocks before it, so a match is
   never cut short by a hole. A run stores at most its first `capacity` (and
   MAX_PREFIX_BLOCKS) blocks: more could not stay together.
+A run stores its blocks when its prefill starts, each new one with the time
+its prefill ends (`ready`), as vLLM commits a step's blocks to its prefix
+cache when it schedules the step (`KVCacheManager.allocate_slots`), and
+publishes them then: a run that comes during that prefill finds them, and
+waits for them to be computed instead of computing them again.
 Each costs O(the run's blocks); the cache holds its capacity (plus one run's
 blocks while it evicts). Every store and eviction goes to `log`, the
 `edge.nodes.blocklog.BlockLog` the node's Watch reports from.
@@ -103,8 +109,8 @@ class KVCache:
         if not 0 <= capacity <= MAX_KV_BLOCKS_PER_REPORT:
             raise ValueError(f"capacity must be 0 to {MAX_KV_BLOCKS_PER_REPORT} blocks")
         self.capacity = capacity
-        # The blocks held, least recently used first.
-        self._held: OrderedDict[int, None] = OrderedDict()
+        # The blocks held, least recently used first, each with the time it is computed.
+        self._held: OrderedDict[int, float] = OrderedDict()
         self.log = BlockLog(capacity, self._held.keys)
 
     @property
@@ -129,17 +135,23 @@ class KVCache:
             count += 1
         return count
 
-    def store(self, blocks: Sequence[int]) -> bool:
-        """Hold a run's `blocks` (its first `capacity` of them), touching those held, then
-        evict the least recently used past the capacity. Returns whether the set of
-        blocks held changed (stores or evictions: the node's watchers have news)."""
+    def ready(self, blocks: Sequence[int], count: int) -> float:
+        """When the first `count` of `blocks` (held: `match`'s count) are all computed."""
+        held = self._held
+        return max((held[block] for block in blocks[:count]), default=0.0)
+
+    def store(self, blocks: Sequence[int], ready: float = 0.0) -> bool:
+        """Hold a run's `blocks` (its first `capacity` of them), touching those held (they
+        keep their time), the new ones computed at `ready`; then evict the least recently
+        used past the capacity. Returns whether the set of blocks held changed (stores or
+        evictions: the node's watchers have news)."""
         held, log = self._held, self.log
         changed = False
         for block in reversed(blocks[: min(self.capacity, MAX_PREFIX_BLOCKS)]):
             if block in held:
                 held.move_to_end(block)
             else:
-                held[block] = None
+                held[block] = ready
                 log.stored(block)
                 changed = True
         while len(held) > self.capacity:

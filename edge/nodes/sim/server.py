@@ -61,12 +61,14 @@ Describe).
 
 The KV cache model (`kv`, `edge.nodes.sim.kvcache`; off by default): with a
 capacity, a run (once it holds its place) finds its prompt's cached blocks,
-waits its prefill time (`prefill_us_per_token` per uncached prompt token),
-then stores its blocks and plays; its `complete` event's usage says its
-prompt tokens and the cached ones (`input_tokens`, `cached_input_tokens`)
-unless a script gives its own usage. Describe reports the capacity and use
-(`kv_cache_tokens`, `kv_cache_used_tokens`), and Watch the blocks stored and
-evicted (the cache's `BlockLog`). `decode_tokens_per_s` paces deltas, cache
+stores its blocks (computed once its prefill ends; a run that finds blocks
+another run is still computing waits for them), waits its prefill time
+(`prefill_us_per_token` per uncached prompt token), then plays; its
+`complete` event's usage says its prompt tokens and the cached ones
+(`input_tokens`, `cached_input_tokens`) unless a script gives its own usage.
+Describe reports the capacity and use (`kv_cache_tokens`,
+`kv_cache_used_tokens`), and Watch the blocks stored and evicted (the
+cache's `BlockLog`). `decode_tokens_per_s` paces deltas, cache
 model or not: a delta of N characters is max(1, N // 4) tokens, sent once
 they are decoded.
 
@@ -329,24 +331,26 @@ class SimNode(NodeService):
         return "error"
 
     async def _prefill(self, run: RunRecord, request: pb.RunRequest) -> pb.Usage | None:
-        """With the cache model: match the prompt's blocks (touching the cached ones, in
-        use now), wait the prefill time of the others, then store them all. Returns the
-        usage the cache model gives the run (its prompt and cached tokens), else None.
-        From here to its end the run's prompt is in use (`kv_cache_used_tokens`)."""
+        """With the cache model: match the prompt's blocks, store them all at once (the
+        new ones computed when this prefill ends: `edge.nodes.sim.kvcache`), then wait
+        the prefill time of the uncached ones, or until the cached ones another run is
+        still computing are done, whichever is later. Returns the usage the cache model
+        gives the run (its prompt and cached tokens), else None. From here to its end
+        the run's prompt is in use (`kv_cache_used_tokens`)."""
         cache = self.cache
         if cache is None:
             return None
         asked = prompt(request)
         self._kv_in_use[id(run)] = min(asked.tokens, cache.capacity * BLOCK_TOKENS)
-        self.state_changed()
         hit = cache.match(asked.blocks)
-        cache.store(asked.blocks[:hit])
         cached = min(hit * BLOCK_TOKENS, asked.tokens)
-        uncached = asked.tokens - cached
-        if uncached and self.kv.prefill_us_per_token:
-            await asyncio.sleep(uncached * self.kv.prefill_us_per_token / 1e6)
-        if cache.store(asked.blocks):
-            self.state_changed()
+        now = asyncio.get_running_loop().time()
+        done = now + (asked.tokens - cached) * self.kv.prefill_us_per_token / 1e6
+        done = max(done, cache.ready(asked.blocks, hit))
+        cache.store(asked.blocks, ready=done)
+        self.state_changed()
+        if done > now:
+            await asyncio.sleep(done - now)
         return pb.Usage(input_tokens=asked.tokens, cached_input_tokens=cached)
 
     @staticmethod
