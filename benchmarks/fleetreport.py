@@ -145,7 +145,7 @@ def goal_rows(r: dict[str, Any]) -> list[list[str]]:
             (r.get("workloads", {}).get(name) or {}).get("ceiling"),
             _cell(r, name, "least_loaded").get("hit_ratio"),
         )
-        bound = "" if most is None else f" (ceiling {most:.2g}x)"
+        bound = "" if most is None else f" (ceiling {most:.3g}x)"
         add(f"{label}: hit ratio, cache_aware / least_loaded >= 3{bound}",
             vs(name, "hit_ratio"), lambda v: v >= 3)  # fmt: skip
         add(f"{label}: TTFT p50, cache_aware / least_loaded <= 1/3", vs(name, "ttft_p50_ms"),
