@@ -44,6 +44,7 @@ from loguru import logger
 
 from edge.config import AdmissionConfig
 from edge.errors import EdgeError, OverloadedError, PayloadTooLargeError
+from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Route
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
@@ -63,7 +64,7 @@ class _Waiter:
     model: str
     logprobs: bool
     exclude: Collection[NodeState]
-    affinity_key: str | None
+    affinity_key: SessionKey | None
     route: Route | None
     woken: trio.Event = field(default_factory=trio.Event)
     node: NodeState | None = None  # its slot is taken
@@ -165,7 +166,7 @@ class Admission:
         *,
         logprobs: bool = False,
         exclude: Collection[NodeState] = (),
-        affinity_key: str | None = None,
+        affinity_key: SessionKey | None = None,
         route: Route | None = None,
         first: bool = False,
         on_queue: Callable[[float], object] | None = None,

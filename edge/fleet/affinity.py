@@ -20,8 +20,32 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 LOAD_FACTOR = 1.25
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """What ties a request to its session's node: `key`, and whether the client named a
+    session (`named`: X-Session-Id, the Responses API's `prompt_cache_key`) or the key is
+    only the request's end user (chat's `user`).
+
+    The affinity policy keys on either. The cache-aware policy pins only a named
+    session: its requests find their conversation's node by their prefix, and a `user`
+    is a person, not a conversation (one with many conversations would be pinned to one
+    node, and users hashed over the nodes place conversations unevenly: measured,
+    BENCHMARKS.md)."""
+
+    key: str
+    named: bool = True
+
+
+def session_key(named: str | None, user: str | None) -> SessionKey | None:
+    """The request's session key: the session it names, else its `user`, else none."""
+    if named:
+        return SessionKey(named)
+    return SessionKey(user, named=False) if user else None
 
 
 def _key_digest(key: str) -> bytes:

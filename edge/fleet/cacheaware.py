@@ -57,9 +57,10 @@ index (`edge.fleet.cacheindex`). Then:
 Ties between equal ranks go round with `turn` (a number the pool advances
 each pick), so that equal nodes share the runs evenly.
 
-A session key (`X-Session-Id`, else `user`) pins the session to its node
-as the affinity policy does, within the load bound; the request's blocks
-are recorded there all the same.
+A session the client names (`session`: X-Session-Id, prompt_cache_key; not
+a `user`, `edge.fleet.affinity.SessionKey` says why) pins the session to its
+node as the affinity policy does, within the load bound; the request's
+blocks are recorded there all the same.
 
 `Choice.outcome` says which rule chose: `hit`, `miss`, `load_bound` (a node
 past a bound held a longer prefix than the node chosen), `session`,

@@ -48,6 +48,7 @@ from loguru import logger
 from edge.api.request import ChatRequest
 from edge.config import RoutingConfig, TimeoutsConfig
 from edge.errors import EdgeError
+from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Route
 from edge.fleet.migration import CANCEL_WAIT_S, MigrationScope, MovableRun, Mover
 from edge.fleet.nodestate import NodeState, Tried
@@ -114,7 +115,7 @@ class Failover:
         new_session: Callable[[], StreamSession],
         *,
         keepalive_s: float = 0.0,
-        affinity_key: str | None = None,
+        affinity_key: SessionKey | None = None,
     ) -> Committed:
         """The committed run of `request`, or the EdgeError of its last attempt's start.
 
@@ -216,7 +217,7 @@ class Failover:
         self,
         request: ChatRequest,
         tried: Tried,
-        affinity_key: str | None,
+        affinity_key: SessionKey | None,
         route: Route | None,
     ) -> NodeState | None:
         """Another node for a retry, its slot taken (queued first); None: there is none."""

@@ -67,6 +67,7 @@ from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import EdgeError, NodeError, NodeFailedError, NodeUnavailableError
+from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Route
 from edge.fleet.continuation import Break, Delivered, why_not
 from edge.fleet.nodestate import NodeState, Tried
@@ -121,7 +122,7 @@ class Mover:
     left: int
     tried: Tried = field(default_factory=Tried)
     keepalive_s: float = 0.0
-    affinity_key: str | None = None
+    affinity_key: SessionKey | None = None
     route: Route | None = None
     # The request's run deadlines (None: the runs' own).
     timeouts: TimeoutsConfig | None = None

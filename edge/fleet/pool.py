@@ -46,6 +46,7 @@ from edge.config import RoutingConfig
 from edge.contract.prefix import BLOCK_TOKENS
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
 from edge.fleet import affinity, cacheaware, load
+from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Candidate, Route
 from edge.fleet.feed import NodeFeed
 from edge.fleet.health import (
@@ -251,7 +252,7 @@ class NodePool:
         *,
         logprobs: bool = False,
         exclude: Collection[NodeState] = (),
-        affinity_key: str | None = None,
+        affinity_key: SessionKey | None = None,
         route: Route | None = None,
     ) -> NodeState | None:
         """A node for a new run of `model`, or None when the nodes that could take it have
@@ -331,10 +332,12 @@ class NodePool:
             code="model_not_found",
         )
 
-    def _choose(self, free: list[NodeState], affinity_key: str | None, turn: int) -> NodeState:
+    def _choose(
+        self, free: list[NodeState], affinity_key: SessionKey | None, turn: int
+    ) -> NodeState:
         if self.affinity and affinity_key is not None and len(free) > 1:
             loads = [(s.client.name, load.runs(s.load, s.in_flight, s.at_report)) for s in free]
-            return free[affinity.choose(affinity_key, loads)]
+            return free[affinity.choose(affinity_key.key, loads)]
         if len(free) == 1:
             return free[0]
         # Ties go round (the turn advances each pick): equal nodes share the runs evenly.
@@ -344,8 +347,10 @@ class NodePool:
         return tied[turn % len(tied)]
 
     def _choose_cached(
-        self, free: list[NodeState], affinity_key: str | None, route: Route, turn: int
+        self, free: list[NodeState], affinity_key: SessionKey | None, route: Route, turn: int
     ) -> cacheaware.Choice:
+        # Only a session the client named is pinned (`SessionKey` says why).
+        session = affinity_key.key if affinity_key is not None and affinity_key.named else None
         candidates = [
             Candidate(
                 s.client.name,
@@ -357,7 +362,7 @@ class NodePool:
             for s in free
         ]
         return cacheaware.choose(
-            route.blocks, candidates, session=affinity_key, factor=self.cache_load_factor,
+            route.blocks, candidates, session=session, factor=self.cache_load_factor,
             share_factor=self.cache_share_factor, threshold=self.cache_threshold,
             placements=self.placements, turn=turn,
         )  # fmt: skip

@@ -45,6 +45,7 @@ from edge.api.surfaces import CHAT, Answer, Api, ApiRequest, Folder, Streamer
 from edge.config import Config
 from edge.errors import NodeRateLimitedError, RequestError
 from edge.fleet.admission import RETRY_AFTER_S
+from edge.fleet.affinity import session_key
 from edge.fleet.failover import Committed
 from edge.fleet.fleet import Fleet
 from edge.fleet.migration import MovableRun
@@ -183,7 +184,7 @@ class ChatService:
         created = int(time.time())
         committed = await snapshot.failover.start(
             scope, request, payload, new_session, keepalive_s=keepalive_s,
-            affinity_key=session_id or parsed.affinity_key or request.user,
+            affinity_key=session_key(session_id or parsed.affinity_key, request.user),
         )  # fmt: skip
         run = committed.run
         store = self.responses if parsed.store_context is not None else None

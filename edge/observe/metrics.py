@@ -268,7 +268,7 @@ class EdgeMetrics:
             "Runs routed by the cache-aware policy, by how their node was chosen: hit (the"
             " longest cached prefix), miss (no node held its first block: rendezvous),"
             " load_bound (a node holding a longer prefix was past the load bound), session"
-            " (X-Session-Id), short (a prompt under one block).",
+            " (a named session: X-Session-Id, prompt_cache_key), short (a prompt under one block).",
             ["outcome"], registry=r,
         )  # fmt: skip
         for outcome in CACHE_ROUTING_OUTCOMES:

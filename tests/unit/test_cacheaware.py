@@ -22,6 +22,7 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.prefix import BLOCK_TOKENS, MAX_KV_BLOCKS_PER_REPORT
 from edge.errors import NodeFailedError
 from edge.fleet import affinity, cacheaware
+from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Route
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
@@ -40,7 +41,7 @@ def blocks(start: int, n: int) -> array[int]:
     return array("Q", range(start, start + n))
 
 
-def take(pool: NodePool, route: Route | None, key: str | None = None) -> NodeState:
+def take(pool: NodePool, route: Route | None, key: SessionKey | None = None) -> NodeState:
     """Pick a node for `route` and take its slot, as the admission queue does."""
     state = pool.pick("m", route=route, affinity_key=key)
     assert state is not None
@@ -177,7 +178,7 @@ def test_no_node_past_the_bound_is_chosen_for_its_cache(loads: list[int], start:
 
 
 def test_a_session_key_pins_the_session() -> None:
-    """With X-Session-Id (the affinity key), the session's node as the affinity policy
+    """With a named session (X-Session-Id), the session's node as the affinity policy
     picks it, whatever another node holds; its blocks are recorded there."""
     pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
     prefix = blocks(0, 4)
@@ -188,8 +189,21 @@ def test_a_session_key_pins_the_session() -> None:
     for state in nodes:
         if state is not pinned:
             state.cache.routed(other)
-    assert take(pool, Route(other), key="session-1") is pinned
+    assert take(pool, Route(other), key=SessionKey("session-1")) is pinned
     assert pinned.cache.longest(other) == 4
+
+
+def test_a_user_alone_does_not_pin_a_request_to_a_node() -> None:
+    """A `user` names a person, not a conversation: under cache_aware a request whose key
+    is only its `user` goes where its prefix is held, not to the user's node; the same
+    key named as a session (X-Session-Id, prompt_cache_key) pins it."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
+    prefix = blocks(0, 4)
+    users_node = nodes[affinity.order("user-7", ["a", "b", "c"])[0]]
+    holder = next(state for state in nodes if state is not users_node)
+    holder.cache.routed(prefix)
+    assert take(pool, Route(prefix), key=SessionKey("user-7", named=False)) is holder
+    assert take(pool, Route(prefix), key=SessionKey("user-7")) is users_node
 
 
 def test_a_prompt_under_one_block_goes_to_the_least_loaded() -> None:

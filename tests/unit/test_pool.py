@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
 from edge.fleet import affinity
+from edge.fleet.affinity import SessionKey
 from edge.fleet.nodestate import NodeState, Tried
 from edge.fleet.pool import NodePool
 from edge.node.client import NodeClient, NodeDescription
@@ -304,13 +305,14 @@ def test_ready_and_status_show_each_state() -> None:
 
 
 def test_affinity_sends_a_session_to_its_node_and_spills_when_it_runs_hot() -> None:
-    """Under the affinity policy the same key lands on the same node while its load is
-    within bounds; past it, on the key's next node; without a key, least loaded."""
+    """Under the affinity policy the same key (a named session or a `user`) lands on the
+    same node while its load is within bounds; past it, on the key's next node; without a
+    key, least loaded."""
     routing = RoutingConfig(policy="affinity")
     pool, _, nodes = make_pool("a", "b", "c", routing=routing)
     names = [s.client.name for s in nodes]
-    for key in ("s1", "s2", "s3", "user-7"):
-        first, second = affinity.order(key, names)[:2]
+    for key in (SessionKey("s1"), SessionKey("s2"), SessionKey("user-7", named=False)):
+        first, second = affinity.order(key.key, names)[:2]
         assert pool.pick("m", affinity_key=key) is nodes[first]
         assert pool.pick("m", affinity_key=key) is nodes[first]
         nodes[first].in_flight = 10
@@ -326,18 +328,18 @@ def test_affinity_skips_nodes_that_cannot_take_the_run() -> None:
     pool, _, nodes = make_pool("a", "b", "c", routing=routing, max_runs={"a": 1, "b": 1, "c": 1})
     names = [s.client.name for s in nodes]
     first, second, third = affinity.order("k", names)
-    assert pool.pick("m", affinity_key="k", exclude=[nodes[first]]) is nodes[second]
+    assert pool.pick("m", affinity_key=SessionKey("k"), exclude=[nodes[first]]) is nodes[second]
     nodes[first].in_flight = 1
-    assert pool.pick("m", affinity_key="k") is nodes[second]
+    assert pool.pick("m", affinity_key=SessionKey("k")) is nodes[second]
     pool.mark_down(nodes[second], "refused")
-    assert pool.pick("m", affinity_key="k") is nodes[third]
+    assert pool.pick("m", affinity_key=SessionKey("k")) is nodes[third]
 
 
 def test_least_loaded_policy_ignores_the_key() -> None:
     """The default policy: the key changes nothing."""
     pool, _, (a, b) = make_pool("a", "b")
     b.in_flight = 1
-    assert {id(pool.pick("m", affinity_key=f"k{i}")) for i in range(20)} == {id(a)}
+    assert {id(pool.pick("m", affinity_key=SessionKey(f"k{i}"))) for i in range(20)} == {id(a)}
 
 
 def test_on_available_when_a_node_comes_up_or_its_cap_rises() -> None:
