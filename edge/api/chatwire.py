@@ -95,6 +95,7 @@ class WireRequest(_Wire):
     response_format: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None
     include_reasoning: bool | None = None
     reasoning: WireReasoning | None = None
     reasoning_effort: str | None = None

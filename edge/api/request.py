@@ -127,6 +127,9 @@ class ChatRequest:
     response_format: dict[str, Any] | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     user: str | None = None
+    # OpenAI's hint for routing to a cache that holds the prompt: names a session
+    # (`edge.fleet.affinity.SessionKey`).
+    prompt_cache_key: str | None = None
     # The caller did not turn reasoning off / asked for it in so many words.
     include_reasoning: bool = True
     reasoning_explicit: bool = False
@@ -212,6 +215,8 @@ def _build(wire: WireRequest) -> ChatRequest:
         check_chars(value, f"metadata.{key}", bounds.MAX_METADATA_VALUE_CHARS)
     if wire.user is not None:
         check_chars(wire.user, "user", bounds.MAX_USER_CHARS)
+    if wire.prompt_cache_key is not None:
+        check_chars(wire.prompt_cache_key, "prompt_cache_key", bounds.MAX_USER_CHARS)
     check_choice(wire.tool_validation, "tool_validation", _TOOL_VALIDATION)
     if wire.logit_bias is not None:
         check_count(wire.logit_bias, "logit_bias", bounds.MAX_LOGIT_BIAS, "entries")
@@ -237,6 +242,7 @@ def _build(wire: WireRequest) -> ChatRequest:
         response_format=_response_format(wire.response_format),
         metadata=metadata,
         user=wire.user,
+        prompt_cache_key=wire.prompt_cache_key or None,
         include_reasoning=include_reasoning,
         reasoning_explicit=reasoning_explicit,
         # OpenAI's top-level field, else OpenRouter's `reasoning.effort`.

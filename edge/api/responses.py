@@ -116,7 +116,9 @@ def parse_responses_request(body: bytes, resolved: Resolved | None = None) -> Re
             messages.extend(_input(context))
     messages.extend(_input(given))
     chat["messages"] = messages
-    for name in ("stream", "temperature", "top_p", "metadata", "parallel_tool_calls"):
+    for name in (
+        "stream", "temperature", "top_p", "metadata", "parallel_tool_calls", "prompt_cache_key",
+    ):  # fmt: skip
         if obj.get(name) is not None:
             chat[name] = obj[name]
     if obj.get("max_output_tokens") is not None:
@@ -147,13 +149,12 @@ def parse_responses_request(body: bytes, resolved: Resolved | None = None) -> Re
             chat["reasoning_effort"] = effort
         _one_of(reasoning.get("summary"), _SUMMARIES, "reasoning.summary")
     _one_of(obj.get("truncation"), _TRUNCATIONS, "truncation")
-    key = obj.get("prompt_cache_key")
     request = chat_request_from(chat)
     stored = resolved is not None and store is not False
     return ResponsesRequest(
         chat=request,
         echo=_echo(obj, echoed, stored=stored),
-        affinity_key=key if isinstance(key, str) and key else None,
+        affinity_key=request.prompt_cache_key,
         dropped=dropped.notes(),
         store_context=msgspec.json.encode([*context, *as_items(given)]) if stored else None,
     )

@@ -96,7 +96,8 @@ class Api:
         return References()
 
     def parse(self, body: bytes, resolved: Resolved | None = None) -> ApiRequest:
-        return ApiRequest(parse_chat_request(body))
+        chat = parse_chat_request(body)
+        return ApiRequest(chat, chat.prompt_cache_key)
 
     def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
         return _ChatStreamer(

@@ -85,7 +85,7 @@ class RoutingConfig:
     """How runs are spread over nodes, retried, and kept off failing nodes (`[routing]`)."""
 
     # least_loaded: the node with the fewest runs in flight; affinity: the session's
-    # node (X-Session-Id, else the request's `user`) while its load stays bounded;
+    # node (X-Session-Id, prompt_cache_key, else `user`) while its load stays bounded;
     # cache_aware: the node whose KV cache holds the longest prefix of the prompt, within
     # a bound on load (docs/fleet.md, Cache-aware routing).
     policy: str = "least_loaded"

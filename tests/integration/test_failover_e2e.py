@@ -326,8 +326,9 @@ async def test_a_node_killed_under_load(
 async def test_the_same_session_lands_on_the_same_node(
     nursery: trio.Nursery, sims: tuple[SimProcess, SimProcess]
 ) -> None:
-    """policy = "affinity": every request of a session (its X-Session-Id, else its `user`)
-    is answered by one node; the sessions spread over both nodes."""
+    """policy = "affinity": every request of a session (its X-Session-Id, its
+    `prompt_cache_key`, else its `user`) is answered by one node; the sessions spread over
+    both nodes."""
     config = _config(*sims)
     config = replace(config, routing=replace(config.routing, policy="affinity"))
     running = await start_edge(nursery, config)
@@ -339,11 +340,15 @@ async def test_the_same_session_lands_on_the_same_node(
                     CHAT, json=chat_body("sim-echo", "hi"), headers={"X-Session-Id": session}
                 )
                 by_user = await http.post(CHAT, json=chat_body("sim-echo", "hi", user=session))
-                assert (header.status_code, by_user.status_code) == (200, 200)
+                by_key = await http.post(
+                    CHAT, json=chat_body("sim-echo", "hi", prompt_cache_key=session)
+                )
+                statuses = (header.status_code, by_user.status_code, by_key.status_code)
+                assert statuses == (200, 200, 200)
     await stop_edge(running)
     nodes: dict[str, set[str]] = {}
     for (info, _), session in zip(running.outcomes, [s for _ in range(3) for s in sessions
-                                                     for _ in range(2)], strict=True):  # fmt: skip
+                                                     for _ in range(3)], strict=True):  # fmt: skip
         nodes.setdefault(session, set()).add(info.node)
     assert all(len(served) == 1 for served in nodes.values()), nodes
     assert {node for served in nodes.values() for node in served} == {"a", "b"}

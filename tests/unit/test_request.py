@@ -130,6 +130,8 @@ GOOD: list[tuple[dict[str, Any], str, object]] = [
     ({"metadata": {"trace_stream": "0"}}, "trace_stream", False),
     ({"metadata": {"trace_stream": "no"}}, "trace_stream", False),
     ({"user": "u-1"}, "user", "u-1"),
+    ({"prompt_cache_key": "conversation-7"}, "prompt_cache_key", "conversation-7"),
+    ({"prompt_cache_key": ""}, "prompt_cache_key", None),
     ({"reasoning_effort": "minimal"}, "reasoning_effort", "minimal"),
     ({"reasoning_effort": "high"}, "reasoning_effort", "high"),
     ({"strict_output": True}, "strict_output", True),
@@ -767,6 +769,11 @@ ASSISTANT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arg
             bounds.MAX_METADATA_VALUE_CHARS,
         ),
         ({"user": "u" * (bounds.MAX_USER_CHARS + 1)}, "user", bounds.MAX_USER_CHARS),
+        (
+            {"prompt_cache_key": "k" * (bounds.MAX_USER_CHARS + 1)},
+            "prompt_cache_key",
+            bounds.MAX_USER_CHARS,
+        ),
         ({"model": "m" * (bounds.MAX_MODEL_CHARS + 1)}, "model", bounds.MAX_MODEL_CHARS),
         (
             {"logit_bias": {str(i): 1 for i in range(bounds.MAX_LOGIT_BIAS + 1)}},

@@ -112,6 +112,7 @@ def test_tools_choice_format_effort() -> None:
         ({"model": "m", "input": "x", "conversation": "conv_1"}, "conversation"),
         ({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
         ({"model": "m"}, "input"),
+        ({"model": "m", "input": "x", "prompt_cache_key": 7}, "prompt_cache_key"),
         ({"model": "m", "input": 3}, "input"),
         ({"model": "m", "input": []}, "input"),
         ({"model": "m", "input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
