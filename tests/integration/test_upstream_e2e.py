@@ -36,7 +36,7 @@ from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
 from edge.nodes.embedded import embedded_upstream_node
 from edge.nodes.upstream.server import UpstreamNode
-from edge.stream.events import Delta, Failed, NodeEvent
+from edge.stream.events import Complete, Delta, Failed, NodeEvent
 from tests.integration.conftest import (
     WEATHER_TOOL,
     RunningEdge,
@@ -63,9 +63,10 @@ class Upstream:
     """A replaying OpenAI-compatible server: model NAME plays upstream_fixtures/NAME.*.
 
     `NAME.sse` is streamed one event per write; `NAME.STATUS.json` is an error
-    answer. Two models are built in: `hang` sends one delta and then waits for
+    answer. Three models are built in: `hang` sends one delta and then waits for
     the client to go away (setting `hung_up`); `abort` sends one delta and cuts
-    the connection mid-body.
+    the connection mid-body; `burst` sends BURST one-word chunks in one write
+    (a server that streamed faster than its reader read), then `[DONE]`.
     """
 
     url: str = ""
@@ -78,7 +79,11 @@ class Upstream:
             for p in FIXTURES.iterdir()
             if p.suffix in (".sse", ".json", ".html")
         }
-        return sorted(names | {"hang", "abort"})
+        return sorted(names | {"hang", "abort", "burst"})
+
+
+# The chunks `burst` writes at once.
+BURST = 20
 
 
 def _chunk(content: str) -> bytes:
@@ -122,6 +127,11 @@ async def _respond(
                 pass
         upstream.hung_up.set()
         return False
+    if model == "burst":
+        words = b"".join(_chunk(f"w{i} ") for i in range(BURST))
+        await send_events(stream, conn, sse_head, h11.Data(words))
+        await send_events(stream, conn, h11.Data(b"data: [DONE]\n\n"), h11.EndOfMessage())
+        return True
     sse = FIXTURES / f"{model}.sse"
     if sse.exists():
         await send_events(stream, conn, sse_head)
@@ -369,6 +379,22 @@ async def test_deadline_closes_the_upstream_request(
     assert events[0] == Delta("x")
     assert events[-1] == Failed(kind="cancelled", error="run deadline exceeded")
     assert node.finished[-1]["outcome"] == "cancelled"
+
+
+async def test_chunks_read_together_go_to_the_edge_as_one_delta(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    """Chunks the upstream wrote at once reach the node in one read and go on as fewer
+    deltas than chunks (one, unless the read was split), with all their text in order."""
+    request = pb.RunRequest(
+        run_id="b1", model="burst", messages=[pb.Message(role="user", content="x")]
+    )
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (_, port):
+        events = await _events(port, request, nursery)
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert "".join(d.text for d in deltas) == "".join(f"w{i} " for i in range(BURST))
+    assert len(deltas) < BURST
+    assert isinstance(events[-1], Complete)
 
 
 def _closed_port() -> int:

@@ -7,6 +7,7 @@ the same events, and every stream ends in exactly one terminal event.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.contract._proto.iop.node import v1 as pb
-from edge.nodes.upstream.chunks import ChunkMapper
+from edge.nodes.upstream.chunks import ChunkMapper, coalesced
 from edge.nodes.upstream.logprobs import MAX_DELTA_CHARS
 from edge.nodes.upstream.sse import SSEDecoder, SSEMessage
 from tests.unit.upstream_replay import STREAMS, TERMINAL, body, calls, chunk, event_view, replay
@@ -263,3 +264,68 @@ def test_long_text_is_split_into_deltas_under_the_message_limit() -> None:
         assert len(pieces) == 3
         assert "".join(pieces) == text
         assert all(len(bytes(pb.RunEvent(type=kind, delta=p))) < 4 * 1024 * 1024 for p in pieces)
+
+
+# --- coalesced: the deltas of one read as one event ------------------------------------
+
+_KINDS = ("delta", "reasoning_delta")
+
+
+def _joinable_event(kind: str, text: str) -> pb.RunEvent:
+    return pb.RunEvent(type=kind, delta=text)
+
+
+_EVENTS = st.lists(
+    st.one_of(
+        st.builds(_joinable_event, st.sampled_from(_KINDS), st.text(max_size=8)),
+        st.builds(
+            lambda text: pb.RunEvent(
+                type="delta", delta=text, logprobs=[pb.TokenLogprob(token=text, logprob=-0.5)]
+            ),
+            st.text(min_size=1, max_size=4),
+        ),
+        st.builds(lambda: pb.RunEvent(type="delta", tool_calls=[pb.ToolCall(id="c", name="f")])),
+        st.just(pb.RunEvent(type="complete", usage=pb.Usage(input_tokens=1))),
+    ),
+    max_size=30,
+)
+
+
+def _runs(events: list[pb.RunEvent]) -> list[tuple[str, str] | pb.RunEvent]:
+    """Each run of text-only deltas of one kind as (kind, its text); the rest as they are."""
+    out: list[tuple[str, str] | pb.RunEvent] = []
+    for event in events:
+        plain = event.type in _KINDS and not event.logprobs and not event.tool_calls
+        last = out[-1] if out else None
+        if plain and isinstance(last, tuple) and last[0] == event.type:
+            out[-1] = (event.type, last[1] + event.delta)
+        elif plain:
+            out.append((event.type, event.delta))
+        else:
+            out.append(event)
+    return out
+
+
+@given(_EVENTS)
+def test_coalesced_joins_each_run_of_text_deltas_and_keeps_everything_else(
+    events: list[pb.RunEvent],
+) -> None:
+    """The same text of each kind in the same order, the other events unchanged in their
+    places, and no two text-only deltas of one kind left side by side."""
+    joined = coalesced(list(events))
+    assert _runs(joined) == _runs(events)
+    for one, two in itertools.pairwise(joined):
+        both_plain = all(
+            e.type in _KINDS and not e.logprobs and not e.tool_calls for e in (one, two)
+        )
+        assert not (both_plain and one.type == two.type)
+
+
+def test_coalesced_keeps_each_delta_under_the_message_limit() -> None:
+    """A run of text longer than MAX_DELTA_CHARS goes as several deltas, none past it,
+    whose text is the run's."""
+    piece = "x" * (MAX_DELTA_CHARS // 3 + 1)
+    joined = coalesced([pb.RunEvent(type="delta", delta=piece) for _ in range(7)])
+    assert 1 < len(joined) < 7
+    assert all(len(e.delta) <= MAX_DELTA_CHARS for e in joined)
+    assert "".join(e.delta for e in joined) == piece * 7

@@ -8,6 +8,13 @@ assembled (`toolcalls`), and usage and `finish_reason` are held for the one
 terminal event. `feed_completion` maps a whole `chat.completion` for a
 server that ignored `stream: true`.
 
+`coalesced` sends the plain deltas of chunks that arrived together (one
+read of the body) as one event: a model server streams a chunk per token,
+and under load the node reads several at once. One event instead of ten
+is a tenth of the work at every hop after it (the node's gRPC send, the
+edge's read, its stream session and its client write) and no later: only
+what is here already is joined.
+
 Logprobs go on the content delta of the same chunk; a chunk with logprobs
 and nothing else passes them to the next content delta, and those on a
 chunk of reasoning or tool calls are dropped.
@@ -31,11 +38,11 @@ from typing import Any, Final
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.nodes.upstream.bodies import MAX_ERROR_CHARS
-from edge.nodes.upstream.logprobs import choice_logprobs, content_events, deltas
+from edge.nodes.upstream.logprobs import MAX_DELTA_CHARS, choice_logprobs, content_events, deltas
 from edge.nodes.upstream.sse import DONE, SSEMessage
 from edge.nodes.upstream.toolcalls import ToolCallAssembler, ToolCallLimitError
 
-__all__ = ["ChunkMapper"]
+__all__ = ["ChunkMapper", "coalesced"]
 
 _UINT32_MAX: Final = 2**32 - 1
 # Logprobs of chunks without content waiting for the next content, at most (then dropped).
@@ -85,6 +92,47 @@ def _error_text(payload: dict[str, Any]) -> str:
 
 def _is_error(payload: dict[str, Any]) -> bool:
     return payload.get("error") is not None or payload.get("object") == "error"
+
+
+# The kinds of delta whose consecutive events may go as one, when they carry text only.
+_JOINABLE: Final = frozenset({"delta", "reasoning_delta"})
+
+
+def _joinable(event: pb.RunEvent) -> bool:
+    """A delta with text and nothing else (no logprobs, tool calls or metadata)."""
+    return (
+        event.type in _JOINABLE and not event.logprobs and not event.tool_calls
+        and not event.metadata
+    )  # fmt: skip
+
+
+def coalesced(events: list[pb.RunEvent]) -> list[pb.RunEvent]:
+    """`events` with each run of consecutive text-only deltas of one kind as one delta
+    of their joined text, at most MAX_DELTA_CHARS characters (a longer run: several);
+    every other event as it is, in its place. Linear: each run is joined once."""
+    if len(events) < 2:
+        return events
+    out: list[pb.RunEvent] = []
+    parts: list[str] = []
+    kind = ""
+    size = 0
+    for event in events:
+        if _joinable(event):
+            text = event.delta
+            if event.type != kind or size + len(text) > MAX_DELTA_CHARS:
+                if parts:
+                    out.append(pb.RunEvent(type=kind, delta="".join(parts)))
+                parts, kind, size = [], event.type, 0
+            parts.append(text)
+            size += len(text)
+            continue
+        if parts:
+            out.append(pb.RunEvent(type=kind, delta="".join(parts)))
+            parts, kind, size = [], "", 0
+        out.append(event)
+    if parts:
+        out.append(pb.RunEvent(type=kind, delta="".join(parts)))
+    return out
 
 
 class ChunkMapper:

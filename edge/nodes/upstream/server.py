@@ -49,7 +49,7 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.nodes.kit import NodeService, RunRecord
 from edge.nodes.upstream.bodies import context_limits_from_body, error_message, upstream_error
 from edge.nodes.upstream.bodies import models_from_body as parse_models
-from edge.nodes.upstream.chunks import ChunkMapper
+from edge.nodes.upstream.chunks import ChunkMapper, coalesced
 from edge.nodes.upstream.continuation import (
     LLAMACPP_MODE,
     MODES,
@@ -388,8 +388,14 @@ class UpstreamNode(NodeService):
         texts_gen = cast(AsyncGenerator[str, None], response.aiter_text())
         async with contextlib.aclosing(texts_gen) as texts:
             async for text in texts:
-                for message in decoder.feed(text):
-                    for event in mapper.feed(message):
+                # What one read brought goes out with its text deltas joined (`coalesced`);
+                # a malformed event ends the run after the events before it.
+                events: list[pb.RunEvent] = []
+                try:
+                    for message in decoder.feed(text):
+                        events += mapper.feed(message)
+                finally:
+                    for event in coalesced(events):
                         await emit(event)
                 if mapper.terminated:
                     break
