@@ -117,8 +117,8 @@ class RoutingConfig:
     # 64) + 1.
     cache_share_factor: float = 1.4
     # cache_aware: a prefix no node holds past this share of a request's blocks is
-    # weak: the request is placed as a miss, by the first block no node holds (new
-    # conversations that share only a short system prompt spread over the nodes).
+    # weak: the request is placed as a miss, by its block at this share of its blocks
+    # (new conversations that share only a short system prompt spread over the nodes).
     cache_threshold: float = 0.3
 
 

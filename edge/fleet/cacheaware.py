@@ -40,18 +40,24 @@ index (`edge.fleet.cacheindex`). Then:
    6); every edge then sends a new prefix to one of the same two. With
    exact ones it is not: their counts move with each report, and two edges
    that compared them a moment apart placed a prefix apart (two edges hit
-   0.85x of one). The key block is the first block.
+   0.85x of one). The key block (`key_block`) is the block at `threshold`
+   of the request's blocks: two requests that share that much would be a
+   hit on each other's node, so they are placed on the same one, and two
+   that do not, apart. Keyed by the first block, new conversations that
+   share a short system prompt, arriving before any node reported holding
+   it, all had one key: each went where the first had, until its node was
+   past the load bound (3 of 24 sessions on one node, 8 on another).
    (Balancing placements by this edge's own counts, bounded loads, placed
    prefixes more evenly but each edge differently: two edges then hit
    less; measured, BENCHMARKS.md.)
 5. **A weak prefix** (the longest prefix any node holds, past the bounds
    too, is under `threshold` of the request's blocks: `[routing]
-   cache_threshold`, SMG's `cache_threshold`): a miss, whose key block is
-   the first block no node holds. New conversations that share only a
-   short system prompt (or tool list) are placed by what they do not
-   share, over all the nodes; by the shared part alone, every new one would
-   go to the nodes that held it first, and a node that did not would take
-   none until the others were past the load bound.
+   cache_threshold`, SMG's `cache_threshold`): a miss. New conversations
+   that share only a short system prompt (or tool list) are placed by
+   their key block, past what they share, over all the nodes; sent to the
+   nodes holding the shared part, every new one would go to the nodes that
+   held it first, and a node that did not would take none until the others
+   were past the load bound.
 6. A prompt shorter than one block: the least loaded (nothing to reuse).
 
 Ties between equal ranks go round with `turn` (a number the pool advances
@@ -75,6 +81,7 @@ and one rendezvous score per candidate on a new placement.
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -178,9 +185,16 @@ class Placements:
             where.popitem(last=False)
 
 
-def rendezvous_key(first_block: int) -> str:
-    """The rendezvous key of a prefix: its first block's hash, in hex."""
-    return f"{first_block:016x}"
+def key_block(blocks: Sequence[int], threshold: float) -> int:
+    """The block a miss of `blocks` (not empty) is placed by: the one at `threshold` of
+    them, so that requests sharing enough of a prefix to be hits on one node are
+    placed on the same node (the module doc, rule 4)."""
+    return blocks[max(1, math.ceil(threshold * len(blocks))) - 1]
+
+
+def rendezvous_key(block: int) -> str:
+    """The rendezvous key of a prefix: its key block's hash, in hex."""
+    return f"{block:016x}"
 
 
 def choose(
@@ -227,9 +241,7 @@ def choose(
     if best >= 0:
         return Choice(best, "load_bound" if passed_over > best_held else "hit", best_held)
     outcome: Outcome = "load_bound" if passed_over else "miss"
-    # The prefix is placed by its first block, or a weak one by the first block past
-    # what any node holds (the last block when the nodes hold it all).
-    placed = blocks[min(reach, len(blocks) - 1)] if weak else blocks[0]
+    placed = key_block(blocks, threshold)
     placed_on = placements.get(placed) if placements is not None else None
 
     def place() -> int:

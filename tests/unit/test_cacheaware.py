@@ -236,7 +236,8 @@ def test_a_nodes_eviction_report_changes_the_next_pick() -> None:
     snapshot replaces what routing recorded."""
     pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
     prefix = blocks(40, 6)
-    home = nodes[affinity.order(cacheaware.rendezvous_key(40), ["a", "b", "c"])[0]]
+    key = cacheaware.key_block(prefix, CACHE_AWARE.cache_threshold)
+    home = nodes[affinity.order(cacheaware.rendezvous_key(key), ["a", "b", "c"])[0]]
     holder = next(s for s in nodes if s is not home)
     for seq, state in enumerate(nodes, 1):
         kv_report(pool, state, seq=1, snapshot=True, stored=prefix if state is holder else None)
@@ -378,7 +379,8 @@ def test_a_prefix_not_yet_reported_goes_where_it_was_placed() -> None:
         kv_report(pool, state, seq=seq, snapshot=True)  # exact, empty
     prefix = blocks(40, 5)
     names = [s.client.name for s in nodes]
-    first, second, _third = affinity.order(cacheaware.rendezvous_key(prefix[0]), names)
+    key = cacheaware.key_block(prefix, CACHE_AWARE.cache_threshold)
+    first, second, _third = affinity.order(cacheaware.rendezvous_key(key), names)
     nodes[first].in_flight = 3  # past 1.25 x 1 + 1: the prefix is placed on `second`
     assert take(pool, Route(prefix)) is nodes[second]
     nodes[first].in_flight = 0
@@ -413,7 +415,7 @@ def test_new_conversations_sharing_only_a_short_prefix_spread_over_the_nodes(
 ) -> None:
     """Conversations that share one block of ten (a system prompt) and nothing else: a
     weak prefix, under cache_threshold of the request's blocks. Each is placed as a
-    miss by its first block no node holds, so they spread over all four nodes, and each
+    miss by its key block, past the shared one, so they spread over all four nodes, and each
     one's next turn is a hit where it went. With the threshold at 0, the shared block
     decides: every one goes to the node that held it first (no bound is near)."""
     routing = replace(
@@ -437,16 +439,37 @@ def test_new_conversations_sharing_only_a_short_prefix_spread_over_the_nodes(
         assert set(went.values()) == {first.client.name}
 
 
+def test_new_conversations_placed_at_once_spread_before_any_node_reports_a_block() -> None:
+    """Conversations sharing a short system prompt, all placed before any node reported
+    holding anything (exact indexes, empty): each is placed by its own key block, so
+    they spread over all four nodes (by the shared first block, they all had one key
+    and went where the first went)."""
+    pool, _, nodes = make_pool(
+        "a",
+        "b",
+        "c",
+        "d",
+        routing=replace(CACHE_AWARE, cache_load_factor=100, cache_share_factor=100),
+    )
+    for seq, state in enumerate(nodes, start=1):
+        kv_report(pool, state, seq=seq, snapshot=True)  # exact, empty
+    went = set()
+    for k in range(16):
+        state = take(pool, Route(_conversation(k)))
+        state.in_flight -= 1
+        went.add(state.client.name)
+    assert went == {"a", "b", "c", "d"}
+
+
 def test_a_weak_prefix_is_placed_the_same_by_two_edges() -> None:
     """Two edges (nodes listed in another order) whose nodes hold the same blocks (exact
     indexes: every node reported the shared block) place a new conversation that shares
     only that weak prefix on the same node: the first in the rendezvous order of its key
-    block, its first block no node holds."""
+    block, past the shared one."""
     names = ["a", "b", "c", "d"]
-    expected = [
-        names[affinity.order(cacheaware.rendezvous_key(_conversation(k)[1]), names)[0]]
-        for k in range(8)
-    ]
+    keys = [cacheaware.key_block(_conversation(k), CACHE_AWARE.cache_threshold) for k in range(8)]
+    assert 7 not in keys
+    expected = [names[affinity.order(cacheaware.rendezvous_key(key), names)[0]] for key in keys]
     for listed in (names, ["d", "b", "a", "c"]):
         pool, _, _ = make_pool(*listed, routing=CACHE_AWARE)
         for state in pool.nodes:
