@@ -28,8 +28,8 @@ LOAD_FACTOR = 1.25
 @dataclass(frozen=True, slots=True)
 class SessionKey:
     """What ties a request to its session's node: `key`, and whether the client named a
-    session (`named`: X-Session-Id, the Responses API's `prompt_cache_key`) or the key is
-    only the request's end user (chat's `user`).
+    session (`named`: X-Session-Id, `prompt_cache_key`) or the key is only the request's
+    end user (`user`, the Messages API's `metadata.user_id`).
 
     The affinity policy keys on either. The cache-aware policy pins only a named
     session: its requests find their conversation's node by their prefix, and a `user`
