@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 from grpclib.client import Channel
@@ -27,14 +27,34 @@ from edge.node.bridge import asyncio_loop, call_asyncio
 from tests.integration.conftest import SimProcess, script, start_sim, stop_process
 
 WAIT_S = 20.0
+T = TypeVar("T")
 # The node of these tests: 8 blocks of cache, 1 ms of prefill per uncached token.
 CAPACITY_BLOCKS = 8
 PREFILL_US = 1000
+KV_FLAGS = ("--kv-tokens", "4096", "--prefill-us-per-token", str(PREFILL_US))
 
 
 def _channel(address: str) -> Channel:
     host, port = address.rsplit(":", 1)
     return Channel(host, int(port))
+
+
+async def _on_node(
+    tmp_path: Path,
+    name: str,
+    flags: tuple[str, ...],
+    scenario: Callable[..., Awaitable[T]],
+    *args: Any,
+) -> T:
+    """`scenario(address, *args)` on the asyncio loop, against a node process started
+    with `flags` (bounded in time); the node is stopped whatever happens."""
+    node = await trio.to_thread.run_sync(start_sim, tmp_path, name, *flags)
+    try:
+        async with asyncio_loop():
+            with trio.fail_after(WAIT_S * 3):
+                return await call_asyncio(scenario, node.address, *args)
+    finally:
+        await trio.to_thread.run_sync(stop_process, node.process)
 
 
 def _request(
@@ -160,21 +180,13 @@ async def test_a_repeated_prefix_is_cached_and_a_watcher_sees_its_blocks_come_an
     watcher's first report is a snapshot (empty), then the run's blocks arrive as stored;
     a run of six new blocks evicts the first run's two last blocks (ends of chains first),
     which the next run of the first prefix then misses."""
-    node = await trio.to_thread.run_sync(
-        start_sim,
-        tmp_path,
-        "kv",
+    flags = (
         "--kv-tokens",
         str(CAPACITY_BLOCKS * BLOCK_TOKENS + 10),
         "--prefill-us-per-token",
         "10",
     )
-    try:
-        async with asyncio_loop():
-            with trio.fail_after(WAIT_S * 3):
-                seen = await call_asyncio(_cache_scenario, node.address)
-    finally:
-        await trio.to_thread.run_sync(stop_process, node.process)
+    seen = await _on_node(tmp_path, "kv", flags, _cache_scenario)
     prompt_tokens = (4 * PREFIX_BLOCK_CHARS + 10) // 4
     assert seen["first"] == (True, [], CAPACITY_BLOCKS * BLOCK_TOKENS, 0)
     assert (seen["a1"].input_tokens, seen["a1"].cached_input_tokens) == (prompt_tokens, 0)
@@ -239,15 +251,7 @@ async def test_an_uncached_prompts_prefill_delays_its_first_event_past_a_cached_
 ) -> None:
     """With --prefill-us-per-token, a run of 25,000 uncached tokens started first is still
     in its prefill when a run whose prompt is all cached, started after it, has ended."""
-    node = await trio.to_thread.run_sync(
-        start_sim, tmp_path, "kv", "--kv-tokens", "4096", "--prefill-us-per-token", str(PREFILL_US)
-    )
-    try:
-        async with asyncio_loop():
-            with trio.fail_after(WAIT_S * 3):
-                seen = await call_asyncio(_prefill_scenario, node.address)
-    finally:
-        await trio.to_thread.run_sync(stop_process, node.process)
+    seen = await _on_node(tmp_path, "kv", KV_FLAGS, _prefill_scenario)
     assert seen["cached"].cached_input_tokens == seen["cached"].input_tokens == 2 * BLOCK_TOKENS
     assert seen["order"] == ["cached"]
 
@@ -300,15 +304,7 @@ async def test_a_prefix_is_stored_when_its_prefill_starts_and_shared_once_comput
     commits a step's blocks when it schedules it: a run with the same prefix that comes
     meanwhile counts them as cached, and its first event waits until they are computed
     (a lower bound only: the first run's prefill time)."""
-    node = await trio.to_thread.run_sync(
-        start_sim, tmp_path, "kv", "--kv-tokens", "4096", "--prefill-us-per-token", str(PREFILL_US)
-    )
-    try:
-        async with asyncio_loop():
-            with trio.fail_after(WAIT_S * 3):
-                seen = await call_asyncio(_shared_prefill_scenario, node.address)
-    finally:
-        await trio.to_thread.run_sync(stop_process, node.process)
+    seen = await _on_node(tmp_path, "kv", KV_FLAGS, _shared_prefill_scenario)
     assert seen["a_spoke_before_its_blocks_were_told"] is False
     assert seen["a"].cached_input_tokens == 0
     assert seen["b"].cached_input_tokens == 4 * BLOCK_TOKENS
@@ -348,16 +344,7 @@ async def _queued_behind_prefill(address: str) -> tuple[int, int | None, bool]:
 async def test_a_prefill_holds_the_runs_place_so_the_queue_waits(tmp_path: Path) -> None:
     """With --max-runs 1, a run in its prefill holds the node's one place: a run that comes
     next waits in the queue, not accepted (as a GPU busy with a prefill)."""
-    node = await trio.to_thread.run_sync(
-        start_sim, tmp_path, "kv", "--kv-tokens", "4096", "--max-runs", "1",
-        "--prefill-us-per-token", str(PREFILL_US),
-    )  # fmt: skip
-    try:
-        async with asyncio_loop():
-            with trio.fail_after(WAIT_S * 2):
-                seen = await call_asyncio(_queued_behind_prefill, node.address)
-    finally:
-        await trio.to_thread.run_sync(stop_process, node.process)
+    seen = await _on_node(tmp_path, "kv", (*KV_FLAGS, "--max-runs", "1"), _queued_behind_prefill)
     assert seen == (1, 1, False)
 
 
@@ -387,15 +374,8 @@ async def _paced(address: str, words: int) -> tuple[float, int]:
 async def test_deltas_are_paced_at_the_decode_rate(tmp_path: Path) -> None:
     """With --decode-tokens-per-s 100, 21 one-token deltas take at least 20 tokens' time
     (0.2 s) from the first to the end: a lower bound, whatever the machine's speed."""
-    node = await trio.to_thread.run_sync(
-        start_sim, tmp_path, "paced", "--decode-tokens-per-s", "100"
-    )
-    try:
-        async with asyncio_loop():
-            with trio.fail_after(WAIT_S * 2):
-                elapsed, deltas = await call_asyncio(_paced, node.address, 21)
-    finally:
-        await trio.to_thread.run_sync(stop_process, node.process)
+    flags = ("--decode-tokens-per-s", "100")
+    elapsed, deltas = await _on_node(tmp_path, "paced", flags, _paced, 21)
     assert deltas == 21
     assert elapsed >= 0.19
 
