@@ -56,6 +56,8 @@ from benchmarks.stack import (
 )
 
 STARTUP_TIMEOUT_S = 60.0
+# Ports an edge is given before a taken one is its failure (`edges`).
+PORT_TRIES = 3
 RUNS_LOG_WAIT_S = 5.0
 BLOCK_TOKENS = 64
 POLICIES = ("least_loaded", "affinity", "cache_aware")
@@ -234,31 +236,44 @@ def edges(where: Path, node_sets: list[list[str]], policy: str) -> Iterator[Edge
     started at once, then each ready with every node up.
 
     Raises `Refused` with the edge's own words when one exits at startup (its
-    configuration refused).
+    configuration refused). An edge whose port was taken between `free_port` and its
+    bind (by another process's outgoing connection, say) starts again on another,
+    up to PORT_TRIES times.
     """
     started = Edges([], [])
+
+    def start(e: int) -> tuple[subprocess.Popen[bytes], int]:
+        port = free_port()
+        nodes = "".join(
+            f'\n[[nodes]]\nname = "node-{i + 1}"\naddress = "{a}"\n'
+            for i, a in enumerate(node_sets[e])
+        )
+        config = where / f"edge-{e}.toml"
+        config.write_text(EDGE_CONFIG.format(port=port, policy=policy) + nodes)
+        return spawn(
+            [venv_script("iop-edge"), "--config", str(config)], where / f"edge-{e}.log"
+        ), port
+
     try:
-        for e, addresses in enumerate(node_sets):
-            port = free_port()
-            nodes = "".join(
-                f'\n[[nodes]]\nname = "node-{i + 1}"\naddress = "{a}"\n'
-                for i, a in enumerate(addresses)
-            )
-            config = where / f"edge-{e}.toml"
-            config.write_text(EDGE_CONFIG.format(port=port, policy=policy) + nodes)
-            started.procs.append(
-                spawn([venv_script("iop-edge"), "--config", str(config)], where / f"edge-{e}.log")
-            )
+        for e in range(len(node_sets)):
+            proc, port = start(e)
+            started.procs.append(proc)
             started.ports.append(port)
         deadline = mono() + STARTUP_TIMEOUT_S
-        for e, (proc, port) in enumerate(zip(started.procs, started.ports, strict=True)):
-            base = f"http://127.0.0.1:{port}"
+        for e in range(len(node_sets)):
+            tries = 1
             while True:
+                proc, port = started.procs[e], started.ports[e]
                 if proc.poll() is not None:
                     text = (where / f"edge-{e}.log").read_text(errors="replace").strip()
                     last = text.splitlines()[-1] if text else f"exit {proc.returncode}"
+                    if "Address already in use" in last and tries < PORT_TRIES:
+                        tries += 1
+                        started.procs[e], started.ports[e] = start(e)
+                        continue
                     # "iop-edge: FILE: key: message": the message, without the file's path.
                     raise Refused(last.rsplit(".toml: ", 1)[-1][-300:])
+                base = f"http://127.0.0.1:{port}"
                 if get_status(base + "/readyz") == 200 and up_nodes(base) >= len(node_sets[e]):
                     break
                 if mono() > deadline:

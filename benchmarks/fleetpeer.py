@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.fleet import (
+    PORT_TRIES,
     STARTUP_TIMEOUT_S,
     WORKLOADS,
     FleetSettings,
@@ -75,19 +76,28 @@ def smg_gateway(smg: Path, where: Path, workers: list[str]) -> Iterator[tuple[in
     traffic beside the workload's). Stopped by PID with SIGKILL: its drain on SIGTERM
     waits seconds for nothing here.
     """
-    port, metrics = free_port(), free_port()
-    cmd = [
-        str(smg), "launch", "--host", "127.0.0.1", "--port", str(port),
-        "--worker-urls", *workers, "--policy", "cache_aware",
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
-        "--disable-health-check", "--log-level", "warn",
-    ]  # fmt: skip
-    proc = spawn(cmd, where / "smg.log")
+
+    def start() -> tuple[subprocess.Popen[bytes], int]:
+        port, metrics = free_port(), free_port()
+        cmd = [
+            str(smg), "launch", "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *workers, "--policy", "cache_aware",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
+            "--disable-health-check", "--log-level", "warn",
+        ]  # fmt: skip
+        return spawn(cmd, where / "smg.log"), port
+
+    proc, port = start()
     try:
-        deadline = mono() + STARTUP_TIMEOUT_S
+        deadline, tries = mono() + STARTUP_TIMEOUT_S, 1
         while not _lists_model(f"http://127.0.0.1:{port}"):
             if proc.poll() is not None or mono() > deadline:
                 log = (where / "smg.log").read_text(errors="replace")
+                # A port taken between free_port and SMG's bind: other ports (as `edges`).
+                if proc.poll() is not None and "in use" in log and tries < PORT_TRIES:
+                    tries += 1
+                    proc, port = start()
+                    continue
                 raise SystemExit(f"SMG did not start: {log[-600:]}")
             time.sleep(0.2)
         yield port, proc.pid

@@ -104,8 +104,8 @@ def render_fleet(r: dict[str, Any]) -> list[str]:
 
 
 def render_peers(p: dict[str, Any]) -> list[str]:
-    if "error" in p:
-        return [f"\nBeside SMG: not run ({p['error']})"]
+    if "settings" not in p:
+        return [f"\nBeside SMG: not run ({p.get('error', 'no result')})"]
     s = p["settings"]
     out = [
         f"\nBeside SMG {p.get('smg_version') or ''} (--policy cache_aware): the same workloads "
@@ -117,6 +117,8 @@ def render_peers(p: dict[str, Any]) -> list[str]:
         out.append(f"\n{LABELS.get(name, name)}")
         rows = [_row(label, c) for label, c in cells.items()]
         out.append(table(["gateway", *HEADERS[1:6], "gateway CPU/req", "errors"], rows))
+    if "error" in p:  # the cells above were measured; the rest were not
+        out.append(f"\nBeside SMG: stopped there ({p['error']})")
     return out
 
 
