@@ -65,8 +65,6 @@ class ResponsesRequest:
 
     chat: ChatRequest
     echo: dict[str, Any] = field(default_factory=dict)
-    # prompt_cache_key: routes the conversation to the node that served it before.
-    affinity_key: str | None = None
     # Accepted but not used (hosted tools), for a log line.
     dropped: tuple[str, ...] = ()
     # The items this response is given (earlier turns' and this input), as a JSON
@@ -154,7 +152,6 @@ def parse_responses_request(body: bytes, resolved: Resolved | None = None) -> Re
     return ResponsesRequest(
         chat=request,
         echo=_echo(obj, echoed, stored=stored),
-        affinity_key=request.prompt_cache_key,
         dropped=dropped.notes(),
         store_context=msgspec.json.encode([*context, *as_items(given)]) if stored else None,
     )

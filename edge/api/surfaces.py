@@ -61,7 +61,6 @@ class ApiRequest:
     """A request of any API, as the run sees it, and what its renderer needs."""
 
     chat: ChatRequest
-    affinity_key: str | None = None
     # Accepted but not used (hosted or server tools), for a log line.
     dropped: tuple[str, ...] = ()
     echo: dict[str, Any] = field(default_factory=dict)
@@ -96,8 +95,7 @@ class Api:
         return References()
 
     def parse(self, body: bytes, resolved: Resolved | None = None) -> ApiRequest:
-        chat = parse_chat_request(body)
-        return ApiRequest(chat, chat.prompt_cache_key)
+        return ApiRequest(parse_chat_request(body))
 
     def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
         return _ChatStreamer(
@@ -154,7 +152,7 @@ class ResponsesApi(Api):
 
     def parse(self, body: bytes, resolved: Resolved | None = None) -> ApiRequest:
         parsed = parse_responses_request(body, resolved)
-        return ApiRequest(parsed.chat, parsed.affinity_key, parsed.dropped, parsed.echo,
+        return ApiRequest(parsed.chat, parsed.dropped, parsed.echo,
                           store_context=parsed.store_context)  # fmt: skip
 
     def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:

@@ -184,7 +184,7 @@ class ChatService:
         created = int(time.time())
         committed = await snapshot.failover.start(
             scope, request, payload, new_session, keepalive_s=keepalive_s,
-            affinity_key=session_key(session_id or parsed.affinity_key, request.user),
+            affinity_key=session_key(session_id or request.prompt_cache_key, request.user),
         )  # fmt: skip
         run = committed.run
         store = self.responses if parsed.store_context is not None else None

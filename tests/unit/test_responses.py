@@ -101,7 +101,7 @@ def test_tools_choice_format_effort() -> None:
     }
     assert chat.reasoning_effort == "high"
     assert chat.max_tokens == 7
-    assert parsed.affinity_key == "k"
+    assert chat.prompt_cache_key == "k"
     assert parsed.dropped == ("tools[2] (type 'web_search': a hosted tool)",)
 
 
