@@ -29,8 +29,8 @@ commit point) and whose stream then broke (its node gone, its stream reset;
 not an error event, which is the node's answer) has nothing to continue: it
 starts again on another node (any node serving the model, continuation or
 not), counted as a migration. A continuation whose start failed with
-nothing running (its node unreachable, or its call ended before the node
-accepted: it may have died since the pool last heard of it) is tried on
+nothing running (`Run.nothing_runs`: its node unreachable, its call ended
+before the node accepted, or its RunRequest never written) is tried on
 another node not tried yet, within the same migration and deadline.
 
 The broken run ends as broken runs do (its outcome `stream_broken` or
@@ -66,7 +66,7 @@ from loguru import logger
 from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.contract.routes import MAX_MESSAGE_BYTES
-from edge.errors import EdgeError, NodeError, NodeFailedError, NodeUnavailableError
+from edge.errors import EdgeError
 from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Route
 from edge.fleet.continuation import Break, Delivered, why_not
@@ -209,19 +209,12 @@ class Mover:
                 break
             except EdgeError as exc:
                 failed = exc
-            # Its start failed and nothing runs there (the node unreachable, or its call
-            # ended before it accepted: it may have died since the pool last heard of it):
-            # another node may take the continuation; so may it when the RunRequest was
-            # never written (grpclib can park a request on a connection that is lost:
-            # vmagamedov/grpclib#216; the accept clock bounds it). (A node that did not
-            # accept in time may still hold the run until its CancelRun: the answer ends
-            # there, as a run is never live on two nodes.)
+            # Its start failed: when nothing runs there (`Run.nothing_runs`; the node may
+            # have died since the pool last heard of it), another node may take the
+            # continuation. Else the answer ends there: a run is never live on two nodes.
             self.tried.add(node, new.life)  # None: no process of it saw the run
             node = None
-            nothing_runs = isinstance(failed, (NodeUnavailableError, NodeFailedError)) or (
-                isinstance(failed, NodeError) and not failed.sent
-            )
-            if nothing_runs and not session.terminated:
+            if new.nothing_runs and not session.terminated:
                 node = await self._node(continues=delivered.output)
             if node is None:
                 self._adopt(old)  # the request's outcome: the break's, as before

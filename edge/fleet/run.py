@@ -48,6 +48,7 @@ from loguru import logger
 from edge.config import TimeoutsConfig
 from edge.errors import (
     EdgeError,
+    NodeError,
     NodeFailedError,
     NodeTimeoutError,
     NodeUnavailableError,
@@ -176,6 +177,18 @@ class Run:
         if isinstance(error, NodeUnavailableError) and not error.sent:
             return None
         return self.handle.instance if self.handle is not None else ""
+
+    @property
+    def nothing_runs(self) -> bool:
+        """Its start failed and no run of it is live on the node: the node was
+        unreachable, its call ended before it accepted, or the RunRequest was never
+        written (grpclib can park a request on a connection that is lost until a
+        deadline: vmagamedov/grpclib#216). A node that did not accept in time may still
+        hold the run until its CancelRun: not this."""
+        error = self.start_error
+        return isinstance(error, (NodeUnavailableError, NodeFailedError)) or (
+            isinstance(error, NodeError) and not error.sent
+        )
 
     @property
     def failed_over(self) -> bool:
