@@ -329,3 +329,13 @@ def test_coalesced_keeps_each_delta_under_the_message_limit() -> None:
     assert 1 < len(joined) < 7
     assert all(len(e.delta) <= MAX_DELTA_CHARS for e in joined)
     assert "".join(e.delta for e in joined) == piece * 7
+
+
+def test_coalesced_leaves_a_delta_alone_in_its_run_as_it_is() -> None:
+    """A delta with no neighbour of its kind goes on as the same event (nothing built
+    again on the per-chunk path); only a run of several is joined."""
+    alone = pb.RunEvent(type="delta", delta="a")
+    thought = pb.RunEvent(type="reasoning_delta", delta="b")
+    done = pb.RunEvent(type="complete")
+    joined = coalesced([alone, thought, done])
+    assert [id(e) for e in joined] == [id(alone), id(thought), id(done)]

@@ -109,29 +109,33 @@ def _joinable(event: pb.RunEvent) -> bool:
 def coalesced(events: list[pb.RunEvent]) -> list[pb.RunEvent]:
     """`events` with each run of consecutive text-only deltas of one kind as one delta
     of their joined text, at most MAX_DELTA_CHARS characters (a longer run: several);
-    every other event as it is, in its place. Linear: each run is joined once."""
+    every other event, and a delta alone in its run, as it is, in its place. Linear:
+    each run is joined once."""
     if len(events) < 2:
         return events
     out: list[pb.RunEvent] = []
-    parts: list[str] = []
-    kind = ""
+    run: list[pb.RunEvent] = []  # the text-only deltas of one kind not out yet
     size = 0
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            out.append(pb.RunEvent(type=run[0].type, delta="".join(e.delta for e in run)))
+        run.clear()
+
     for event in events:
-        if _joinable(event):
-            text = event.delta
-            if event.type != kind or size + len(text) > MAX_DELTA_CHARS:
-                if parts:
-                    out.append(pb.RunEvent(type=kind, delta="".join(parts)))
-                parts, kind, size = [], event.type, 0
-            parts.append(text)
-            size += len(text)
+        if not _joinable(event):
+            flush()
+            out.append(event)
             continue
-        if parts:
-            out.append(pb.RunEvent(type=kind, delta="".join(parts)))
-            parts, kind, size = [], "", 0
-        out.append(event)
-    if parts:
-        out.append(pb.RunEvent(type=kind, delta="".join(parts)))
+        if run and (event.type != run[0].type or size + len(event.delta) > MAX_DELTA_CHARS):
+            flush()
+        if not run:
+            size = 0
+        run.append(event)
+        size += len(event.delta)
+    flush()
     return out
 
 
