@@ -229,15 +229,16 @@ def choose(
     weak = reach < threshold * len(blocks)
     best, best_held, passed_over = -1, 0, 0
     best_key: tuple[Rank, int] | None = None
-    for i, node in enumerate(nodes if not weak else ()):
-        if not within[i]:
-            passed_over = max(passed_over, held[i])
-            continue
-        if not held[i] or held[i] < best_held:
-            continue
-        key = (node.rank, (i - turn) % count)
-        if held[i] > best_held or best_key is None or key < best_key:
-            best, best_held, best_key = i, held[i], key
+    if not weak:  # a weak prefix is a hit nowhere
+        for i, node in enumerate(nodes):
+            if not within[i]:
+                passed_over = max(passed_over, held[i])
+                continue
+            if not held[i] or held[i] < best_held:
+                continue
+            key = (node.rank, (i - turn) % count)
+            if held[i] > best_held or best_key is None or key < best_key:
+                best, best_held, best_key = i, held[i], key
     if best >= 0:
         return Choice(best, "load_bound" if passed_over > best_held else "hit", best_held)
     outcome: Outcome = "load_bound" if passed_over else "miss"

@@ -184,3 +184,8 @@ class Tried:
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+    def __bool__(self) -> bool:
+        """Whether any node is excluded now (the pool's queue asks, per pick): stops at
+        the first, where `len` counts them all."""
+        return any(True for _ in self)

@@ -136,6 +136,11 @@ def test_a_node_tried_is_excluded_until_it_restarts() -> None:
     # not count as tried there: the node's health keeps it out while it is down.
     tried.add(b, None)
     assert b not in tried
+    # Empty when every node it holds may take the request again (a's life a1 ended).
+    again = Tried()
+    assert not again
+    again.add(a, "a1")
+    assert (bool(again), len(again)) == (False, 0)
 
 
 def test_a_restarted_node_starts_with_an_empty_cache_index() -> None:
