@@ -127,6 +127,12 @@ def start_upstream_node(
     )
 
 
+def kill_process(process: subprocess.Popen[str]) -> None:
+    """SIGKILL, as a crash: the process ends without a word to anyone; waited for."""
+    process.kill()
+    process.wait(10)
+
+
 def stop_process(process: subprocess.Popen[str]) -> None:
     if process.poll() is None:
         process.terminate()

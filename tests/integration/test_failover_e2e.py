@@ -19,7 +19,6 @@ nothing asserts a duration.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +33,7 @@ from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
     chat_body,
+    kill_process,
     named_sims,
     poll,
     script,
@@ -292,8 +292,7 @@ async def test_a_node_killed_under_load(
                 asks.start_soon(ask, http, i)
             await poll(lambda: live_on_a("ask-") >= 5)
             mids_on_a = live_on_a("mid-")
-            a.process.send_signal(signal.SIGKILL)
-            a.process.wait(10)
+            kill_process(a.process)
             for i in range(50, 100):
                 asks.start_soon(ask, http, i)
         # The streams mid-answer on a have ended; those on b still run: they go.

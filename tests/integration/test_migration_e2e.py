@@ -27,7 +27,6 @@ asserts a duration.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -42,6 +41,7 @@ from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
     chat_body,
+    kill_process,
     poll,
     script,
     sse_content,
@@ -95,6 +95,11 @@ def _streamed(text: str) -> dict[str, Any]:
 
 def _live_on(edge: RunningEdge, node: str, seen: Callable[[Any], bool]) -> int:
     return sum(1 for r in edge.edge.runs.live if r.info.node == node and seen(r))
+
+
+def _serving(edge: RunningEdge) -> str:
+    """Which of nodes "a" and "b" the one answer in flight was accepted on."""
+    return "a" if _live_on(edge, "a", lambda r: r.accepted) else "b"
 
 
 class _Stream:
@@ -166,8 +171,7 @@ async def test_answers_cut_by_a_node_kill_complete_exactly_on_the_other_node(
             else:
                 await poll(lambda: _live_on(running, "a", lambda r: r.output_seen) >= 1)
             on_a = _live_on(running, "a", lambda r: r.accepted and r.outcome is None)
-            a.process.send_signal(signal.SIGKILL)
-            a.process.wait(10)
+            kill_process(a.process)
         assert on_a >= 1
         if stream:
             for reader in streams:
@@ -210,19 +214,17 @@ async def test_a_stream_whose_node_died_before_output_but_after_a_keepalive_comp
     )  # fmt: skip
     with _sims(tmp_path, (), ("--no-continuation",)) as (a, b):
         running = await start_edge(nursery, _config(a, b, keepalive_s=0.05))
-        body = _streamed(slow)
         reader = _Stream()
         async with (
             httpx.AsyncClient(base_url=running.url, timeout=60) as http,
             trio.open_nursery() as clients,
         ):
-            clients.start_soon(reader.read, http, body)
+            clients.start_soon(reader.read, http, _streamed(slow))
             await poll(lambda: ": keep-alive" in reader.text)
-            first = "a" if _live_on(running, "a", lambda r: r.accepted) else "b"
+            first = _serving(running)
             assert reader.pieces == 0
             node = a if first == "a" else b
-            node.process.send_signal(signal.SIGKILL)
-            node.process.wait(10)
+            kill_process(node.process)
         _whole(reader.text)
         assert running.counted(MIGRATIONS, outcome="migrated") == 1
         await stop_edge(running)
@@ -245,8 +247,7 @@ async def test_a_node_that_cannot_continue_takes_no_continuation(
                 clients.start_soon(reader.read, http, body)
             await poll(lambda: all(s.pieces >= 10 for s in streams))
             on_a = _live_on(running, "a", lambda r: r.accepted and r.outcome is None)
-            a.process.send_signal(signal.SIGKILL)
-            a.process.wait(10)
+            kill_process(a.process)
         assert on_a >= 1
         cut = [s.text for s in streams if "data: [DONE]" not in s.text]
         assert len(cut) == on_a
@@ -304,19 +305,17 @@ async def test_an_answer_whose_nodes_died_in_turn_goes_back_to_a_restarted_one(
     )  # fmt: skip
     with _sims(tmp_path, (), ()) as sims, ExitStack() as stack:
         running = await start_edge(nursery, _config(*sims, migrations=2))
-        body = _streamed(paced)
         reader = _Stream()
         async with (
             httpx.AsyncClient(base_url=running.url, timeout=60) as http,
             trio.open_nursery() as clients,
         ):
-            clients.start_soon(reader.read, http, body)
+            clients.start_soon(reader.read, http, _streamed(paced))
             await poll(lambda: reader.pieces >= 10)
-            first = "a" if _live_on(running, "a", lambda r: r.accepted) else "b"
+            first = _serving(running)
             nodes = dict(zip("ab", sims, strict=True))
             other = "b" if first == "a" else "a"
-            nodes[first].process.send_signal(signal.SIGKILL)
-            nodes[first].process.wait(10)
+            kill_process(nodes[first].process)
             await poll(lambda: _live_on(running, other, lambda r: r.accepted) >= 1)
             state = running.node(first)
             old = state.description.instance
@@ -328,8 +327,7 @@ async def test_an_answer_whose_nodes_died_in_turn_goes_back_to_a_restarted_one(
                 lambda: state.description.instance not in ("", old) and state.health.up
             )  # fmt: skip
             assert not reader.done
-            nodes[other].process.send_signal(signal.SIGKILL)
-            nodes[other].process.wait(10)
+            kill_process(nodes[other].process)
         _whole(reader.text)
         assert running.counted(MIGRATIONS, outcome="migrated") == 2
         run_id = sse_frames(reader.text)[0]["id"].removeprefix("chatcmpl-")
