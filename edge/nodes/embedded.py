@@ -11,9 +11,10 @@ other, and knows nothing of the pool. They differ in the loop they run on:
   thread (a `SelectorEventLoop`, named as the runner's loop factory: the
   policy trio-asyncio installs would make it trio-asyncio's), not on the
   trio-asyncio loop: httpx's transport (anyio) finds the running loop the
-  standard way there, so nothing of anyio or asyncio is patched. A developer can point the edge
-  straight at a local model server without a second daemon. Stopping it
-  stops the server and the node's runs on that loop, then joins the thread.
+  standard way there, so nothing of anyio or asyncio is patched. A
+  developer can point the edge straight at a local model server without a
+  second daemon. Stopping it stops the server and the node's runs on that
+  loop, then joins the thread.
 """
 
 from __future__ import annotations
