@@ -1,11 +1,9 @@
 """`iop-node`'s NodeService: runs served by an OpenAI-compatible upstream.
 
 A grpclib server on asyncio. Each Run is one streaming POST to the
-upstream's `/chat/completions` with httpx; the response's server-sent events
-go through `edge.nodes.upstream.chunks` and out as RunEvents. Ending a run
-early (CancelRun, a reset gRPC stream, the request's deadline) leaves the httpx
-stream's block, which closes the upstream connection at once: vLLM,
-llama.cpp, Ollama and SGLang abort a request whose client went away.
+upstream's `/chat/completions`, relayed by `edge.nodes.upstream.relay` in a
+task of its own; CancelRun, a reset gRPC stream or the server stopping
+cancel that task once, which closes the upstream request.
 Describe lists the upstream's `/models` (or the configured models, with
 the context length vLLM and SGLang give there) and fails UNAVAILABLE while
 the upstream cannot be reached. It also says the upstream's load, read from
@@ -22,66 +20,39 @@ on (`edge.observe.tracing`), each run has a span continued from the edge's
 `traceparent`, and its upstream request a child span whose `traceparent`
 the upstream gets as a header.
 
-This module owns the HTTP and gRPC sides; the mappings are pure modules of
-their own (`request`, `chunks`, `bodies`). It knows nothing of trio or of the
-edge that calls it.
+This module owns the gRPC side and the upstream's model list; the run's HTTP
+side is the relay's, the mappings are pure modules of their own (`request`,
+`chunks`, `bodies`). It knows nothing of trio or of the edge that calls it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import msgspec
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from loguru import logger
 from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.nodes.kit import NodeService, RunRecord
-from edge.nodes.upstream.bodies import context_limits_from_body, error_message, upstream_error
+from edge.nodes.upstream.bodies import context_limits_from_body, error_message
 from edge.nodes.upstream.bodies import models_from_body as parse_models
-from edge.nodes.upstream.chunks import ChunkMapper, coalesced
-from edge.nodes.upstream.continuation import (
-    LLAMACPP_MODE,
-    MODES,
-    NONE,
-    as_failure,
-    continued_body,
-    mode_for,
-    whole_usage,
-)
+from edge.nodes.upstream.continuation import MODES, NONE, mode_for
 from edge.nodes.upstream.load import SOURCES
 from edge.nodes.upstream.loadpoll import LoadPoll, metrics_url
-from edge.nodes.upstream.request import chat_request_body
-from edge.nodes.upstream.sse import SSEDecoder
-from edge.observe.tracing import Tracing, inject, set_error
+from edge.nodes.upstream.relay import Relay, upstream_client
+from edge.observe.tracing import Tracing
 
 MODELS_TTL_S = 2.0
 # Under the edge's 2 s Describe timeout, so the edge hears our UNAVAILABLE.
 DESCRIBE_TIMEOUT_S = 1.5
-CONNECT_TIMEOUT_S = 10.0
-# After the terminal event, read the rest of the body (to reuse the connection) this long.
-DRAIN_TIMEOUT_S = 1.0
-# An error answer's body is read up to this many bytes (then the request is closed):
-# room for any server's error object, a validation error's list of fields included;
-# what is quoted of it is bounded again (`edge.nodes.upstream.bodies.MAX_ERROR_CHARS`).
-MAX_ERROR_BODY = 16 * 1024
-# A whole (non-streamed) answer is read up to this many bytes; past it the run
-# ends with an error event and the upstream request is closed.
-MAX_BODY_BYTES = 16 * 1024 * 1024
 # On shutdown, how long runs get to close their upstream requests.
 CLOSE_TIMEOUT_S = 2.0
 
-Emit = Callable[[pb.RunEvent], Awaitable[None]]
 _TERMINAL = frozenset({"complete", "error", "cancelled"})
 
 
@@ -141,15 +112,14 @@ class UpstreamNode(NodeService):
         self._logprobs = logprobs
         self._continuation = continuation
         self.upstream = normalize_upstream(upstream)
-        self._chat_url = self.upstream + "/chat/completions"
         self._models_url = self.upstream + "/models"
         self._configured = models
         self._read_timeout_s = read_timeout_s
-        self._client = httpx.AsyncClient(
-            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-            timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=read_timeout_s, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-        )
+        self._client = upstream_client(api_key, read_timeout_s)
+        self.relay = Relay(
+            self._client, self.upstream, name=name,
+            continuation_mode=self.continuation_mode, spans=self.spans,
+        )  # fmt: skip
         self._models: list[tuple[str, str]] = []
         # Each model's context length, where the upstream's /models says it.
         self._context: dict[str, int] = {}
@@ -261,7 +231,7 @@ class UpstreamNode(NodeService):
             if event.type in _TERMINAL:
                 run.outcome = "complete" if event.type == "complete" else event.type
 
-        work = run.task = asyncio.create_task(self._relay(request, emit, span))
+        work = run.task = asyncio.create_task(self.relay.run(request, emit, span))
         self._work.add(work)
         work.add_done_callback(self._work.discard)
         try:
@@ -276,144 +246,6 @@ class UpstreamNode(NodeService):
             work.result()
         return run.outcome or "error"
 
-    async def _relay(self, request: pb.RunRequest, emit: Emit, span: Span | None = None) -> None:
-        """Serve `request` from the upstream, emitting its events and exactly one terminal."""
-        mapper = ChunkMapper(id_prefix=request.run_id)
-        try:
-            body = chat_request_body(request)
-        except ValueError as exc:
-            await emit(mapper.error(f"invalid run request: {exc}"))
-            return
-        held = request.continuation
-        if held is not None:
-            mode = self.continuation_mode(request.model)
-            if mode == NONE:
-                text = f"this node does not continue answers of model {request.model!r}"
-                await emit(mapper.error(text))
-                return
-            if mode == LLAMACPP_MODE and held.reasoning:
-                logger.info(
-                    "{}: run {} continues on llama.cpp without its reasoning ({} characters):"
-                    " the server prefills the answer's text only",
-                    self.name, request.run_id, len(held.reasoning),
-                )  # fmt: skip
-            body = continued_body(body, held, mode)
-            emit = _continuing(emit, held)
-        deadline = None
-        if request.deadline_unix_ms > 0:
-            remaining = request.deadline_unix_ms / 1000 - time.time()
-            deadline = asyncio.get_running_loop().time() + remaining
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self._traced_upstream(body, mapper, emit, span)
-        except TimeoutError:
-            if not mapper.terminated:
-                await emit(pb.RunEvent(type="cancelled", error="run deadline exceeded"))
-
-    async def _traced_upstream(
-        self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit, run_span: Span | None
-    ) -> None:
-        """`_stream_upstream`, in a CLIENT span when the run has one (tracing on)."""
-        if run_span is None or self.spans is None:
-            await self._stream_upstream(body, mapper, emit)
-            return
-        span = self.spans.client_span(run_span, str(body.get("model", "")), self._chat_url)
-        try:
-            await self._stream_upstream(body, mapper, emit, span)
-        except BaseException as exc:
-            set_error(span, type(exc).__name__)
-            raise
-        else:
-            if mapper.outcome == "error":
-                set_error(span, "upstream_error")
-        finally:
-            span.end()
-
-    async def _stream_upstream(
-        self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit, span: Span | None = None
-    ) -> None:
-        """One streaming POST; every HTTP failure becomes the terminal error event (an
-        error status: a refusal, an overload or a failure, as `upstream_error` says).
-
-        Leaving the `client.stream` block before the body ends (cancellation,
-        the deadline) closes the connection: the upstream's abort signal.
-        """
-        url = self._chat_url
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if span is not None:
-            headers.update(inject(span))  # the upstream continues the trace
-        try:
-            async with self._client.stream(
-                "POST", url, content=msgspec.json.encode(body), headers=headers
-            ) as response:
-                if span is not None:
-                    span.set_attribute("http.response.status_code", response.status_code)
-                if response.status_code >= 400:
-                    raw = await _read_capped(response)
-                    failure = upstream_error(response.status_code, raw, response.reason_phrase)
-                    await emit(mapper.error(failure.error, message=failure.message,
-                                            http_status=failure.http_status))  # fmt: skip
-                    return
-                content_type = response.headers.get("content-type", "")
-                if not content_type or "event-stream" in content_type:
-                    await self._relay_sse(response, mapper, emit)
-                elif "json" in content_type:  # a server that does not stream
-                    raw = await _read_capped(response, MAX_BODY_BYTES + 1)
-                    if len(raw) > MAX_BODY_BYTES:
-                        text = f"upstream answer exceeds the node's limit of {MAX_BODY_BYTES} bytes"
-                        await emit(mapper.error(text))
-                        return
-                    for event in mapper.feed_completion(json.loads(raw)):
-                        await emit(event)
-                else:
-                    raw = await _read_capped(response)
-                    quoted = raw[:200].decode("utf-8", errors="replace")
-                    text = f"upstream answered {content_type}, not an event stream: {quoted!r}"
-                    await emit(mapper.error(text))
-        except httpx.ConnectError as exc:
-            await emit(mapper.error(f"cannot connect to upstream {url}: {_reason(exc)}"))
-        except httpx.TimeoutException as exc:
-            if not mapper.terminated:
-                await emit(mapper.error(f"upstream {url} timed out: {_reason(exc)}"))
-        except httpx.HTTPError as exc:
-            if not mapper.terminated:
-                await emit(mapper.error(f"upstream stream ended early: {_reason(exc)}"))
-        except ValueError as exc:  # a body that is not JSON, or an endless line
-            if not mapper.terminated:
-                await emit(mapper.error(f"upstream sent a malformed body: {_reason(exc)}"))
-
-    async def _relay_sse(self, response: httpx.Response, mapper: ChunkMapper, emit: Emit) -> None:
-        decoder = SSEDecoder()
-        # An async generator in fact: close it here, not in a finalizer.
-        texts_gen = cast(AsyncGenerator[str, None], response.aiter_text())
-        async with contextlib.aclosing(texts_gen) as texts:
-            async for text in texts:
-                # What one read brought goes out with its text deltas joined (`coalesced`);
-                # a malformed event ends the run after the events before it.
-                events: list[pb.RunEvent] = []
-                try:
-                    for message in decoder.feed(text):
-                        events += mapper.feed(message)
-                finally:
-                    for event in coalesced(events):
-                        await emit(event)
-                if mapper.terminated:
-                    break
-            if mapper.outcome == "error":
-                return  # leaving closes the upstream request (an error, or a limit passed)
-            if mapper.terminated:
-                # The body ends right after [DONE]: read it, so the connection is reused.
-                with contextlib.suppress(TimeoutError, httpx.HTTPError):
-                    async with asyncio.timeout(DRAIN_TIMEOUT_S):
-                        async for _ in texts:
-                            pass
-                return
-        for message in decoder.close():
-            for event in mapper.feed(message):
-                await emit(event)
-        for event in mapper.end():
-            await emit(event)
-
     async def aclose(self) -> None:
         """Stop reading the load and the runs still working (their upstream requests
         close), then the client."""
@@ -427,16 +259,6 @@ class UpstreamNode(NodeService):
         await super().aclose()
 
 
-def _continuing(emit: Emit, held: pb.Continuation) -> Emit:
-    """`emit` for a run that continues `held`: the whole answer's usage, and a refusal of
-    the upstream's the node's failure (`edge.nodes.upstream.continuation`)."""
-
-    async def out(event: pb.RunEvent) -> None:
-        await emit(as_failure(whole_usage(event, held)))
-
-    return out
-
-
 def _stop(work: asyncio.Task[Any]) -> None:
     """Cancel the work task unless it is done or already being cancelled (by anyone)."""
     if not work.done() and not work.cancelling():
@@ -445,17 +267,3 @@ def _stop(work: asyncio.Task[Any]) -> None:
 
 def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
-
-
-async def _read_capped(response: httpx.Response, limit: int = MAX_ERROR_BODY) -> bytes:
-    """At most `limit` bytes of a body (an error body: enough to quote), never unbounded."""
-    chunks: list[bytes] = []
-    size = 0
-    body = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
-    async with contextlib.aclosing(body) as pieces:
-        async for chunk in pieces:
-            chunks.append(chunk)
-            size += len(chunk)
-            if size >= limit:
-                break
-    return b"".join(chunks)[:limit]

@@ -1,0 +1,252 @@
+"""One run served by an OpenAI-compatible upstream: a streaming POST whose events go out
+as RunEvents, exactly one of them terminal.
+
+Loop-agnostic (anyio, as httpx is): iop-node relays its runs on asyncio
+(`edge.nodes.upstream.server`), and the edge relays the runs of its
+`openai+http://` nodes on trio, in the run's own task (`edge.nodes.direct`).
+Both send the same body, read the same events and end the same way.
+
+Ending a run early (its task cancelled, the request's deadline) leaves the
+httpx stream's block, which closes the upstream connection at once: vLLM,
+llama.cpp, Ollama and SGLang abort a request whose client went away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, cast
+
+import anyio
+import httpx
+import msgspec
+from loguru import logger
+from opentelemetry.trace import Span
+
+from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.kit import NodeSpans
+from edge.nodes.upstream.bodies import upstream_error
+from edge.nodes.upstream.chunks import ChunkMapper, coalesced
+from edge.nodes.upstream.continuation import (
+    LLAMACPP_MODE,
+    NONE,
+    as_failure,
+    continued_body,
+    whole_usage,
+)
+from edge.nodes.upstream.request import chat_request_body
+from edge.nodes.upstream.sse import SSEDecoder
+from edge.observe.tracing import inject, set_error
+
+CONNECT_TIMEOUT_S = 10.0
+# After the terminal event, read the rest of the body (to reuse the connection) this long.
+DRAIN_TIMEOUT_S = 1.0
+# An error answer's body is read up to this many bytes (then the request is closed):
+# room for any server's error object, a validation error's list of fields included;
+# what is quoted of it is bounded again (`edge.nodes.upstream.bodies.MAX_ERROR_CHARS`).
+MAX_ERROR_BODY = 16 * 1024
+# A whole (non-streamed) answer is read up to this many bytes; past it the run
+# ends with an error event and the upstream request is closed.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+Emit = Callable[[pb.RunEvent], Awaitable[None]]
+
+
+def upstream_client(api_key: str | None = None, read_timeout_s: float = 600.0) -> httpx.AsyncClient:
+    """The HTTP client of a node's upstream: keep-alive, no pool limit (the edge bounds the
+    runs), `read_timeout_s` the longest silence tolerated."""
+    return httpx.AsyncClient(
+        headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+        timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=read_timeout_s, pool=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+    )
+
+
+class Relay:
+    """The runs of one upstream.
+
+    Args:
+        client: the HTTP client (`upstream_client`), on the loop the runs run on.
+        upstream: the API base URL, e.g. `http://127.0.0.1:8000/v1`.
+        name: the node's name, for its log lines.
+        continuation_mode: how a model's answers are continued
+            (`edge.nodes.upstream.continuation`), asked when a run continues one.
+        spans: the node's spans (None: tracing off).
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        upstream: str,
+        *,
+        name: str,
+        continuation_mode: Callable[[str], str],
+        spans: NodeSpans | None = None,
+    ) -> None:
+        self.client = client
+        self.chat_url = upstream + "/chat/completions"
+        self.name = name
+        self.continuation_mode = continuation_mode
+        self.spans = spans
+
+    async def run(self, request: pb.RunRequest, emit: Emit, span: Span | None = None) -> None:
+        """Serve `request` from the upstream, emitting its events and exactly one terminal
+        (unless cancelled first). `span`: the run's, for the upstream request's child."""
+        mapper = ChunkMapper(id_prefix=request.run_id)
+        try:
+            body = chat_request_body(request)
+        except ValueError as exc:
+            await emit(mapper.error(f"invalid run request: {exc}"))
+            return
+        held = request.continuation
+        if held is not None:
+            mode = self.continuation_mode(request.model)
+            if mode == NONE:
+                text = f"this node does not continue answers of model {request.model!r}"
+                await emit(mapper.error(text))
+                return
+            if mode == LLAMACPP_MODE and held.reasoning:
+                logger.info(
+                    "{}: run {} continues on llama.cpp without its reasoning ({} characters):"
+                    " the server prefills the answer's text only",
+                    self.name, request.run_id, len(held.reasoning),
+                )  # fmt: skip
+            body = continued_body(body, held, mode)
+            emit = _continuing(emit, held)
+        remaining = math.inf
+        if request.deadline_unix_ms > 0:
+            remaining = max(0.0, request.deadline_unix_ms / 1000 - time.time())
+        with anyio.move_on_after(remaining) as deadline:
+            await self._traced(body, mapper, emit, span)
+        if deadline.cancelled_caught and not mapper.terminated:
+            await emit(pb.RunEvent(type="cancelled", error="run deadline exceeded"))
+
+    async def _traced(
+        self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit, run_span: Span | None
+    ) -> None:
+        """`_stream`, in a CLIENT span when the run has one (tracing on)."""
+        if run_span is None or self.spans is None:
+            await self._stream(body, mapper, emit)
+            return
+        span = self.spans.client_span(run_span, str(body.get("model", "")), self.chat_url)
+        try:
+            await self._stream(body, mapper, emit, span)
+        except BaseException as exc:
+            set_error(span, type(exc).__name__)
+            raise
+        else:
+            if mapper.outcome == "error":
+                set_error(span, "upstream_error")
+        finally:
+            span.end()
+
+    async def _stream(
+        self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit, span: Span | None = None
+    ) -> None:
+        """One streaming POST; every HTTP failure becomes the terminal error event (an
+        error status: a refusal, an overload or a failure, as `upstream_error` says)."""
+        url = self.chat_url
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if span is not None:
+            headers.update(inject(span))  # the upstream continues the trace
+        try:
+            async with self.client.stream(
+                "POST", url, content=msgspec.json.encode(body), headers=headers
+            ) as response:
+                if span is not None:
+                    span.set_attribute("http.response.status_code", response.status_code)
+                if response.status_code >= 400:
+                    raw = await _read_capped(response)
+                    failure = upstream_error(response.status_code, raw, response.reason_phrase)
+                    await emit(mapper.error(failure.error, message=failure.message,
+                                            http_status=failure.http_status))  # fmt: skip
+                    return
+                content_type = response.headers.get("content-type", "")
+                if not content_type or "event-stream" in content_type:
+                    await self._relay_sse(response, mapper, emit)
+                elif "json" in content_type:  # a server that does not stream
+                    raw = await _read_capped(response, MAX_BODY_BYTES + 1)
+                    if len(raw) > MAX_BODY_BYTES:
+                        text = f"upstream answer exceeds the node's limit of {MAX_BODY_BYTES} bytes"
+                        await emit(mapper.error(text))
+                        return
+                    for event in mapper.feed_completion(json.loads(raw)):
+                        await emit(event)
+                else:
+                    raw = await _read_capped(response)
+                    quoted = raw[:200].decode("utf-8", errors="replace")
+                    text = f"upstream answered {content_type}, not an event stream: {quoted!r}"
+                    await emit(mapper.error(text))
+        except httpx.ConnectError as exc:
+            await emit(mapper.error(f"cannot connect to upstream {url}: {_reason(exc)}"))
+        except httpx.TimeoutException as exc:
+            if not mapper.terminated:
+                await emit(mapper.error(f"upstream {url} timed out: {_reason(exc)}"))
+        except httpx.HTTPError as exc:
+            if not mapper.terminated:
+                await emit(mapper.error(f"upstream stream ended early: {_reason(exc)}"))
+        except ValueError as exc:  # a body that is not JSON, or an endless line
+            if not mapper.terminated:
+                await emit(mapper.error(f"upstream sent a malformed body: {_reason(exc)}"))
+
+    async def _relay_sse(self, response: httpx.Response, mapper: ChunkMapper, emit: Emit) -> None:
+        decoder = SSEDecoder()
+        # An async generator in fact: close it here, not in a finalizer.
+        texts_gen = cast(AsyncGenerator[str, None], response.aiter_text())
+        async with contextlib.aclosing(texts_gen) as texts:
+            async for text in texts:
+                # What one read brought goes out with its text deltas joined (`coalesced`);
+                # a malformed event ends the run after the events before it.
+                events: list[pb.RunEvent] = []
+                try:
+                    for message in decoder.feed(text):
+                        events += mapper.feed(message)
+                finally:
+                    for event in coalesced(events):
+                        await emit(event)
+                if mapper.terminated:
+                    break
+            if mapper.outcome == "error":
+                return  # leaving closes the upstream request (an error, or a limit passed)
+            if mapper.terminated:
+                # The body ends right after [DONE]: read it, so the connection is reused.
+                with contextlib.suppress(httpx.HTTPError), anyio.move_on_after(DRAIN_TIMEOUT_S):
+                    async for _ in texts:
+                        pass
+                return
+        for message in decoder.close():
+            for event in mapper.feed(message):
+                await emit(event)
+        for event in mapper.end():
+            await emit(event)
+
+
+def _continuing(emit: Emit, held: pb.Continuation) -> Emit:
+    """`emit` for a run that continues `held`: the whole answer's usage, and a refusal of
+    the upstream's the node's failure (`edge.nodes.upstream.continuation`)."""
+
+    async def out(event: pb.RunEvent) -> None:
+        await emit(as_failure(whole_usage(event, held)))
+
+    return out
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+async def _read_capped(response: httpx.Response, limit: int = MAX_ERROR_BODY) -> bytes:
+    """At most `limit` bytes of a body (an error body: enough to quote), never unbounded."""
+    chunks: list[bytes] = []
+    size = 0
+    body = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+    async with contextlib.aclosing(body) as pieces:
+        async for chunk in pieces:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= limit:
+                break
+    return b"".join(chunks)[:limit]
