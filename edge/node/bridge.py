@@ -171,10 +171,11 @@ class EventBuffer:
             self.terminal = True
         # Wrapped per call (the slow path): a wrapper kept on the buffer would hold
         # its bound method, a cycle only the garbage collector frees.
-        put: Awaitable[None] = trio_asyncio.trio_as_aio(self._wait_put)(item)
+        put: Awaitable[None] = trio_asyncio.trio_as_aio(self.wait_put)(item)
         return put
 
-    async def _wait_put(self, item: Item) -> None:
+    async def wait_put(self, item: Item) -> None:
+        """`put` for a producer on trio (the wait itself: `put` is its asyncio face)."""
         size = len(item.text) if type(item) in _TEXT_EVENTS else _size(item)  # type: ignore[union-attr]
         backlog = self._backlog
         with trio.move_on_after(self._limit_s) as scope:

@@ -308,9 +308,7 @@ class GrpcNodeClient:
         try:
             with handle._scope:
                 try:
-                    await call_asyncio(
-                        self._grpc.read_run, request, events, metadata, settles=handle.settling
-                    )
+                    await self.read_events(handle, request, events, metadata)
                 except EdgeError as exc:
                     handle.error = _detached(exc)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -337,12 +335,25 @@ class GrpcNodeClient:
                 events.clear()
             try:
                 if not handle.finished and not isinstance(handle.error, NodeUnavailableError):
-                    await self._cancel_on_node(handle)
+                    await self.cancel_on_node(handle)
             finally:
                 handle.done.set()
 
-    async def _cancel_on_node(self, handle: RunHandle) -> None:
-        """Send CancelRun, shielded and bounded.
+    async def read_events(
+        self,
+        handle: RunHandle,
+        request: pb.RunRequest | EncodedRunRequest,
+        events: EventBuffer,
+        metadata: Mapping[str, str] | None,
+    ) -> None:
+        """The run's read: SENT, ACCEPTED, then the node's events into `events`, up to
+        its terminal (`edge.node.grpc.GrpcNode.read_run`). A client whose runs go
+        another way than the Run call reads them here (`edge.nodes.direct`)."""
+        await call_asyncio(self._grpc.read_run, request, events, metadata, settles=handle.settling)
+
+    async def cancel_on_node(self, handle: RunHandle) -> None:
+        """Send CancelRun, shielded and bounded: the run's read ended without the node's
+        terminal (a client whose runs go another way ends them its own way).
 
         A burst (thousands of clients leaving at once) queues on a limiter
         instead of opening thousands of RPCs; a run waits at most

@@ -2,8 +2,9 @@
 
 Owns the kit every node shares (`kit`: the grpclib server, run records, the
 bounded codec, spans), the simulated node (`sim`, `iop-sim-node`), the node in
-front of an OpenAI-compatible server (`upstream`, `iop-node`), and running
-either inside the edge (`embedded`).
+front of an OpenAI-compatible server (`upstream`, `iop-node`), running
+either inside the edge (`embedded`), and the client of an in-process iop-node
+whose runs the edge relays to the model server itself (`direct`).
 
 May import `contract`, `node` (the asyncio bridge, for running in-process),
 `config` (its TOML reader and addresses), `observe`, `errors`; never `http`,

@@ -301,7 +301,12 @@ class NodeSpans:
         self._tracer = tracing.tracer
         self._node = node
 
-    def run_span(self, metadata: Mapping[str, Any], run_id: str, model: str) -> Span:
+    def run_span(
+        self, metadata: Mapping[str, Any], run_id: str, model: str, *, relayed: bool = False
+    ) -> Span:
+        """The span of one run. `relayed`: the edge relays the run itself (an
+        `openai+http://` node, `edge.nodes.direct`): no Run call carried it, so the span
+        is INTERNAL, without the `rpc.*` attributes."""
         parent = None
         value = metadata.get(TRACEPARENT)
         if isinstance(value, str):
@@ -310,20 +315,22 @@ class NodeSpans:
             if isinstance(state, str):
                 carrier["tracestate"] = state
             parent = extract(carrier)
-        return self._tracer.start_span(
-            f"{OPERATION} {model}",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={
-                "gen_ai.operation.name": OPERATION,
-                "gen_ai.provider.name": PROVIDER,
-                "gen_ai.request.model": model,
+        attributes = {
+            "gen_ai.operation.name": OPERATION,
+            "gen_ai.provider.name": PROVIDER,
+            "gen_ai.request.model": model,
+            "iop.node": self._node,
+            "iop.run_id": run_id,
+        }
+        if not relayed:
+            attributes |= {
                 "rpc.system": "grpc",
                 "rpc.service": "iop.node.v1.NodeService",
                 "rpc.method": "Run",
-                "iop.node": self._node,
-                "iop.run_id": run_id,
-            },
+            }
+        kind = SpanKind.INTERNAL if relayed else SpanKind.SERVER
+        return self._tracer.start_span(
+            f"{OPERATION} {model}", context=parent, kind=kind, attributes=attributes
         )
 
     def client_span(self, parent: Span, model: str, url: str) -> Span:

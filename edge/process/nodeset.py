@@ -1,6 +1,7 @@
 """The node connections of one edge process, opened from `[[nodes]]` and changed by reloads.
 
-Owns, per configured node, its client (`GrpcNodeClient`) and what serves it in
+Owns, per configured node, its client (`GrpcNodeClient`; `DirectUpstreamClient`
+for an `openai+http://` node, whose runs skip gRPC) and what serves it in
 this process when it is embedded (the simulated node, or iop-node in front of a
 model server), each node in an exit stack of its own, so that one node can be
 closed while the others serve. `open_node` makes a node's client (and starts its
@@ -23,7 +24,7 @@ Knows nothing of requests; the pool decides nothing here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,6 +40,7 @@ from edge.fleet.pool import NodePool
 from edge.fleet.runs import Runs
 from edge.node.backlog import Backlog
 from edge.node.client import GrpcNodeClient, NodeClient
+from edge.nodes.direct import DirectUpstreamClient
 from edge.nodes.embedded import embedded_node, embedded_upstream_node
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing
@@ -75,10 +77,7 @@ class NodeSet:
     async def open_node(self, node: NodeConfig) -> OpenNode:
         """`node`'s client, its embedded server started first when it has one."""
         metrics = self.metrics
-        client = partial(
-            GrpcNodeClient, on_cancel_sent=metrics.node_cancels.labels(node.name).inc,
-            backlog=self.backlog, on_state_rpc=partial(_count_state_rpc, metrics, node.name),
-        )  # fmt: skip
+        kind: Callable[..., NodeClient] = GrpcNodeClient
         stack = AsyncExitStack()
         try:
             embedded: object | None = None
@@ -88,13 +87,19 @@ class NodeSet:
                 )
                 host = "127.0.0.1"
             elif (url := upstream_url(node.address)) is not None:
-                embedded, port = await stack.enter_async_context(
+                upstream, port = await stack.enter_async_context(
                     embedded_upstream_node(node.name, url, tracing=self.tracing)
                 )
-                host = "127.0.0.1"
+                embedded, host = upstream, "127.0.0.1"
+                # Its runs go straight to the model server; its state is iop-node's.
+                kind = partial(DirectUpstreamClient, node=upstream, tracing=self.tracing)
             else:
                 host, port = split_address(node.address)
-            opened = OpenNode(node, client(node.name, host, port), stack, embedded)
+            client = kind(
+                node.name, host, port, on_cancel_sent=metrics.node_cancels.labels(node.name).inc,
+                backlog=self.backlog, on_state_rpc=partial(_count_state_rpc, metrics, node.name),
+            )  # fmt: skip
+            opened = OpenNode(node, client, stack, embedded)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await stack.aclose()

@@ -170,6 +170,45 @@ async def test_one_trace_through_edge_node_and_upstream(tmp_path: Path) -> None:
     assert upstream_sim.attributes["rpc.method"] == "Run"
 
 
+async def test_one_trace_through_an_openai_node_the_edge_relays(tmp_path: Path) -> None:
+    """An `openai+http://` node's run is relayed by the edge itself: one trace still, with
+    the node's run span INTERNAL in the edge's process (no Run call, no `rpc.*`), the child
+    of the edge's span and the parent of the request to the model server, which got the
+    traceparent header."""
+    traceparent, trace_id, _ = _traceparent()
+    with otlp_receiver() as receiver:
+        upstream_port = free_port()
+        upstream_toml = _EDGE_CONFIG.format(
+            port=upstream_port, refresh=5, node_name="sim", address="embedded"
+        )
+        async with edge_process(
+            tmp_path, upstream_toml, env=_env(receiver, "upstream"), name="upstream"
+        ):
+            address = f"openai+http://127.0.0.1:{upstream_port}/v1"
+            edge_toml = _EDGE_CONFIG.format(port=0, refresh=0.1, node_name="node", address=address)
+            async with edge_process(
+                tmp_path, edge_toml, env=_env(receiver, "edge"), name="edge"
+            ) as edge:
+                await _stream_once(edge.url, traceparent)
+                spans = await receiver.wait_spans(trace_id, 5)
+
+    edge_span = _one(spans, "edge", "server")
+    run_span = _one(spans, "edge", "internal")
+    upstream_call = _one(spans, "edge", "client")
+    (upstream_edge,) = [
+        s for s in spans if s.service == "upstream" and "http.request.method" in s.attributes
+    ]
+    assert {s.trace_id for s in spans} == {trace_id}
+    assert run_span.parent_span_id == edge_span.span_id
+    assert upstream_call.parent_span_id == run_span.span_id
+    assert upstream_edge.parent_span_id == upstream_call.span_id  # the header reached it
+    assert run_span.name == "chat sim-echo"
+    assert run_span.attributes["iop.run_id"] == edge_span.attributes["iop.run_id"]
+    assert run_span.attributes["iop.outcome"] == "complete"
+    assert not any(key.startswith("rpc.") for key in run_span.attributes)
+    assert upstream_call.attributes["http.response.status_code"] == 200
+
+
 async def _stream_once(url: str, traceparent: str) -> None:
     body = {
         "model": "sim-echo",

@@ -18,7 +18,7 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,19 +29,20 @@ import openai
 import pytest
 import trio
 
-from edge.config import Config, NodeConfig, ServerConfig
+from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
 from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import EdgeError
 from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
+from edge.nodes.direct import INLINE_BYTES
 from edge.nodes.embedded import embedded_upstream_node
-from edge.nodes.upstream.server import UpstreamNode
 from edge.stream.events import Complete, Delta, Failed, NodeEvent
 from tests.integration.conftest import (
     WEATHER_TOOL,
     RunningEdge,
     SimProcess,
     node_events,
+    poll,
     script,
     start_edge,
     start_upstream_node,
@@ -316,8 +317,9 @@ async def test_upstream_failures_are_error_frames(
 async def test_client_disconnect_aborts_the_upstream_request(
     replay_edge: RunningEdge, upstream: Upstream
 ) -> None:
-    """A caller that goes away mid-stream closes the upstream HTTP request at once,
-    and the node records its run as cancelled."""
+    """A caller that goes away mid-stream closes the upstream HTTP request at once: the
+    run's one cancel on the node (its runs go to the upstream from the edge, so no
+    CancelRun follows), counted once; the run ends `cancelled`."""
     body = _chat("hang", stream=True)
     async with (
         httpx.AsyncClient(base_url=replay_edge.url, timeout=WAIT_S) as client,
@@ -330,23 +332,51 @@ async def test_client_disconnect_aborts_the_upstream_request(
     with trio.fail_after(WAIT_S):
         await upstream.hung_up.wait()
     await replay_edge.wait_idle()
-    node = replay_edge.edge.embedded[0]
-    assert isinstance(node, UpstreamNode)
-    record = await _finished_run(node, run_id)
-    assert record["outcome"] == "cancelled"
+    assert replay_edge.outcome(run_id).status == "cancelled"
+    assert replay_edge.counted("iop_edge_node_cancels_total", node="replay") == 1
 
 
-async def _finished_run(node: UpstreamNode, run_id: str) -> dict[str, Any]:
-    """The runs-log record of `run_id`, once the node (on its own thread's loop) wrote it."""
+async def test_the_node_reports_count_the_runs_the_edge_relays(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    """An `openai+http://` node's runs skip its iop-node, yet its reports (the pool's load
+    for it) count them as its runs in flight while they run, and not once they ended."""
+    config = replace(
+        _edge_config(NodeConfig("replay", f"openai+{upstream.url}")),
+        routing=RoutingConfig(watch_heartbeat_s=0.05),
+    )
+    running = await start_edge(nursery, config)
+    node = running.node("replay")
 
-    def records() -> list[dict[str, Any]]:
-        return [r for r in node.finished if r.get("run_id") == run_id]
+    def reported(active: int) -> Callable[[], bool]:
+        return lambda: node.load is not None and node.load.active == active
 
-    with trio.fail_after(WAIT_S):
-        while not records():  # noqa: ASYNC110 - a list another thread appends to
-            await trio.sleep(0.01)
-    (record,) = records()
-    return record
+    await poll(reported(0))
+    async with (
+        httpx.AsyncClient(base_url=running.url, timeout=WAIT_S) as http,
+        http.stream("POST", "/v1/chat/completions", json=_chat("hang", stream=True)) as response,
+    ):
+        async for line in response.aiter_lines():
+            if '"content":"x"' in line:
+                await poll(reported(1))
+                break
+    await running.wait_idle()
+    await poll(reported(0))
+    await stop_edge(running)
+
+
+async def test_a_large_request_reaches_the_upstream_whole(
+    replay_edge: RunningEdge, upstream: Upstream
+) -> None:
+    """A request past what the edge prepares on its loop for an `openai+http://` node
+    (INLINE_BYTES: read in a worker thread) reaches the upstream whole, and its answer
+    the caller, as a small one does."""
+    content = "word " * (2 * INLINE_BYTES // 5)
+    async with httpx.AsyncClient(base_url=replay_edge.url, timeout=WAIT_S) as client:
+        for text in ("small", content):
+            response = await client.post("/v1/chat/completions", json=_chat("vllm", text))
+            assert response.status_code == 200, response.text
+            assert upstream.requests[-1]["messages"] == [{"role": "user", "content": text}]
 
 
 # --- the node over gRPC, without an edge ------------------------------------------

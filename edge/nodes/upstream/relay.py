@@ -18,7 +18,7 @@ import json
 import math
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, cast
+from typing import cast
 
 import anyio
 import httpx
@@ -92,22 +92,19 @@ class Relay:
         self.continuation_mode = continuation_mode
         self.spans = spans
 
-    async def run(self, request: pb.RunRequest, emit: Emit, span: Span | None = None) -> None:
-        """Serve `request` from the upstream, emitting its events and exactly one terminal
-        (unless cancelled first). `span`: the run's, for the upstream request's child."""
-        mapper = ChunkMapper(id_prefix=request.run_id)
+    def body(self, request: pb.RunRequest) -> bytes:
+        """The upstream request's body for `request`: work that grows with its size, for
+        a caller on a loop to run where it may (`run` takes it made). ValueError: the
+        run cannot be served (its message says why, as the run's error)."""
         try:
             body = chat_request_body(request)
         except ValueError as exc:
-            await emit(mapper.error(f"invalid run request: {exc}"))
-            return
+            raise ValueError(f"invalid run request: {exc}") from None
         held = request.continuation
         if held is not None:
             mode = self.continuation_mode(request.model)
             if mode == NONE:
-                text = f"this node does not continue answers of model {request.model!r}"
-                await emit(mapper.error(text))
-                return
+                raise ValueError(f"this node does not continue answers of model {request.model!r}")
             if mode == LLAMACPP_MODE and held.reasoning:
                 logger.info(
                     "{}: run {} continues on llama.cpp without its reasoning ({} characters):"
@@ -115,23 +112,46 @@ class Relay:
                     self.name, request.run_id, len(held.reasoning),
                 )  # fmt: skip
             body = continued_body(body, held, mode)
-            emit = _continuing(emit, held)
+        return msgspec.json.encode(body)
+
+    async def run(
+        self,
+        request: pb.RunRequest,
+        emit: Emit,
+        span: Span | None = None,
+        *,
+        body: bytes | ValueError | None = None,
+    ) -> None:
+        """Serve `request` from the upstream, emitting its events and exactly one terminal
+        (unless cancelled first). `span`: the run's, for the upstream request's child;
+        `body`: `self.body(request)` made already (or the error it raised)."""
+        mapper = ChunkMapper(id_prefix=request.run_id)
+        if body is None:
+            try:
+                body = self.body(request)
+            except ValueError as exc:
+                body = exc
+        if isinstance(body, ValueError):
+            await emit(mapper.error(str(body)))
+            return
+        if request.continuation is not None:
+            emit = _continuing(emit, request.continuation)
         remaining = math.inf
         if request.deadline_unix_ms > 0:
             remaining = max(0.0, request.deadline_unix_ms / 1000 - time.time())
         with anyio.move_on_after(remaining) as deadline:
-            await self._traced(body, mapper, emit, span)
+            await self._traced(body, request.model, mapper, emit, span)
         if deadline.cancelled_caught and not mapper.terminated:
             await emit(pb.RunEvent(type="cancelled", error="run deadline exceeded"))
 
     async def _traced(
-        self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit, run_span: Span | None
+        self, body: bytes, model: str, mapper: ChunkMapper, emit: Emit, run_span: Span | None
     ) -> None:
         """`_stream`, in a CLIENT span when the run has one (tracing on)."""
         if run_span is None or self.spans is None:
             await self._stream(body, mapper, emit)
             return
-        span = self.spans.client_span(run_span, str(body.get("model", "")), self.chat_url)
+        span = self.spans.client_span(run_span, model, self.chat_url)
         try:
             await self._stream(body, mapper, emit, span)
         except BaseException as exc:
@@ -144,7 +164,7 @@ class Relay:
             span.end()
 
     async def _stream(
-        self, body: dict[str, Any], mapper: ChunkMapper, emit: Emit, span: Span | None = None
+        self, body: bytes, mapper: ChunkMapper, emit: Emit, span: Span | None = None
     ) -> None:
         """One streaming POST; every HTTP failure becomes the terminal error event (an
         error status: a refusal, an overload or a failure, as `upstream_error` says)."""
@@ -153,9 +173,7 @@ class Relay:
         if span is not None:
             headers.update(inject(span))  # the upstream continues the trace
         try:
-            async with self.client.stream(
-                "POST", url, content=msgspec.json.encode(body), headers=headers
-            ) as response:
+            async with self.client.stream("POST", url, content=body, headers=headers) as response:
                 if span is not None:
                     span.set_attribute("http.response.status_code", response.status_code)
                 if response.status_code >= 400:
