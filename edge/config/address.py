@@ -15,13 +15,16 @@ def check_node_address(address: str) -> None:
         split_address(address)
 
 
+UPSTREAM_SCHEMES = ("openai+http://", "openai+https://")
+
+
 def upstream_url(address: str) -> str | None:
     """The server URL of an `openai+http(s)://HOST:PORT/PATH` node address; None for others.
 
     Such a node is served in-process by `edge.nodes.upstream`; raises ValueError
     when the address has the scheme but no host or a bad port.
     """
-    if not address.startswith(("openai+http://", "openai+https://")):
+    if not address.startswith(UPSTREAM_SCHEMES):
         return None
     url = address.removeprefix("openai+")
     try:

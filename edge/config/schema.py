@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from edge.api.policy import DEFAULT_MAX_OUTPUT_TOKENS, ForwardPolicy
+from edge.config.address import UPSTREAM_SCHEMES
 from edge.observe.tracing import TracingConfig
 from edge.stream.sentinel import DEFAULT_SENTINELS
 from edge.stream.toolcall import ToolValidation
@@ -310,6 +311,12 @@ class Config:
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     # The file read (in messages); not a key.
     source: str = "<defaults>"
+
+    @property
+    def relays_runs(self) -> bool:
+        """Some node is `openai+http://`: the edge relays its runs to the model server
+        itself (`edge.nodes.direct`), so a request keeps its RunRequest for them."""
+        return any(node.address.startswith(UPSTREAM_SCHEMES) for node in self.nodes)
 
     def model(self, name: str) -> ModelConfig:
         found = self.models.get(name)

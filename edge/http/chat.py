@@ -243,8 +243,15 @@ class ChatService:
             forwarded = forwarded_request(config.model(request.model), request)
         except RequestError as exc:
             return Prepared(parsed, nbytes, refused=exc)
-        payload = prepare_run_request(forwarded, run_id=run_id, model=forwarded.model)
-        return Prepared(parsed, nbytes + len(payload), forwarded, payload)
+        # For nodes whose runs the edge relays itself, the RunRequest's message is kept
+        # with its bytes, and counts too.
+        payload = prepare_run_request(
+            forwarded, run_id=run_id, model=forwarded.model, keep_message=config.relays_runs
+        )
+        nbytes += len(payload)
+        if payload.message is not None:
+            nbytes += footprint(payload.message)
+        return Prepared(parsed, nbytes, forwarded, payload)
 
     def shutdown_streams(self) -> int:
         """Drain deadline: end every run still in flight, with a notice. Returns how many."""

@@ -62,12 +62,24 @@ class EncodedRunRequest(Serialized):
     The contract's codec calls `SerializeToString` (joined there, once, as the
     bytes go out)."""
 
-    __slots__ = ("_body", "_deadline", "run_id")
+    __slots__ = ("_body", "_deadline", "deadline_unix_ms", "message", "run_id")
 
-    def __init__(self, body: bytes, deadline: bytes, run_id: str) -> None:
+    def __init__(
+        self,
+        body: bytes,
+        deadline: bytes,
+        run_id: str,
+        *,
+        message: pb.RunRequest | None = None,
+        deadline_unix_ms: int = 0,
+    ) -> None:
         self._body = body
         self._deadline = deadline
         self.run_id = run_id
+        # The request's message, where it kept it (`PreparedRunRequest.message`), and
+        # this attempt's deadline (the field `deadline` holds).
+        self.message = message
+        self.deadline_unix_ms = deadline_unix_ms
 
     def __len__(self) -> int:
         return len(self._body) + len(self._deadline)
@@ -81,14 +93,27 @@ class EncodedRunRequest(Serialized):
 
 class PreparedRunRequest:
     """A request's RunRequest, serialized once without its deadline, for every attempt,
-    and its prefix fingerprint (for routing; None: not taken)."""
+    and its prefix fingerprint (for routing; None: not taken).
 
-    __slots__ = ("body", "prefix", "run_id")
+    `message`: the RunRequest the bytes were serialized from, without its prefix
+    blocks, where the request keeps it (`prepare_run_request(keep_message=True)`):
+    a client that relays runs without gRPC takes it instead of parsing the bytes
+    again (`edge.nodes.direct`). Every attempt shares it: nobody changes it.
+    """
 
-    def __init__(self, body: bytes, run_id: str, prefix: Fingerprint | None = None) -> None:
+    __slots__ = ("body", "message", "prefix", "run_id")
+
+    def __init__(
+        self,
+        body: bytes,
+        run_id: str,
+        prefix: Fingerprint | None = None,
+        message: pb.RunRequest | None = None,
+    ) -> None:
         self.body = body
         self.run_id = run_id
         self.prefix = prefix
+        self.message = message
 
     def __len__(self) -> int:
         return len(self.body)
@@ -97,7 +122,10 @@ class PreparedRunRequest:
         """The bytes of an attempt whose node deadline is `deadline_unix_ms` (0: none).
         A few bytes of work: the request's bytes are shared, not copied."""
         deadline = bytes(pb.RunRequest(deadline_unix_ms=deadline_unix_ms))
-        return EncodedRunRequest(self.body, deadline, self.run_id)
+        return EncodedRunRequest(
+            self.body, deadline, self.run_id, message=self.message,
+            deadline_unix_ms=deadline_unix_ms,
+        )  # fmt: skip
 
     def continued(self, text: str, reasoning: str, output_tokens: int) -> PreparedRunRequest:
         """This request continuing an answer: `text` and `reasoning` so far, and the output
@@ -121,10 +149,13 @@ class PreparedRunRequest:
         return PreparedRunRequest(self.body + field, self.run_id, self.prefix)
 
 
-def prepare_run_request(request: ChatRequest, *, run_id: str, model: str) -> PreparedRunRequest:
+def prepare_run_request(
+    request: ChatRequest, *, run_id: str, model: str, keep_message: bool = False
+) -> PreparedRunRequest:
     """The RunRequest `run_request_from_chat` builds, with the request's prefix
     fingerprint, serialized without its deadline. Work that grows with the request:
-    run it off the event loop.
+    run it off the event loop. `keep_message`: the RunRequest itself goes with its
+    bytes (`PreparedRunRequest.message`).
 
     Raises:
         PayloadTooLargeError: (413) the bytes, with room for any deadline, are over
@@ -142,4 +173,7 @@ def prepare_run_request(request: ChatRequest, *, run_id: str, model: str) -> Pre
             f"the request is {len(body)} bytes as a RunRequest, over the"
             f" {MAX_MESSAGE_BYTES}-byte gRPC message limit of the nodes"
         )
-    return PreparedRunRequest(body, run_id, prefix)
+    if not keep_message:
+        return PreparedRunRequest(body, run_id, prefix)
+    message.prefix_blocks = []  # the routing's, in the bytes: not the relay's
+    return PreparedRunRequest(body, run_id, prefix, message)

@@ -22,9 +22,13 @@ A run is iop-node's in the node's reports: Describe and Watch count this
 client's runs in flight as iop-node counts its own (its `active_runs`), so the
 pool's load for the node is what it was with runs through iop-node.
 
-Work that grows with a request (reading its RunRequest, writing the upstream's
-body) runs in a worker thread past INLINE_BYTES, on the loop below: a small
-request would wait longer for a thread than its work takes.
+A request keeps its RunRequest's message while an `openai+http://` node is
+configured (`edge.node.wire.PreparedRunRequest.message`): the relay reads it,
+not the bytes. Work that grows with a request (writing the upstream's body;
+reading the bytes where there is no message: an answer continued from another
+node, or a request parsed before the node was added) runs in a worker thread
+past INLINE_BYTES, on the loop below: a small request would wait longer for a
+thread than its work takes.
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ class DirectUpstreamClient(GrpcNodeClient):
         accept it), then the upstream's events, up to the terminal."""
         self._running += 1
         try:
-            run, body = await self._prepared(request)
+            run, deadline_unix_ms, body = await self._prepared(request)
             await _put(events, SENT)
             await _put(events, Accepted(self._instance))
 
@@ -115,7 +119,7 @@ class DirectUpstreamClient(GrpcNodeClient):
             if self._spans is not None:
                 span = self._spans.run_span(metadata or {}, run.run_id, run.model, relayed=True)
             try:
-                await self._relay.run(run, emit, span, body=body)
+                await self._relay.run(run, emit, span, body=body, deadline_unix_ms=deadline_unix_ms)
             finally:
                 if span is not None:
                     NodeSpans.end_run(span, outcome, sent)
@@ -126,13 +130,23 @@ class DirectUpstreamClient(GrpcNodeClient):
 
     async def _prepared(
         self, request: pb.RunRequest | EncodedRunRequest
-    ) -> tuple[pb.RunRequest, bytes | ValueError]:
-        """The RunRequest and the upstream's body (or why there is none)."""
+    ) -> tuple[pb.RunRequest, int, bytes | ValueError]:
+        """The RunRequest, the attempt's deadline and the upstream's body (or why there is
+        none). The request's own message where it kept it (a config with this node keeps
+        it: `PreparedRunRequest.message`), else its bytes parsed."""
         if isinstance(request, pb.RunRequest):
-            return request, _body(self._relay, request)
+            return request, request.deadline_unix_ms, _body(self._relay, request)
+        message = request.message
+        if message is None:
+            if len(request) <= INLINE_BYTES:
+                message = pb.RunRequest.parse(bytes(request))
+            else:
+                message = await trio.to_thread.run_sync(pb.RunRequest.parse, bytes(request))
         if len(request) <= INLINE_BYTES:
-            return _decoded(self._relay, request)
-        return await trio.to_thread.run_sync(_decoded, self._relay, request)
+            body = _body(self._relay, message)
+        else:
+            body = await trio.to_thread.run_sync(_body, self._relay, message)
+        return message, request.deadline_unix_ms, body
 
     async def cancel_on_node(self, handle: RunHandle) -> None:
         """Nothing to send: leaving the relay closed the upstream request."""
@@ -173,8 +187,3 @@ def _body(relay: Relay, request: pb.RunRequest) -> bytes | ValueError:
         return relay.body(request)
     except ValueError as exc:
         return exc
-
-
-def _decoded(relay: Relay, request: EncodedRunRequest) -> tuple[pb.RunRequest, bytes | ValueError]:
-    run = pb.RunRequest.parse(bytes(request))
-    return run, _body(relay, run)

@@ -96,6 +96,27 @@ def test_encoded_request_reads_back_whole(body: dict[str, Any], deadline: int) -
     assert bytes(decoded) == bytes(expected)
 
 
+@given(_bodies(), st.integers(0, 2**62))
+def test_a_kept_message_is_what_the_bytes_say_but_the_routing_blocks(
+    body: dict[str, Any], deadline: int
+) -> None:
+    """A request that keeps its RunRequest's message (for a node whose runs the edge relays
+    itself) sends the same bytes; the message, which every attempt shares with its own
+    deadline beside it, is the RunRequest those bytes hold less its deadline and its
+    prefix blocks (the routing's)."""
+    request = parse_chat_request(json.dumps(body).encode())
+    kept = prepare_run_request(request, run_id="r1", model="m", keep_message=True)
+    plain = prepare_run_request(request, run_id="r1", model="m")
+    assert plain.message is None
+    assert kept.body == plain.body
+    encoded = kept.attempt(deadline)
+    assert (encoded.message, encoded.deadline_unix_ms) == (kept.message, deadline)
+    assert kept.message is not None
+    expected = _expected(request, 0)
+    expected.prefix_blocks = []
+    assert bytes(kept.message) == bytes(expected)
+
+
 @given(_bodies(), st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3))
 def test_one_serialization_serves_every_attempt_with_its_own_deadline(
     body: dict[str, Any], deadlines: list[int]

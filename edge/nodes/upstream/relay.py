@@ -121,10 +121,12 @@ class Relay:
         span: Span | None = None,
         *,
         body: bytes | ValueError | None = None,
+        deadline_unix_ms: int | None = None,
     ) -> None:
         """Serve `request` from the upstream, emitting its events and exactly one terminal
         (unless cancelled first). `span`: the run's, for the upstream request's child;
-        `body`: `self.body(request)` made already (or the error it raised)."""
+        `body`: `self.body(request)` made already (or the error it raised);
+        `deadline_unix_ms`: the run's deadline, where `request` does not hold it."""
         mapper = ChunkMapper(id_prefix=request.run_id)
         if body is None:
             try:
@@ -136,9 +138,11 @@ class Relay:
             return
         if request.continuation is not None:
             emit = _continuing(emit, request.continuation)
+        if deadline_unix_ms is None:
+            deadline_unix_ms = request.deadline_unix_ms
         remaining = math.inf
-        if request.deadline_unix_ms > 0:
-            remaining = max(0.0, request.deadline_unix_ms / 1000 - time.time())
+        if deadline_unix_ms > 0:
+            remaining = max(0.0, deadline_unix_ms / 1000 - time.time())
         with anyio.move_on_after(remaining) as deadline:
             await self._traced(body, request.model, mapper, emit, span)
         if deadline.cancelled_caught and not mapper.terminated:
