@@ -48,7 +48,7 @@ from edge.node.convert import event_from_pb
 from edge.node.grpc import SENT, Accepted
 from edge.node.wire import EncodedRunRequest
 from edge.nodes.kit import NodeSpans
-from edge.nodes.upstream.relay import Relay, upstream_client
+from edge.nodes.upstream.relay import Relay
 from edge.nodes.upstream.server import UpstreamNode
 from edge.observe.tracing import Tracing
 
@@ -80,12 +80,11 @@ class DirectUpstreamClient(GrpcNodeClient):
         self._on_cancelled = on_cancel_sent
         self._instance = node.instance_id
         self._spans = NodeSpans(tracing, name) if tracing is not None else None
-        self._http = upstream_client()
         # `continuation_mode` reads what iop-node's thread last read of its upstream
         # (its load and its model list): each a value replaced whole, never changed.
         self._relay = Relay(
-            self._http, node.upstream, name=name,
-            continuation_mode=node.continuation_mode, spans=self._spans,
+            node.upstream, name=name, continuation_mode=node.continuation_mode,
+            spans=self._spans,
         )  # fmt: skip
         self._running = 0
 
@@ -172,7 +171,7 @@ class DirectUpstreamClient(GrpcNodeClient):
     async def aclose(self) -> None:
         try:
             with trio.CancelScope(shield=True):
-                await self._http.aclose()
+                await self._relay.aclose()
         finally:
             await super().aclose()
 

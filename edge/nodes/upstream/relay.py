@@ -1,27 +1,26 @@
 """One run served by an OpenAI-compatible upstream: a streaming POST whose events go out
 as RunEvents, exactly one of them terminal.
 
-Loop-agnostic (anyio, as httpx is): iop-node relays its runs on asyncio
+Loop-agnostic (anyio and httpcore): iop-node relays its runs on asyncio
 (`edge.nodes.upstream.server`), and the edge relays the runs of its
 `openai+http://` nodes on trio, in the run's own task (`edge.nodes.direct`).
 Both send the same body, read the same events and end the same way.
 
 Ending a run early (its task cancelled, the request's deadline) leaves the
-httpx stream's block, which closes the upstream connection at once: vLLM,
+HTTP stream's block, which closes the upstream connection at once: vLLM,
 llama.cpp, Ollama and SGLang abort a request whose client went away.
 """
 
 from __future__ import annotations
 
-import contextlib
+import codecs
 import json
 import math
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import cast
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
-import httpx
+import httpcore
 import msgspec
 from loguru import logger
 from opentelemetry.trace import Span
@@ -55,42 +54,56 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 Emit = Callable[[pb.RunEvent], Awaitable[None]]
 
 
-def upstream_client(api_key: str | None = None, read_timeout_s: float = 600.0) -> httpx.AsyncClient:
-    """The HTTP client of a node's upstream: keep-alive, no pool limit (the edge bounds the
-    runs), `read_timeout_s` the longest silence tolerated."""
-    return httpx.AsyncClient(
-        headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-        timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=read_timeout_s, pool=None),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-    )
+# The failures of a request whose connection broke, once made (httpcore's own types).
+_BROKEN = (httpcore.NetworkError, httpcore.ProtocolError)
 
 
 class Relay:
-    """The runs of one upstream.
+    """The runs of one upstream, on a connection pool of their own (httpcore: the
+    transport under httpx, without its client's per-request work: cookies, redirects,
+    auth flows, URL and charset parsing). Keep-alive, no limit on connections: the
+    edge bounds the runs.
 
     Args:
-        client: the HTTP client (`upstream_client`), on the loop the runs run on.
         upstream: the API base URL, e.g. `http://127.0.0.1:8000/v1`.
         name: the node's name, for its log lines.
         continuation_mode: how a model's answers are continued
             (`edge.nodes.upstream.continuation`), asked when a run continues one.
         spans: the node's spans (None: tracing off).
+        api_key: sent as `Authorization: Bearer ...` when set.
+        read_timeout_s: the longest silence tolerated from the upstream.
     """
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
         upstream: str,
         *,
         name: str,
         continuation_mode: Callable[[str], str],
         spans: NodeSpans | None = None,
+        api_key: str | None = None,
+        read_timeout_s: float = 600.0,
     ) -> None:
-        self.client = client
         self.chat_url = upstream + "/chat/completions"
         self.name = name
         self.continuation_mode = continuation_mode
         self.spans = spans
+        self._pool = httpcore.AsyncConnectionPool(
+            max_connections=None, max_keepalive_connections=64, keepalive_expiry=5.0
+        )
+        self._headers = [
+            (b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"),
+        ]  # fmt: skip
+        if api_key:
+            self._headers.append((b"Authorization", f"Bearer {api_key}".encode()))
+        self._timeouts = {
+            "connect": CONNECT_TIMEOUT_S, "read": read_timeout_s, "write": CONNECT_TIMEOUT_S,
+            "pool": None,
+        }  # fmt: skip
+
+    async def aclose(self) -> None:
+        """Close the connections (runs still working see them break)."""
+        await self._pool.aclose()
 
     def body(self, request: pb.RunRequest) -> bytes:
         """The upstream request's body for `request`: work that grows with its size, for
@@ -173,24 +186,30 @@ class Relay:
         """One streaming POST; every HTTP failure becomes the terminal error event (an
         error status: a refusal, an overload or a failure, as `upstream_error` says)."""
         url = self.chat_url
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if span is not None:
-            headers.update(inject(span))  # the upstream continues the trace
+        headers = self._headers
+        if span is not None:  # the upstream continues the trace
+            headers = headers + [(k.encode(), v.encode()) for k, v in inject(span).items()]
         try:
-            async with self.client.stream("POST", url, content=body, headers=headers) as response:
+            async with self._pool.stream(
+                "POST", url, headers=headers, content=body,
+                extensions={"timeout": self._timeouts},
+            ) as response:  # fmt: skip
+                status = response.status
                 if span is not None:
-                    span.set_attribute("http.response.status_code", response.status_code)
-                if response.status_code >= 400:
-                    raw = await _read_capped(response)
-                    failure = upstream_error(response.status_code, raw, response.reason_phrase)
+                    span.set_attribute("http.response.status_code", status)
+                chunks = response.aiter_stream()
+                if status >= 400:
+                    raw = await _read_capped(chunks)
+                    reason = response.extensions.get("reason_phrase", b"")
+                    failure = upstream_error(status, raw, reason.decode("latin-1"))
                     await emit(mapper.error(failure.error, message=failure.message,
                                             http_status=failure.http_status))  # fmt: skip
                     return
-                content_type = response.headers.get("content-type", "")
+                content_type = _header(response.headers, b"content-type")
                 if not content_type or "event-stream" in content_type:
-                    await self._relay_sse(response, mapper, emit)
+                    await self._relay_sse(chunks, mapper, emit)
                 elif "json" in content_type:  # a server that does not stream
-                    raw = await _read_capped(response, MAX_BODY_BYTES + 1)
+                    raw = await _read_capped(chunks, MAX_BODY_BYTES + 1)
                     if len(raw) > MAX_BODY_BYTES:
                         text = f"upstream answer exceeds the node's limit of {MAX_BODY_BYTES} bytes"
                         await emit(mapper.error(text))
@@ -198,52 +217,60 @@ class Relay:
                     for event in mapper.feed_completion(json.loads(raw)):
                         await emit(event)
                 else:
-                    raw = await _read_capped(response)
+                    raw = await _read_capped(chunks)
                     quoted = raw[:200].decode("utf-8", errors="replace")
                     text = f"upstream answered {content_type}, not an event stream: {quoted!r}"
                     await emit(mapper.error(text))
-        except httpx.ConnectError as exc:
+        except httpcore.ConnectError as exc:
             await emit(mapper.error(f"cannot connect to upstream {url}: {_reason(exc)}"))
-        except httpx.TimeoutException as exc:
+        except httpcore.TimeoutException as exc:
             if not mapper.terminated:
                 await emit(mapper.error(f"upstream {url} timed out: {_reason(exc)}"))
-        except httpx.HTTPError as exc:
+        except _BROKEN as exc:
             if not mapper.terminated:
                 await emit(mapper.error(f"upstream stream ended early: {_reason(exc)}"))
         except ValueError as exc:  # a body that is not JSON, or an endless line
             if not mapper.terminated:
                 await emit(mapper.error(f"upstream sent a malformed body: {_reason(exc)}"))
 
-    async def _relay_sse(self, response: httpx.Response, mapper: ChunkMapper, emit: Emit) -> None:
+    async def _relay_sse(
+        self, chunks: AsyncIterator[bytes], mapper: ChunkMapper, emit: Emit
+    ) -> None:
+        """The events of an event stream, read by read. Leaving before its end (an error,
+        a limit, cancellation) closes the connection: the upstream's abort signal."""
         decoder = SSEDecoder()
-        # An async generator in fact: close it here, not in a finalizer.
-        texts_gen = cast(AsyncGenerator[str, None], response.aiter_text())
-        async with contextlib.aclosing(texts_gen) as texts:
-            async for text in texts:
-                # What one read brought goes out with its text deltas joined (`coalesced`);
-                # a malformed event ends the run after the events before it.
-                events: list[pb.RunEvent] = []
-                try:
-                    for message in decoder.feed(text):
-                        events += mapper.feed(message)
-                finally:
-                    for event in coalesced(events):
-                        await emit(event)
-                if mapper.terminated:
-                    break
-            if mapper.outcome == "error":
-                return  # leaving closes the upstream request (an error, or a limit passed)
+        # UTF-8 (an event stream's only encoding), a character split between reads kept.
+        text_of = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        async for chunk in chunks:
+            # What one read brought goes out with its text deltas joined (`coalesced`);
+            # a malformed event ends the run after the events before it.
+            events: list[pb.RunEvent] = []
+            try:
+                for message in decoder.feed(text_of(chunk)):
+                    events += mapper.feed(message)
+            finally:
+                for event in coalesced(events):
+                    await emit(event)
             if mapper.terminated:
-                # The body ends right after [DONE]: read it, so the connection is reused.
-                with contextlib.suppress(httpx.HTTPError), anyio.move_on_after(DRAIN_TIMEOUT_S):
-                    async for _ in texts:
-                        pass
-                return
-        for message in decoder.close():
-            for event in mapper.feed(message):
+                break
+        else:
+            for message in decoder.feed(text_of(b"", True)):
+                for event in mapper.feed(message):
+                    await emit(event)
+            for message in decoder.close():
+                for event in mapper.feed(message):
+                    await emit(event)
+            for event in mapper.end():
                 await emit(event)
-        for event in mapper.end():
-            await emit(event)
+            return
+        if mapper.outcome != "error":
+            # The body ends right after [DONE]: read it, so the connection is reused.
+            with anyio.move_on_after(DRAIN_TIMEOUT_S):
+                try:
+                    async for _ in chunks:
+                        pass
+                except (*_BROKEN, httpcore.TimeoutException):
+                    pass
 
 
 def _continuing(emit: Emit, held: pb.Continuation) -> Emit:
@@ -260,15 +287,21 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-async def _read_capped(response: httpx.Response, limit: int = MAX_ERROR_BODY) -> bytes:
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    """The first value of header `name` (lower case), "" when absent."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
+
+
+async def _read_capped(chunks: AsyncIterator[bytes], limit: int = MAX_ERROR_BODY) -> bytes:
     """At most `limit` bytes of a body (an error body: enough to quote), never unbounded."""
-    chunks: list[bytes] = []
+    parts: list[bytes] = []
     size = 0
-    body = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
-    async with contextlib.aclosing(body) as pieces:
-        async for chunk in pieces:
-            chunks.append(chunk)
-            size += len(chunk)
-            if size >= limit:
-                break
-    return b"".join(chunks)[:limit]
+    async for chunk in chunks:
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]

@@ -44,7 +44,7 @@ from edge.nodes.upstream.bodies import models_from_body as parse_models
 from edge.nodes.upstream.continuation import MODES, NONE, mode_for
 from edge.nodes.upstream.load import SOURCES
 from edge.nodes.upstream.loadpoll import LoadPoll, metrics_url
-from edge.nodes.upstream.relay import Relay, upstream_client
+from edge.nodes.upstream.relay import CONNECT_TIMEOUT_S, Relay
 from edge.observe.tracing import Tracing
 
 MODELS_TTL_S = 2.0
@@ -115,10 +115,14 @@ class UpstreamNode(NodeService):
         self._models_url = self.upstream + "/models"
         self._configured = models
         self._read_timeout_s = read_timeout_s
-        self._client = upstream_client(api_key, read_timeout_s)
+        # The models and the load; the runs have the relay's connections.
+        self._client = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+            timeout=httpx.Timeout(CONNECT_TIMEOUT_S, pool=None),
+        )
         self.relay = Relay(
-            self._client, self.upstream, name=name,
-            continuation_mode=self.continuation_mode, spans=self.spans,
+            self.upstream, name=name, continuation_mode=self.continuation_mode,
+            spans=self.spans, api_key=api_key, read_timeout_s=read_timeout_s,
         )  # fmt: skip
         self._models: list[tuple[str, str]] = []
         # Each model's context length, where the upstream's /models says it.
@@ -255,6 +259,7 @@ class UpstreamNode(NodeService):
             _stop(work)
         if self._work:
             await asyncio.wait(set(self._work), timeout=CLOSE_TIMEOUT_S)
+        await self.relay.aclose()
         await self._client.aclose()
         await super().aclose()
 
