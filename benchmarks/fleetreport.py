@@ -110,8 +110,8 @@ def render_peers(p: dict[str, Any]) -> list[str]:
     out = [
         f"\nBeside SMG {p.get('smg_version') or ''} (--policy cache_aware): the same workloads "
         f"on {s['nodes']} HTTP workers (each an iop-edge in front of its own simulated node); "
-        f"this edge ({p['edge_policy']}) reaches them as openai+http:// nodes (iop-node in its "
-        "process, counted in its CPU)"
+        f"this edge ({p['edge_policy']}) reaches them as openai+http:// nodes (it relays their "
+        "runs itself; their Describe and Watch are an iop-node's in its process, in its CPU)"
     ]
     for name, cells in p["cells"].items():
         out.append(f"\n{LABELS.get(name, name)}")
