@@ -27,7 +27,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from benchmarks.fleet import (
 from benchmarks.fleetreport import figures
 from benchmarks.loadgen import Pool
 from benchmarks.prompts import MODEL
-from benchmarks.stack import cpu_s, free_port, spawn
+from benchmarks.stack import cores_apart, cpu_s, free_port, spawn
 
 mono = time.monotonic
 
@@ -115,8 +115,12 @@ def _cell(
     smg: Path,
     policy: str,
     name: str,
+    *,
+    apart: bool = False,
 ) -> dict[str, Any]:
-    """One workload through one gateway, on fresh nodes and workers."""
+    """One workload through one gateway, on fresh nodes and workers. `apart`: the gateway
+    on a CPU of its own and everything else (nodes, workers, load generator, this
+    process) on the others while the workload plays (`benchmarks.stack.cores_apart`)."""
     where.mkdir(parents=True, exist_ok=True)
     w = workload(name, s)
     with (
@@ -124,17 +128,24 @@ def _cell(
         edges(where, [[a] for a in fleet.addresses], "least_loaded") as workers,
     ):
         urls = [f"http://127.0.0.1:{p}" for p in workers.ports]
+        assert fleet.proc is not None
+        rest = [os.getpid(), fleet.proc.pid, *pool.pids, *(p.pid for p in workers.procs)]
         if gateway == "SMG":
-            with smg_gateway(smg, where, urls) as (port, pid):
+            with (
+                smg_gateway(smg, where, urls) as (port, pid),
+                cores_apart([pid], rest) if apart else nullcontext(False),
+            ):
                 c0 = cpu_s(pid)
                 raw = play(pool, [("127.0.0.1", port)], w, s)
                 c1 = cpu_s(pid)
         else:
             nodes = [f"{url.replace('http://', 'openai+http://')}/v1" for url in urls]
             with edges(where / "gateway", [nodes], policy) as gw:
-                c0 = gw.cpu()
-                raw = play(pool, gw.targets, w, s)
-                c1 = gw.cpu()
+                gateway_pids = [p.pid for p in gw.procs]
+                with cores_apart(gateway_pids, rest) if apart else nullcontext(False):
+                    c0 = gw.cpu()
+                    raw = play(pool, gw.targets, w, s)
+                    c1 = gw.cpu()
         ok = sum(1 for r in raw["records"] if "error" not in r)
         runs = fleet.runs_per_node(ok)
     return figures(raw, runs, c1 - c0)
@@ -148,25 +159,38 @@ def measure_beside_smg(
     policy: str,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Every workload through SMG, then through this edge (`policy`), in turn."""
+    """Every workload through SMG, then through this edge (`policy`), in turn: on the
+    machine's CPUs shared by every process (`cells`), then, on a machine with two or
+    more, with the gateway on a CPU of its own (`cells_apart`)."""
     say = log or (lambda text: print(text, file=sys.stderr, flush=True))
     out: dict[str, Any] = {
         "settings": {"nodes": s.nodes, "kv_tokens": s.kv_tokens},
         "smg_version": smg_version(smg), "edge_policy": policy, "cells": {},
     }  # fmt: skip
+    modes = [("cells", False)]
+    if can_set_apart():
+        out["cells_apart"] = {}
+        modes.append(("cells_apart", True))
     for name in WORKLOADS:
-        for gateway in ("SMG", "iop-edge"):
-            where = tmp / name / gateway
-            (where / "gateway").mkdir(parents=True, exist_ok=True)
-            try:
-                cell = _cell(pool, where, s, gateway, smg, policy, name)
-            except (Refused, SystemExit) as exc:
-                say(f"fleet beside SMG: {name}, {gateway} failed: {exc}")
-                return {**out, "error": f"{gateway} on {name}: {exc}"}
-            out["cells"].setdefault(name, {})[gateway] = cell
-            hit = cell["hit_ratio"]
-            say(
-                f"fleet beside SMG: {name}, {gateway}: hit {'-' if hit is None else hit}, "
-                f"TTFT p50 {cell['ttft_p50_ms']} ms, {cell['errors']} errors"
-            )
+        for key, apart in modes:
+            for gateway in ("SMG", "iop-edge"):
+                where = tmp / key / name / gateway
+                (where / "gateway").mkdir(parents=True, exist_ok=True)
+                try:
+                    cell = _cell(pool, where, s, gateway, smg, policy, name, apart=apart)
+                except (Refused, SystemExit) as exc:
+                    say(f"fleet beside SMG: {name}, {gateway} failed: {exc}")
+                    return {**out, "error": f"{gateway} on {name}: {exc}"}
+                out[key].setdefault(name, {})[gateway] = cell
+                hit = cell["hit_ratio"]
+                say(
+                    f"fleet beside SMG{' (gateway apart)' if apart else ''}: {name}, "
+                    f"{gateway}: hit {'-' if hit is None else hit}, "
+                    f"TTFT p50 {cell['ttft_p50_ms']} ms, {cell['errors']} errors"
+                )
     return out
+
+
+def can_set_apart() -> bool:
+    """Whether a gateway can have a CPU of its own here (Linux, two CPUs or more)."""
+    return hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2

@@ -113,10 +113,17 @@ def render_peers(p: dict[str, Any]) -> list[str]:
         f"this edge ({p['edge_policy']}) reaches them as openai+http:// nodes (it relays their "
         "runs itself; their Describe and Watch are an iop-node's in its process, in its CPU)"
     ]
-    for name, cells in p["cells"].items():
-        out.append(f"\n{LABELS.get(name, name)}")
-        rows = [_row(label, c) for label, c in cells.items()]
-        out.append(table(["gateway", *HEADERS[1:6], "gateway CPU/req", "errors"], rows))
+    for key, title in (("cells", ""), ("cells_apart", ", the gateway on a CPU of its own")):
+        if key == "cells_apart" and p.get(key):
+            out.append(
+                "\nThe same, with the gateway on a CPU of its own and every other process"
+                " (nodes, workers, load generator) on the others, as a gateway runs apart"
+                " from its model servers in a deployment"
+            )
+        for name, cells in (p.get(key) or {}).items():
+            out.append(f"\n{LABELS.get(name, name)}{title}")
+            rows = [_row(label, c) for label, c in cells.items()]
+            out.append(table(["gateway", *HEADERS[1:6], "gateway CPU/req", "errors"], rows))
     if "error" in p:  # the cells above were measured; the rest were not
         out.append(f"\nBeside SMG: stopped there ({p['error']})")
     return out
@@ -165,12 +172,13 @@ def goal_rows(r: dict[str, Any]) -> list[list[str]]:
     add(f"two edges: hit ratio, two / one >= 0.95 ({two.get('policy', '-')})",
         ratio((two.get("cell") or {}).get("hit_ratio"), one), lambda v: v >= 0.95)  # fmt: skip
     peer = r.get("peers") or {}
-    for name, cells in (peer.get("cells") or {}).items():
-        edge = cells.get("iop-edge") or {}
-        smg = cells.get("SMG") or {}
-        label = LABELS.get(name, name)
-        add(f"beside SMG, {label}: hit ratio, edge / SMG >= 1",
-            ratio(edge.get("hit_ratio"), smg.get("hit_ratio")), lambda v: v >= 1)  # fmt: skip
-        add(f"beside SMG, {label}: TTFT p50, edge / SMG <= 1",
-            ratio(edge.get("ttft_p50_ms"), smg.get("ttft_p50_ms")), lambda v: v <= 1)  # fmt: skip
+    for key, where in (("cells", ""), ("cells_apart", " (gateway on its own CPU)")):
+        for name, cells in (peer.get(key) or {}).items():
+            edge = cells.get("iop-edge") or {}
+            smg = cells.get("SMG") or {}
+            label = f"beside SMG{where}, {LABELS.get(name, name)}"
+            hits = ratio(edge.get("hit_ratio"), smg.get("hit_ratio"))
+            ttft = ratio(edge.get("ttft_p50_ms"), smg.get("ttft_p50_ms"))
+            add(f"{label}: hit ratio, edge / SMG >= 1", hits, lambda v: v >= 1)
+            add(f"{label}: TTFT p50, edge / SMG <= 1", ttft, lambda v: v <= 1)
     return rows

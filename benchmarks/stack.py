@@ -5,7 +5,8 @@ every line with the system-wide monotonic clock, so the time a CancelRun reached
 node is known per run) and the edge (a temporary config.toml), waits until the edge
 answers /readyz, and stops both by PID (SIGTERM, then SIGKILL) however the run ends.
 `Probe` reads one process's CPU time and RSS with psutil; `cpu_s` reads a process's
-CPU to the nanosecond (Linux), `up_nodes` how many nodes an edge has up.
+CPU to the nanosecond (Linux), `up_nodes` how many nodes an edge has up; `cores_apart`
+puts some processes on a CPU of their own for a while (Linux).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -387,3 +389,30 @@ def up_nodes(base: str) -> int:
         for line in text.splitlines()
         if line.startswith("iop_edge_node_state{") and line.rsplit(" ", 1)[-1] in ("1", "1.0")
     )
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    """Every thread of each of `pids` on `cpus` (threads they start later inherit it from
+    their creator). Linux; a process gone meanwhile is skipped."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task.name), cpus)
+
+
+@contextlib.contextmanager
+def cores_apart(apart: list[int], rest: list[int]) -> Iterator[bool]:
+    """For the block: the processes `apart` on the machine's last CPU, `rest` on the
+    others; then every one of them on all the CPUs again. Yields whether it could (a
+    machine with one CPU, or without `sched_setaffinity`, leaves all as they are)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2:
+        yield False
+        return
+    pin(rest, set(cpus[:-1]))
+    pin(apart, {cpus[-1]})
+    try:
+        yield True
+    finally:
+        pin(apart + rest, set(cpus))
