@@ -36,6 +36,7 @@ from edge.node.bridge import asyncio_loop
 from edge.node.client import GrpcNodeClient
 from edge.nodes.direct import INLINE_BYTES
 from edge.nodes.embedded import embedded_upstream_node
+from edge.nodes.upstream.relay import OFFLOAD_CHARS
 from edge.stream.events import Complete, Delta, Failed, NodeEvent
 from tests.integration.conftest import (
     WEATHER_TOOL,
@@ -67,7 +68,9 @@ class Upstream:
     answer. Three models are built in: `hang` sends one delta and then waits for
     the client to go away (setting `hung_up`); `abort` sends one delta and cuts
     the connection mid-body; `burst` sends BURST one-word chunks in one write
-    (a server that streamed faster than its reader read), then `[DONE]`.
+    (a server that streamed faster than its reader read), then `[DONE]`; `big`
+    streams one chunk of BIG characters of content (in writes of 16 KiB), then
+    `[DONE]`; `big-whole` answers the same content as one JSON completion.
     """
 
     url: str = ""
@@ -80,11 +83,16 @@ class Upstream:
             for p in FIXTURES.iterdir()
             if p.suffix in (".sse", ".json", ".html")
         }
-        return sorted(names | {"hang", "abort", "burst"})
+        return sorted(names | {"hang", "abort", "burst", "big", "big-whole"})
 
 
-# The chunks `burst` writes at once.
+# The chunks `burst` writes at once; the characters of `big`'s content.
 BURST = 20
+BIG = 300_000
+
+
+def _big_content() -> str:
+    return "".join(f"{i:06d} " for i in range(BIG // 7)).ljust(BIG, "x")
 
 
 def _chunk(content: str) -> bytes:
@@ -128,6 +136,21 @@ async def _respond(
                 pass
         upstream.hung_up.set()
         return False
+    if model == "big":
+        event = _chunk(_big_content())
+        await send_events(stream, conn, sse_head)
+        for at in range(0, len(event), 16 * 1024):
+            await send_events(stream, conn, h11.Data(event[at : at + 16 * 1024]))
+        await send_events(stream, conn, h11.Data(b"data: [DONE]\n\n"), h11.EndOfMessage())
+        return True
+    if model == "big-whole":
+        answer = {
+            "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": _big_content()}}],
+        }  # fmt: skip
+        await send_events(stream, conn, *_whole_response(200, json.dumps(answer).encode()))
+        return True
     if model == "burst":
         words = b"".join(_chunk(f"w{i} ") for i in range(BURST))
         await send_events(stream, conn, sse_head, h11.Data(words))
@@ -312,6 +335,21 @@ async def test_upstream_failures_are_error_frames(
     payloads = _sse_payloads(response.content)
     assert b"data: [DONE]" not in response.content
     assert expected in payloads[-1]["error"]["message"]
+
+
+@pytest.mark.parametrize("model", ["big", "big-whole"])
+async def test_a_large_event_reaches_the_caller_whole(replay_edge: RunningEdge, model: str) -> None:
+    """An event, or a whole answer, past what the relay parses on the edge's loop
+    (OFFLOAD_CHARS: parsed in a worker thread) reaches the caller whole, streamed or not."""
+    assert BIG > OFFLOAD_CHARS
+    async with httpx.AsyncClient(base_url=replay_edge.url, timeout=WAIT_S) as client:
+        streamed = await client.post("/v1/chat/completions", json=_chat(model, stream=True))
+        whole = await client.post("/v1/chat/completions", json=_chat(model))
+    payloads = _sse_payloads(streamed.content)
+    text = "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads if p["choices"])
+    assert text == _big_content()
+    assert payloads[-1]["choices"][0]["finish_reason"] == "stop"
+    assert whole.json()["choices"][0]["message"]["content"] == _big_content()
 
 
 async def test_client_disconnect_aborts_the_upstream_request(

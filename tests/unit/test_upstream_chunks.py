@@ -201,6 +201,39 @@ def test_sse_comments_events_multiline_data_and_missing_blank_lines() -> None:
     ]
 
 
+@given(
+    name=st.sampled_from(STREAMS),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=12),
+)
+def test_pending_chars_bound_what_the_next_feed_parses(name: str, cuts: list[int]) -> None:
+    """Between feeds, `pending_chars` counts every character held for events not dispatched
+    yet (so the relay knows what a feed may parse); none once the body's events are out."""
+    text = body(name)
+    points = sorted({min(c, len(text)) for c in cuts})
+    decoder = SSEDecoder()
+    fed = 0
+    for a, b in zip([0, *points], [*points, len(text)], strict=True):
+        decoder.feed(text[a:b])
+        fed = b
+        last_dispatch = max(text.rfind("\n\n", 0, fed), text.rfind("}\n", 0, fed))
+        assert decoder.pending_chars <= fed - last_dispatch
+    decoder.close()
+    assert decoder.pending_chars == 0
+
+
+def test_pending_chars_count_data_lines_and_a_line_in_pieces() -> None:
+    """A data line waiting for its blank line, and a line still without its break (in
+    any pieces), count as pending until their event is dispatched."""
+    decoder = SSEDecoder()
+    assert decoder.feed("data: line one\n") == []
+    assert decoder.pending_chars == len("line one")
+    assert decoder.feed('data: {"a"') == []
+    assert decoder.feed(":1") == []
+    assert decoder.pending_chars == len("line one") + len('data: {"a":1')
+    assert decoder.feed("}\n\n") == [SSEMessage('line one\n{"a":1}')]
+    assert decoder.pending_chars == 0
+
+
 def test_event_error_with_plain_text_data() -> None:
     """`event: error` with text data (not JSON) is an error terminal quoting it."""
     mapper = ChunkMapper("r")

@@ -50,6 +50,10 @@ MAX_ERROR_BODY = 16 * 1024
 # A whole (non-streamed) answer is read up to this many bytes; past it the run
 # ends with an error event and the upstream request is closed.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# Past this many characters (or bytes) an event, or a whole answer, is parsed in a worker
+# thread: the edge relays its `openai+http://` nodes' runs on its own loop, where a parse
+# that grows with what a server sent must not run in one step.
+OFFLOAD_CHARS = 64 * 1024
 
 Emit = Callable[[pb.RunEvent], Awaitable[None]]
 
@@ -214,7 +218,11 @@ class Relay:
                         text = f"upstream answer exceeds the node's limit of {MAX_BODY_BYTES} bytes"
                         await emit(mapper.error(text))
                         return
-                    for event in mapper.feed_completion(json.loads(raw)):
+                    if len(raw) > OFFLOAD_CHARS:
+                        events = await anyio.to_thread.run_sync(_whole, mapper, raw)
+                    else:
+                        events = _whole(mapper, raw)
+                    for event in events:
                         await emit(event)
                 else:
                     raw = await _read_capped(chunks)
@@ -243,14 +251,17 @@ class Relay:
         text_of = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
         async for chunk in chunks:
             # What one read brought goes out with its text deltas joined (`coalesced`);
-            # a malformed event ends the run after the events before it.
-            events: list[pb.RunEvent] = []
-            try:
-                for message in decoder.feed(text_of(chunk)):
-                    events += mapper.feed(message)
-            finally:
-                for event in coalesced(events):
-                    await emit(event)
+            # a malformed event ends the run after the events before it. A read that
+            # completes a large event (its parse grows with it) is parsed in a thread.
+            text = text_of(chunk)
+            if decoder.pending_chars + len(text) > OFFLOAD_CHARS:
+                events, error = await anyio.to_thread.run_sync(_events, decoder, mapper, text)
+            else:
+                events, error = _events(decoder, mapper, text)
+            for event in coalesced(events):
+                await emit(event)
+            if error is not None:
+                raise error
             if mapper.terminated:
                 break
         else:
@@ -271,6 +282,25 @@ class Relay:
                         pass
                 except (*_BROKEN, httpcore.TimeoutException):
                     pass
+
+
+def _events(
+    decoder: SSEDecoder, mapper: ChunkMapper, text: str
+) -> tuple[list[pb.RunEvent], ValueError | None]:
+    """The events one read's `text` makes, and the error that cut them short (a malformed
+    event, an endless line), if any."""
+    events: list[pb.RunEvent] = []
+    try:
+        for message in decoder.feed(text):
+            events += mapper.feed(message)
+    except ValueError as exc:
+        return events, exc
+    return events, None
+
+
+def _whole(mapper: ChunkMapper, raw: bytes) -> list[pb.RunEvent]:
+    """The events of a whole (non-streamed) answer. ValueError: not JSON."""
+    return list(mapper.feed_completion(json.loads(raw)))
 
 
 def _continuing(emit: Emit, held: pb.Continuation) -> Emit:

@@ -50,6 +50,12 @@ class SSEDecoder:
         self._data_chars = 0
         self._event = ""
 
+    @property
+    def pending_chars(self) -> int:
+        """Characters held for events not dispatched yet: what the next `feed` may parse
+        on top of its own text."""
+        return len(self._buffer) + self._pieces_chars + self._data_chars
+
     def feed(self, text: str) -> list[SSEMessage]:
         if "\n" not in text and "\r" not in text:
             self._pieces.append(text)
