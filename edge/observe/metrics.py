@@ -171,7 +171,11 @@ class EdgeMetrics:
             registry=r,
         )  # fmt: skip
         self.node_cancels = Counter(
-            "iop_edge_node_cancels", "CancelRun RPCs sent to nodes.", ["node"], registry=r
+            "iop_edge_node_cancels",
+            "Runs the edge cancelled on nodes: CancelRun RPCs sent, and the upstream requests"
+            " of openai+http nodes closed.",
+            ["node"],
+            registry=r,
         )
         self.node_errors = Counter(
             "iop_edge_node_errors",
