@@ -29,7 +29,7 @@ import openai
 import pytest
 import trio
 
-from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
+from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig, TimeoutsConfig
 from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import EdgeError
 from edge.node.bridge import asyncio_loop
@@ -70,7 +70,9 @@ class Upstream:
     the connection mid-body; `burst` sends BURST one-word chunks in one write
     (a server that streamed faster than its reader read), then `[DONE]`; `big`
     streams one chunk of BIG characters of content (in writes of 16 KiB), then
-    `[DONE]`; `big-whole` answers the same content as one JSON completion.
+    `[DONE]`; `big-whole` answers the same content as one JSON completion;
+    `silent` answers nothing, not even headers, until the client goes away
+    (setting `hung_up`).
     """
 
     url: str = ""
@@ -83,7 +85,7 @@ class Upstream:
             for p in FIXTURES.iterdir()
             if p.suffix in (".sse", ".json", ".html")
         }
-        return sorted(names | {"hang", "abort", "burst", "big", "big-whole"})
+        return sorted(names | {"hang", "abort", "burst", "big", "big-whole", "silent"})
 
 
 # The chunks `burst` writes at once; the characters of `big`'s content.
@@ -127,6 +129,12 @@ async def _respond(
     upstream.requests.append(doc)
     model = doc["model"]
     sse_head = h11.Response(status_code=200, headers=[("content-type", "text/event-stream")])
+    if model == "silent":
+        with trio.fail_after(WAIT_S):
+            while await stream.receive_some(65536):
+                pass
+        upstream.hung_up.set()
+        return False
     if model in ("hang", "abort"):
         await send_events(stream, conn, sse_head, h11.Data(_chunk("x")))
         if model == "abort":
@@ -372,6 +380,27 @@ async def test_client_disconnect_aborts_the_upstream_request(
     await replay_edge.wait_idle()
     assert replay_edge.outcome(run_id).status == "cancelled"
     assert replay_edge.counted("iop_edge_node_cancels_total", node="replay") == 1
+
+
+async def test_a_silent_upstream_is_a_timeout_and_its_request_is_closed(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    """An upstream that answers nothing, not even headers: past `first_event_s` the caller
+    gets the edge's timeout, and the upstream request the edge relayed is closed."""
+    config = replace(
+        _edge_config(NodeConfig("replay", f"openai+{upstream.url}")),
+        timeouts=TimeoutsConfig(first_event_s=0.2),
+    )
+    running = await start_edge(nursery, config)
+    async with httpx.AsyncClient(base_url=running.url, timeout=WAIT_S) as client:
+        response = await client.post("/v1/chat/completions", json=_chat("silent"))
+    assert response.status_code == 504, response.text
+    assert "first" in response.json()["error"]["message"]
+    with trio.fail_after(WAIT_S):
+        await upstream.hung_up.wait()
+    await running.wait_idle()
+    assert running.counted("iop_edge_node_cancels_total", node="replay") == 1
+    await stop_edge(running)
 
 
 async def test_the_node_reports_count_the_runs_the_edge_relays(
