@@ -77,6 +77,8 @@ class Upstream:
 
     url: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # The headers of each request to /chat/completions (names in lower case).
+    headers: list[dict[str, str]] = field(default_factory=list)
     hung_up: trio.Event = field(default_factory=trio.Event)
 
     def models(self) -> list[str]:
@@ -187,6 +189,8 @@ async def _connection(upstream: Upstream, stream: trio.SocketStream) -> None:
         try:
             while (received := await read_request(stream, conn)) is not None:
                 request, body = received
+                if request.target.endswith(b"/chat/completions"):
+                    upstream.headers.append({k.decode(): v.decode() for k, v in request.headers})
                 if not await _respond(upstream, stream, conn, request.target, body):
                     return
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
@@ -457,6 +461,28 @@ async def _events(node_port: int, request: pb.RunRequest, nursery: trio.Nursery)
             return await node_events(handle)
     finally:
         await client.aclose()
+
+
+async def test_iop_node_sends_its_api_key_with_each_run(
+    nursery: trio.Nursery, upstream: Upstream, tmp_path: Path
+) -> None:
+    """`--api-key-env`: iop-node sends `Authorization: Bearer KEY` with each run's request
+    to its upstream, with the body's JSON content type."""
+    key = {"IOP_TEST_UPSTREAM_KEY": "sk-test"}
+    start = partial(start_upstream_node, tmp_path / "runs.jsonl", upstream.url, env=key)
+    node = await trio.to_thread.run_sync(start, "--api-key-env", "IOP_TEST_UPSTREAM_KEY")
+    try:
+        request = pb.RunRequest(
+            run_id="k1", model="vllm", messages=[pb.Message(role="user", content="x")]
+        )
+        async with asyncio_loop():
+            events = await _events(int(node.address.rsplit(":", 1)[1]), request, nursery)
+    finally:
+        await trio.to_thread.run_sync(stop_process, node.process)
+    assert isinstance(events[-1], Complete)
+    (headers,) = upstream.headers
+    assert headers["authorization"] == "Bearer sk-test"
+    assert headers["content-type"] == "application/json"
 
 
 async def test_deadline_closes_the_upstream_request(
