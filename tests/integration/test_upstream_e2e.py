@@ -764,6 +764,48 @@ async def test_in_process_address_against_an_edge(nursery: trio.Nursery, edge: R
     await stop_edge(running)
 
 
+async def test_a_client_that_stops_reading_ends_the_relayed_run_once(
+    nursery: trio.Nursery, edge: RunningEdge, sim: SimProcess
+) -> None:
+    """A client that keeps its socket open but stops reading, in front of an edge that
+    relays its runs (the model server here another edge): once output has waited
+    `slow_client_s`, the relayed request is closed, counted once, and the model server's
+    run ends `cancelled` too."""
+    address = f"openai+{edge.url}/v1"
+    config = replace(
+        _edge_config(NodeConfig("local", address)), timeouts=TimeoutsConfig(slow_client_s=0.5)
+    )
+    running = await start_edge(nursery, config)
+    flood = script({"type": "delta", "delta": "x" * 4096, "repeat": 20_000})
+    request = json.dumps(_chat("sim-script", flood, stream=True)).encode()
+    host, port = running.url.removeprefix("http://").rsplit(":", 1)
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    await sock.connect((host, int(port)))
+    await sock.send(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(request)}\r\n\r\n".encode()
+        + request
+    )
+    head = b""
+    with trio.fail_after(WAIT_S):  # the headers and the first chunk; then never read again
+        while b'"id":"chatcmpl-' not in head:
+            head += await sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 200")
+    await running.wait_idle(within_s=30)
+    ((_, outcome),) = running.outcomes
+    assert outcome.status == "cancelled"
+    assert running.counted("iop_edge_node_cancels_total", node="local") == 1
+    await edge.wait_idle(within_s=30)
+    ((info, inner),) = edge.outcomes
+    assert inner.status == "cancelled"
+    run = await sim.wait_run(info.run_id, within_s=30)
+    assert run["outcome"] == "cancelled"
+    assert run["events_sent"] < 20_000
+    sock.close()
+    await stop_edge(running)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_upstream_logprobs_reach_the_caller(
     replay_edge: RunningEdge, upstream: Upstream, stream: bool
