@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -325,6 +327,29 @@ async def notify_lines(
             seen.append(message)
             if wanted in message.splitlines():
                 return seen
+
+
+async def stalled_stream(url: str, body: dict[str, Any], *, rcvbuf: int = 0) -> tuple[Any, bytes]:
+    """A client that POSTs a streamed chat request to the edge at `url`, reads up to the
+    answer's whole id (in its first chunk), and then never reads again, its socket left open:
+    (the socket, what it read). `rcvbuf`: its receive buffer, in bytes (0: the system's).
+    Close the socket."""
+    request = json.dumps(body).encode()
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = trio.socket.socket()
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    await sock.connect((host, int(port)))
+    await sock.send(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(request)}\r\n\r\n".encode()
+        + request
+    )
+    head = b""
+    with trio.fail_after(10):
+        while re.search(rb'"id":"chatcmpl-[0-9a-f]+"', head) is None:
+            head += await sock.recv(65536)
+    return sock, head
 
 
 async def poll(condition: Callable[[], bool], within_s: float = 20.0) -> None:

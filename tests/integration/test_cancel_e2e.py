@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     chat_body,
     edge_config,
     script,
+    stalled_stream,
     start_edge,
     stop_edge,
 )
@@ -239,22 +240,13 @@ async def test_client_that_stops_reading_is_treated_as_gone(
     `slow_client_s`, the run is cancelled on the node (once), whatever the socket does."""
     running = await start_edge(nursery, edge_config(sim, slow_client_s=0.5))
     big = "x" * 4096
-    request = json.dumps(chat_body(
+    body = chat_body(
         "sim-script", script({"type": "delta", "delta": big, "repeat": 20_000}), stream=True
-    )).encode()  # fmt: skip
-    host, port = running.url.removeprefix("http://").rsplit(":", 1)
-    sock = trio.socket.socket()
-    await sock.connect((host, int(port)))
-    await sock.send(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(request)}\r\n\r\n".encode()
-        + request
     )
-    head = b""
-    with trio.fail_after(10):  # the headers and the role chunk; then never read again
-        while (found := re.search(rb'"id":"chatcmpl-([0-9a-f]+)"', head)) is None:
-            head += await sock.recv(65536)
+    sock, head = await stalled_stream(running.url, body)
     assert head.startswith(b"HTTP/1.1 200")
+    found = re.search(rb'"id":"chatcmpl-([0-9a-f]+)"', head)
+    assert found is not None
     run_id = found.group(1).decode()
     run = await sim.wait_run(run_id, within_s=30)
     assert run["outcome"] == "cancelled"

@@ -45,6 +45,7 @@ from tests.integration.conftest import (
     node_events,
     poll,
     script,
+    stalled_stream,
     start_edge,
     start_upstream_node,
     stop_edge,
@@ -777,20 +778,8 @@ async def test_a_client_that_stops_reading_ends_the_relayed_run_once(
     )
     running = await start_edge(nursery, config)
     flood = script({"type": "delta", "delta": "x" * 4096, "repeat": 20_000})
-    request = json.dumps(_chat("sim-script", flood, stream=True)).encode()
-    host, port = running.url.removeprefix("http://").rsplit(":", 1)
-    sock = trio.socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-    await sock.connect((host, int(port)))
-    await sock.send(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(request)}\r\n\r\n".encode()
-        + request
-    )
-    head = b""
-    with trio.fail_after(WAIT_S):  # the headers and the first chunk; then never read again
-        while b'"id":"chatcmpl-' not in head:
-            head += await sock.recv(65536)
+    body = _chat("sim-script", flood, stream=True)
+    sock, head = await stalled_stream(running.url, body, rcvbuf=16 * 1024)
     assert head.startswith(b"HTTP/1.1 200")
     await running.wait_idle(within_s=30)
     ((_, outcome),) = running.outcomes
