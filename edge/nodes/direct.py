@@ -48,14 +48,13 @@ from edge.node.convert import event_from_pb
 from edge.node.grpc import SENT, Accepted
 from edge.node.wire import EncodedRunRequest
 from edge.nodes.kit import NodeSpans
-from edge.nodes.upstream.relay import Relay
+from edge.nodes.upstream.relay import TERMINAL, Relay
 from edge.nodes.upstream.server import UpstreamNode
 from edge.observe.tracing import Tracing
 
 # A RunRequest of up to this many bytes is read, and its upstream body written, on the
 # loop (a few hundred microseconds at most); a larger one in a worker thread.
 INLINE_BYTES = 32 * 1024
-_TERMINAL = frozenset({"complete", "error", "cancelled"})
 
 
 class DirectUpstreamClient(GrpcNodeClient):
@@ -107,7 +106,7 @@ class DirectUpstreamClient(GrpcNodeClient):
 
             async def emit(message: pb.RunEvent) -> None:
                 nonlocal sent, outcome
-                if message.type in _TERMINAL:
+                if message.type in TERMINAL:
                     outcome = message.type
                 event = event_from_pb(message)
                 if event is not None:
@@ -132,19 +131,22 @@ class DirectUpstreamClient(GrpcNodeClient):
     ) -> tuple[pb.RunRequest, int, bytes | ValueError]:
         """The RunRequest, the attempt's deadline and the upstream's body (or why there is
         none). The request's own message where it kept it (a config with this node keeps
-        it: `PreparedRunRequest.message`), else its bytes parsed."""
+        it: `PreparedRunRequest.message`), else its bytes parsed; both steps in one
+        worker thread past INLINE_BYTES."""
         if isinstance(request, pb.RunRequest):
-            return request, request.deadline_unix_ms, _body(self._relay, request)
-        message = request.message
-        if message is None:
-            if len(request) <= INLINE_BYTES:
-                message = pb.RunRequest.parse(bytes(request))
-            else:
-                message = await trio.to_thread.run_sync(pb.RunRequest.parse, bytes(request))
+            return request, request.deadline_unix_ms, self._relay.body(request)
+        encoded, relay = request, self._relay
+
+        def prepare() -> tuple[pb.RunRequest, bytes | ValueError]:
+            message = encoded.message
+            if message is None:
+                message = pb.RunRequest.parse(bytes(encoded))
+            return message, relay.body(message)
+
         if len(request) <= INLINE_BYTES:
-            body = _body(self._relay, message)
+            message, body = prepare()
         else:
-            body = await trio.to_thread.run_sync(_body, self._relay, message)
+            message, body = await trio.to_thread.run_sync(prepare)
         return message, request.deadline_unix_ms, body
 
     async def cancel_on_node(self, handle: RunHandle) -> None:
@@ -179,10 +181,3 @@ class DirectUpstreamClient(GrpcNodeClient):
 async def _put(events: EventBuffer, item: Item) -> None:
     if not events.put_nowait(item):
         await events.wait_put(item)
-
-
-def _body(relay: Relay, request: pb.RunRequest) -> bytes | ValueError:
-    try:
-        return relay.body(request)
-    except ValueError as exc:
-        return exc

@@ -56,6 +56,8 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 OFFLOAD_CHARS = 64 * 1024
 
 Emit = Callable[[pb.RunEvent], Awaitable[None]]
+# The RunEvent types that end a run.
+TERMINAL = frozenset({"complete", "error", "cancelled"})
 
 
 # The failures of a request whose connection broke, once made (httpcore's own types).
@@ -109,19 +111,19 @@ class Relay:
         """Close the connections (runs still working see them break)."""
         await self._pool.aclose()
 
-    def body(self, request: pb.RunRequest) -> bytes:
-        """The upstream request's body for `request`: work that grows with its size, for
-        a caller on a loop to run where it may (`run` takes it made). ValueError: the
-        run cannot be served (its message says why, as the run's error)."""
+    def body(self, request: pb.RunRequest) -> bytes | ValueError:
+        """The upstream request's body for `request`, or the error that says why the run
+        cannot be served (the run's error event). Work that grows with the request: a
+        caller on a loop runs it where it may, and gives `run` the result."""
         try:
             body = chat_request_body(request)
         except ValueError as exc:
-            raise ValueError(f"invalid run request: {exc}") from None
+            return ValueError(f"invalid run request: {exc}")
         held = request.continuation
         if held is not None:
             mode = self.continuation_mode(request.model)
             if mode == NONE:
-                raise ValueError(f"this node does not continue answers of model {request.model!r}")
+                return ValueError(f"this node does not continue answers of model {request.model!r}")
             if mode == LLAMACPP_MODE and held.reasoning:
                 logger.info(
                     "{}: run {} continues on llama.cpp without its reasoning ({} characters):"
@@ -142,14 +144,11 @@ class Relay:
     ) -> None:
         """Serve `request` from the upstream, emitting its events and exactly one terminal
         (unless cancelled first). `span`: the run's, for the upstream request's child;
-        `body`: `self.body(request)` made already (or the error it raised);
-        `deadline_unix_ms`: the run's deadline, where `request` does not hold it."""
+        `body`: `self.body(request)`, made already; `deadline_unix_ms`: the run's
+        deadline, where `request` does not hold it."""
         mapper = ChunkMapper(id_prefix=request.run_id)
         if body is None:
-            try:
-                body = self.body(request)
-            except ValueError as exc:
-                body = exc
+            body = self.body(request)
         if isinstance(body, ValueError):
             await emit(mapper.error(str(body)))
             return
@@ -230,16 +229,16 @@ class Relay:
                     text = f"upstream answered {content_type}, not an event stream: {quoted!r}"
                     await emit(mapper.error(text))
         except httpcore.ConnectError as exc:
-            await emit(mapper.error(f"cannot connect to upstream {url}: {_reason(exc)}"))
+            await emit(mapper.error(f"cannot connect to upstream {url}: {exc_reason(exc)}"))
         except httpcore.TimeoutException as exc:
             if not mapper.terminated:
-                await emit(mapper.error(f"upstream {url} timed out: {_reason(exc)}"))
+                await emit(mapper.error(f"upstream {url} timed out: {exc_reason(exc)}"))
         except _BROKEN as exc:
             if not mapper.terminated:
-                await emit(mapper.error(f"upstream stream ended early: {_reason(exc)}"))
+                await emit(mapper.error(f"upstream stream ended early: {exc_reason(exc)}"))
         except ValueError as exc:  # a body that is not JSON, or an endless line
             if not mapper.terminated:
-                await emit(mapper.error(f"upstream sent a malformed body: {_reason(exc)}"))
+                await emit(mapper.error(f"upstream sent a malformed body: {exc_reason(exc)}"))
 
     async def _relay_sse(
         self, chunks: AsyncIterator[bytes], mapper: ChunkMapper, emit: Emit
@@ -313,7 +312,8 @@ def _continuing(emit: Emit, held: pb.Continuation) -> Emit:
     return out
 
 
-def _reason(exc: BaseException) -> str:
+def exc_reason(exc: BaseException) -> str:
+    """An exception's words, else its type's name (an HTTP error's often has none)."""
     return str(exc) or type(exc).__name__
 
 

@@ -44,7 +44,7 @@ from edge.nodes.upstream.bodies import models_from_body as parse_models
 from edge.nodes.upstream.continuation import MODES, NONE, mode_for
 from edge.nodes.upstream.load import SOURCES
 from edge.nodes.upstream.loadpoll import LoadPoll, metrics_url
-from edge.nodes.upstream.relay import CONNECT_TIMEOUT_S, Relay
+from edge.nodes.upstream.relay import CONNECT_TIMEOUT_S, TERMINAL, Relay, exc_reason
 from edge.observe.tracing import Tracing
 
 MODELS_TTL_S = 2.0
@@ -52,8 +52,6 @@ MODELS_TTL_S = 2.0
 DESCRIBE_TIMEOUT_S = 1.5
 # On shutdown, how long runs get to close their upstream requests.
 CLOSE_TIMEOUT_S = 2.0
-
-_TERMINAL = frozenset({"complete", "error", "cancelled"})
 
 
 def normalize_upstream(url: str) -> str:
@@ -197,7 +195,7 @@ class UpstreamNode(NodeService):
             response = await self._client.get(url, timeout=DESCRIBE_TIMEOUT_S)
         except httpx.HTTPError as exc:
             raise GRPCError(
-                Status.UNAVAILABLE, f"upstream {url} is unreachable: {_reason(exc)}"
+                Status.UNAVAILABLE, f"upstream {url} is unreachable: {exc_reason(exc)}"
             ) from None
         configured = [(m, "") for m in self._configured]
         if response.status_code == 200:
@@ -232,7 +230,7 @@ class UpstreamNode(NodeService):
 
         async def emit(event: pb.RunEvent) -> None:
             await run.send(event)
-            if event.type in _TERMINAL:
+            if event.type in TERMINAL:
                 run.outcome = "complete" if event.type == "complete" else event.type
 
         work = run.task = asyncio.create_task(self.relay.run(request, emit, span))
@@ -268,7 +266,3 @@ def _stop(work: asyncio.Task[Any]) -> None:
     """Cancel the work task unless it is done or already being cancelled (by anyone)."""
     if not work.done() and not work.cancelling():
         work.cancel()
-
-
-def _reason(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
