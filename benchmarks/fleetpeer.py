@@ -8,13 +8,14 @@ server that models the KV cache as the fleet run's nodes do, and reports cached 
 in its answers' usage, and answers SMG's `GET /health` probe (the edge serves `/health`
 as `/healthz`). SMG reaches the four workers
 by URL (`--worker-urls`; it keeps a radix tree of the text it routed to each); this
-edge reaches them as `openai+http://` nodes: iop-node, the edge's node for
-OpenAI-compatible servers, in the edge's process, which reports the workers' cached
-tokens as `cached_input_tokens`. (One `iop-node` process per worker instead measured
-the same TTFT within this machine's noise, with more processes.) Each gateway gets
+edge reaches them as `openai+http://` nodes: it relays their runs itself
+(`edge.nodes.direct`), the workers' cached tokens read as `cached_input_tokens`, and
+an iop-node in its process answers their Describe and Watch. (Before runs skipped it,
+one `iop-node` process per worker measured the same TTFT as in-process, within this
+machine's noise.) Each gateway gets
 fresh nodes and workers for each workload, so every cache starts cold. The figures
 are those of `benchmarks.fleet`; the gateway's CPU is the SMG process's, or the
-edge's with its in-process iop-nodes. Neither gateway sees the nodes' KV events here:
+edge's, its in-process iop-nodes included. Neither gateway sees the nodes' KV events here:
 SMG's tree and the edge's index are both approximate.
 """
 

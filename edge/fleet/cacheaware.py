@@ -162,7 +162,7 @@ class Recent:
 
 
 class Placements:
-    """Which node this edge last placed each prefix on (by its first block's hash), the
+    """Which node this edge last placed each prefix on (by its key block's hash), the
     most recent MAX_PLACEMENTS of them."""
 
     __slots__ = ("_where",)
@@ -173,14 +173,14 @@ class Placements:
     def __len__(self) -> int:
         return len(self._where)
 
-    def get(self, first_block: int) -> str | None:
-        return self._where.get(first_block)
+    def get(self, key_block: int) -> str | None:
+        return self._where.get(key_block)
 
-    def placed(self, first_block: int, name: str) -> None:
+    def placed(self, key_block: int, name: str) -> None:
         """A prefix placed on `name` (a miss)."""
         where = self._where
-        where[first_block] = name
-        where.move_to_end(first_block)
+        where[key_block] = name
+        where.move_to_end(key_block)
         if len(where) > MAX_PLACEMENTS:
             where.popitem(last=False)
 

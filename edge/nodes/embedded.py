@@ -13,8 +13,10 @@ other, and knows nothing of the pool. They differ in the loop they run on:
   trio-asyncio loop: httpx's transport (anyio) finds the running loop the
   standard way there, so nothing of anyio or asyncio is patched. A
   developer can point the edge straight at a local model server without a
-  second daemon. Stopping it stops the server and the node's runs on that
-  loop, then joins the thread.
+  second daemon. The edge's client of such a node relays its runs itself
+  (`edge.nodes.direct`): this node answers its Describe and Watch, and
+  serves a Run only when something else calls it over gRPC. Stopping it
+  stops the server and any runs on that loop, then joins the thread.
 """
 
 from __future__ import annotations
