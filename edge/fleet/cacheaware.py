@@ -25,13 +25,18 @@ index (`edge.fleet.cacheindex`). Then:
    prompt while the bounds keep the queue it may cost short.
 4. **Miss** (no node within the bounds holds the first block): the node
    this edge last placed the prefix on (`Placements`, by its key block),
-   if within the bounds: a prefix's requests that arrive before its node
-   reported storing it go where the first went (the exact index learns of
-   a node's blocks only from its reports). Else rendezvous
-   (highest-random-weight) hashing of the key block's hash over the
-   candidates: the first node in that order within the bounds whose cache
-   has room for the request's blocks (placed there, it evicts nothing), or
-   with no room anywhere the first within the bounds. Every edge sends a
+   if within the bounds and with room (below): a prefix's requests that
+   arrive before its node reported storing it go where the first went (the
+   exact index learns of a node's blocks only from its reports). Else
+   rendezvous (highest-random-weight) hashing of the key block's hash over
+   the candidates: the first node in that order within the bounds whose
+   cache has room for the request's blocks beside its live demand (the
+   blocks this edge sent it over about its last LIVE_WINDOW dispatches,
+   `edge.fleet.cacheindex`: placed there, the prefix pushes out none still
+   in use), or with no room anywhere the first within the bounds. A node
+   whose live demand outgrew its cache (it was placed more prefixes than it
+   holds) takes no new one, and a prefix placed there that it evicted
+   goes to the next node in its order with room. Every edge sends a
    new prefix to the same node without talking to the others, so the next
    request of that prefix, from whichever edge, finds it there. With
    approximate indexes (no KV events: each edge's view is its own) it is
@@ -74,9 +79,10 @@ past a bound held a longer prefix than the node chosen), `session`,
 prediction each run's usage corrects (`CacheIndex.corrected`); `placed`, for
 a miss that placed the prefix, the key block to remember it by (`Placements`).
 
-Pure: no I/O, no clock (`Recent` counts dispatches, not time). Work per
-pick: one binary search per candidate, O(nodes x log blocks) hash lookups,
-and one rendezvous score per candidate on a new placement.
+Pure: no I/O, no clock (`Recent` counts dispatches, not time; so does the
+live demand, by `tick`). Work per pick: one binary search per candidate,
+O(nodes x log blocks) hash lookups, and on a new placement one rendezvous
+score and at most one more binary search per candidate.
 """
 
 from __future__ import annotations
@@ -150,6 +156,11 @@ class Recent:
         # Node -> (its count, the event it was last brought to).
         self._counts: dict[str, tuple[float, int]] = {}
 
+    @property
+    def events(self) -> int:
+        """The events counted so far."""
+        return self._events
+
     def __getitem__(self, name: str) -> float:
         count, at = self._counts.get(name, (0.0, 0))
         return count * self.decay ** (self._events - at) if count else 0.0
@@ -207,12 +218,14 @@ def choose(
     threshold: float,
     placements: Placements | None = None,
     turn: int = 0,
+    tick: int = 0,
 ) -> Choice:
     """The node of `nodes` (not empty) a request of `blocks` goes to (see the module doc):
     the bounds are `factor` x the mean runs + 1 and `share_factor` x the mean share + 1
     (`[routing] cache_load_factor`, `cache_share_factor`); a prefix held by no node past
     `threshold` of the blocks is weak (`cache_threshold`); `placements`: where this edge
-    placed the prefixes that missed."""
+    placed the prefixes that missed; `tick`: this edge's dispatches so far (the nodes'
+    live demand)."""
     if not nodes:
         raise ValueError("no node to choose from")
     count = len(nodes)
@@ -248,13 +261,10 @@ def choose(
     def place() -> int:
         if placed_on is not None:
             for i, node in enumerate(nodes):
-                if node.name == placed_on and within[i]:
+                if node.name == placed_on and within[i] and node.cache.has_room(blocks, tick):
                     return i
         order = affinity.order(rendezvous_key(placed), [n.name for n in nodes])
-        roomy = islice(
-            (i for i in order if within[i] and nodes[i].cache.has_room(len(blocks) - held[i])),
-            2,
-        )
+        roomy = islice((i for i in order if within[i] and nodes[i].cache.has_room(blocks, tick)), 2)
         # The first with room; of two approximate indexes, the one holding less.
         first = next(roomy, None)
         if first is not None:

@@ -1,4 +1,5 @@
-"""Which prefix blocks a node holds in its KV cache, as this edge knows it: `CacheIndex`.
+"""Which prefix blocks a node holds in its KV cache, as this edge knows it, and which
+it must hold for the traffic this edge sends it: `CacheIndex`.
 
 One index per node, keyed by the chained block hashes of requests'
 prefix fingerprints (`edge.api.fingerprint`), fed from one of two sources:
@@ -29,11 +30,23 @@ boundaries, short of the first gap or past it. Either is a block the node
 said it holds, and the error is the node's holes, not the index's; a node
 that evicts leaves first (vLLM, SGLang, the simulated node) has none.
 
+**Live demand** (either source): the blocks this edge sent the node over
+about its last LIVE_WINDOW dispatches (to any node), each with the dispatch
+it was last sent with (`routed`'s `tick`). `has_room` asks whether those and
+a new request's blocks fit in the node's capacity: placed there, the request
+would push out no block still in use. A cache's free blocks cannot say it: a
+paged KV cache fills and stays full (an LRU evicts only to store), so once
+warm every node looked full and a new prefix went by hashing alone, which
+left one node 6 of 16 prefixes where it held 5, evicting them in turn for
+as long as the traffic lasted (BENCHMARKS.md).
+
 Bounded: an index holds at most its capacity in blocks, never more than
 MAX_BLOCKS (whatever a node reports; blocks an exact node says it stored
-past that are not kept). Memory: ~130 bytes a block held (an OrderedDict
-entry and its int; measured), so 16,384 blocks (the default capacity, 1M
-tokens) is ~2 MiB per node, and MAX_BLOCKS ~130 MiB.
+past that are not kept), and its live demand at most its capacity and
+MAX_PREFIX_BLOCKS more (enough to tell that a request does not fit). Memory:
+~130 bytes a block held (an OrderedDict entry and its int; measured), twice
+over with the live demand, so 16,384 blocks (the default capacity, 1M
+tokens) is ~4.5 MiB per node, and MAX_BLOCKS ~260 MiB.
 
 Pure: hashes in, counts out; no I/O, no clock.
 """
@@ -41,21 +54,43 @@ Pure: hashes in, counts out; no I/O, no clock.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
+
+from edge.contract.prefix import MAX_PREFIX_BLOCKS
 
 # The most blocks one node's index holds, whatever the node reports (64M tokens).
 MAX_BLOCKS = 1 << 20
+# A block sent to a node counts in its live demand for this many dispatches after
+# (this edge's, to any node; measured: 32 and 128 hit less, BENCHMARKS.md).
+LIVE_WINDOW = 64
+
+
+def longest_held(held: Container[int], blocks: Sequence[int]) -> int:
+    """How many of `blocks` (a chain, block 0 first) `held` holds as a prefix: the
+    largest k with block k-1 held, found by binary search (see the module doc)."""
+    if not blocks or blocks[0] not in held:
+        return 0
+    low, high = 1, len(blocks)  # blocks[low - 1] is held; past `high`, nothing
+    while low < high:
+        middle = (low + high + 1) // 2
+        if blocks[middle - 1] in held:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 class CacheIndex:
     """The prefix blocks one node holds, approximate (from routing) or exact (from the
     node's own KV events)."""
 
-    __slots__ = ("_blocks", "capacity", "exact")
+    __slots__ = ("_blocks", "_live", "capacity", "exact")
 
     def __init__(self, capacity: int) -> None:
         # Hash -> None, least recently used first (an exact index keeps no order).
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        # The live demand: hash -> the dispatch it was last sent with, oldest first.
+        self._live: OrderedDict[int, int] = OrderedDict()
         self.capacity = max(1, min(capacity, MAX_BLOCKS))
         # Fed by the node's KV events (its Watch reports): routing and usage change nothing.
         self.exact = False
@@ -63,9 +98,18 @@ class CacheIndex:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def has_room(self, blocks: int) -> bool:
-        """Whether `blocks` more fit without evicting any."""
-        return len(self._blocks) + blocks <= self.capacity
+    def has_room(self, blocks: Sequence[int], tick: int) -> bool:
+        """Whether the node's live demand at dispatch `tick` and those of `blocks` not in
+        it fit in its capacity (the module doc)."""
+        live = self._live
+        self._expire(tick)
+        new = len(blocks) - longest_held(live, blocks)
+        return len(live) + new <= self.capacity
+
+    def live(self, tick: int) -> int:
+        """The node's live demand at dispatch `tick`, in blocks."""
+        self._expire(tick)
+        return len(self._live)
 
     def __contains__(self, block: int) -> bool:
         return block in self._blocks
@@ -74,27 +118,25 @@ class CacheIndex:
         """The node's capacity in blocks changed (its report): at most that many kept."""
         self.capacity = max(1, min(capacity, MAX_BLOCKS))
         self._trim()
+        self._trim_live()
 
     def longest(self, blocks: Sequence[int]) -> int:
-        """How many of `blocks` (a chain, block 0 first) the node holds as a prefix: the
-        largest k with block k-1 held, found by binary search (see the module doc)."""
-        held = self._blocks
-        if not blocks or blocks[0] not in held:
-            return 0
-        low, high = 1, len(blocks)  # blocks[low - 1] is held; past `high`, nothing
-        while low < high:
-            middle = (low + high + 1) // 2
-            if blocks[middle - 1] in held:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+        """How many of `blocks` (a chain, block 0 first) the node holds as a prefix."""
+        return longest_held(self._blocks, blocks)
 
     # --- approximate: routing, corrected by usage -----------------------------------------
 
-    def routed(self, blocks: Sequence[int]) -> None:
-        """A request of these blocks was sent to the node: it will hold them. Recorded
-        deepest first, so block 0 is the most recently used (an exact index: nothing)."""
+    def routed(self, blocks: Sequence[int], tick: int) -> None:
+        """A request of these blocks was sent to the node, with this edge's dispatch
+        `tick`: they count in its live demand, and it will hold them. Recorded deepest
+        first, so block 0 is the most recently used (an exact index: the live demand
+        only)."""
+        live = self._live
+        to_end = live.move_to_end
+        for block in reversed(blocks):
+            live[block] = tick
+            to_end(block)
+        self._trim_live()
         if self.exact:
             return
         held = self._blocks
@@ -143,7 +185,8 @@ class CacheIndex:
             held.pop(block, None)
 
     def clear(self) -> None:
-        """Forget everything, and be approximate again (the node stopped reporting)."""
+        """Forget what the node holds, and be approximate again (the node stopped
+        reporting, or restarted). The live demand stays: it is this edge's traffic."""
         self._blocks.clear()
         self.exact = False
 
@@ -151,3 +194,19 @@ class CacheIndex:
         held = self._blocks
         while len(held) > self.capacity:
             held.popitem(last=False)
+
+    def _trim_live(self) -> None:
+        live = self._live
+        while len(live) > self.capacity + MAX_PREFIX_BLOCKS:
+            live.popitem(last=False)
+
+    def _expire(self, tick: int) -> None:
+        """Blocks last sent LIVE_WINDOW dispatches or more before `tick` leave the live
+        demand (the oldest are first: one step each, each once)."""
+        live = self._live
+        oldest = tick - LIVE_WINDOW
+        while live:
+            block = next(iter(live))
+            if live[block] > oldest:
+                return
+            del live[block]

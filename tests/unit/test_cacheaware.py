@@ -21,7 +21,7 @@ from edge.config import RoutingConfig
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.prefix import BLOCK_TOKENS, MAX_KV_BLOCKS_PER_REPORT
 from edge.errors import NodeFailedError
-from edge.fleet import affinity, cacheaware
+from edge.fleet import affinity, cacheaware, cacheindex
 from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Route
 from edge.fleet.nodestate import NodeState
@@ -94,19 +94,87 @@ def test_a_new_prefix_goes_where_rendezvous_says_then_stays_there() -> None:
 
 
 def test_a_new_prefix_goes_to_the_first_node_in_its_order_with_room() -> None:
-    """A miss skips a node in its rendezvous order whose cache is full (placing the
-    prefix there would evict another): the first one with room for it takes it. When
-    none has room, the first in order does, as plain rendezvous."""
+    """A miss skips a node in its rendezvous order whose cache is full of blocks sent it
+    lately (placing the prefix there would evict one in use): the first one with room
+    for it takes it. When none has room, the first in order does, as plain rendezvous."""
     pool, _, nodes = make_pool("a", "b", "c", routing=replace(CACHE_AWARE, cache_blocks=10))
     order = affinity.order(cacheaware.rendezvous_key(7), ["a", "b", "c"])
-    nodes[order[0]].cache.routed(blocks(100, 8))  # 8 of 10 blocks: no room for 3 more
+    nodes[order[0]].cache.routed(blocks(100, 8), 0)  # 8 of 10 blocks: no room for 3 more
     chosen = take(pool, Route(blocks(7, 3)))
     chosen.in_flight -= 1
     assert chosen is nodes[order[1]]
     for node in nodes:
-        node.cache.routed(blocks(200 + 20 * nodes.index(node), 10))  # every one full
+        node.cache.routed(blocks(200 + 20 * nodes.index(node), 10), 0)  # every one full
     chosen = take(pool, Route(blocks(9, 3)))
     assert chosen is nodes[affinity.order(cacheaware.rendezvous_key(9), ["a", "b", "c"])[0]]
+
+
+# The hot-spot guard off: a node's share of the dispatches does not move a prefix.
+UNSHARED = replace(CACHE_AWARE, cache_share_factor=1_000.0)
+
+
+def _order(prefix: array[int], names: list[str]) -> list[int]:
+    """The rendezvous order of a new prefix's key block over `names`."""
+    key = cacheaware.key_block(prefix, CACHE_AWARE.cache_threshold)
+    return affinity.order(cacheaware.rendezvous_key(key), names)
+
+
+def _first_on(node: int, names: list[str], n: int, start: int) -> array[int]:
+    """A new prefix of `n` blocks, from `start` on, whose order starts with `node`."""
+    return next(
+        p for s in range(start, start + 100_000, n) if _order(p := blocks(s, n), names)[0] == node
+    )
+
+
+def _pinned_to(node: int, names: list[str]) -> SessionKey:
+    """A named session whose node is `node` (its rendezvous order's first)."""
+    key = next(f"s{n}" for n in range(10_000) if affinity.order(f"s{n}", names)[0] == node)
+    return SessionKey(key, named=True)
+
+
+def test_a_node_whose_traffic_fills_its_cache_takes_no_new_prefix_until_it_expires() -> None:
+    """Exact indexes, every node's cache full (as a warm paged cache always is): a new
+    prefix goes to the first node in its order whose live demand (what this edge sent it
+    over the last LIVE_WINDOW dispatches) leaves room for it, not to the first in order
+    while its recent traffic fills its cache; once that traffic is older than the window,
+    the first in order takes new prefixes again."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=UNSHARED)
+    names = [s.client.name for s in nodes]
+    for seq, state in enumerate(nodes, 1):  # 1,000 blocks each, all held
+        kv_report(pool, state, seq=seq, snapshot=True, stored=blocks(10_000 * seq, 1_000))
+    first = 0
+    new, later = _first_on(first, names, 300, 50_000), _first_on(first, names, 300, 500_000)
+    assert take(pool, Route(new)) is nodes[first]  # full, but of blocks not in use
+    nodes[first].in_flight = 0
+    session = _pinned_to(first, names)
+    for k in range(3):  # with `new`, 1,200 blocks sent lately for 1,000
+        assert take(pool, Route(blocks(100_000 + 1_000 * k, 300)), session) is nodes[first]
+        nodes[first].in_flight = 0
+    assert take(pool, Route(later)) is nodes[_order(later, names)[1]]
+    for k in range(cacheindex.LIVE_WINDOW):  # other traffic, elsewhere
+        take(pool, Route(blocks(200_000 + 10 * k, 1))).in_flight = 0
+    assert take(pool, Route(_first_on(first, names, 300, 900_000))) is nodes[first]
+
+
+def test_a_prefix_evicted_by_an_over_subscribed_node_moves_to_the_next_with_room() -> None:
+    """A prefix placed on a node, then evicted there while the node's live demand
+    outgrew its cache, is placed on the next node in its order with room, not sent back
+    to be evicted again."""
+    pool, _, nodes = make_pool("a", "b", "c", routing=UNSHARED)
+    names = [s.client.name for s in nodes]
+    for state in nodes:
+        kv_report(pool, state, seq=1, snapshot=True)  # exact, empty; 1,000 blocks each
+    first = 0
+    prefix = _first_on(first, names, 300, 40)
+    assert take(pool, Route(prefix)) is nodes[first]
+    nodes[first].in_flight = 0
+    kv_report(pool, nodes[first], seq=2, stored=prefix)
+    session = _pinned_to(first, names)
+    for k in range(3):  # more traffic pinned to `first` than its cache holds
+        assert take(pool, Route(blocks(100_000 + 1_000 * k, 300)), session) is nodes[first]
+        nodes[first].in_flight = 0
+    kv_report(pool, nodes[first], seq=3, evicted=prefix)
+    assert take(pool, Route(prefix)) is nodes[_order(prefix, names)[1]]
 
 
 def test_a_new_prefix_goes_to_the_emptier_of_two_nodes_when_the_indexes_are_approximate() -> None:
@@ -115,8 +183,8 @@ def test_a_new_prefix_goes_to_the_emptier_of_two_nodes_when_the_indexes_are_appr
     third, emptier still, is not asked. With exact indexes, the first with room."""
     pool, _, nodes = make_pool("a", "b", "c", routing=replace(CACHE_AWARE, cache_blocks=100))
     order = affinity.order(cacheaware.rendezvous_key(7), ["a", "b", "c"])
-    nodes[order[0]].cache.routed(blocks(100, 6))
-    nodes[order[1]].cache.routed(blocks(200, 4))
+    nodes[order[0]].cache.routed(blocks(100, 6), 0)
+    nodes[order[1]].cache.routed(blocks(200, 4), 0)
     assert take(pool, Route(blocks(7, 3))) is nodes[order[1]]
     # Exact indexes (the nodes' own KV events): the first in order with room, always.
     pool, _, nodes = make_pool("a", "b", "c", routing=replace(CACHE_AWARE, cache_blocks=100))
@@ -170,7 +238,7 @@ def test_no_node_past_the_bound_is_chosen_for_its_cache(loads: list[int], start:
     pool, _, nodes = make_pool(*names, routing=CACHE_AWARE)
     prefix = blocks(start, 4)
     for state, runs in zip(nodes, loads, strict=True):
-        state.cache.routed(prefix[: runs % 5])
+        state.cache.routed(prefix[: runs % 5], 0)
         state.in_flight = runs
     chosen = pool.pick("m", route=Route(prefix))
     assert chosen is not None
@@ -183,12 +251,12 @@ def test_a_session_key_pins_the_session() -> None:
     pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
     prefix = blocks(0, 4)
     for state in nodes:
-        state.cache.routed(prefix)
+        state.cache.routed(prefix, 0)
     other = blocks(50, 4)
     pinned = nodes[affinity.order("session-1", ["a", "b", "c"])[0]]
     for state in nodes:
         if state is not pinned:
-            state.cache.routed(other)
+            state.cache.routed(other, 0)
     assert take(pool, Route(other), key=SessionKey("session-1")) is pinned
     assert pinned.cache.longest(other) == 4
 
@@ -201,7 +269,7 @@ def test_a_user_alone_does_not_pin_a_request_to_a_node() -> None:
     prefix = blocks(0, 4)
     users_node = nodes[affinity.order("user-7", ["a", "b", "c"])[0]]
     holder = next(state for state in nodes if state is not users_node)
-    holder.cache.routed(prefix)
+    holder.cache.routed(prefix, 0)
     assert take(pool, Route(prefix), key=SessionKey("user-7", named=False)) is holder
     assert take(pool, Route(prefix), key=SessionKey("user-7")) is users_node
 
@@ -298,7 +366,7 @@ def test_other_policies_keep_no_index() -> None:
     """Under least_loaded the route changes nothing and nothing is recorded."""
     pool, _, (a, b) = make_pool("a", "b")
     prefix = blocks(0, 4)
-    b.cache.routed(prefix)
+    b.cache.routed(prefix, 0)
     a.in_flight = 1
     assert pool.pick("m", route=Route(prefix)) is b  # the lighter, not the one holding it
     a.in_flight, b.in_flight = 0, 1

@@ -9,7 +9,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.fleet.cacheindex import MAX_BLOCKS, CacheIndex
+from edge.contract.prefix import MAX_PREFIX_BLOCKS
+from edge.fleet.cacheindex import LIVE_WINDOW, MAX_BLOCKS, CacheIndex
 
 
 def chain(start: int, n: int) -> array[int]:
@@ -33,11 +34,12 @@ _OPS = st.lists(
 @given(st.integers(1, 60), _OPS)
 def test_the_index_never_holds_more_than_its_capacity(capacity: int, ops: list[Any]) -> None:
     """Whatever routing, usage, resizes and a node's events feed it, an index holds at
-    most its capacity in blocks (at least 1, at most MAX_BLOCKS)."""
+    most its capacity in blocks (at least 1, at most MAX_BLOCKS), and its live demand
+    at most MAX_PREFIX_BLOCKS more."""
     index = CacheIndex(capacity)
-    for op, start, n in ops:
+    for tick, (op, start, n) in enumerate(ops):
         if op == "routed":
-            index.routed(chain(start, n))
+            index.routed(chain(start, n), tick)
         elif op == "corrected":
             index.corrected(chain(start, n), n, n // 2)
         elif op == "resize":
@@ -46,6 +48,46 @@ def test_the_index_never_holds_more_than_its_capacity(capacity: int, ops: list[A
             getattr(index, op)(chain(start, n))
         assert 1 <= index.capacity <= MAX_BLOCKS
         assert len(index) <= index.capacity
+        assert index.live(tick) <= index.capacity + MAX_PREFIX_BLOCKS
+
+
+def test_the_live_demand_is_what_was_sent_over_the_last_window() -> None:
+    """A block sent with dispatch t counts in the live demand up to dispatch
+    t + LIVE_WINDOW - 1; sent again, from then on. A chain's head sent again outlives
+    its tail."""
+    index = CacheIndex(1000)
+    index.routed(chain(0, 6), 1)
+    assert index.live(1) == index.live(LIVE_WINDOW) == 6
+    index.routed(chain(0, 2), 10)  # the head again
+    assert index.live(LIVE_WINDOW + 1) == 2
+    assert index.live(LIVE_WINDOW + 9) == 2
+    assert index.live(LIVE_WINDOW + 10) == 0
+
+
+def test_room_is_for_the_blocks_not_already_in_the_live_demand() -> None:
+    """A node with room for none but its live demand: a request of blocks it was sent
+    lately fits, one of new blocks does not, until the demand expires."""
+    index = CacheIndex(10)
+    index.routed(chain(0, 8), 0)
+    assert index.has_room(chain(0, 10), 0)  # 2 new blocks: 10 of 10
+    assert not index.has_room(chain(0, 11), 0)
+    assert not index.has_room(chain(100, 3), 0)
+    assert index.has_room(chain(100, 3), LIVE_WINDOW)
+
+
+def test_an_exact_index_keeps_the_live_demand_but_not_the_blocks_routed() -> None:
+    """With the node's own events, routing adds nothing to what it holds, and its live
+    demand all the same; a full cache of blocks nobody was sent lately has room."""
+    index = CacheIndex(10)
+    index.snapshot(chain(500, 10))
+    assert index.has_room(chain(0, 10), 0)  # full, but of blocks not in use
+    index.routed(chain(0, 4), 0)
+    assert len(index) == 10
+    assert index.longest(chain(0, 4)) == 0
+    assert index.live(0) == 4
+    assert not index.has_room(chain(100, 7), 0)
+    index.clear()  # the node stopped reporting: the live demand is this edge's traffic
+    assert index.live(0) == 4
 
 
 @given(st.integers(0, 64), st.integers(0, 64))
@@ -81,12 +123,12 @@ def test_the_lru_evicts_a_prefixs_tail_first_and_the_least_recent_prefix_first()
     evicts the least recently routed prefix's last blocks, keeping its head."""
     index = CacheIndex(6)
     a, b = chain(0, 4), chain(100, 4)
-    index.routed(a)
-    index.routed(b)  # 8 blocks for 6: a's last two go
+    index.routed(a, 0)
+    index.routed(b, 0)  # 8 blocks for 6: a's last two go
     assert index.longest(a) == 2
     assert index.longest(b) == 4
-    index.routed(a[:2])  # a's head used again: b is now the least recent
-    index.routed(chain(200, 2))
+    index.routed(a[:2], 0)  # a's head used again: b is now the least recent
+    index.routed(chain(200, 2), 0)
     assert index.longest(b) == 2
     assert index.longest(a) == 2
 
@@ -97,7 +139,7 @@ def test_a_run_that_found_fewer_cached_tokens_drops_the_blocks_past_them() -> No
     changes nothing."""
     index = CacheIndex(100)
     blocks = chain(0, 8)
-    index.routed(blocks)
+    index.routed(blocks, 0)
     index.corrected(blocks, predicted=6, cached=6)
     assert index.longest(blocks) == 8
     index.corrected(blocks, predicted=6, cached=2)
@@ -109,11 +151,11 @@ def test_an_exact_index_follows_the_nodes_events_and_ignores_routing() -> None:
     """A snapshot replaces the set and makes the index exact; stores then evictions
     apply in order; routing and usage change nothing; `clear` makes it approximate."""
     index = CacheIndex(100)
-    index.routed(chain(500, 3))
+    index.routed(chain(500, 3), 0)
     index.snapshot(chain(0, 4))
     assert 500 not in index
     assert index.exact
-    index.routed(chain(500, 3))
+    index.routed(chain(500, 3), 0)
     index.corrected(chain(0, 4), predicted=4, cached=0)
     assert 500 not in index
     assert index.longest(chain(0, 4)) == 4

@@ -149,7 +149,7 @@ def test_a_restarted_node_starts_with_an_empty_cache_index() -> None:
     pool, _, (a,) = make_pool("a")
     pool.feed.described(a, NodeDescription("a", MODELS, instance="a1"))
     a.cache.resize(16)
-    a.cache.routed(array("Q", [1, 2, 3]))
+    a.cache.routed(array("Q", [1, 2, 3]), 0)
     assert len(a.cache) == 3
     pool.feed.described(a, NodeDescription("a", MODELS, instance="a1"))
     assert len(a.cache) == 3
