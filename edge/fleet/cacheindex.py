@@ -32,8 +32,11 @@ that evicts leaves first (vLLM, SGLang, the simulated node) has none.
 
 **Live demand** (either source): the blocks this edge sent the node over
 about its last LIVE_WINDOW dispatches (to any node), each with the dispatch
-it was last sent with (`routed`'s `tick`). `has_room` asks whether those and
-a new request's blocks fit in the node's capacity: placed there, the request
+it was last sent with (`routed`'s `tick`), and, with an exact index, the
+blocks the node reported storing over that time (`stored`'s `tick`: the runs
+other edges sent it made it compute them, so edges in front of the same
+nodes see each other's placements). `has_room` asks whether those and a new
+request's blocks fit in the node's capacity: placed there, the request
 would push out no block still in use. A cache's free blocks cannot say it: a
 paged KV cache fills and stays full (an LRU evicts only to store), so once
 warm every node looked full and a new prefix went by hashing alone, which
@@ -82,7 +85,7 @@ def longest_held(held: Container[int], blocks: Sequence[int]) -> int:
 
 class CacheIndex:
     """The prefix blocks one node holds, approximate (from routing) or exact (from the
-    node's own KV events)."""
+    node's own KV events), and its live demand."""
 
     __slots__ = ("_blocks", "_live", "capacity", "exact")
 
@@ -131,12 +134,7 @@ class CacheIndex:
         `tick`: they count in its live demand, and it will hold them. Recorded deepest
         first, so block 0 is the most recently used (an exact index: the live demand
         only)."""
-        live = self._live
-        to_end = live.move_to_end
-        for block in reversed(blocks):
-            live[block] = tick
-            to_end(block)
-        self._trim_live()
+        self._touch(reversed(blocks), tick)
         if self.exact:
             return
         held = self._blocks
@@ -166,8 +164,11 @@ class CacheIndex:
         self._blocks.clear()
         self.stored(blocks)
 
-    def stored(self, blocks: Iterable[int]) -> None:
-        """The node stored these blocks (kept up to the capacity; past it, not kept)."""
+    def stored(self, blocks: Iterable[int], tick: int | None = None) -> None:
+        """The node stored these blocks (kept up to the capacity; past it, not kept); with
+        `tick`, they count in its live demand from that dispatch on."""
+        if tick is not None:
+            self._touch(blocks, tick)
         held = self._blocks
         room = self.capacity - len(held)
         for block in blocks:
@@ -194,6 +195,14 @@ class CacheIndex:
         held = self._blocks
         while len(held) > self.capacity:
             held.popitem(last=False)
+
+    def _touch(self, blocks: Iterable[int], tick: int) -> None:
+        live = self._live
+        to_end = live.move_to_end
+        for block in blocks:
+            live[block] = tick
+            to_end(block)
+        self._trim_live()
 
     def _trim_live(self) -> None:
         live = self._live

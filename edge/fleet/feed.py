@@ -45,6 +45,10 @@ class Fed(Protocol):
     cache_aware: bool
     cache_blocks: int
 
+    @property
+    def dispatches(self) -> int:
+        """The runs this edge routed by cache so far (the clock of the nodes' live demand)."""
+
     def available(self) -> None:
         """A node may take runs it could not before (up, a higher max_runs, new models)."""
 
@@ -190,7 +194,7 @@ class NodeFeed:
         state.load = NodeLoad.of(description)
         state.at_report = state.in_flight
         if self.pool.cache_aware:
-            kv_events(state.cache, description)
+            kv_events(state.cache, description, self.pool.dispatches)
 
     async def _refresh_one(self, state: NodeState) -> None:
         state.describing = True

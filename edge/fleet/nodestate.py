@@ -122,11 +122,12 @@ class NodeState:
         return f"NodeState({self.client.name!r}, in_flight={self.in_flight})"
 
 
-def kv_events(cache: CacheIndex, description: NodeDescription) -> None:
+def kv_events(cache: CacheIndex, description: NodeDescription, tick: int) -> None:
     """A Watch report's KV block events into the node's index: a snapshot makes it
-    exact and replaces it; stores then evictions apply to an exact index; a stream's
-    first report without a snapshot says the node does not track its blocks (any
-    more): the index is approximate again."""
+    exact and replaces it; stores then evictions apply to an exact index (the blocks
+    stored count in its live demand from this edge's dispatch `tick`: some edge sent
+    that traffic); a stream's first report without a snapshot says the node does not
+    track its blocks (any more): the index is approximate again."""
     if description.kv_snapshot:
         tokens = description.kv_cache_tokens
         cache.resize(tokens // BLOCK_TOKENS if tokens else MAX_BLOCKS)
@@ -135,7 +136,7 @@ def kv_events(cache: CacheIndex, description: NodeDescription) -> None:
         if description.seq <= 1:
             cache.clear()
             return
-        cache.stored(description.kv_stored)
+        cache.stored(description.kv_stored, tick)
         cache.evicted(description.kv_evicted)
 
 

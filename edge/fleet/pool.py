@@ -364,7 +364,7 @@ class NodePool:
         return cacheaware.choose(
             route.blocks, candidates, session=session, factor=self.cache_load_factor,
             share_factor=self.cache_share_factor, threshold=self.cache_threshold,
-            placements=self.placements, turn=turn, tick=self.shares.events,
+            placements=self.placements, turn=turn, tick=self.dispatches,
         )  # fmt: skip
 
     def _routed(self, chosen: NodeState, route: Route, choice: cacheaware.Choice) -> None:
@@ -374,11 +374,16 @@ class NodePool:
         route.predicted = choice.predicted
         name = chosen.client.name
         self.shares.add(name)
-        chosen.cache.routed(route.blocks, self.shares.events)
+        chosen.cache.routed(route.blocks, self.dispatches)
         if choice.placed is not None:  # a prefix placed there
             self.placements.placed(choice.placed, name)
         if self.on_routed is not None:
             self.on_routed(choice.outcome, chosen.client.name, choice.predicted * BLOCK_TOKENS)
+
+    @property
+    def dispatches(self) -> int:
+        """The runs this edge routed by cache so far (the clock of the nodes' live demand)."""
+        return self.shares.events
 
     # --- what the edge shows -------------------------------------------------------------
 

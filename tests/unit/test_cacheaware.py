@@ -177,6 +177,34 @@ def test_a_prefix_evicted_by_an_over_subscribed_node_moves_to_the_next_with_room
     assert take(pool, Route(prefix)) is nodes[_order(prefix, names)[1]]
 
 
+def test_what_a_node_reports_storing_counts_in_every_edges_live_demand() -> None:
+    """Two edges over the same exact nodes: the prefixes one edge placed on a node, once
+    the node reports storing them, fill that node's live demand for the other edge too,
+    which then places a new prefix as the first would, on the next node with room."""
+    one, _, nodes_one = make_pool("a", "b", "c", routing=UNSHARED)
+    two, _, nodes_two = make_pool("a", "b", "c", routing=UNSHARED)
+    names = [s.client.name for s in nodes_one]
+    for pool, nodes in ((one, nodes_one), (two, nodes_two)):
+        for state in nodes:
+            kv_report(pool, state, seq=1, snapshot=True)  # exact, empty; 1,000 blocks each
+    first = 0
+    session = _pinned_to(first, names)
+    stored = array("Q")
+    for k in range(3):  # 900 blocks of `first`'s 1,000, placed by the first edge
+        prefix = blocks(100_000 + 1_000 * k, 300)
+        assert take(one, Route(prefix), session) is nodes_one[first]
+        nodes_one[first].in_flight = 0
+        stored.extend(prefix)
+    new = _first_on(first, names, 300, 50_000)
+    assert take(two, Route(new)) is nodes_two[first]  # before the node's report
+    nodes_two[first].in_flight = 0
+    kv_report(one, nodes_one[first], seq=2, stored=stored)
+    kv_report(two, nodes_two[first], seq=2, stored=stored)
+    later = _first_on(first, names, 300, 500_000)
+    assert take(one, Route(later)) is nodes_one[_order(later, names)[1]]
+    assert take(two, Route(later)) is nodes_two[_order(later, names)[1]]
+
+
 def test_a_new_prefix_goes_to_the_emptier_of_two_nodes_when_the_indexes_are_approximate() -> None:
     """Two choices, with approximate indexes: of the first two nodes in the prefix's
     rendezvous order with room, the one whose index holds fewer blocks takes it; the

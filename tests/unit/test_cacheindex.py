@@ -76,8 +76,9 @@ def test_room_is_for_the_blocks_not_already_in_the_live_demand() -> None:
 
 
 def test_an_exact_index_keeps_the_live_demand_but_not_the_blocks_routed() -> None:
-    """With the node's own events, routing adds nothing to what it holds, and its live
-    demand all the same; a full cache of blocks nobody was sent lately has room."""
+    """With the node's own events, routing adds nothing to what it holds, and to its live
+    demand all the same, as do the blocks it reports storing (not those of a snapshot);
+    a full cache of blocks nobody was sent lately has room."""
     index = CacheIndex(10)
     index.snapshot(chain(500, 10))
     assert index.has_room(chain(0, 10), 0)  # full, but of blocks not in use
@@ -86,8 +87,12 @@ def test_an_exact_index_keeps_the_live_demand_but_not_the_blocks_routed() -> Non
     assert index.longest(chain(0, 4)) == 0
     assert index.live(0) == 4
     assert not index.has_room(chain(100, 7), 0)
-    index.clear()  # the node stopped reporting: the live demand is this edge's traffic
-    assert index.live(0) == 4
+    index.stored(chain(600, 3), 0)  # what the node reports storing counts too
+    assert index.live(0) == 7
+    assert index.live(LIVE_WINDOW) == 0  # a snapshot's blocks never did
+    index.clear()  # the node stopped reporting: the live demand is the traffic's
+    index.routed(chain(0, 4), LIVE_WINDOW)
+    assert index.live(LIVE_WINDOW) == 4
 
 
 @given(st.integers(0, 64), st.integers(0, 64))
