@@ -54,7 +54,8 @@ index (`edge.fleet.cacheindex`). Then:
    past the load bound (3 of 24 sessions on one node, 8 on another).
    (Balancing placements by this edge's own counts, bounded loads, placed
    prefixes more evenly but each edge differently: two edges then hit
-   less; measured, BENCHMARKS.md.)
+   less; measured, BENCHMARKS.md. The live demand counts what an exact
+   node reports storing as well, which every edge sees alike.)
 5. **A weak prefix** (the longest prefix any node holds, past the bounds
    too, is under `threshold` of the request's blocks: `[routing]
    cache_threshold`, SMG's `cache_threshold`): a miss. New conversations
