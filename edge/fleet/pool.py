@@ -420,10 +420,23 @@ class NodePool:
                 "failed_runs_in_a_row": s.health.run_failures,
                 "watched": not s.polled,
                 **({"load": self._load_status(s.load)} if s.load is not None else {}),
+                **({"cache": self._cache_status(s)} if self.cache_aware else {}),
                 **({"error": s.error} if s.error else {}),
             }
             for s in self.nodes
         ]
+
+    def _cache_status(self, state: NodeState) -> dict[str, object]:
+        """The node's cache as the cache-aware policy sees it, in blocks of BLOCK_TOKENS:
+        its capacity, what its index holds, and its live demand (over its capacity, the
+        node evicts prefixes still in use, and takes no new one)."""
+        cache = state.cache
+        return {
+            "index": "exact" if cache.exact else "approximate",
+            "capacity_blocks": cache.capacity,
+            "held_blocks": len(cache),
+            "live_blocks": cache.live(self.dispatches),
+        }
 
     def load_values(self, state: NodeState) -> tuple[float, float, float, bool]:
         """What the node last reported of its load, for the gauges: (waiting runs, active

@@ -205,6 +205,31 @@ def test_what_a_node_reports_storing_counts_in_every_edges_live_demand() -> None
     assert take(two, Route(later)) is nodes_two[_order(later, names)[1]]
 
 
+def test_readyz_shows_each_nodes_cache_as_the_policy_sees_it() -> None:
+    """Under cache_aware, each node's /readyz entry says whether its index is exact, its
+    capacity, what the index holds and its live demand, in blocks; the live demand goes
+    once the window passes. Under another policy, no such entry."""
+    pool, _, (a, _b) = make_pool("a", "b", routing=UNSHARED)
+    kv_report(pool, a, seq=1, snapshot=True, stored=blocks(900, 5))
+    session = _pinned_to(0, ["a", "b"])
+    assert take(pool, Route(blocks(10, 7)), session) is a
+    a.in_flight = 0
+    entries = {entry["name"]: entry for entry in pool.status()}
+    assert entries["a"]["cache"] == {
+        "index": "exact", "capacity_blocks": 1_000, "held_blocks": 5, "live_blocks": 7,
+    }  # fmt: skip
+    assert entries["b"]["cache"] == {
+        "index": "approximate", "capacity_blocks": CACHE_AWARE.cache_blocks,
+        "held_blocks": 0, "live_blocks": 0,
+    }  # fmt: skip
+    to_b = _pinned_to(1, ["a", "b"])
+    for k in range(cacheindex.LIVE_WINDOW):
+        take(pool, Route(blocks(2_000 + 10 * k, 1)), to_b).in_flight = 0
+    assert {e["name"]: e["cache"]["live_blocks"] for e in pool.status()} == {"a": 0, "b": 64}
+    plain, _, _ = make_pool("a")
+    assert "cache" not in plain.status()[0]
+
+
 def test_a_new_prefix_goes_to_the_emptier_of_two_nodes_when_the_indexes_are_approximate() -> None:
     """Two choices, with approximate indexes: of the first two nodes in the prefix's
     rendezvous order with room, the one whose index holds fewer blocks takes it; the
