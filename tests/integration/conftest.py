@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -329,27 +329,30 @@ async def notify_lines(
                 return seen
 
 
-async def stalled_stream(url: str, body: dict[str, Any], *, rcvbuf: int = 0) -> tuple[Any, bytes]:
+@asynccontextmanager
+async def stalled_stream(
+    url: str, body: dict[str, Any], *, rcvbuf: int = 0
+) -> AsyncIterator[tuple[bytes, str]]:
     """A client that POSTs a streamed chat request to the edge at `url`, reads up to the
-    answer's whole id (in its first chunk), and then never reads again, its socket left open:
-    (the socket, what it read). `rcvbuf`: its receive buffer, in bytes (0: the system's).
-    Close the socket."""
+    answer's whole id (in its first chunk), and then never reads again, its socket left
+    open for the block: (what it read, the run id in the answer's id). `rcvbuf`: its
+    receive buffer, in bytes (0: the system's). The socket is closed after the block."""
     request = json.dumps(body).encode()
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    sock = trio.socket.socket()
-    if rcvbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    await sock.connect((host, int(port)))
-    await sock.send(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(request)}\r\n\r\n".encode()
-        + request
-    )
-    head = b""
-    with trio.fail_after(10):
-        while re.search(rb'"id":"chatcmpl-[0-9a-f]+"', head) is None:
-            head += await sock.recv(65536)
-    return sock, head
+    with trio.socket.socket() as sock:
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        await sock.connect((host, int(port)))
+        await sock.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(request)}\r\n\r\n".encode()
+            + request
+        )
+        head = b""
+        with trio.fail_after(10):
+            while (found := re.search(rb'"id":"chatcmpl-([0-9a-f]+)"', head)) is None:
+                head += await sock.recv(65536)
+        yield head, found.group(1).decode()
 
 
 async def poll(condition: Callable[[], bool], within_s: float = 20.0) -> None:

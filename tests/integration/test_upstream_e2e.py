@@ -779,19 +779,18 @@ async def test_a_client_that_stops_reading_ends_the_relayed_run_once(
     running = await start_edge(nursery, config)
     flood = script({"type": "delta", "delta": "x" * 4096, "repeat": 20_000})
     body = _chat("sim-script", flood, stream=True)
-    sock, head = await stalled_stream(running.url, body, rcvbuf=16 * 1024)
-    assert head.startswith(b"HTTP/1.1 200")
-    await running.wait_idle(within_s=30)
-    ((_, outcome),) = running.outcomes
-    assert outcome.status == "cancelled"
-    assert running.counted("iop_edge_node_cancels_total", node="local") == 1
-    await edge.wait_idle(within_s=30)
-    ((info, inner),) = edge.outcomes
-    assert inner.status == "cancelled"
-    run = await sim.wait_run(info.run_id, within_s=30)
-    assert run["outcome"] == "cancelled"
-    assert run["events_sent"] < 20_000
-    sock.close()
+    async with stalled_stream(running.url, body, rcvbuf=16 * 1024) as (head, _):
+        assert head.startswith(b"HTTP/1.1 200")
+        await running.wait_idle(within_s=30)
+        ((_, outcome),) = running.outcomes
+        assert outcome.status == "cancelled"
+        assert running.counted("iop_edge_node_cancels_total", node="local") == 1
+        await edge.wait_idle(within_s=30)
+        ((info, inner),) = edge.outcomes
+        assert inner.status == "cancelled"
+        run = await sim.wait_run(info.run_id, within_s=30)
+        assert run["outcome"] == "cancelled"
+        assert run["events_sent"] < 20_000
     await stop_edge(running)
 
 
