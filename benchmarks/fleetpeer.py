@@ -46,7 +46,7 @@ from benchmarks.fleet import (
 from benchmarks.fleetreport import figures
 from benchmarks.loadgen import Pool
 from benchmarks.prompts import MODEL
-from benchmarks.stack import cores_apart, cpu_s, free_port, spawn
+from benchmarks.stack import can_set_apart, cores_apart, cpu_s, free_port, spawn
 
 mono = time.monotonic
 
@@ -190,8 +190,3 @@ def measure_beside_smg(
                     f"TTFT p50 {cell['ttft_p50_ms']} ms, {cell['errors']} errors"
                 )
     return out
-
-
-def can_set_apart() -> bool:
-    """Whether a gateway can have a CPU of its own here (Linux, two CPUs or more)."""
-    return hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2

@@ -6,7 +6,7 @@ node is known per run) and the edge (a temporary config.toml), waits until the e
 answers /readyz, and stops both by PID (SIGTERM, then SIGKILL) however the run ends.
 `Probe` reads one process's CPU time and RSS with psutil; `cpu_s` reads a process's
 CPU to the nanosecond (Linux), `up_nodes` how many nodes an edge has up; `cores_apart`
-puts some processes on a CPU of their own for a while (Linux).
+puts some processes on a CPU of their own for a while (Linux: `can_set_apart`).
 """
 
 from __future__ import annotations
@@ -401,15 +401,20 @@ def pin(pids: list[int], cpus: set[int]) -> None:
                     os.sched_setaffinity(int(task.name), cpus)
 
 
+def can_set_apart() -> bool:
+    """Whether a process can have a CPU of its own here (Linux, two CPUs or more)."""
+    return hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2
+
+
 @contextlib.contextmanager
 def cores_apart(apart: list[int], rest: list[int]) -> Iterator[bool]:
     """For the block: the processes `apart` on the machine's last CPU, `rest` on the
-    others; then every one of them on all the CPUs again. Yields whether it could (a
-    machine with one CPU, or without `sched_setaffinity`, leaves all as they are)."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cpus) < 2:
+    others; then every one of them on all the CPUs again. Yields whether it could (see
+    `can_set_apart`; where it cannot, all are left as they are)."""
+    if not can_set_apart():
         yield False
         return
+    cpus = sorted(os.sched_getaffinity(0))
     pin(rest, set(cpus[:-1]))
     pin(apart, {cpus[-1]})
     try:

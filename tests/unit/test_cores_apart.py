@@ -9,12 +9,9 @@ import sys
 
 import pytest
 
-from benchmarks.stack import cores_apart
+from benchmarks.stack import can_set_apart, cores_apart
 
-needs_two = pytest.mark.skipif(
-    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
-    reason="needs Linux and two CPUs",
-)
+needs_two = pytest.mark.skipif(not can_set_apart(), reason="needs Linux and two CPUs")
 
 
 @needs_two
