@@ -341,7 +341,7 @@ class NodePool:
         if len(free) == 1:
             return free[0]
         # Ties go round (the turn advances each pick): equal nodes share the runs evenly.
-        ranks = [s.rank() for s in free]
+        ranks = load.comparable([s.rank() for s in free])
         best_rank = min(ranks)
         tied = [s for s, rank in zip(free, ranks, strict=True) if rank == best_rank]
         return tied[turn % len(tied)]
@@ -351,15 +351,16 @@ class NodePool:
     ) -> cacheaware.Choice:
         # Only a session the client named is pinned (`SessionKey` says why).
         session = affinity_key.key if affinity_key is not None and affinity_key.named else None
+        ranks = load.comparable([s.rank() for s in free])
         candidates = [
             Candidate(
                 s.client.name,
                 load.runs(s.load, s.in_flight, s.at_report),
-                s.rank(),
+                rank,
                 s.cache,
                 share=self.shares[s.client.name],
             )
-            for s in free
+            for s, rank in zip(free, ranks, strict=True)
         ]
         return cacheaware.choose(
             route.blocks, candidates, session=session, factor=self.cache_load_factor,
@@ -438,12 +439,13 @@ class NodePool:
             "live_blocks": cache.live(self.dispatches),
         }
 
-    def load_values(self, state: NodeState) -> tuple[float, float, float, bool]:
+    def load_values(self, state: NodeState) -> tuple[float, float, float | None, bool]:
         """What the node last reported of its load, for the gauges: (waiting runs, active
-        runs, KV cache usage; 0 each without a report) and whether it is watched."""
+        runs, KV cache usage; 0 each without a report, the KV usage None where the node
+        does not say it) and whether it is watched."""
         reported = state.load
         if reported is None:
-            return 0.0, 0.0, 0.0, not state.polled
+            return 0.0, 0.0, None, not state.polled
         return reported.waiting, reported.active, reported.kv_usage, not state.polled
 
     @staticmethod
@@ -451,7 +453,8 @@ class NodePool:
         return {
             "active_runs": reported.active,
             "waiting_runs": reported.waiting,
-            "kv_cache_usage": round(reported.kv_usage, 4),
+            # null: the node does not say (llama.cpp), which is not an empty cache
+            "kv_cache_usage": None if reported.kv_usage is None else round(reported.kv_usage, 4),
         }
 
     async def aclose(self) -> None:

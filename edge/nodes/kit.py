@@ -60,7 +60,7 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Collection, Mapping
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -191,8 +191,10 @@ class RunRecord:
 
     run_id: str
     model: str
-    # What CancelRun stops (the handler's task, or a task of its own).
+    # What CancelRun waits for (the handler's task, or a task of its own), and what it
+    # calls to stop the run (the task's cancel, unless the node stops it its own way).
     task: asyncio.Task[Any] | None = None
+    stop: Callable[[], object] | None = field(default=None, repr=False)
     events_sent: int = 0
     cancel_rpcs: int = 0
     outcome: str | None = None
@@ -248,6 +250,7 @@ class RunsLog:
     def ended(self, run: RunRecord) -> None:
         """The run is over (its outcome set): write its line now, or after the grace."""
         run.task = None
+        run.stop = None
         run.stream = None
         run.ended_at = time.time()
         if run.outcome in ("complete", "error") or run.cancel_rpcs:
@@ -364,9 +367,9 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
     """A node's NodeService: subclasses implement `play` (and may `hold`) and `describe`.
 
     Run (`serve_run`) and CancelRun are common: a run is recorded in the runs
-    log, and CancelRun stops a live run's task with `stop_task` (a subclass
-    may stop it its own way). So is Watch (`watch`, `serve_watch`), on what
-    `describe` answers.
+    log, and CancelRun stops a live run with its `stop` (its handler task's
+    cancel, unless `play` sets another). So is Watch (`watch`, `serve_watch`),
+    on what `describe` answers.
     """
 
     # Watchers at once, and how long a report waits for its watcher to read.
@@ -530,6 +533,7 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         assert request is not None
         run = self.runs.start(request.run_id, request.model, stream)
         run.task = asyncio.current_task()
+        run.stop = run.task.cancel if run.task is not None else None
         self.state_changed()
         span = self.run_span(stream, run)
         try:
@@ -538,6 +542,8 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
             outcome = await self.play(run, request, span)
             if run.outcome is None:
                 run.outcome = outcome
+                if outcome == "cancelled" and run.cancel_rpcs:
+                    await send_cancelled(run)  # CancelRun stopped it: a caller reading is told
         except asyncio.CancelledError:
             if run.outcome is None:
                 run.outcome = "cancelled"
@@ -557,14 +563,12 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
     async def play(self, run: RunRecord, request: pb.RunRequest, span: Span | None) -> str:
         """Play an accepted run: send its events (`run.send`); returns its outcome.
 
-        A run stopped by CancelRun raises CancelledError (`serve_run` records it).
-        A node may set `run.outcome` itself (a terminal event it sent, or before
-        raising): that one is kept.
+        A run stopped by CancelRun raises CancelledError, or returns "cancelled"
+        (`serve_run` records either, and tells a caller still reading). A node may
+        set `run.outcome` itself (a terminal event it sent, or before raising):
+        that one is kept.
         """
         raise GRPCError(Status.UNIMPLEMENTED)
-
-    def stop_task(self, task: asyncio.Task[Any]) -> None:
-        task.cancel()
 
     async def aclose(self) -> None:
         """Release what the node holds; the runs log's pending lines are written."""
@@ -574,9 +578,9 @@ class NodeService(pb.NodeServiceBase):  # type: ignore[misc]  # generated: not t
         """Stop the run, and answer once it is over here (bounded): an edge that heard
         the answer may start the run on another node, never beside this one."""
         run, found = self.runs.cancel_rpc(message.run_id)
-        if run is not None and run.task is not None:
+        if run is not None and run.task is not None and run.stop is not None:
             task = run.task
-            self.stop_task(task)
+            run.stop()
             with contextlib.suppress(Exception):
                 await asyncio.wait([task], timeout=CANCEL_STOP_S)
         return pb.CancelRunResponse(found=found)

@@ -94,6 +94,9 @@ class EdgeMetrics:
         self.multiproc_dir = multiproc_dir
         # Gauges read from functions: in a worker, written by `sync` (see `_watch`).
         self._watched: list[tuple[Gauge, Callable[[], float]]] = []
+        # Gauges whose value may be unknown (None): a series of theirs is there only while
+        # its value is known, set when scraped (see `_refresh_optional`).
+        self._optional: list[tuple[Gauge, str, Callable[[], float | None]]] = []
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -427,17 +430,18 @@ class EdgeMetrics:
         self.sync()
 
     def watch_node_load(
-        self, nodes: Iterable[tuple[str, Callable[[], tuple[float, float, float, bool]]]]
+        self, nodes: Iterable[tuple[str, Callable[[], tuple[float, float, float | None, bool]]]]
     ) -> None:
         """The node load gauges, read when scraped (as `watch_nodes`) from each node's
-        function: (waiting runs, active runs, KV cache usage, watched)."""
-        gauges = (
-            self.node_waiting_runs, self.node_active_runs, self.node_kv_cache_usage,
-            self.node_watched,
-        )  # fmt: skip
+        function: (waiting runs, active runs, KV cache usage, watched). A KV usage the
+        node does not say (None) is no series, not 0: unknown is not an empty cache."""
         for name, values in nodes:
-            for i, gauge in enumerate(gauges):
-                self._watch(gauge.labels(name), partial(_item, values, i))
+            self._watch(self.node_waiting_runs.labels(name), partial(_item, values, 0))
+            self._watch(self.node_active_runs.labels(name), partial(_item, values, 1))
+            self._watch(self.node_watched.labels(name), partial(_item, values, 3))
+            self._optional.append(
+                (self.node_kv_cache_usage, name, partial(_known, values, 2))
+            )
         self.sync()
 
     def unwatch_node(self, name: str) -> None:
@@ -450,6 +454,7 @@ class EdgeMetrics:
         )  # fmt: skip
         children = [gauge.labels(name) for gauge in parents]
         self._watched = [(g, v) for g, v in self._watched if all(g is not c for c in children)]
+        self._optional = [entry for entry in self._optional if entry[1] != name]
         if self.multiproc_dir is None:
             for gauge in parents:
                 gauge.remove(name)
@@ -474,12 +479,26 @@ class EdgeMetrics:
             self._watched.append((gauge, value))
 
     def sync(self) -> None:
-        """Write the values read from functions (worker processes only)."""
+        """Write the values read from functions (worker processes only, but for those
+        that may be unknown: see `_refresh_optional`)."""
         for gauge, value in self._watched:
             gauge.set(value())
+        self._refresh_optional()
+
+    def _refresh_optional(self) -> None:
+        """Set each optional series whose value is known; one that is not is removed in a
+        single process (a worker cannot remove a series: it keeps the last value it had,
+        and never has one until its value is first known)."""
+        for gauge, name, value in self._optional:
+            known = value()
+            if known is not None:
+                gauge.labels(name).set(known)
+            elif self.multiproc_dir is None:
+                gauge.remove(name)
 
     def render(self) -> bytes:
         if self.multiproc_dir is None:
+            self._refresh_optional()
             return generate_latest(self.registry)
         self.sync()
         merged = CollectorRegistry()
@@ -487,8 +506,13 @@ class EdgeMetrics:
         return generate_latest(merged)
 
 
-def _item(values: Callable[[], tuple[float, float, float, bool]], i: int) -> float:
-    return float(values()[i])
+def _item(values: Callable[[], tuple[float, float, float | None, bool]], i: int) -> float:
+    return float(values()[i] or 0)
+
+
+def _known(values: Callable[[], tuple[float, float, float | None, bool]], i: int) -> float | None:
+    value = values()[i]
+    return None if value is None else float(value)
 
 
 class SupervisorMetrics:

@@ -42,3 +42,19 @@ def test_a_worker_writes_the_watched_values_at_each_sync(tmp_path: Path) -> None
     assert _values(metrics) == (1.0, 10.0)
     metrics.sync()
     assert _values(metrics) == (3.0, 20.0)
+
+
+def test_a_kv_usage_the_node_does_not_say_is_no_series() -> None:
+    """A node's KV cache use is a series while the node says it, and none while it does
+    not (llama.cpp): unknown is not 0."""
+    kv: list[float | None] = [None]
+    metrics = EdgeMetrics()
+    metrics.watch_node_load([("a", lambda: (0.0, 2.0, kv[0], True))])
+    metrics.render()
+    r = metrics.registry
+    assert r.get_sample_value("iop_edge_node_kv_cache_usage", {"node": "a"}) is None
+    assert r.get_sample_value("iop_edge_node_active_runs", {"node": "a"}) == 2.0
+    kv[0] = 0.5
+    assert b'iop_edge_node_kv_cache_usage{node="a"} 0.5' in metrics.render()
+    kv[0] = None
+    assert b"iop_edge_node_kv_cache_usage{" not in metrics.render()

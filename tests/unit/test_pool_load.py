@@ -63,7 +63,7 @@ def test_without_a_report_the_rank_is_the_processs_own_runs_over_its_cap(
     """A node that reports nothing ranks as before Watch: this process's runs in flight
     on it, over the edge's cap when there is one."""
     expected = in_flight / cap if cap != math.inf else in_flight
-    assert rank(None, in_flight, 0, cap) == (0.0, 0.0, expected)
+    assert rank(None, in_flight, 0, cap) == (0.0, None, expected)
     assert runs(None, in_flight, 0) == in_flight
 
 
@@ -151,7 +151,7 @@ def test_runs_between_two_reports_count_and_a_report_counts_them_again() -> None
     assert take(pool) is b
     b.in_flight -= 3  # three of our runs on b ended since its report
     assert take(pool) is b
-    assert b.rank() == (0.0, 0.0, 4 / 8)
+    assert b.rank() == (0.0, None, 4 / 8)
 
 
 def test_a_run_waits_for_a_node_full_here_rather_than_join_a_queue() -> None:
@@ -191,7 +191,7 @@ def test_the_edges_own_cap_still_bounds_a_reported_node() -> None:
 def test_a_report_gives_the_load_gauges_and_status() -> None:
     """The gauges' values and /readyz's node entry carry the reported load."""
     pool, _, (a,) = make_pool("a")
-    assert pool.load_values(a) == (0.0, 0.0, 0.0, True)
+    assert pool.load_values(a) == (0.0, 0.0, None, True)
     report(pool, a, active=3, waiting=1, kv=(200, 50))
     assert pool.load_values(a) == (1, 3, 0.25, True)
     (entry,) = pool.status()
@@ -199,7 +199,23 @@ def test_a_report_gives_the_load_gauges_and_status() -> None:
     assert entry["load"] == {"active_runs": 3, "waiting_runs": 1, "kv_cache_usage": 0.25}
     a.polled = True
     a.load = None
-    assert pool.load_values(a) == (0.0, 0.0, 0.0, False)
+    assert pool.load_values(a) == (0.0, 0.0, None, False)
+
+
+def test_a_node_that_says_no_kv_figure_is_unknown_not_empty() -> None:
+    """llama.cpp exposes no KV figure: its node's /readyz entry says null and its gauge
+    value is None (no series), and it is not preferred as an empty cache over a node
+    that says its cache is full: among the two the KV cache decides nothing, the runs
+    in flight do."""
+    pool, _, (a, b) = make_pool("a", "b")
+    report(pool, a, active=1)
+    report(pool, b, active=0, kv=(100, 95))
+    assert pool.load_values(a) == (0, 1, None, True)
+    entry = next(e for e in pool.status() if e["name"] == "a")
+    assert entry["load"]["kv_cache_usage"] is None
+    assert pool.pick("m") is b
+    report(pool, b, active=2, kv=(100, 0))
+    assert pool.pick("m") is a
 
 
 async def test_a_refused_run_ends_the_watched_nodes_subscription() -> None:

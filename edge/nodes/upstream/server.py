@@ -3,7 +3,7 @@
 A grpclib server on asyncio. Each Run is one streaming POST to the
 upstream's `/chat/completions`, relayed by `edge.nodes.upstream.relay` in a
 task of its own; CancelRun, a reset gRPC stream or the server stopping
-cancel that task once, which closes the upstream request.
+cancel its scope (`UpstreamNode.play`), which closes the upstream request.
 Describe lists the upstream's `/models` (or the configured models, with
 the context length vLLM and SGLang give there) and fails UNAVAILABLE while
 the upstream cannot be reached. It also says the upstream's load, read from
@@ -28,13 +28,15 @@ side is the relay's, the mappings are pure modules of their own (`request`,
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from loguru import logger
 from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
@@ -127,7 +129,8 @@ class UpstreamNode(NodeService):
         self._context: dict[str, int] = {}
         self._models_at = -MODELS_TTL_S
         self._models_lock = asyncio.Lock()
-        self._work: set[asyncio.Task[None]] = set()  # strong references until done
+        # The runs' relay tasks (strong references until done), each with its stop.
+        self._work: dict[asyncio.Task[None], anyio.CancelScope] = {}
         self.load_poll: LoadPoll | None = None
         if load_source != "none" and load_interval_s > 0:
             self.load_poll = LoadPoll(
@@ -211,21 +214,19 @@ class UpstreamNode(NodeService):
         except ValueError as exc:
             raise GRPCError(Status.UNAVAILABLE, f"{url}: not a model list: {exc}") from None
 
-    # --- CancelRun --------------------------------------------------------------
-
-    def stop_task(self, task: asyncio.Task[Any]) -> None:
-        _stop(task)
-
     # --- Run --------------------------------------------------------------------
 
     async def play(self, run: RunRecord, request: pb.RunRequest, span: Span | None) -> str:
-        """One run. The upstream request runs in its own task, cancelled at most once.
+        """One run. The upstream request runs in a task of its own, inside a cancel scope
+        that is the only way it is stopped (`run.stop`: CancelRun, the caller's stream
+        reset, the node stopping; once or many times).
 
-        A stream reset (grpclib cancels this handler) and CancelRun both end a
-        run, often within a millisecond: a second `Task.cancel()` would cut
-        httpcore's shielded close short and leave the upstream request open.
-        The work task only ever sees one cancel, from `_stop` (CancelRun uses it too).
-        The outcome is the terminal event's.
+        Not `Task.cancel()`: httpcore closes an abandoned request's connection in a
+        shielded scope, and on asyncio a shield keeps out a cancel scope's cancellation
+        but not a task's. A run whose relay was unwinding (its caller's stream reset
+        under a send) when CancelRun cancelled its task left the close half done, the
+        connection in the pool, unread, and the model server generating to the end.
+        The outcome is the terminal event's; stopped before one, "cancelled".
         """
 
         async def emit(event: pb.RunEvent) -> None:
@@ -233,28 +234,37 @@ class UpstreamNode(NodeService):
             if event.type in TERMINAL:
                 run.outcome = "complete" if event.type == "complete" else event.type
 
-        work = run.task = asyncio.create_task(self.relay.run(request, emit, span))
-        self._work.add(work)
-        work.add_done_callback(self._work.discard)
+        scope = anyio.CancelScope()
+
+        async def relay() -> None:
+            with scope:
+                await self.relay.run(request, emit, span)
+
+        work = run.task = asyncio.create_task(relay())
+        run.stop = scope.cancel
+        self._work[work] = scope
+        work.add_done_callback(self._forget)
         try:
             await asyncio.wait({work})
         except asyncio.CancelledError:  # the caller reset the stream, or the server stops
-            _stop(work)
+            scope.cancel()
+            work.add_done_callback(partial(_unheard, run.run_id))
             raise
-        if not work.cancelled() or run.outcome is None:
-            # CancelledError when CancelRun stopped the work before its terminal event
-            # (`serve_run` tells a caller still reading); an unexpected error: grpclib
-            # logs it and fails the stream. Stopped after its terminal: that is the outcome.
-            work.result()
+        work.result()  # an unexpected error: grpclib logs it and fails the stream
+        if run.outcome is None and scope.cancelled_caught:
+            return "cancelled"
         return run.outcome or "error"
+
+    def _forget(self, work: asyncio.Task[None]) -> None:
+        self._work.pop(work, None)
 
     async def aclose(self) -> None:
         """Stop reading the load and the runs still working (their upstream requests
         close), then the client."""
         if self.load_poll is not None:
             await self.load_poll.aclose()
-        for work in self._work:
-            _stop(work)
+        for scope in self._work.values():
+            scope.cancel()
         if self._work:
             await asyncio.wait(set(self._work), timeout=CLOSE_TIMEOUT_S)
         await self.relay.aclose()
@@ -262,7 +272,8 @@ class UpstreamNode(NodeService):
         await super().aclose()
 
 
-def _stop(work: asyncio.Task[Any]) -> None:
-    """Cancel the work task unless it is done or already being cancelled (by anyone)."""
-    if not work.done() and not work.cancelling():
-        work.cancel()
+def _unheard(run_id: str, work: asyncio.Task[None]) -> None:
+    """The end of a relay whose caller had gone: an error there (a send to the reset
+    stream, most often) is expected, and nobody is left to hear it but the debug log."""
+    if not work.cancelled() and (exc := work.exception()) is not None:
+        logger.debug("run {} ended after its caller left: {!r}", run_id, exc)
