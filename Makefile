@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+REAL_STAMP := $(VENV)/.installed-real
 # Instructor's newest release caps openai at 3.3.0: it gets a venv of its own (tests/clients).
 INSTRUCTOR_VENV := .venv-instructor
 INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
@@ -15,7 +16,7 @@ PROTO_OUT := edge/contract/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 CONFIG_REF := docs/config-reference.md
 
-.PHONY: setup redis-server proto proto-check config-ref config-ref-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
+.PHONY: setup redis-server real-tools real proto proto-check config-ref config-ref-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
 
 setup: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP) redis-server
 
@@ -32,11 +33,32 @@ redis-server:
 	  fi; \
 	}
 
+# `make real`'s build and checks need cmake, a C++ compiler and ss (iproute2): Debian's
+# packages, installed when missing and we are root; otherwise it says what to install.
+real-tools:
+	@missing=""; \
+	command -v cmake >/dev/null 2>&1 || missing="$$missing cmake"; \
+	command -v c++ >/dev/null 2>&1 || missing="$$missing g++"; \
+	command -v ss >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }; \
+	  else \
+	    echo "make real needs:$$missing (apt-get install$$missing)"; exit 1; \
+	  fi; \
+	fi
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
+
+$(REAL_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,real]'
+	touch $(REAL_STAMP)
 
 $(INSTRUCTOR_STAMP): $(INSTRUCTOR_REQS)
 	test -x $(INSTRUCTOR_VENV)/bin/python || $(PYTHON) -m venv $(INSTRUCTOR_VENV)
@@ -86,7 +108,15 @@ sim: $(STAMP)
 # processes and sockets, so two keep two cores busy. TEST_ARGS="-n 0" runs them in one.
 TEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP)
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q $(TEST_ARGS) tests
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q $(TEST_ARGS) tests --ignore=tests/real
+
+# The real-server checks (tests/real, docs/nodes.md): llama.cpp's own llama-server, built
+# once from the pinned llama-cpp-python source package into ~/.cache/iop-edge (the first
+# run: ~5 min here, up to 35 on a loaded 2-core machine), a tiny model made on the spot,
+# iop-node and the edge in front of it. One test at a time: the servers use the cores.
+real: real-tools $(REAL_STAMP)
+	@tests/real/build-llama-server >/dev/null
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -n 0 $(REAL_ARGS) tests/real
 
 # The JavaScript clients (pinned in tests/clients/js, installed there by npm ci) against a
 # real edge and sim node; the Python clients run in `make test` (tests/clients).

@@ -21,7 +21,7 @@ chooses the HTTP status). `next_batch` feeds node events to the session (a
 delta longer than the session's slice, a slice a batch, a scheduler pass
 between them) and owns every deadline on one clock, trio's: first event,
 idle, total (also the read task's deadline and, converted once, the node's
-`deadline_unix_ms`), keep-alive; the slow reader's limit is the event
+`deadline_unix_ms`, NODE_DEADLINE_GRACE_S later), keep-alive; the slow reader's limit is the event
 buffer's. Leaving the run ends it: if the node did not, its read task is
 cancelled with an `EndCause` and sends the one CancelRun (shielded,
 bounded); the slot is given back (to the next queued request), the node's
@@ -75,6 +75,11 @@ from edge.stream.session import StreamSession
 # blocked on a client that stopped reading holds no more than about that much.
 MAX_BATCH = 256
 MAX_BATCH_CHARS = 64 * 1024
+# The node's deadline (`deadline_unix_ms`) is the run's plus this: the edge ends a run
+# itself at its deadline (its timeout, the one the client is told), and the node's is a
+# backstop for an edge that is gone. Equal, the node's `cancelled` raced the edge's own
+# timer and, read first, ended the answer as a node's failure, not as its timeout.
+NODE_DEADLINE_GRACE_S = 1.0
 # The end of a stream whose client read nothing while its output waited (the run was
 # cancelled on its node), for a client that reads again.
 SLOW_CLIENT_NOTICE = "the stream was ended: its client read nothing while its output waited"
@@ -264,8 +269,9 @@ class Run:
         start.services.joined(self)
         # From here on, whatever raises fixes the outcome and gives the slot back.
         try:
-            # The node's deadline, converted once from the run's deadline.
-            deadline_unix_ms = int((time.time() + self.deadline - trio.current_time()) * 1000)
+            # The node's deadline, converted once from the run's deadline (and its grace).
+            remaining = self.deadline - trio.current_time() + NODE_DEADLINE_GRACE_S
+            deadline_unix_ms = int((time.time() + remaining) * 1000)
             encoded = start.payload.attempt(deadline_unix_ms)
             self.handle = await node.client.start_run(
                 start.nursery,

@@ -79,11 +79,12 @@ class DirectUpstreamClient(GrpcNodeClient):
         self._on_cancelled = on_cancel_sent
         self._instance = node.instance_id
         self._spans = NodeSpans(tracing, name) if tracing is not None else None
-        # `continuation_mode` reads what iop-node's thread last read of its upstream
-        # (its load and its model list): each a value replaced whole, never changed.
+        # `continuation_mode` and `is_llamacpp` read what iop-node's thread last read of
+        # its upstream (its load, its model list, its probe's answer): each a value
+        # replaced whole, never changed.
         self._relay = Relay(
             node.upstream, name=name, continuation_mode=node.continuation_mode,
-            spans=self._spans,
+            llamacpp=node.is_llamacpp, spans=self._spans,
         )  # fmt: skip
         self._running = 0
 

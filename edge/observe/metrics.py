@@ -439,9 +439,7 @@ class EdgeMetrics:
             self._watch(self.node_waiting_runs.labels(name), partial(_item, values, 0))
             self._watch(self.node_active_runs.labels(name), partial(_item, values, 1))
             self._watch(self.node_watched.labels(name), partial(_item, values, 3))
-            self._optional.append(
-                (self.node_kv_cache_usage, name, partial(_known, values, 2))
-            )
+            self._optional.append((self.node_kv_cache_usage, name, partial(_known, values, 2)))
         self.sync()
 
     def unwatch_node(self, name: str) -> None:

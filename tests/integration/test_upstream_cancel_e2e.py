@@ -165,6 +165,8 @@ async def _stream_then_leave(url: str, chunks: int | None) -> None:
                 return
             assert data, "the answer ended before the client left"
             seen += data
+            if chunks is None and seen.endswith(b"\r\n0\r\n\r\n"):
+                return  # the answer's end (its connection kept alive)
 
 
 async def _upstream_idle(upstream: Generator) -> None:

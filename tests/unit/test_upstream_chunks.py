@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from edge.contract._proto.iop.node import v1 as pb
 from edge.nodes.upstream.chunks import ChunkMapper, coalesced
 from edge.nodes.upstream.logprobs import MAX_DELTA_CHARS
+from edge.nodes.upstream.relay import Relay
 from edge.nodes.upstream.sse import SSEDecoder, SSEMessage
 from tests.unit.upstream_replay import STREAMS, TERMINAL, body, calls, chunk, event_view, replay
 
@@ -144,6 +145,43 @@ def test_matched_stop_string_is_the_stop_sequence(
     (complete,) = mapper.feed(SSEMessage("[DONE]"))
     assert complete.metadata.get("stop_sequence") == named
     assert complete.metadata["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("native", "named"),
+    [
+        ({"stop_type": "word", "stopping_word": "END"}, "END"),
+        ({"stop_type": "eos", "stopping_word": ""}, None),  # the end-of-turn token
+        ({"stop_type": "limit", "stopping_word": ""}, None),
+        ({"stop_type": "word", "stopping_word": "x" * 1025}, None),
+        ("not an object", None),
+    ],
+)
+def test_llamacpp_names_its_stop_in_its_own_fields(native: object, named: str | None) -> None:
+    """llama.cpp asked for its own fields (`LLAMACPP_STOP`) puts them on its last chunk
+    as `__verbose`: the stop word it matched is the `stop_sequence` (none for the end of
+    turn or the token limit)."""
+    mapper = ChunkMapper("call")
+    finish = {"index": 0, "delta": {}, "finish_reason": "stop"}
+    mapper.feed(SSEMessage(json.dumps({"choices": [finish], "__verbose": native})))
+    (complete,) = mapper.feed(SSEMessage("[DONE]"))
+    assert complete.metadata.get("stop_sequence") == named
+
+
+def test_llamacpp_is_asked_for_its_stop_only_with_stop_sequences() -> None:
+    """The relay asks llama.cpp for its stop fields when the run has stop sequences, and
+    nothing of any other server (an unknown field may be an error there)."""
+    request = pb.RunRequest(
+        run_id="r", model="m", messages=[pb.Message(role="user", content="hi")], stop=["END"]
+    )
+    llama = Relay("http://x/v1", name="n", continuation_mode=lambda m: "none",
+                  llamacpp=lambda m: True)  # fmt: skip
+    other = Relay("http://x/v1", name="n", continuation_mode=lambda m: "none")
+    asked = json.loads(llama.body(request))
+    assert (asked["verbose"], asked["response_fields"]) == (True, ["stop_type", "stopping_word"])
+    assert "verbose" not in json.loads(other.body(request))
+    request.stop = []
+    assert "verbose" not in json.loads(llama.body(request))
 
 
 @pytest.mark.parametrize("name", STREAMS)

@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from edge.contract._proto.iop.node import v1 as pb
-from edge.nodes.upstream.continuation import as_failure, continued_body, mode_for, whole_usage
+from edge.nodes.upstream.continuation import (
+    PROBE_TEXT,
+    as_failure,
+    continued_body,
+    mode_for,
+    probe_body,
+    probe_continues,
+    whole_usage,
+)
 from edge.nodes.upstream.request import chat_request_body
 
 HELD = pb.Continuation(text="The answer is", reasoning="Think first.", output_tokens=5)
@@ -25,7 +33,7 @@ def _body(*messages: pb.Message, **fields: Any) -> dict[str, Any]:
         ("auto", "sglang", "", "vllm"),
         ("auto", None, "vllm", "vllm"),
         ("auto", None, "sglang", "vllm"),
-        ("auto", "llamacpp", "llamacpp", "none"),  # named, never guessed
+        ("auto", "llamacpp", "llamacpp", "none"),  # until the probe says it continues
         ("auto", None, "library", "none"),  # Ollama
         ("auto", None, "", "none"),
         ("llamacpp", None, "", "llamacpp"),
@@ -39,6 +47,29 @@ def test_mode_by_setting_and_upstream(
     """A named way wins; auto is vllm for an upstream that reads as vLLM or SGLang (its
     /metrics dialect or the model's owner), and none when unsure."""
     assert mode_for(setting, dialect, owner) == mode
+
+
+@pytest.mark.parametrize(
+    ("dialect", "owner", "mode"),
+    [("llamacpp", "", "llamacpp"), (None, "llamacpp", "llamacpp"), (None, "library", "none")],
+)
+def test_auto_continues_on_llamacpp_once_the_probe_says_it_does(
+    dialect: str | None, owner: str, mode: str
+) -> None:
+    """auto on llama.cpp (its /metrics or its owned_by) is `llamacpp` once the probe
+    showed the server continues, and only on llama.cpp."""
+    assert mode_for("auto", dialect, owner, probed=True) == mode
+
+
+def test_the_probe_asks_one_token_after_a_made_up_answer() -> None:
+    """The probe continues PROBE_TEXT as `llamacpp` does; a server that starts over
+    (echoes the answer) fails it, one that goes on passes."""
+    body = probe_body("tiny")
+    assert body["messages"][-1] == {"role": "assistant", "content": PROBE_TEXT}
+    assert (body["continue_final_message"], body["max_tokens"], body["stream"]) == (True, 1, True)
+    assert not probe_continues(PROBE_TEXT + " more")
+    assert probe_continues(" more")
+    assert probe_continues("")
 
 
 def test_vllm_request_continues_the_final_message() -> None:
@@ -63,12 +94,13 @@ def test_vllm_request_continues_the_final_message() -> None:
 
 
 def test_llamacpp_request_prefills_the_answer_without_reasoning() -> None:
-    """llama.cpp: the partial answer is the last message, nothing else asked (its server
-    prefills a final assistant message); the reasoning is dropped; a request that ends
-    with the client's own prefill has the text appended to it."""
+    """llama.cpp: the partial answer is the last message, with `continue_final_message`
+    on and the generation prompt off (without it, a current llama-server streams the
+    prefilled text back first); the reasoning is dropped; a request that ends with the
+    client's own prefill has the text appended to it."""
     out = continued_body(_body(pb.Message(role="user", content="q")), HELD, "llamacpp")
     assert out["messages"][-1] == {"role": "assistant", "content": "The answer is"}
-    assert "continue_final_message" not in out
+    assert (out["continue_final_message"], out["add_generation_prompt"]) == (True, False)
     prefilled = _body(
         pb.Message(role="user", content="q"), pb.Message(role="assistant", content="Sure: ")
     )

@@ -25,7 +25,9 @@ fields, extra fields (`timings`, `matched_stop`, ...), a whole tool call in
 one chunk with or without `index`, usage in its own chunk, on the finish
 chunk, or missing, and error objects inside the stream. The stop string that
 ended the text, when the server names it (vLLM's `stop_reason`, SGLang's
-`matched_stop`, when a string), is the `complete` metadata's `stop_sequence`.
+`matched_stop`, when a string; llama.cpp's `stopping_word` in the `__verbose`
+fields it adds when asked, `edge.nodes.upstream.relay.LLAMACPP_STOP`), is the
+`complete` metadata's `stop_sequence`.
 
 It must not know sockets, httpx, grpclib or asyncio, nor who reads the events.
 """
@@ -238,6 +240,11 @@ class ChunkMapper:
         if isinstance(timings, dict):
             self._cached_fallback = _count(timings.get("cache_n"))
         events: list[pb.RunEvent] = []
+        native = payload.get("__verbose")  # llama.cpp's own fields, when asked for them
+        if isinstance(native, dict) and native.get("stop_type") == "word":
+            matched = native.get("stopping_word")
+            if isinstance(matched, str) and 0 < len(matched) <= MAX_STOP_SEQUENCE_CHARS:
+                self._stop_sequence = matched
         choices = payload.get("choices")
         for choice in choices if isinstance(choices, list) else ():
             if not isinstance(choice, dict) or choice.get("index", 0) not in (0, None):

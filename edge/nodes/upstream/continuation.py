@@ -10,21 +10,28 @@ names it (`MODES`), or `auto` tells it from what the upstream is (`mode_for`):
   reasoning goes on that message as `reasoning` (vLLM's name) and
   `reasoning_content` (SGLang's), which their chat templates render before
   the content. `echo` is dropped (vLLM would send the partial answer again).
-- `llamacpp`: llama.cpp's `llama-server` continues a final assistant message
-  by itself ("assistant prefill", on unless the server runs with
-  `--no-prefill-assistant`): it renders the messages before it with the
-  generation prompt and appends the message's content raw. No parameter;
-  the reasoning is dropped (the server appends the content only, and refuses
-  a prefill while thinking is on). A request that already ends with an
-  assistant message (the client's own prefill) has the text appended to it.
+- `llamacpp`: llama.cpp's `llama-server` takes the partial answer as the last
+  message too, with `continue_final_message: true` and `add_generation_prompt:
+  false`. It prefills a final assistant message by itself ("assistant
+  prefill", on unless the server runs with `--no-prefill-assistant`), but
+  builds that know `continue_final_message` (b1-0c1e570, llama-cpp-python
+  0.3.36, verified by `make real`) stream the prefilled text back before the
+  new text unless the request names it: the parameter is what makes a
+  streamed answer continue rather than start over (an older build ignores
+  it, and never echoed). The reasoning is dropped (older servers append the
+  content only, and refuse a prefill while thinking is on). A request that
+  already ends with an assistant message (the client's own prefill) has the
+  text appended to it.
 - `none`: the node does not continue answers (Ollama has no way to).
 
 `auto` is `vllm` for an upstream whose `/metrics` reads as vLLM's or SGLang's
 (`edge.nodes.upstream.load`) or whose `/models` says `owned_by` `vllm` or
-`sglang` for the model, and `none` otherwise: llama.cpp (a build older than
-the prefill, or one run with `--no-prefill-assistant`, would answer a new turn
-after the partial one, and nothing it serves tells which) is named, never
-guessed.
+`sglang` for the model; `llamacpp` for a llama.cpp server (its `/metrics`, or
+`owned_by` `llamacpp`) once a probe showed that it continues rather than
+starts over (`probe_body`: one streamed token after a made-up answer, which
+must not come back first); and `none` otherwise. The probe cannot tell a
+build older than the assistant prefill (early 2025), which answers a new
+turn: name `none` for one.
 
 The upstream streams only what comes after the partial answer. Its usage
 counts only that output: `whole_usage` adds the tokens the earlier runs
@@ -43,17 +50,21 @@ from __future__ import annotations
 from typing import Any, Final
 
 from edge.contract._proto.iop.node import v1 as pb
-from edge.nodes.upstream.load import SGLANG, VLLM
+from edge.nodes.upstream.load import LLAMACPP, SGLANG, VLLM
 
 __all__ = [
     "AUTO",
     "LLAMACPP_MODE",
     "MODES",
     "NONE",
+    "PROBE_TEXT",
     "VLLM_MODE",
     "as_failure",
     "continued_body",
+    "is_llamacpp",
     "mode_for",
+    "probe_body",
+    "probe_continues",
     "whole_usage",
 ]
 
@@ -68,14 +79,48 @@ _UINT32_MAX: Final = 2**32 - 1
 _VLLM_LIKE: Final = frozenset({VLLM, SGLANG})
 
 
-def mode_for(setting: str, dialect: str | None, owner: str) -> str:
+def mode_for(setting: str, dialect: str | None, owner: str, *, probed: bool = False) -> str:
     """How a model is continued: `setting` unless it is `auto`; then by the upstream's
-    load dialect (`dialect`, None: not read yet or none) or the model's `owned_by`."""
+    load dialect (`dialect`, None: not read yet or none) or the model's `owned_by`, and
+    for llama.cpp by the probe (`probed`: it showed the server continues)."""
     if setting not in MODES:
         raise ValueError(f"continuation {setting!r} is not one of {', '.join(MODES)}")
     if setting != AUTO:
         return setting
-    return VLLM_MODE if dialect in _VLLM_LIKE or owner in _VLLM_LIKE else NONE
+    if dialect in _VLLM_LIKE or owner in _VLLM_LIKE:
+        return VLLM_MODE
+    if probed and is_llamacpp(dialect, owner):
+        return LLAMACPP_MODE
+    return NONE
+
+
+def is_llamacpp(dialect: str | None, owner: str) -> bool:
+    """Whether the upstream is llama.cpp's server, by its load dialect or the model's
+    `owned_by` (llama-server says `llamacpp` in its `/models`)."""
+    return dialect == LLAMACPP or owner == LLAMACPP
+
+
+# The probe of a llama.cpp server's continuation (`probe_body`, `probe_continues`).
+PROBE_TEXT: Final = "Continuation probe: the rest follows"
+
+
+def probe_body(model: str) -> dict[str, Any]:
+    """A streamed request that continues the answer PROBE_TEXT by one token, as `llamacpp`
+    continues answers."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": 1,
+        "temperature": 0,
+        "stream": True,
+    }
+    return continued_body(body, pb.Continuation(text=PROBE_TEXT), LLAMACPP_MODE)
+
+
+def probe_continues(content: str) -> bool:
+    """Whether the text a probe streamed shows the server continues: it does not start
+    over with the answer it was given."""
+    return not content.startswith(PROBE_TEXT)
 
 
 def continued_body(
@@ -101,9 +146,8 @@ def continued_body(
         messages.append(partial)
     out = {**body, "messages": messages}
     out.pop("echo", None)
-    if mode == VLLM_MODE:
-        out["continue_final_message"] = True
-        out["add_generation_prompt"] = False
+    out["continue_final_message"] = True
+    out["add_generation_prompt"] = False
     for key in ("max_tokens", "max_completion_tokens"):
         limit = out.get(key)
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:

@@ -55,6 +55,11 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 # that grows with what a server sent must not run in one step.
 OFFLOAD_CHARS = 64 * 1024
 
+# What llama.cpp's server is asked for a run with stop sequences: its streamed chat answer
+# does not name the one that matched, unless asked for its own fields, which it then puts
+# on its last chunk as `__verbose` (`stop_type`, `stopping_word`: only those two).
+LLAMACPP_STOP = {"verbose": True, "response_fields": ["stop_type", "stopping_word"]}
+
 Emit = Callable[[pb.RunEvent], Awaitable[None]]
 # The RunEvent types that end a run.
 TERMINAL = frozenset({"complete", "error", "cancelled"})
@@ -75,6 +80,8 @@ class Relay:
         name: the node's name, for its log lines.
         continuation_mode: how a model's answers are continued
             (`edge.nodes.upstream.continuation`), asked when a run continues one.
+        llamacpp: whether a model is served by llama.cpp's server, asked when a run
+            has stop sequences (`LLAMACPP_STOP`).
         spans: the node's spans (None: tracing off).
         api_key: sent as `Authorization: Bearer ...` when set.
         read_timeout_s: the longest silence tolerated from the upstream.
@@ -86,6 +93,7 @@ class Relay:
         *,
         name: str,
         continuation_mode: Callable[[str], str],
+        llamacpp: Callable[[str], bool] = lambda model: False,
         spans: NodeSpans | None = None,
         api_key: str | None = None,
         read_timeout_s: float = 600.0,
@@ -93,6 +101,7 @@ class Relay:
         self.chat_url = upstream + "/chat/completions"
         self.name = name
         self.continuation_mode = continuation_mode
+        self.llamacpp = llamacpp
         self.spans = spans
         self._pool = httpcore.AsyncConnectionPool(
             max_connections=None, max_keepalive_connections=64, keepalive_expiry=5.0
@@ -119,6 +128,8 @@ class Relay:
             body = chat_request_body(request)
         except ValueError as exc:
             return ValueError(f"invalid run request: {exc}")
+        if request.stop and self.llamacpp(request.model):
+            body |= LLAMACPP_STOP
         held = request.continuation
         if held is not None:
             mode = self.continuation_mode(request.model)

@@ -43,9 +43,10 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.nodes.kit import NodeService, RunRecord
 from edge.nodes.upstream.bodies import context_limits_from_body, error_message
 from edge.nodes.upstream.bodies import models_from_body as parse_models
-from edge.nodes.upstream.continuation import MODES, NONE, mode_for
+from edge.nodes.upstream.continuation import AUTO, MODES, NONE, is_llamacpp, mode_for
 from edge.nodes.upstream.load import SOURCES
 from edge.nodes.upstream.loadpoll import LoadPoll, metrics_url
+from edge.nodes.upstream.probe import probe_continuation
 from edge.nodes.upstream.relay import CONNECT_TIMEOUT_S, TERMINAL, Relay, exc_reason
 from edge.observe.tracing import Tracing
 
@@ -122,13 +123,18 @@ class UpstreamNode(NodeService):
         )
         self.relay = Relay(
             self.upstream, name=name, continuation_mode=self.continuation_mode,
-            spans=self.spans, api_key=api_key, read_timeout_s=read_timeout_s,
+            llamacpp=self.is_llamacpp, spans=self.spans, api_key=api_key,
+            read_timeout_s=read_timeout_s,
         )  # fmt: skip
         self._models: list[tuple[str, str]] = []
         # Each model's context length, where the upstream's /models says it.
         self._context: dict[str, int] = {}
         self._models_at = -MODELS_TTL_S
         self._models_lock = asyncio.Lock()
+        # `auto` on llama.cpp: whether the probe showed the server continues (True), or
+        # starts over (False); None: not asked yet, or it could not say (asked again).
+        self._continues: bool | None = None
+        self._probe: asyncio.Task[None] | None = None
         # The runs' relay tasks (strong references until done), each with its stop.
         self._work: dict[asyncio.Task[None], anyio.CancelScope] = {}
         self.load_poll: LoadPoll | None = None
@@ -178,9 +184,47 @@ class UpstreamNode(NodeService):
         """How `model`'s answers are continued (`edge.nodes.upstream.continuation`): the
         setting, or with `auto` what the upstream's load (its dialect) and its model list
         (the model's owner) say of it, as read last."""
+        dialect, owner = self._kind(model)
+        return mode_for(self._continuation, dialect, owner, probed=self._continues is True)
+
+    def is_llamacpp(self, model: str) -> bool:
+        """Whether `model` is served by llama.cpp's server (its load dialect, or the
+        model's owner), as read last."""
+        return is_llamacpp(*self._kind(model))
+
+    def _kind(self, model: str) -> tuple[str | None, str]:
+        """What the upstream is, as read last: its load dialect (None: not read, or
+        none) and `model`'s owner in its model list ("" when it says none)."""
         load = self.load_poll.load if self.load_poll is not None else None
         owner = next((o for m, o in self._models if m == model), "")
-        return mode_for(self._continuation, load.dialect if load is not None else None, owner)
+        return (load.dialect if load is not None else None), owner
+
+    def _ask_continuation(self) -> None:
+        """With `auto`, probe a llama.cpp upstream once (in the background) for whether it
+        continues answers: until it says so, its models say no `continuation`."""
+        if self._continuation != AUTO or self._continues is not None or self._probe is not None:
+            return
+        model = next((m for m, _ in self._models if self.is_llamacpp(m)), None)
+        if model is not None:
+            self._probe = asyncio.create_task(self._probe_continuation(model))
+
+    async def _probe_continuation(self, model: str) -> None:
+        url = self.upstream + "/chat/completions"
+        try:
+            self._continues = await probe_continuation(self._client, url, model)
+        except (httpx.HTTPError, ValueError) as exc:
+            logger.info("{}: cannot tell yet whether {} continues answers: {}",
+                        self.name, url, exc_reason(exc))  # fmt: skip
+            self._probe = None  # asked again with the next model list
+            return
+        if self._continues:
+            logger.info("{}: {} continues answers (llama.cpp): runs continue there", self.name, url)
+            self.state_changed()
+        else:
+            logger.warning(
+                "{}: {} starts a continued answer over (llama.cpp): it continues none",
+                self.name, url,
+            )  # fmt: skip
 
     async def models(self) -> list[tuple[str, str]]:
         """(id, owned_by) per model; GRPCError UNAVAILABLE while the upstream is not healthy."""
@@ -190,6 +234,7 @@ class UpstreamNode(NodeService):
                 return self._models
             self._models = await self._fetch_models()
             self._models_at = loop.time()
+            self._ask_continuation()
             return self._models
 
     async def _fetch_models(self) -> list[tuple[str, str]]:
@@ -261,6 +306,8 @@ class UpstreamNode(NodeService):
     async def aclose(self) -> None:
         """Stop reading the load and the runs still working (their upstream requests
         close), then the client."""
+        if self._probe is not None:
+            self._probe.cancel()
         if self.load_poll is not None:
             await self.load_poll.aclose()
         for scope in self._work.values():
