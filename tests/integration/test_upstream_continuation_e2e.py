@@ -26,8 +26,10 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop, call_asyncio
 from edge.node.client import GrpcNodeClient
 from edge.nodes.embedded import embedded_upstream_node
+from edge.nodes.upstream.continuation import PROBE_TEXT
+from edge.nodes.upstream.server import UpstreamNode
 from edge.stream.events import Complete, Delta, Failed, NodeEvent
-from tests.integration.conftest import node_events, start_upstream_node, stop_process
+from tests.integration.conftest import node_events, poll, start_upstream_node, stop_process
 from tests.integration.rawhttp import read_request, send_events, send_whole, serve_upstream
 
 WAIT_S = 10.0
@@ -43,22 +45,29 @@ class ContinuingUpstream:
     # How it tells a continuation: "vllm" (`continue_final_message`) or "llamacpp"
     # (a final assistant message is a prefill).
     dialect: str = "vllm"
+    # llama.cpp: whether it streams the prefilled text back before the rest, unless the
+    # request says `continue_final_message` ("unless"), or whatever it says ("always").
+    echoes: str = "unless"
     url: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
 
     def answer(self, body: dict[str, Any]) -> tuple[int, str]:
-        """(status, text) for a chat request: the rest of ANSWER after what it continues."""
+        """(status, text) for a chat request: the rest of ANSWER after what it continues
+        (llama.cpp: the rest of any made-up answer is "x")."""
         last = body["messages"][-1]
-        continues = last["role"] == "assistant" and (
-            self.dialect == "llamacpp" or body.get("continue_final_message") is True
-        )
+        named = body.get("continue_final_message") is True
+        continues = last["role"] == "assistant" and (self.dialect == "llamacpp" or named)
         if not continues:
             return 200, ANSWER
-        if self.dialect == "vllm" and body.get("add_generation_prompt") is not False:
+        if body.get("add_generation_prompt") is not False and (self.dialect == "vllm" or named):
             return 400, "continue_final_message needs add_generation_prompt false"
-        if not ANSWER.startswith(last["content"]):
+        held = last["content"]
+        if self.dialect == "vllm" and not ANSWER.startswith(held):
             return 400, "the final message is not this answer's start"
-        return 200, ANSWER[len(last["content"]) :]
+        rest = ANSWER[len(held) :] if ANSWER.startswith(held) else "x"
+        if self.dialect == "llamacpp" and (self.echoes == "always" or not named):
+            return 200, held + rest
+        return 200, rest
 
     async def serve(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
@@ -202,10 +211,10 @@ async def test_a_continuation_the_upstream_refuses_is_a_node_failure(
 
 
 async def test_an_upstream_not_known_to_continue_says_no(nursery: trio.Nursery) -> None:
-    """auto, before a server that is neither vLLM nor SGLang (here llama.cpp's list):
+    """auto, before a server that is neither vLLM, SGLang nor llama.cpp (Ollama's owner):
     Describe says no `continuation`, and a run that continues anyway is an error event;
     the upstream is never asked."""
-    upstream = await _serve(nursery, ContinuingUpstream(owner="llamacpp", dialect="llamacpp"))
+    upstream = await _serve(nursery, ContinuingUpstream(owner="library"))
     async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (_, port):
         described = await _describe(port)
         events = await _run(port, _request("up-no", pb.Continuation(text=ANSWER[:5])))
@@ -216,12 +225,53 @@ async def test_an_upstream_not_known_to_continue_says_no(nursery: trio.Nursery) 
     assert upstream.requests == []
 
 
+async def _described_after_probe(port: int, node: UpstreamNode) -> pb.DescribeResponse:
+    """Describe once the node's probe of its llama.cpp upstream has its answer."""
+    await _describe(port)  # the first model list starts the probe
+    await poll(lambda: node.continues is not None, within_s=WAIT_S)
+    return await _describe(port)
+
+
+async def test_auto_continues_on_llamacpp_once_the_probe_says_it_does(
+    nursery: trio.Nursery,
+) -> None:
+    """auto, before llama.cpp (its owned_by): the node asks it once whether it continues
+    (one token after a made-up answer, the `llamacpp` way); it does, so Describe says
+    `continuation` and a run continues the answer there."""
+    upstream = await _serve(nursery, ContinuingUpstream(owner="llamacpp", dialect="llamacpp"))
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (node, port):
+        described = await _described_after_probe(port, node)
+        rest = await _run(port, _request("up-probe", pb.Continuation(text=ANSWER[:30])))
+    probe, sent = upstream.requests
+    assert probe["messages"][-1]["content"] == PROBE_TEXT
+    assert (probe["max_tokens"], probe["continue_final_message"]) == (1, True)
+    assert [m.continuation for m in described.models] == [True]
+    assert ANSWER[:30] + _text(rest) == ANSWER
+    assert sent["continue_final_message"] is True
+
+
+async def test_auto_does_not_continue_on_a_llamacpp_that_starts_over(
+    nursery: trio.Nursery,
+) -> None:
+    """auto, before a llama.cpp server that streams the prefilled answer back whatever it
+    is asked: the probe sees the answer start over, and Describe says no `continuation`
+    (an answer moved there would reach the client twice)."""
+    upstream = ContinuingUpstream(owner="llamacpp", dialect="llamacpp", echoes="always")
+    await _serve(nursery, upstream)
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (node, port):
+        described = await _described_after_probe(port, node)
+    assert [m.continuation for m in described.models] == [False]
+    assert len(upstream.requests) == 1
+
+
 async def test_llamacpp_continuation_named_on_the_command_line(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     """`iop-node --continuation llamacpp` (a process): Describe says `continuation`, and a
     run that continues sends the partial answer as the last message, which llama.cpp
-    prefills, with no vLLM parameter and no reasoning: the node streams the rest."""
+    prefills, with `continue_final_message` (without it a current llama.cpp streams the
+    prefill back first) and no reasoning: the node streams the rest. Named, the way is
+    not probed."""
     upstream = await _serve(nursery, ContinuingUpstream(owner="llamacpp", dialect="llamacpp"))
     node = await trio.to_thread.run_sync(
         partial(
@@ -244,5 +294,5 @@ async def test_llamacpp_continuation_named_on_the_command_line(
     assert ANSWER[:30] + _text(rest) == ANSWER
     (sent,) = upstream.requests
     assert sent["messages"][-1] == {"role": "assistant", "content": ANSWER[:30]}
-    assert "continue_final_message" not in sent
+    assert (sent["continue_final_message"], sent["add_generation_prompt"]) == (True, False)
     assert isinstance(rest[-1], Complete)

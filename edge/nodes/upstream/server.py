@@ -187,6 +187,12 @@ class UpstreamNode(NodeService):
         dialect, owner = self._kind(model)
         return mode_for(self._continuation, dialect, owner, probed=self._continues is True)
 
+    @property
+    def continues(self) -> bool | None:
+        """With `auto` on llama.cpp, what the probe found: True (the server continues
+        answers), False (it starts them over), None (not asked yet, or no answer)."""
+        return self._continues
+
     def is_llamacpp(self, model: str) -> bool:
         """Whether `model` is served by llama.cpp's server (its load dialect, or the
         model's owner), as read last."""
