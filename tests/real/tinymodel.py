@@ -1,29 +1,45 @@
 """A tiny llama model for a real llama.cpp server, made on the spot (no weights to download).
 
-Two layers, embedding 64, seeded random weights: its output is gibberish, but the same
-for the same prompt with greedy decoding, on every machine. It carries a real tokenizer,
-Qwen2's, copied from the vocabulary file llama.cpp ships (`models/ggml-vocab-qwen2.gguf`),
-and Qwen2.5-Instruct's chat template (ChatML, tools as `<tool_call>`), also from
-llama.cpp's source: what the server parses, renders and counts is a real model's.
+It carries a real tokenizer, Qwen2's, copied from the vocabulary file llama.cpp ships
+(`models/ggml-vocab-qwen2.gguf`), and Qwen2.5-Instruct's chat template (ChatML, tools
+as `<tool_call>`), also from llama.cpp's source: what the server parses, renders and
+counts is a real model's.
+
+Its weights make it a chain of words, seeded: its next token depends on its last one
+only, and is always a lowercase word with its leading space (" harbor"), each word
+followed by the next on one long cycle through the ~22,000 such words, with a margin
+of several logits over any other token. So its answer is the same for the same
+prompt on any machine and whatever the server's batching (random weights let a
+near-tie flip between a prefill and a decode), and a text it wrote tokenizes back
+into the same tokens (each word is one pre-tokenizer piece): an answer cut and
+continued from its text goes on exactly as it would have. The attention and
+feed-forward weights are zero (two layers of them, which the server still runs).
 
     python -m tests.real.tinymodel VOCAB TEMPLATE OUT
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-# The shape: small enough to make in seconds and to generate ~150 tokens/s on one thread.
+# The shape: the server runs two layers of 64 wide (their weights zero).
 LAYERS = 2
 EMBEDDING = 64
 HEADS = 4
 FEED_FORWARD = 128
 CONTEXT = 2048
 SEED = 1234
+# The words the model writes: a space and 3-10 lowercase letters, one token each.
+WORD = re.compile(r"\u0120[a-z]{3,10}")
+# The logit of the next word: the RMS-normed hidden state is 8 (the square root of the
+# width) times a unit vector, so the next word's logit is 8 x SCALE, and any other's
+# at most about 0.6 of it (random unit vectors in 64 dimensions).
+SCALE = 2.0
 # Tokenizer fields copied from the vocabulary file as they are.
 _TOKENIZER = (
     "tokenizer.ggml.model",
@@ -75,22 +91,31 @@ def make(vocab: Path, template: Path, out: Path) -> Path:
     writer.add_chat_template(template.read_text())
 
     rng = np.random.default_rng(SEED)
+    words = [i for i, t in enumerate(tokens) if WORD.fullmatch(str(t)) and token_types[i] == 1]
+    cycle = rng.permutation(np.array(words))
+    embedding = rng.standard_normal((n_vocab, EMBEDDING)).astype(np.float32)
+    # Any other token (a prompt's last one) reads as a word: its next token is that word's.
+    others = np.setdiff1d(np.arange(n_vocab), cycle)
+    embedding[others] = embedding[rng.choice(cycle, size=len(others))]
+    embedding /= np.linalg.norm(embedding, axis=1, keepdims=True)
+    output = np.zeros((n_vocab, EMBEDDING), dtype=np.float32)
+    output[np.roll(cycle, -1)] = SCALE * embedding[cycle]  # word -> the next on the cycle
 
-    def weights(*shape: int, scale: float = 0.5) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    def zeros(*shape: int) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
 
-    writer.add_tensor("token_embd.weight", weights(n_vocab, EMBEDDING))
+    writer.add_tensor("token_embd.weight", embedding)
     writer.add_tensor("output_norm.weight", np.ones(EMBEDDING, dtype=np.float32))
-    writer.add_tensor("output.weight", weights(n_vocab, EMBEDDING))
+    writer.add_tensor("output.weight", output)
     for layer in range(LAYERS):
         block = f"blk.{layer}"
         writer.add_tensor(f"{block}.attn_norm.weight", np.ones(EMBEDDING, dtype=np.float32))
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(f"{block}.{name}.weight", weights(EMBEDDING, EMBEDDING))
+            writer.add_tensor(f"{block}.{name}.weight", zeros(EMBEDDING, EMBEDDING))
         writer.add_tensor(f"{block}.ffn_norm.weight", np.ones(EMBEDDING, dtype=np.float32))
-        writer.add_tensor(f"{block}.ffn_gate.weight", weights(FEED_FORWARD, EMBEDDING))
-        writer.add_tensor(f"{block}.ffn_up.weight", weights(FEED_FORWARD, EMBEDDING))
-        writer.add_tensor(f"{block}.ffn_down.weight", weights(EMBEDDING, FEED_FORWARD))
+        writer.add_tensor(f"{block}.ffn_gate.weight", zeros(FEED_FORWARD, EMBEDDING))
+        writer.add_tensor(f"{block}.ffn_up.weight", zeros(FEED_FORWARD, EMBEDDING))
+        writer.add_tensor(f"{block}.ffn_down.weight", zeros(EMBEDDING, FEED_FORWARD))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
