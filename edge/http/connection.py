@@ -236,6 +236,9 @@ class Connection:
             body_deadline = started + self._body_left if self._scanner.in_body else math.inf
             # A cancel scope enters once: each receive gets a fresh one.
             self._read_scope = trio.CancelScope(deadline=min(self._idle_deadline, body_deadline))
+            # The last read is let go before the next wait: a connection whose client
+            # then sends nothing (it streams an answer, or stalls) holds no read of it.
+            forward = b""
             data, self._first = self._first, b""
             if not data:
                 with self._read_scope:
