@@ -15,6 +15,8 @@ migrated answer must be the text of an uncut one.
   before migration.
 - A stream whose head went out with a keep-alive, its node killed before any
   output: it starts again on the other node and completes whole.
+- An answer whose every node aborts its stream ends with the node's failure
+  (`run_error`) once no node is left, never a timeout.
 - A client that left is never migrated: its run is cancelled on its node, and the
   other node's runs log never names it.
 - An answer whose two nodes are killed in turn goes back to the first, restarted
@@ -260,6 +262,34 @@ async def test_a_node_that_cannot_continue_takes_no_continuation(
         assert running.counted(MIGRATIONS, outcome="no_node") == on_a
         await running.wait_idle(within_s=WAIT_S)
         assert len([r for r in b.runs() if "outcome" in r]) == 4 - on_a
+        await stop_edge(running)
+
+
+async def test_an_answer_whose_every_node_aborts_ends_as_the_nodes_failure(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A script that aborts its stream after output on every node: the answer moves
+    from a to b, b aborts too, and no node is left: the client gets the node's failure
+    (`run_error`), at once, never a timeout; each node ran it once, aborted."""
+    aborting = script(
+        {"type": "delta", "delta": "hello "}, {"sleep_ms": 20},
+        {"type": "delta", "delta": "world"}, {"type": "abort"},
+    )  # fmt: skip
+    with _sims(tmp_path, (), ()) as (a, b):
+        running = await start_edge(nursery, _config(a, b, migrations=3))
+        async with httpx.AsyncClient(base_url=running.url, timeout=60) as http:
+            response = await http.post(CHAT, json=chat_body("sim-script", aborting, stream=True))
+        frames = sse_frames(response.text)
+        assert sse_content(frames) == "hello world"
+        assert frames[-1]["error"]["type"] == "run_error", response.text[-300:]
+        assert "data: [DONE]" not in response.text
+        run_id = frames[0]["id"].removeprefix("chatcmpl-")
+        assert running.counted(MIGRATIONS, outcome="migrated") == 1
+        assert running.counted(MIGRATIONS, outcome="no_node") == 1
+        await running.wait_idle(within_s=WAIT_S)
+        for node in (a, b):
+            record = node.run(run_id)
+            assert record is not None and record["outcome"] == "aborted", record
         await stop_edge(running)
 
 
