@@ -204,6 +204,8 @@ class RunRecord:
     ended_at: float | None = None
     # Where the run's events go while it is served (dropped when it ends).
     stream: Events | None = field(default=None, repr=False)
+    # Whether its runs-log line was written (once).
+    written: bool = False
 
     async def send(self, event: pb.RunEvent | Serialized) -> None:
         """Send one event of the run, counted in its runs-log line (`events_sent`)."""
@@ -228,6 +230,12 @@ class RunsLog:
 
     def start(self, run_id: str, model: str, stream: Events | None = None) -> RunRecord:
         """Record a run that began (its events go to `stream`)."""
+        earlier = self._runs.get(run_id)
+        if earlier is not None and earlier.flush_handle is not None:
+            # The same run id again (an answer moved back to this node): the earlier
+            # run's line is written now, and a CancelRun from here is the new run's.
+            earlier.flush_handle.cancel()
+            self._flush(earlier)
         run = RunRecord(run_id, model, stream=stream)
         self._runs[run_id] = run
         return run
@@ -260,8 +268,12 @@ class RunsLog:
             run.flush_handle = loop.call_later(CANCEL_GRACE_S, self._flush, run)
 
     def _flush(self, run: RunRecord) -> None:
-        if self._runs.pop(run.run_id, None) is None:
+        """Write `run`'s line, once; its id is let go unless a newer run holds it."""
+        if run.written:
             return
+        run.written = True
+        if self._runs.get(run.run_id) is run:
+            del self._runs[run.run_id]
         self._write(
             {
                 "run_id": run.run_id,

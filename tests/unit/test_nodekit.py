@@ -66,6 +66,31 @@ def test_unknown_cancel_rpcs_are_bounded_too() -> None:
     assert isinstance(last["at"], float)  # when: the chaos witness places it in a life
 
 
+def test_a_run_id_served_again_keeps_both_lines() -> None:
+    """A run that ended aborted (its line waits out the CancelRun grace), then the same
+    run id again (an answer moved back to this node): the first line is written at once,
+    the second run's CancelRun is its own, and each run has its line."""
+    asyncio.run(_served_again())
+
+
+async def _served_again() -> None:
+    log = RunsLog()
+    first = log.start("r1", "sim-script")
+    first.outcome = "aborted"
+    log.ended(first)  # waits for a CancelRun
+    second = log.start("r1", "sim-script")
+    assert [r["outcome"] for r in log.finished] == ["aborted"]
+    live, found = log.cancel_rpc("r1")
+    assert (live, found) == (second, True)
+    second.outcome = "cancelled"
+    log.ended(second)
+    assert [(r["outcome"], r["cancel_rpcs"]) for r in log.finished] == [
+        ("aborted", 0), ("cancelled", 1),
+    ]  # fmt: skip
+    assert log.active == 0
+    assert not log._runs
+
+
 def test_a_refused_oversized_request_is_not_kept() -> None:
     """A node refuses a RunRequest over the gRPC limit (RESOURCE_EXHAUSTED) and keeps
     nothing of it: with the garbage collector off, four refusals leave less than one
