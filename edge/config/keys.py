@@ -40,8 +40,10 @@ def _keys(source: str, raw_keys: list[Any], api_keys: tuple[str, ...]) -> tuple[
             raise r.fail("name", "missing (a name for logs and metrics)")
         if not _KEY_NAME.match(name):
             raise r.fail("name", "expected 1 to 64 of A-Z a-z 0-9 . _ -")
-        if name == "api_keys":
-            raise r.fail("name", "'api_keys' names the keys of [server] api_keys; pick another")
+        if name.startswith("api_keys"):
+            raise r.fail(
+                "name", "names starting 'api_keys' are the keys of [server] api_keys; pick another"
+            )
         sources = {k: r.get(k, str, None) for k in SECRET_SOURCES}
         given = [k for k, value in sources.items() if value is not None]
         if len(given) != 1:

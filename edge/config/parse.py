@@ -259,9 +259,15 @@ def _responses(r: TableReader) -> ResponsesConfig:
             "max_response_bytes", rsp.max_response_bytes, minimum=1024, maximum=2**31
         ),
         ttl_s=r.number("ttl_s", rsp.ttl_s, minimum=1.0, maximum=10 * 365 * 86400.0),
+        per_key_max_responses=r.integer("per_key_max_responses", None, minimum=1, maximum=10**9),
+        per_key_max_bytes=r.integer("per_key_max_bytes", None, minimum=1024, maximum=2**44),
     )
     if responses.max_response_bytes > responses.max_bytes:
         raise r.fail("max_response_bytes", "must be at most max_bytes")
+    if responses.key_max_responses > responses.max_responses:
+        raise r.fail("per_key_max_responses", "must be at most max_responses")
+    if responses.key_max_bytes > responses.max_bytes:
+        raise r.fail("per_key_max_bytes", "must be at most max_bytes")
     if responses.path is not None and not responses.path:
         raise r.fail("path", "must not be empty")
     if responses.redis_url is not None:

@@ -213,8 +213,28 @@ class ResponsesConfig:
     max_bytes: int = 256 * 1024 * 1024
     # A larger response is answered but not kept (logged and counted).
     max_response_bytes: int = 8 * 1024 * 1024
+    # Responses one key (tenant) keeps at most: past it, that key's oldest are evicted,
+    # never another's. Unset: a quarter of max_responses.
+    per_key_max_responses: int | None = None
+    # Bytes one key keeps at most, as max_bytes counts them: past it, that key's oldest
+    # are evicted. Unset: a quarter of max_bytes.
+    per_key_max_bytes: int | None = None
     # A response is kept this long after it was stored, at most.
     ttl_s: float = 7 * 24 * 3600.0
+
+    @property
+    def key_max_responses(self) -> int:
+        """What one key keeps at most, in responses (`per_key_max_responses`)."""
+        if self.per_key_max_responses is not None:
+            return self.per_key_max_responses
+        return max(1, self.max_responses // 4)
+
+    @property
+    def key_max_bytes(self) -> int:
+        """What one key keeps at most, in bytes (`per_key_max_bytes`)."""
+        if self.per_key_max_bytes is not None:
+            return self.per_key_max_bytes
+        return max(self.max_response_bytes, self.max_bytes // 4)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,9 @@
 each key to the key, then `hmac.compare_digest` of the digests, so lookup
 is O(1) in the number of keys and the comparison is constant-time. The
 keys of `[server] api_keys` / `api_keys_file` are keys without limits,
-all named "api_keys". No key's secret is kept anywhere else, logged or
-labelled: names only.
+each its own tenant (its stored responses, its share), named "api_keys-" and
+a short hash of the key (`legacy_name`). No key's secret is kept anywhere
+else, logged or labelled: names only.
 
 `Limiter` admits a request of a key through its store and ends it (gives
 the stream back, counts the run's tokens), counting metrics by key name. A
@@ -50,8 +51,12 @@ from edge.observe.log import REQUEST_ID
 from edge.observe.metrics import EdgeMetrics
 from edge.stream.output import Outcome
 
-# The name the keys of [server] api_keys (no names, no limits) go by in metrics and logs.
+# The keys of [server] api_keys (no names, no limits) go by this and a short hash of the
+# key in metrics, logs and the response store (`legacy_name`).
 LEGACY_NAME = "api_keys"
+# Hex digits of the key's sha256 in its name: enough to tell a fleet's keys apart, too
+# few to help guess one.
+_LEGACY_HASH_HEX = 10
 # At most one "store unavailable" line this often.
 _LOG_EVERY_S = 10.0
 # Bound on ending a request's gate (release, tokens) once its cycle is over.
@@ -116,16 +121,20 @@ def _digest(secret: bytes) -> bytes:
     return hashlib.sha256(secret).digest()
 
 
+def legacy_name(secret: str) -> str:
+    """The name of a key of `[server] api_keys`: "api_keys-" and a short hash of it."""
+    return f"{LEGACY_NAME}-{hashlib.sha256(secret.encode()).hexdigest()[:_LEGACY_HASH_HEX]}"
+
+
 class KeyRing:
     """The accepted bearer keys: which key a header holds, in constant time."""
 
     def __init__(self, keys: Sequence[KeyConfig] = (), legacy: Sequence[str] = ()) -> None:
         self._by_digest: dict[bytes, tuple[bytes, Key]] = {}
-        legacy_key = Key(LEGACY_NAME)
         for secret in legacy:
             if secret:
                 d = _digest(secret.encode())
-                self._by_digest.setdefault(d, (d, legacy_key))
+                self._by_digest.setdefault(d, (d, Key(legacy_name(secret))))
         for config in keys:
             d = _digest(config.secret.encode())
             self._by_digest[d] = (d, key_of(config))

@@ -3,8 +3,9 @@
 A store keeps records by (owner, response id), the owner being the API key's name ("" with
 no keys), so a key only ever reads what it stored, and indexes each record's output
 items by (owner, item id), for `item_reference`. It holds at most `Bounds`: a count, a
-sum of bytes (evicting the oldest past either) and an age; a record over the
-per-response byte bound is not stored at all.
+sum of bytes (evicting the oldest past either) and an age, in all and per owner (an
+owner past its own count or bytes loses its own oldest records, never another's); a
+record over the per-response byte bound (or its owner's) is not stored at all.
 
 A record is built where a store's write runs, off the event loop (`make_record`): the
 Response object encoded, each output item encoded on its own, and its size. A store
@@ -43,12 +44,25 @@ class TooMuchReferenced(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Bounds:
-    """What a store holds at most (`[responses]`)."""
+    """What a store holds at most (`[responses]`): in all, and per owner (a key, a tenant:
+    past its own bounds an owner's oldest records are evicted, never another's)."""
 
     max_responses: int
     max_bytes: int
     max_response_bytes: int
     ttl_s: float
+    # Unset: the totals (one owner may fill the store).
+    owner_max_responses: int | None = None
+    owner_max_bytes: int | None = None
+
+    def of(self, owner: str) -> tuple[int, int, int]:
+        """What `owner` keeps at most: responses, bytes, and the bytes of one response.
+        The owner "" (an edge without keys: every client is one tenant) has the totals."""
+        count = self.max_responses if self.owner_max_responses is None else self.owner_max_responses
+        held = self.max_bytes if self.owner_max_bytes is None else self.owner_max_bytes
+        if not owner:
+            count, held = self.max_responses, self.max_bytes
+        return count, held, min(self.max_response_bytes, held)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,9 @@ up to `busy_timeout_s` (then `StoreUnavailable`).
 Tables: `responses` (one row per response: owner, id, expiry, bytes, the Response
 object and its context), `items` (each output item by owner and id, with the row it
 belongs to) and `totals` (the count and the bytes of `responses`, kept by triggers,
-so the bounds are checked without a scan). A write, in one transaction: drop expired
-rows, insert, then drop the oldest rows while over `max_responses` or `max_bytes`.
+so the bounds are checked without a scan), and `owner_totals` (the same per owner). A
+write, in one transaction: drop expired rows, insert, drop the owner's oldest rows while
+it is over its own bounds, then the oldest rows while over `max_responses` or `max_bytes`.
 A read sees only rows not expired. The schema's version is the file's `user_version`;
 a file of another version is not opened.
 """
@@ -31,7 +32,29 @@ from edge.api.responses_state import Resolved, StoredResponse
 from edge.store.base import Bounds, StoreUnavailable, TooMuchReferenced, make_record
 
 _T = TypeVar("_T")
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+# Version 2: each owner's count and bytes, kept by triggers as `totals` is, and its
+# records in order, so an owner past its bounds loses its own oldest.
+_OWNERS: Final = (
+    """CREATE TABLE IF NOT EXISTS owner_totals (
+        owner TEXT PRIMARY KEY,
+        count INTEGER NOT NULL,
+        bytes INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS responses_of_owner ON responses (owner, seq)",
+    """INSERT OR REPLACE INTO owner_totals
+        SELECT owner, COUNT(*), SUM(nbytes) FROM responses GROUP BY owner""",
+    """CREATE TRIGGER IF NOT EXISTS owner_added AFTER INSERT ON responses BEGIN
+        INSERT OR IGNORE INTO owner_totals VALUES (NEW.owner, 0, 0);
+        UPDATE owner_totals SET count = count + 1, bytes = bytes + NEW.nbytes
+            WHERE owner = NEW.owner;
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS owner_gone AFTER DELETE ON responses BEGIN
+        UPDATE owner_totals SET count = count - 1, bytes = bytes - OLD.nbytes
+            WHERE owner = OLD.owner;
+        DELETE FROM owner_totals WHERE owner = OLD.owner AND count <= 0;
+    END""",
+)
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS responses (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -65,6 +88,7 @@ _SCHEMA: Final = (
         UPDATE totals SET count = count - 1, bytes = bytes - OLD.nbytes WHERE one = 1;
         DELETE FROM items WHERE response_seq = OLD.seq;
     END""",
+    *_OWNERS,
 )
 # Expired rows dropped by one write, at most (the rest by the next ones).
 _EXPIRED_PER_WRITE = 256
@@ -117,15 +141,15 @@ class SqliteStore:
             conn.execute("PRAGMA synchronous=NORMAL")
             with _transaction(conn, immediate=True):  # the workers open it at once
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
-                if version not in (0, SCHEMA_VERSION):
+                if version not in (0, 1, SCHEMA_VERSION):
                     raise sqlite3.DatabaseError(
                         f"{self.path} holds responses of schema version {version}, not "
                         f"{SCHEMA_VERSION}: give [responses] path another file"
                     )
-                if version == 0:
-                    for statement in _SCHEMA:
-                        conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                # A new file gets every table; one of version 1 its owners' totals.
+                for statement in _SCHEMA if version == 0 else _OWNERS if version == 1 else ():
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
             conn.close()
             raise
@@ -156,7 +180,8 @@ class SqliteStore:
         record = make_record(owner, response, context)
         nbytes = record.nbytes
         bounds = self._bounds
-        if nbytes > bounds.max_response_bytes:
+        owner_count, owner_bytes, record_bytes = bounds.of(owner)
+        if nbytes > record_bytes:
             return False
         now = self._clock()
         with _transaction(conn, immediate=True):
@@ -176,6 +201,18 @@ class SqliteStore:
                 "INSERT OR REPLACE INTO items (owner, id, response_seq, body) VALUES (?, ?, ?, ?)",
                 ((owner, item_id, seq, body) for item_id, body in record.items),
             )
+            # The owner's own oldest first (its bounds), then anyone's (the store's).
+            while True:
+                count, held = conn.execute(
+                    "SELECT count, bytes FROM owner_totals WHERE owner = ?", (owner,)
+                ).fetchone()
+                if count <= owner_count and held <= owner_bytes:
+                    break
+                conn.execute(
+                    "DELETE FROM responses WHERE seq ="
+                    " (SELECT MIN(seq) FROM responses WHERE owner = ?)",
+                    (owner,),
+                )
             while True:
                 count, held = conn.execute("SELECT count, bytes FROM totals").fetchone()
                 if count <= bounds.max_responses and held <= bounds.max_bytes:

@@ -29,8 +29,9 @@ async def open_response_store(config: Config, directory: Path) -> ResponseStore 
     """
     settings = config.responses
     bounds = Bounds(
-        settings.max_responses, settings.max_bytes, settings.max_response_bytes, settings.ttl_s
-    )
+        settings.max_responses, settings.max_bytes, settings.max_response_bytes, settings.ttl_s,
+        owner_max_responses=settings.key_max_responses, owner_max_bytes=settings.key_max_bytes,
+    )  # fmt: skip
     where: str
     store: ResponseStore
     if settings.store == "off":
@@ -55,7 +56,8 @@ async def open_response_store(config: Config, directory: Path) -> ResponseStore 
             raise sqlite3.OperationalError(f"{path}: {exc}") from None
         where = f"sqlite {path}"
     logger.info(
-        "responses store: {}; at most {} responses, {} bytes, {}s each",
-        where, bounds.max_responses, bounds.max_bytes, bounds.ttl_s,
+        "responses store: {}; at most {} responses, {} bytes, {}s each; per key {} responses,"
+        " {} bytes", where, bounds.max_responses, bounds.max_bytes, bounds.ttl_s,
+        *bounds.of("a key")[:2],
     )  # fmt: skip
     return store

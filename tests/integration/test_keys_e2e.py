@@ -21,6 +21,7 @@ import trio
 
 from edge.config import Config, KeyConfig, NodeConfig, ServerConfig
 from edge.http import connection
+from edge.limits.limiter import legacy_name
 from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
@@ -278,7 +279,7 @@ async def test_keys_without_limits_are_counted_by_name(
             )
             assert legacy.status_code == 200
         assert _sample(running, "iop_edge_key_requests_total", key="only-models") == 1
-        assert _sample(running, "iop_edge_key_requests_total", key="api_keys") == 1
+        assert _sample(running, "iop_edge_key_requests_total", key=legacy_name("sk-legacy")) == 1
         assert _sample(running, "iop_edge_key_tokens_total", key="only-models", type="output") == 2
         assert (
             _sample(running, "iop_edge_key_rejections_total", key="only-models", limit="model") == 1

@@ -340,3 +340,42 @@ async def test_two_edges_share_responses_through_redis(
         assert down.json()["error"]["type"] == "service_unavailable"
         assert "send the conversation's items" in down.json()["error"]["message"]
         assert total(metrics, "iop_edge_responses_stored_total", result="failed") == 1
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+async def test_a_key_past_its_quota_evicts_only_its_own(
+    tmp_path: Path, sim: SimProcess, redis_server: RedisServer, store: str
+) -> None:
+    """Keys are tenants of the store: key b storing past `per_key_max_responses` loses
+    its own oldest responses, never key a's (one left in a store with room for eight),
+    and each plain `[server] api_keys` entry is a tenant of its own: one cannot read
+    what the other stored."""
+    where = (
+        f'store = "redis"\nredis_url = "{redis_server.url}"\nkey_prefix = "quota:"\n'
+        if store == "redis"
+        else f'path = "{tmp_path / "responses.sqlite3"}"\n'
+    )
+    toml = (
+        '[server]\nlisten = "127.0.0.1:0"\nkeepalive_s = 0\napi_keys = ["sk-p1", "sk-p2"]\n'
+        f'[[nodes]]\nname = "sim"\naddress = "{sim.address}"\n'
+        '[[keys]]\nname = "team-a"\nkey = "sk-a"\n[[keys]]\nname = "team-b"\nkey = "sk-b"\n'
+        f"[responses]\n{where}max_responses = 8\nper_key_max_responses = 2\n"
+    )
+    async with edge_process(tmp_path, toml, name=f"edge-{store}") as edge:
+        a1 = await _call(edge.url, lambda c: c.responses.create(
+            model="sim-echo", input="a's own"), key="sk-a")  # fmt: skip
+        b = [await _call(edge.url, lambda c, i=i: c.responses.create(
+            model="sim-echo", input=f"b {i}"), key="sk-b") for i in range(5)]  # fmt: skip
+        kept = await _call(edge.url, lambda c: c.responses.retrieve(a1.id), key="sk-a")
+        assert kept.output_text == "a's own"
+        for gone in b[:3]:
+            with pytest.raises(openai.NotFoundError):
+                await _call(edge.url, lambda c, r=gone: c.responses.retrieve(r.id), key="sk-b")
+        for left in b[3:]:
+            assert (await _call(edge.url, lambda c, r=left: c.responses.retrieve(r.id),
+                                key="sk-b")).id == left.id  # fmt: skip
+        p1 = await _call(edge.url, lambda c: c.responses.create(
+            model="sim-echo", input="p1's"), key="sk-p1")  # fmt: skip
+        with pytest.raises(openai.NotFoundError):
+            await _call(edge.url, lambda c: c.responses.retrieve(p1.id), key="sk-p2")
+        assert (await _call(edge.url, lambda c: c.responses.retrieve(p1.id), key="sk-p1")).id

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from edge.config import ConfigError, KeyConfig, parse_config
 from edge.errors import NotFoundError
 from edge.limits.base import StoreUnavailable
-from edge.limits.limiter import LEGACY_NAME, Gate, Key, KeyRing, Limiter
+from edge.limits.limiter import LEGACY_NAME, Gate, Key, KeyRing, Limiter, legacy_name
 from edge.limits.memory import MemoryStore
 from edge.limits.window import (
     WINDOW_MS,
@@ -142,7 +142,9 @@ def test_key_ring_identifies_keys_by_a_constant_time_compare(
     )  # fmt: skip
     legacy = ring.identify("Bearer sk-old")
     assert legacy is not None
-    assert (legacy.name, legacy.limited) == (LEGACY_NAME, False)
+    assert (legacy.name, legacy.limited) == (legacy_name("sk-old"), False)
+    assert legacy.name.startswith(f"{LEGACY_NAME}-")
+    assert "sk-old" not in legacy.name
     assert ring.identify("Bearer sk-A") is None
     assert ring.identify("Basic sk-a") is None
     assert ring.identify(None) is None
@@ -228,7 +230,8 @@ key_prefix = "edge:"
         ('name = "a"\nkey_file = "missing.key"', "cannot read missing.key"),
         ('name = "a"\nkey = "x"\nrpm = 0', "keys[0].rpm: must be between 1"),
         ('name = "a"\nkey = "x"\nburst = 3', "unknown key keys[0].burst"),
-        ('name = "api_keys"\nkey = "x"', "keys[0].name: 'api_keys' names the keys of"),
+        ('name = "api_keys"\nkey = "x"', "keys[0].name: names starting 'api_keys' are"),
+        ('name = "api_keys-1"\nkey = "x"', "keys[0].name: names starting 'api_keys' are"),
     ],
 )
 def test_key_mistakes_are_one_line_naming_the_setting(entry: str, message: str) -> None:

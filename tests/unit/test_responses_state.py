@@ -8,6 +8,7 @@ real one on a file of the test's own, its clock a variable the test moves.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from edge.api.responses_state import (
 )
 from edge.config import ConfigError, parse_config
 from edge.errors import NotFoundError, RequestError
+from edge.store import sqlite as sqlite_store
 from edge.store.base import Bounds, TooMuchReferenced
 from edge.store.sqlite import SqliteStore
 
@@ -195,6 +197,44 @@ async def test_sqlite_store_bounds_and_expiry(tmp_path: Path) -> None:
         await store.aclose()
 
 
+async def test_sqlite_owner_bounds_evict_the_owners_own(tmp_path: Path) -> None:
+    """An owner past its own bytes loses its own oldest, never another's; a response over
+    its owner's bytes is not kept; the owner "" (no keys) has the store's totals. A file
+    of schema version 1 is upgraded in place, its owners' totals counted from its rows."""
+    path = tmp_path / "r.sqlite3"
+    with sqlite3.connect(path) as db:  # a version-1 file with one response of "a"
+        for statement in sqlite_store._SCHEMA[: -len(sqlite_store._OWNERS)]:
+            db.execute(statement)
+        db.execute(
+            "INSERT INTO responses (owner, id, expires_at, nbytes, response, context)"
+            " VALUES ('a', 'resp_old', 1e12, 500, x'7b7d', x'5b5d')"
+        )
+        db.execute("PRAGMA user_version = 1")
+    bounds = Bounds(max_responses=100, max_bytes=1 << 16, max_response_bytes=8192, ttl_s=600,
+                    owner_max_responses=50, owner_max_bytes=3000)  # fmt: skip
+    store = await SqliteStore.open(path, bounds)
+    try:
+        assert (await store.fetch("a", "resp_old", [])).previous is not None
+        assert await store.put("a", _response(0, "a" * 700), b"[]")
+        for n in range(1, 8):
+            assert await store.put("b", _response(n, "b" * 700), b"[]")
+        assert (await store.fetch("a", "resp_0", [])).previous is not None
+        assert (await store.fetch("a", "resp_old", [])).previous is not None
+        assert (await store.fetch("b", "resp_1", [])).previous is None  # b's oldest went
+        assert (await store.fetch("b", "resp_7", [])).previous is not None
+        assert not await store.put("b", _response(9, "x" * 3500), b"[]")  # over b's 3000
+        for n in range(10, 20):
+            assert await store.put("", _response(n, "c" * 700), b"[]")
+        assert (await store.fetch("", "resp_10", [])).previous is not None  # the totals
+        with sqlite3.connect(path) as db:
+            owners = dict(db.execute("SELECT owner, bytes FROM owner_totals").fetchall())
+            rows = dict(db.execute("SELECT owner, SUM(nbytes) FROM responses GROUP BY owner"))
+        assert owners == rows
+        assert owners["b"] <= 3000
+    finally:
+        await store.aclose()
+
+
 async def test_what_a_request_refers_to_is_read_up_to_the_per_response_bound(
     tmp_path: Path,
 ) -> None:
@@ -245,6 +285,7 @@ _OPEN = """
 import sys
 from pathlib import Path
 from edge.store.base import Bounds
+from edge.store import sqlite as sqlite_store
 from edge.store.sqlite import SqliteStore
 SqliteStore(Path(sys.argv[1]), Bounds(10, 1 << 20, 1 << 16, 60))
 """
