@@ -8,10 +8,13 @@ before its own input; the `instructions` are not carried over, as OpenAI does), 
 names one of its output items with `{"type": "item_reference", "id": ...}`.
 
 This module owns the pure half of that: `scan_references` reads which ids a body names
-(before the store is asked, so the store is asked once, before the parse),
-`Resolved` is what the store gave back for them, `with_items` puts the items in
-their place, and the 404s a missing reference answers. The store itself (files,
-Redis, threads) is `edge.store`'s; the I/O around a request `edge.http`'s.
+and how often (before the store is asked, so the store is asked once, before the
+parse), `Resolved` is what the store gave back for them, `expansion` what they come
+to once each reference stands for its item (bounded before anything is copied),
+`with_items` puts the items in their place (each stored item decoded once, the one
+object shared by all its references), and the 404s a missing reference answers. The
+store itself (files, Redis, threads) is `edge.store`'s; the I/O around a request
+`edge.http`'s.
 
 Pure: bytes in, values out (or a `RequestError`). No HTTP, no trio.
 """
@@ -24,7 +27,7 @@ from typing import Any, Final
 
 import msgspec
 
-from edge.errors import NotFoundError, RequestError
+from edge.errors import NotFoundError, PayloadTooLargeError, RequestError
 from edge.observe.logbound import clip_repr
 
 # The longest response or item id the store is asked for: the edge's own are ~40
@@ -52,10 +55,18 @@ class _PreviousScan(msgspec.Struct):
 
 @dataclass(frozen=True, slots=True)
 class References:
-    """The stored things a request body names: its previous response, its item ids."""
+    """The stored things a request body names: its previous response, its item ids (each
+    once), and how many of the body's references name each of them."""
 
     previous: str | None = None
     items: tuple[str, ...] = ()
+    # uses[i]: the references to items[i] (1 when not given).
+    uses: tuple[int, ...] = ()
+
+    def uses_of(self) -> dict[str, int]:
+        """Each item id and how many references name it."""
+        return {item: self.uses[i] if i < len(self.uses) else 1
+                for i, item in enumerate(self.items)}  # fmt: skip
 
     def __bool__(self) -> bool:
         return self.previous is not None or bool(self.items)
@@ -66,8 +77,9 @@ def _usable(value: object) -> str | None:
 
 
 def scan_references(body: bytes) -> References:
-    """The ids `body` refers to (each item id once, in order); nothing for a body the
-    parser will refuse anyway (not JSON, an `input` of another type): the parse says why.
+    """The ids `body` refers to (each item id once, in order, with how many references
+    name it); nothing for a body the parser will refuse anyway (not JSON, an `input` of
+    another type): the parse says why.
 
     Typed decoding: only `previous_response_id` and each item's `type` and `id` are
     built; everything else in the body is skipped by the decoder.
@@ -82,12 +94,12 @@ def scan_references(body: bytes) -> References:
             return References()
     except msgspec.DecodeError:
         return References()
-    items: dict[str, None] = {}
+    items: dict[str, int] = {}
     if isinstance(scan.input, list):
         for item in scan.input:
             if item.type == "item_reference" and (found := _usable(item.id)) is not None:
-                items[found] = None
-    return References(_usable(scan.previous_response_id), tuple(items))
+                items[found] = items.get(found, 0) + 1
+    return References(_usable(scan.previous_response_id), tuple(items), tuple(items.values()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +125,37 @@ class Resolved:
         previous = self.previous
         held = 0 if previous is None else len(previous.response) + len(previous.context)
         return held + sum(len(v) for v in self.items.values())
+
+
+def expansion(refs: References, resolved: Resolved, *, limit: int) -> int:
+    """The bytes of stored JSON the request's references come to once each stands for
+    what it names: the previous response (its Response object and its context) once,
+    each item's bytes times its references. Computed from the stored items' sizes
+    before any is decoded or copied: a small body of many references to one large item
+    would otherwise be built into a request of hundreds of megabytes before being
+    refused. Linear in the distinct ids.
+
+    Raises:
+        PayloadTooLargeError: (413) it comes to more than `limit` bytes.
+    """
+    previous = resolved.previous
+    total = 0 if previous is None else len(previous.response) + len(previous.context)
+    found = resolved.items
+    for item, uses in refs.uses_of().items():
+        data = found.get(item)
+        if data is not None:
+            total += uses * len(data)
+    if total > limit:
+        raise PayloadTooLargeError(
+            f"The stored response and items this request refers to come to {total} bytes "
+            f"once each reference is expanded (an item_reference counts its item's bytes "
+            f"each time), more than the {limit} bytes a request to a node may hold (the "
+            "nodes' gRPC message limit): refer to each item once, or send the "
+            "conversation's items in 'input' instead.",
+            param="input",
+            code="references_too_large",
+        )
+    return total
 
 
 def previous_not_found(response_id: object) -> NotFoundError:
@@ -168,6 +211,8 @@ def history(resolved: Resolved, previous_id: object) -> list[dict[str, Any]]:
 def with_items(value: object, resolved: Resolved) -> object:
     """This request's `input` with each `item_reference` replaced by the item the store
     holds; any other value is returned as it is (a string, or one the parse refuses).
+    Each stored item is decoded once: its references share the one object (read, never
+    changed, by the parse).
 
     Raises:
         NotFoundError: an item the store does not hold.
@@ -175,10 +220,15 @@ def with_items(value: object, resolved: Resolved) -> object:
     if not isinstance(value, list):
         return value
     items: list[Any] = []
+    decoded: dict[str, object] = {}
     for i, item in enumerate(value):
         if isinstance(item, dict) and item.get("type") == "item_reference":
-            found = resolved.items.get(item["id"]) if _usable(item.get("id")) else None
-            stored = _decode(found) if found is not None else None
+            stored: object = None
+            if (item_id := _usable(item.get("id"))) is not None:
+                if item_id in decoded:
+                    stored = decoded[item_id]
+                elif (found := resolved.items.get(item_id)) is not None:
+                    stored = decoded[item_id] = _decode(found)
             if not isinstance(stored, dict) or stored.get("type") == "item_reference":
                 raise item_not_found(item.get("id"), f"input[{i}]")
             item = stored

@@ -25,7 +25,10 @@ answer to an allowed origin carries its headers (`after`).
 API keys: the request's `KeyRing` (edge.limits.limiter; the keys of the
 configuration it arrived under, `edge.http.live`) tells which key a `/v1/` request
 holds, sent as `Authorization: Bearer <key>` or (Anthropic's way) `x-api-key`.
-A chat request's `Gate` (its key's allow-list and limits) is opened
+The other requests that read a body or stored items (count_tokens, a stored
+response, its input items) are admitted the same way, in their handler, before
+either (`edge.http.endpoints.admitted`). A chat request's `Gate` (its key's
+allow-list and limits) is opened
 with its HTTP cycle, admits it in the handler before its body is read (a
 key over its limits is answered 429 without its body being parsed), checks
 its model once parsed (its stream lease is renewed by the limiter while it
@@ -38,7 +41,8 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -277,7 +281,7 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
     async def after(response: Response) -> Response:
         response.headers.setdefault("X-Request-Id", g.get("request_id", ""))
         snapshots.request().cors.decorate(request, response)
-        if (gate := CURRENT_GATE.get()) is not None:
+        if (gate := CURRENT_GATE.get() or g.get("gate")) is not None:
             for name, value in gate.headers.items():  # a limited key's, success or not
                 response.headers.setdefault(name, value)
         # Chat requests are logged by their scope, once their cycle is over.
@@ -353,11 +357,19 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
         key = g.get("key")
         return chat.responses, key.name if key is not None else ""
 
+    @asynccontextmanager
+    async def admitted() -> AsyncIterator[Gate]:
+        """A request that reads a body or stored items, admitted by its key's limits
+        first (edge.http.endpoints.admitted); its rate-limit headers go on its answer."""
+        async with endpoints.admitted(chat, g.get("key")) as gate:
+            g.gate = gate
+            yield gate
+
     @app.get("/v1/responses/<response_id>")
     async def get_response(response_id: str) -> Response:
         states, owner = _stored()
-        body = await states.response(owner, response_id)
-        return Response(body, status=200, content_type="application/json")
+        async with admitted():
+            return await endpoints.stored_response(chat, states, owner, response_id)
 
     @app.delete("/v1/responses/<response_id>")
     async def delete_response(response_id: str) -> Response:
@@ -368,8 +380,8 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
     @app.get("/v1/responses/<response_id>/input_items")
     async def response_input_items(response_id: str) -> Response:
         states, owner = _stored()
-        body = await states.input_items(owner, response_id, request.args)
-        return Response(body, status=200, content_type="application/json")
+        async with admitted():
+            return await endpoints.input_items(chat, states, owner, response_id, request.args)
 
     # --- the legacy completions API, and the endpoints that start no run ---
     @app.post(COMPLETIONS.path)
@@ -386,8 +398,9 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
 
     @app.post(endpoints.COUNT_TOKENS_PATH)
     async def count_tokens() -> Response:
-        body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        return await endpoints.count_tokens(chat, body, g.get("key"))
+        async with admitted() as gate:  # a key over its limits: 429, its body not read
+            body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+            return await endpoints.count_tokens(chat, body, gate)
 
     @app.get("/healthz")
     @app.get("/health")  # vLLM's and SGLang's path, which their gateways and probes ask

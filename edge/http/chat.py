@@ -149,14 +149,17 @@ class ChatService:
         # has not that much left, before any work), then what the parsed request holds,
         # queued and running, until its cycle ends.
         budget = config.admission.memory_budget_bytes
-        # The stored responses it refers to are parsed with it (edge.http.stored).
+        # The stored responses it refers to are parsed with it (edge.http.stored), and
+        # charged before: as they come to once each reference stands for its item (a
+        # 413 past the nodes' message limit), before the parse expands them.
         owner = gate.key.name if gate is not None and gate.key is not None else ""
         peaks = [self.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))]
         try:
             resolved = None
             if api.stateful and self.responses is not None:
-                resolved = await self.responses.resolve(api, body, owner, self.parsing)
-                peaks.append(self.admission.hold(min(PARSE_PEAK_FACTOR * resolved.nbytes, budget)))
+                resolved, expanded = await self.responses.resolve(api, body, owner, self.parsing)
+                referred = max(resolved.nbytes, expanded)
+                peaks.append(self.admission.hold(min(PARSE_PEAK_FACTOR * referred, budget)))
             prepared = await trio.to_thread.run_sync(
                 self.prepare, api, body, run_id, trace, config, resolved, limiter=self.parsing
             )

@@ -7,9 +7,14 @@ not there (or that the key may not use) is the 404 `model_not_found`.
 
 `POST /v1/messages/count_tokens` parses its body with the Messages parser and
 answers `{"input_tokens": N}`, an estimate (`edge.api.tokencount`): no node is
-asked, no key limit is counted (its model allow-list applies), and the parse
-and count run in a worker thread, holding their share of the memory budget,
-as a chat request's parse does (`edge.http.chat`).
+asked, and the parse and count run in a worker thread, holding their share of the
+memory budget, as a chat request's parse does (`edge.http.chat`).
+
+Every endpoint that reads a body or stored items (count_tokens, a stored response
+and its input items) is admitted as a chat request is (`admitted`): its key's limits
+are counted from its headers, before its body is read or the store asked (a key over
+them is answered 429 and nothing is parsed), its model allow-list applies once the
+model is known, and what it decodes is charged to the memory budget first.
 
 `error_api` says which API's shape an error of a path takes: Anthropic's
 under `/v1/messages` (count_tokens, an unknown path there, a 405, an auth
@@ -18,6 +23,9 @@ the path, or OpenAI's.
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 
 import msgspec
 import trio
@@ -28,7 +36,8 @@ from edge.api.surfaces import APIS, MESSAGES, MESSAGES_PATH, Api
 from edge.api.tokencount import estimate_input_tokens, parse_count_request
 from edge.contract.prefix import CHARS_PER_TOKEN
 from edge.http.chat import PARSE_PEAK_FACTOR, ChatService
-from edge.limits.limiter import Key, model_not_found
+from edge.http.stored import ResponseStates
+from edge.limits.limiter import Gate, Key, model_not_found
 
 MODELS_PATH = "/v1/models"
 COUNT_TOKENS_PATH = MESSAGES_PATH + "/count_tokens"
@@ -72,19 +81,69 @@ def model(chat: ChatService, request: Request, key: Key | None, model_id: str) -
     return _json(openai_model(model_id))
 
 
-async def count_tokens(chat: ChatService, body: bytes, key: Key | None) -> Response:
+@asynccontextmanager
+async def admitted(chat: ChatService, key: Key | None) -> AsyncIterator[Gate]:
+    """The request of `key` admitted by its limits (RateLimitedError, 429, when over them)
+    for as long as the block runs: enter it before the body is read or the store asked.
+    Its stream (`max_streams`) is given back when the block ends, however it ends."""
+    gate = Gate(chat.snapshots.request().limiter, chat.metrics)
+    gate.key = key
+    try:
+        await gate.admit()
+        yield gate
+    finally:
+        await gate.end(None)
+
+
+def charge(chat: ChatService) -> Callable[[int], Callable[[], None]]:
+    """The memory budget's charge for decoding `nbytes` (what a parse holds at its peak,
+    at most the whole budget): OverloadedError (503) when it has not that much left; the
+    charge returns the call that gives them back."""
+    budget = chat.snapshots.request().config.admission.memory_budget_bytes
+
+    def hold(nbytes: int) -> Callable[[], None]:
+        return chat.admission.hold(min(PARSE_PEAK_FACTOR * nbytes, budget))
+
+    return hold
+
+
+async def count_tokens(chat: ChatService, body: bytes, gate: Gate) -> Response:
     """`POST /v1/messages/count_tokens`: `{"input_tokens": N}`, estimated; a bad body is
     a RequestError, a model not served (or not the key's) `model_not_found` (raised)."""
     await chat.turns.turn()
-    budget = chat.snapshots.request().config.admission.memory_budget_bytes
-    peak = chat.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))
+    peak = charge(chat)(len(body))
     try:
         tokens, model_id = await trio.to_thread.run_sync(_count, body, limiter=chat.parsing)
     finally:
         peak()
-    if model_id not in _models(chat, key):
+    await gate.check_model(model_id)  # not the key's: not counted, and a 404
+    if model_id not in _models(chat, gate.key):
         raise model_not_found(model_id)
     return _json({"input_tokens": tokens})
+
+
+async def stored_response(
+    chat: ChatService, states: ResponseStates, owner: str, response_id: str
+) -> Response:
+    """`GET /v1/responses/{id}`: the stored Response object, sent as stored (never
+    decoded): answered only while the memory budget has room for its bytes (else 503
+    `overloaded`, as a request to parse would be)."""
+    body = await states.response(owner, response_id)
+    chat.admission.hold(len(body))()
+    return Response(body, status=200, content_type="application/json")
+
+
+async def input_items(
+    chat: ChatService,
+    states: ResponseStates,
+    owner: str,
+    response_id: str,
+    query: Mapping[str, str],
+) -> Response:
+    """`GET /v1/responses/{id}/input_items`: a page of the items the response was given,
+    decoded within the memory budget."""
+    body = await states.input_items(owner, response_id, query, charge(chat))
+    return Response(body, status=200, content_type="application/json")
 
 
 def _count(body: bytes) -> tuple[int, str]:

@@ -5,7 +5,11 @@ Before the parse (`resolve`): the ids the body names are read in a worker thread
 (`edge.api.responses_state.scan_references`) and fetched from the store in one call,
 as the request's key (its name is the owner; "" without keys). A read the store cannot
 answer is a 503 `service_unavailable` saying to retry or send the items; a reference
-the store does not hold is the parser's 404.
+the store does not hold is the parser's 404. What the references come to once
+expanded (each item's bytes times its references) is reckoned from the bytes fetched,
+in the same thread's way, before anything is decoded: over the nodes' gRPC message
+limit it is a 413 (`references_too_large`), and under it the caller charges the memory
+budget for it before the parse expands them.
 
 After the answer (`save`): a response that ended `completed` or `incomplete` is stored
 with its context (a failed or cut one is not). The streaming answer saves once its
@@ -20,15 +24,23 @@ OpenAI's shapes; anything else (another key's, expired, evicted) is a 404.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Final
 
 import msgspec
 import trio
 from loguru import logger
 
-from edge.api.responses_state import References, Resolved, input_items_page, response_not_found
+from edge.api.responses_state import (
+    References,
+    Resolved,
+    expansion,
+    input_items_page,
+    response_not_found,
+)
 from edge.api.surfaces import Api
+from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import PayloadTooLargeError, StoreUnavailableError
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
@@ -60,15 +72,25 @@ class ResponseStates:
 
     async def resolve(
         self, api: Api, body: bytes, owner: str, limiter: trio.CapacityLimiter
-    ) -> Resolved:
-        """What the store holds of what `body` refers to (nothing referred: no store call).
+    ) -> tuple[Resolved, int]:
+        """What the store holds of what `body` refers to (nothing referred: no store call),
+        and the bytes it comes to once each reference is expanded (`expansion`).
 
         Raises:
             StoreUnavailableError: the store could not be read.
+            PayloadTooLargeError: what it refers to is over the store's bound, or would
+                be over the nodes' message limit once expanded.
         """
         refs: References = await trio.to_thread.run_sync(api.references, body, limiter=limiter)
         if not refs:
-            return Resolved()
+            return Resolved(), 0
+        resolved = await self._fetch(owner, refs)
+        expanded = await trio.to_thread.run_sync(
+            partial(expansion, refs, resolved, limit=MAX_MESSAGE_BYTES), limiter=limiter
+        )
+        return resolved, expanded
+
+    async def _fetch(self, owner: str, refs: References) -> Resolved:
         try:
             return await self.store.fetch(owner, refs.previous, refs.items)
         except StoreUnavailable as exc:
@@ -129,9 +151,21 @@ class ResponseStates:
             raise response_not_found(response_id)
         return msgspec.json.encode({"id": response_id, "object": "response", "deleted": True})
 
-    async def input_items(self, owner: str, response_id: str, query: Mapping[str, str]) -> bytes:
-        """`GET /v1/responses/{id}/input_items`: a page of the items the response was given."""
+    async def input_items(
+        self,
+        owner: str,
+        response_id: str,
+        query: Mapping[str, str],
+        charge: Callable[[int], Callable[[], None]],
+    ) -> bytes:
+        """`GET /v1/responses/{id}/input_items`: a page of the items the response was given.
+        The stored items are decoded in a worker thread, once `charge` (the memory budget,
+        given the bytes read; it returns the call that gives them back) took them."""
         found = await self._stored(owner, response_id)
         assert found.previous is not None
         context = found.previous.context
-        return await trio.to_thread.run_sync(input_items_page, response_id, context, query)
+        give_back = charge(len(context))
+        try:
+            return await trio.to_thread.run_sync(input_items_page, response_id, context, query)
+        finally:
+            give_back()

@@ -57,7 +57,7 @@ def _body(**fields: Any) -> bytes:
         (b'{"previous_response_id": "resp_1", "input": "hi"}', References("resp_1")),
         (b'{"input": [{"type": "item_reference", "id": "a"}, {"role": "user", "content": "x"},'
          b' {"type": "item_reference", "id": "a"}, {"type": "item_reference", "id": "b"}]}',
-         References(None, ("a", "b"))),
+         References(None, ("a", "b"), (2, 1))),
         (b'{"previous_response_id": "resp_1", "input": 3}', References("resp_1")),
         (b'{"input": [1, 2]}', References()),
         (b"not json", References()),
@@ -68,8 +68,8 @@ def _body(**fields: Any) -> bytes:
     ],
 )  # fmt: skip
 def test_scan_finds_the_ids_a_body_refers_to(body: bytes, refs: References) -> None:
-    """Each id once, in order; none for a body the parser refuses, a non-string id, or
-    one too long to be the edge's (the parse answers those)."""
+    """Each id once, in order, with its references' count; none for a body the parser
+    refuses, a non-string id, or one too long to be the edge's (the parse answers those)."""
     assert scan_references(body) == refs
 
 
