@@ -6,6 +6,7 @@ the settings, so a node's command can check its `--listen` without loading them.
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 
@@ -43,3 +44,14 @@ def split_address(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an IP address) is this machine only: `localhost` or a
+    loopback address. Any other name, and the wildcard addresses, are not."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from edge.config.schema import KeyConfig
+from edge.config.schema import CACHE_SCOPES, KeyConfig
 from edge.config.toml import ConfigError, TableReader
 
 # A key's name is a metric label and a log field: short, plain.
@@ -56,12 +56,13 @@ def _keys(source: str, raw_keys: list[Any], api_keys: tuple[str, ...]) -> tuple[
             for k in ("rpm", "tpm", "max_streams")
         )
         models = r.strings("models", None)
+        cache_scope = r.choice("cache_scope", "key", CACHE_SCOPES)
         r.done()
         if any(k.name == name for k in keys):
             raise ConfigError(f"{source}: keys[{i}].name: duplicate key name {name!r}")
         if any(hmac_equal(k.secret, secret) for k in keys) or secret in api_keys:
             raise ConfigError(f"{source}: keys[{i}].{given[0]}: the same key is configured twice")
-        keys.append(KeyConfig(name, secret, rpm, tpm, streams, models))
+        keys.append(KeyConfig(name, secret, rpm, tpm, streams, models, cache_scope))
     return tuple(keys)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,8 +17,8 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from edge.api.policy import MEDIA_SCHEMES
-from edge.config.address import check_node_address, split_address
-from edge.config.keys import _keys, _read_keys
+from edge.config.address import check_node_address, split_address, upstream_url
+from edge.config.keys import _beside, _keys, _read_keys
 from edge.config.schema import (
     DEFAULT_MODEL,
     REASONING_PARSERS,
@@ -191,11 +192,64 @@ def _nodes(source: str, raw_nodes: list[Any]) -> tuple[NodeConfig, ...]:
         if address != "embedded":
             _check(r, "address", check_node_address, address)
         max_runs = r.integer("max_runs", None, maximum=1_000_000)
+        node = _node_access(source, r, NodeConfig(name=name, address=address, max_runs=max_runs))
         r.done()
         if any(n.name == name for n in nodes):
             raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
-        nodes.append(NodeConfig(name=name, address=address, max_runs=max_runs))
+        nodes.append(node)
     return tuple(nodes)
+
+
+_NODE_FILES = ("token_file", "ca_file", "cert_file", "key_file")
+
+
+def _node_access(source: str, r: TableReader, node: NodeConfig) -> NodeConfig:
+    """A node's credentials: the token file, TLS and its files (paths relative to the
+    config file), each file read now, so that one that cannot be read, an empty token or
+    a certificate that does not load is this configuration's error (a reload with it is
+    refused). `files_digest` is what they held."""
+    paths = {
+        key: str(_beside(source, value))
+        for key in _NODE_FILES
+        if (value := r.get(key, str, None)) is not None
+    }
+    server_name = r.get("server_name", str, None)
+    tls = r.get("tls", bool, False) or server_name is not None
+    tls = tls or any(key in paths for key in ("ca_file", "cert_file", "key_file"))
+    if "key_file" in paths and "cert_file" not in paths:
+        raise r.fail("key_file", "needs cert_file")
+    in_process = node.address == "embedded" or upstream_url(node.address) is not None
+    if in_process and (paths or tls):
+        raise r.fail("address", "a node served in-process takes no token_file nor TLS")
+    digest = hashlib.sha256()
+    for key, path in paths.items():
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise r.fail(key, f"cannot read {path}: {exc.strerror or exc}") from None
+        if key == "token_file" and not data.strip():
+            raise r.fail(key, f"{path} is empty")
+        digest.update(key.encode() + b"\0" + hashlib.sha256(data).digest())
+    if "cert_file" in paths:
+        try:
+            ssl.create_default_context().load_cert_chain(paths["cert_file"], paths.get("key_file"))
+        except (OSError, ssl.SSLError) as exc:
+            raise r.fail("cert_file", f"cannot load it (with its key): {exc}") from None
+    if "ca_file" in paths:
+        try:
+            ssl.create_default_context(cafile=paths["ca_file"])
+        except (OSError, ssl.SSLError) as exc:
+            raise r.fail("ca_file", f"cannot load it: {exc}") from None
+    return replace(
+        node,
+        token_file=paths.get("token_file"),
+        tls=tls,
+        ca_file=paths.get("ca_file"),
+        cert_file=paths.get("cert_file"),
+        key_file=paths.get("key_file"),
+        server_name=server_name,
+        files_digest=digest.hexdigest() if paths else "",
+    )
 
 
 def _models(source: str, raw_models: dict[str, Any]) -> dict[str, ModelConfig]:

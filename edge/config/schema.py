@@ -78,6 +78,7 @@ class TimeoutsConfig:
     slow_client_backlog_chars: int = 32 * 1024 * 1024
 
 
+CACHE_SCOPES = ("key", "shared")
 ROUTING_POLICIES = ("least_loaded", "affinity", "cache_aware")
 
 
@@ -157,6 +158,10 @@ class KeyConfig:
     # The models this key may use (others are answered like unknown models); unset:
     # every model.
     models: tuple[str, ...] | None = None
+    # Whose cached prompt prefixes this key's requests may reuse: "key" (its own only:
+    # another key cannot learn a prompt from the cache) or "shared" (those of every
+    # key that shares, e.g. one application's users sharing a system prompt).
+    cache_scope: str = "key"
 
     @property
     def limited(self) -> bool:
@@ -247,10 +252,36 @@ class NodeConfig:
     # Runs in flight at once on this node: unset, the node's Describe max_runs
     # (its 0: no limit); 0: no limit whatever the node says.
     max_runs: int | None = None
+    # A file holding the node's token, sent as `authorization: Bearer <token>` on every
+    # call (the node's --token-file); read at start and at each reload. This key's and
+    # the other files' paths are relative to the config file.
+    token_file: str | None = None
+    # Connect with TLS (implied by ca_file, cert_file or server_name).
+    tls: bool = False
+    # The CA file the node's certificate is checked against; unset: the system's CAs.
+    ca_file: str | None = None
+    # The edge's client certificate (PEM) for a node that asks for one (mutual TLS).
+    cert_file: str | None = None
+    # The client certificate's private key; unset: in cert_file.
+    key_file: str | None = None
+    # The name the node's certificate must carry; unset: the address's host.
+    server_name: str | None = None
+    # What the files above held when the configuration was read (not a key): a node whose
+    # files changed is connected again on a reload.
+    files_digest: str = field(default="", repr=False)
 
     @property
     def embedded(self) -> bool:
         return self.address == "embedded"
+
+    @property
+    def connection(self) -> tuple[object, ...]:
+        """What the node's connections are made of: a change of it (the address, the
+        credentials or their files) connects the node again."""
+        return (
+            self.address, self.token_file, self.tls, self.ca_file, self.cert_file,
+            self.key_file, self.server_name, self.files_digest,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

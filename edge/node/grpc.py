@@ -12,12 +12,13 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar, cast
 
 from grpclib.client import Channel, Stream
 from grpclib.config import Configuration
 from grpclib.const import Cardinality, Status
+from grpclib.events import SendRequest, listen
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from edge.contract._proto.iop.node import v1 as pb
@@ -30,6 +31,7 @@ from edge.errors import (
     NodeTimeoutError,
     NodeUnavailableError,
 )
+from edge.node.access import NodeAccess
 from edge.node.convert import Refused, RunEventDecoder, Skip
 from edge.node.describe import MAX_NAME_CHARS
 from edge.node.wire import EncodedRunRequest
@@ -82,6 +84,19 @@ class BoundedCodec(ContractCodec):
 
 
 _CODEC = BoundedCodec()
+_OPEN = NodeAccess()
+
+
+def open_channel(host: str, port: int, access: NodeAccess = _OPEN) -> Channel:
+    """A connection to a node (opened on its first call), with `access`'s TLS, and its
+    token on every call."""
+    config = _H2_CONFIG
+    if access.server_name is not None:
+        config = replace(config, ssl_target_name_override=access.server_name)
+    channel = Channel(host, port, codec=_CODEC, config=config, ssl=access.ssl)
+    if access.token is not None:
+        listen(channel, SendRequest, access.authorize)
+    return channel
 
 
 class Accepted:
@@ -188,10 +203,11 @@ class NodeWatch:
     opened again (after a broken stream, a silence) on a new connection.
     """
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, access: NodeAccess = _OPEN) -> None:
         self.host = host
         self.port = port
         self.address = f"{host}:{port}"
+        self.access = access
         self._channel: Channel | None = None
         self._stack = AsyncExitStack()
         self._stream: Stream[pb.WatchRequest, pb.DescribeResponse | Refused] | None = None
@@ -206,7 +222,7 @@ class NodeWatch:
 
     async def open(self, heartbeat_ms: int) -> None:
         """Subscribe, asking for a report at least every `heartbeat_ms`."""
-        self._channel = Channel(self.host, self.port, codec=_CODEC, config=_H2_CONFIG)
+        self._channel = open_channel(self.host, self.port, self.access)
         stream = self._channel.request(
             WATCH_ROUTE, Cardinality.UNARY_STREAM, pb.WatchRequest, pb.DescribeResponse
         )
@@ -261,10 +277,12 @@ class GrpcNode:
     carries more than `STREAMS_PER_CHANNEL` streams at once.
     """
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, access: NodeAccess = _OPEN) -> None:
         self.host = host
         self.port = port
         self.address = f"{host}:{port}"
+        # The token and TLS of every connection to the node.
+        self.access = access
         self._channels: list[_PooledChannel] = []
         # Unary RPCs (CancelRun, Describe) on a connection of their own: on a run
         # connection a CancelRun could wait behind the node's stream limit (the
@@ -279,7 +297,7 @@ class GrpcNode:
             ):
                 best = pooled
         if best is None:
-            best = _PooledChannel(Channel(self.host, self.port, codec=_CODEC, config=_H2_CONFIG))
+            best = _PooledChannel(open_channel(self.host, self.port, self.access))
             self._channels.append(best)
         best.active += 1
         return best
@@ -377,7 +395,7 @@ class GrpcNode:
     async def _unary(self, call: Callable[[pb.NodeServiceStub], Awaitable[T]]) -> T:
         """One unary RPC through the generated stub, on the control connection."""
         if self._control is None:
-            self._control = Channel(self.host, self.port, codec=_CODEC, config=_H2_CONFIG)
+            self._control = open_channel(self.host, self.port, self.access)
         try:
             answer = await call(pb.NodeServiceStub(self._control))
         except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:

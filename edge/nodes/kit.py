@@ -4,7 +4,8 @@
   (so the port is known for port 0) and refuses a received message over
   gRPC's default 4 MiB, the edge's limit, with RESOURCE_EXHAUSTED
   (`NodeCodec`, on the contract's codec, which also sends messages
-  serialized ahead of time as they are).
+  serialized ahead of time as they are); `start_server` serves it behind a
+  `NodeGuard` (`edge.nodes.guard`: bearer token, TLS) when given one.
 - `NodeService`: the generated `NodeServiceBase` with CancelRun and the runs
   log; a node implements Describe (the generated signature) and `play`, one
   run's events: `serve_run` (Run, served at the stream level, see
@@ -63,6 +64,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from ssl import SSLContext
 from typing import IO, Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -76,6 +78,7 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import ContractCodec, Serialized
 from edge.contract.routes import INSTANCE_METADATA, MAX_MESSAGE_BYTES, RUN_ROUTE, WATCH_ROUTE
 from edge.nodes.blocklog import BlockLog
+from edge.nodes.guard import NodeGuard
 from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extract, set_error
 
 CANCEL_GRACE_S = 1.0
@@ -129,11 +132,11 @@ class NodeServer(Server):
     def __init__(self, handlers: Collection[NodeService]) -> None:
         super().__init__(handlers, codec=NodeCodec())
 
-    async def listen(self, host: str, port: int) -> int:
+    async def listen(self, host: str, port: int, *, ssl: SSLContext | None = None) -> int:
         """Start serving on host:port (port 0: any free port); returns the bound port.
 
         The socket is bound here and handed to `Server.start(sock=...)`, so the
-        port is read from our own socket.
+        port is read from our own socket. `ssl`: serve TLS with that context.
         """
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -142,17 +145,24 @@ class NodeServer(Server):
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
-            await self.start(sock=sock, backlog=BACKLOG)
+            await self.start(sock=sock, backlog=BACKLOG, ssl=ssl)
         except BaseException:
             sock.close()
             raise
         return int(sock.getsockname()[1])
 
 
-async def start_server(node: NodeService, host: str, port: int) -> tuple[NodeServer, int]:
-    """Start serving `node`; returns the server and the port it listens on."""
+async def start_server(
+    node: NodeService, host: str, port: int, *, guard: NodeGuard | None = None
+) -> tuple[NodeServer, int]:
+    """Start serving `node`; returns the server and the port it listens on.
+
+    `guard`: the token every RPC must carry and the TLS to serve (`edge.nodes.guard`).
+    """
     server = NodeServer([node])
-    port = await server.listen(host, port)
+    if guard is not None:
+        guard.attach(server)
+    port = await server.listen(host, port, ssl=guard.ssl if guard is not None else None)
     return server, port
 
 

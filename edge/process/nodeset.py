@@ -18,7 +18,9 @@ those of a new `[[nodes]]`:
   runs in flight finish (bounded by the longest a run may last), then its
   connection closes and its embedded server stops.
 
-A node whose address changed is the old one removed and a new one added.
+A node whose address or credentials changed (its token or TLS settings, or what
+their files hold) is the old one removed and a new one added. A node reached over
+the network with neither TLS nor a token is named in a warning when it opens.
 Knows nothing of requests; the pool decides nothing here.
 """
 
@@ -33,11 +35,13 @@ from pathlib import Path
 import trio
 from loguru import logger
 
-from edge.config import NodeConfig, split_address, upstream_url
+from edge.config import ConfigError, NodeConfig, split_address, upstream_url
+from edge.config.address import is_loopback
 from edge.fleet.migration import CANCEL_WAIT_S
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
 from edge.fleet.runs import Runs
+from edge.node.access import NodeAccess, client_ssl_context
 from edge.node.backlog import Backlog
 from edge.node.client import GrpcNodeClient, NodeClient
 from edge.nodes.direct import DirectUpstreamClient
@@ -95,6 +99,15 @@ class NodeSet:
                 kind = partial(DirectUpstreamClient, node=upstream, tracing=self.tracing)
             else:
                 host, port = split_address(node.address)
+                access = node_access(node)
+                kind = partial(GrpcNodeClient, access=access)
+                if not access.locked and not is_loopback(host):
+                    logger.warning(
+                        "node {} ({}) is reached over the network with neither TLS nor a"
+                        " token: anyone who reaches its port runs its models (set tls and"
+                        " token_file in its [[nodes]] entry)",
+                        node.name, node.address,
+                    )  # fmt: skip
             client = kind(
                 node.name, host, port, on_cancel_sent=metrics.node_cancels.labels(node.name).inc,
                 backlog=self.backlog, on_state_rpc=partial(_count_state_rpc, metrics, node.name),
@@ -126,13 +139,13 @@ class NodeSet:
         wanted = {n.name: n for n in nodes}
         removed = [
             name for name, o in self.open.items()
-            if name not in wanted or wanted[name].address != o.config.address
+            if name not in wanted or wanted[name].connection != o.config.connection
         ]  # fmt: skip
         added: list[OpenNode] = []
         try:
             for node in nodes:
                 current = self.open.get(node.name)
-                if current is None or current.config.address != node.address:
+                if current is None or current.config.connection != node.connection:
                     added.append(await self.open_node(node))
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -219,3 +232,19 @@ class NodeSet:
 
 def _count_state_rpc(metrics: EdgeMetrics, node: str, rpc: str) -> None:
     metrics.node_state_rpcs.labels(node, rpc).inc()
+
+
+def node_access(node: NodeConfig) -> NodeAccess:
+    """The token and TLS of `node`'s connections, read from its files (checked when the
+    configuration was read; one gone since is a ConfigError)."""
+    token = None
+    try:
+        if node.token_file is not None:
+            with open(node.token_file, "rb") as file:
+                token = file.read().strip().decode()
+        ssl = None
+        if node.tls:
+            ssl = client_ssl_context(node.ca_file, node.cert_file, node.key_file)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise ConfigError(f"node {node.name}: {exc}") from None
+    return NodeAccess(token=token or None, ssl=ssl, server_name=node.server_name)

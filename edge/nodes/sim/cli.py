@@ -3,6 +3,8 @@
     iop-sim-node [--listen HOST:PORT] [--runs-log FILE] [--name NAME]
                  [--max-runs N] [--nodes K] [--no-watch] [--no-continuation]
                  [--kv-tokens N] [--prefill-us-per-token U] [--decode-tokens-per-s R]
+                 [--token-file FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
+                 [--insecure]
 
 One process serves K simulated nodes (`--nodes`, for benchmarks of many node
 connections): node i (1..K) is named NAME-i and listens on PORT+i-1 (each on
@@ -19,6 +21,10 @@ per uncached prompt token before a run's first event; `--decode-tokens-per-s
 R` paces deltas (docs/simulated-node.md). `--no-continuation`: the models say
 they do not continue answers (RunRequest.continuation), as a node older than
 that field.
+
+`--token-file`, `--tls-cert`, `--tls-key`, `--tls-client-ca` lock every node of the
+process (`edge.nodes.guard`; SIGHUP reads the files again); an address other than
+loopback without them is refused unless `--insecure`.
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge.config.address import split_address
+from edge.nodes.guard import (
+    GuardError,
+    NodeGuard,
+    add_arguments,
+    say_refused,
+    settings_from,
+    start_guard,
+)
 from edge.nodes.kit import NodeServer, start_server, stop_server, wait_for_stop_signal
 from edge.nodes.sim.kvcache import MAX_KV_TOKENS, KVSettings
 from edge.nodes.sim.server import SimNode
@@ -112,6 +126,7 @@ async def _serve(
     watch: bool,
     kv: KVSettings,
     continuation: bool = True,
+    guard: NodeGuard | None = None,
 ) -> int:
     # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-sim-node")
@@ -129,7 +144,7 @@ async def _serve(
             )
             node_port = port + index - 1 if port else 0
             try:
-                server, bound = await start_server(node, host, node_port)
+                server, bound = await start_server(node, host, node_port, guard=guard)
             except OSError as exc:
                 await node.aclose()
                 print(
@@ -142,6 +157,8 @@ async def _serve(
         for node, _, bound in served:
             who = "" if nodes == 1 else f" {node.name}"
             print(f"iop-sim-node{who} listening on {host}:{bound}", flush=True)
+        if guard is not None:
+            guard.reload_on_sighup("iop-sim-node")
         await wait_for_stop_signal()
         return 0
     finally:
@@ -201,8 +218,15 @@ def main(argv: list[str] | None = None) -> int:
         help="send deltas at R tokens a second, 4 characters a token (0: as fast as the model"
         " or script says, the default)",
     )
+    add_arguments(parser)
     args = parser.parse_args(argv)
     host, port = args.listen
+    try:
+        guard = start_guard(settings_from(args), host, port)
+    except GuardError as exc:
+        guard = str(exc)
+    if isinstance(guard, str):
+        return say_refused("iop-sim-node", guard)
     kv = KVSettings(args.kv_tokens, args.prefill_us_per_token, args.decode_tokens_per_s)
     if port and port + args.nodes - 1 > MAX_PORT:
         parser.error(f"--nodes {args.nodes} from port {port} passes port {MAX_PORT}")
@@ -219,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             not args.no_watch,
             kv,
             continuation=not args.no_continuation,
+            guard=guard,
         )
     )
 

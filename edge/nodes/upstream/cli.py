@@ -4,10 +4,16 @@
              [--models NAME ...] [--name NAME] [--runs-log FILE] [--config FILE]
              [--no-logprobs] [--load-source auto|vllm|sglang|llamacpp|none]
              [--load-interval-s S] [--continuation auto|vllm|llamacpp|none]
+             [--token-file FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
+             [--insecure]
 
 `--config FILE` reads a TOML file's `[node]` table (listen, upstream,
 api_key_env, models, name, runs_log, read_timeout_s, logprobs, load_source,
-load_interval_s, continuation); flags win over it.
+load_interval_s, continuation, token_file, tls_cert, tls_key, tls_client_ca,
+insecure); flags win over it.
+`--token-file`, `--tls-cert`, `--tls-key`, `--tls-client-ca` lock the node
+(`edge.nodes.guard`; SIGHUP reads the files again); an address other than loopback
+without them is refused unless `--insecure`.
 The API key is read from the environment, never from a flag or a file.
 Prints `iop-node listening on HOST:PORT` once it serves. This module turns
 arguments into settings and runs the server; it knows nothing of the mapping.
@@ -19,12 +25,21 @@ import argparse
 import asyncio
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edge.config.address import split_address
 from edge.config.toml import ConfigError, TableReader, read_toml
+from edge.nodes.guard import (
+    GuardError,
+    GuardSettings,
+    NodeGuard,
+    add_arguments,
+    say_refused,
+    settings_from,
+    start_guard,
+)
 from edge.nodes.kit import start_server, stop_server, wait_for_stop_signal
 from edge.nodes.upstream.continuation import MODES
 from edge.nodes.upstream.load import SOURCES
@@ -34,6 +49,7 @@ from edge.observe.tracing import setup_tracing
 DEFAULT_LISTEN = "127.0.0.1:50061"
 _STRING_KEYS = (
     "listen", "upstream", "api_key_env", "name", "runs_log", "load_source", "continuation",
+    "token_file", "tls_cert", "tls_key", "tls_client_ca",
 )  # fmt: skip
 DEFAULT_LOAD_INTERVAL_S = 1.0
 # A load interval other than 0 (off) is at least this, at most the other.
@@ -59,6 +75,8 @@ class NodeSettings:
     load_source: str = "auto"
     load_interval_s: float = DEFAULT_LOAD_INTERVAL_S
     continuation: str = "auto"
+    # The token and TLS the node serves with (`edge.nodes.guard`).
+    guard: GuardSettings = field(default_factory=GuardSettings)
 
 
 def _split_listen(value: str) -> tuple[str, int]:
@@ -84,6 +102,8 @@ def _file_table(path: Path) -> dict[str, Any]:
             table["models"] = r.strings("models", ())
         if "read_timeout_s" in r.table:
             table["read_timeout_s"] = r.number("read_timeout_s", 0.0, minimum=0.001)
+        if "insecure" in r.table:
+            table["insecure"] = r.get("insecure", bool, False)
         if "logprobs" in r.table:
             table["logprobs"] = r.get("logprobs", bool, True)
         if "load_interval_s" in r.table:
@@ -119,6 +139,10 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
     continuation = args.continuation or table.get("continuation") or "auto"
     if continuation not in MODES:
         raise SettingsError(f"continuation: {continuation!r} is not one of {', '.join(MODES)}")
+    try:
+        guard = settings_from(args, table)
+    except GuardError as exc:
+        raise SettingsError(str(exc)) from None
     load_interval_s = _load_interval(
         args.load_interval_s
         if args.load_interval_s is not None
@@ -137,6 +161,7 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
         load_source=load_source,
         load_interval_s=load_interval_s,
         continuation=continuation,
+        guard=guard,
     )
 
 
@@ -192,10 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the upstream continues an answer another node started (default auto: "
         "vllm for vLLM and SGLang, else none; llamacpp: llama-server's assistant prefill)",
     )
+    add_arguments(parser)
     return parser
 
 
-async def _serve(settings: NodeSettings) -> None:
+async def _serve(settings: NodeSettings, guard: NodeGuard) -> None:
     # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-node")
     node = UpstreamNode(
@@ -211,8 +237,9 @@ async def _serve(settings: NodeSettings) -> None:
         load_interval_s=settings.load_interval_s,
         continuation=settings.continuation,
     )
-    server, bound = await start_server(node, settings.host, settings.port)
+    server, bound = await start_server(node, settings.host, settings.port, guard=guard)
     print(f"iop-node listening on {settings.host}:{bound}", flush=True)
+    guard.reload_on_sighup("iop-node")
     print(f"iop-node: runs go to {settings.upstream}", file=sys.stderr, flush=True)
     await wait_for_stop_signal()
     await stop_server(node, server)
@@ -227,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"iop-node: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(settings))
+    guard = start_guard(settings.guard, settings.host, settings.port)
+    if isinstance(guard, str):
+        return say_refused("iop-node", guard)
+    asyncio.run(_serve(settings, guard))
     return 0
 
 
