@@ -79,13 +79,18 @@ class _Hasher:
     __slots__ = ("_block_chars", "_max_blocks", "_pending", "_pending_chars", "_previous",
                  "blocks", "chars")  # fmt: skip
 
-    def __init__(self, block_chars: int, max_blocks: int) -> None:
+    def __init__(self, block_chars: int, max_blocks: int, scope: str = "") -> None:
         self._block_chars = block_chars
         self._max_blocks = max_blocks
         # The text after the last whole block: fewer than block_chars characters, as fed.
         self._pending: list[str] = []
         self._pending_chars = 0
-        self._previous = b""
+        # The chain starts from the scope's own hash: two scopes share no block.
+        self._previous = (
+            hashlib.blake2b(scope.encode(), digest_size=8, person=b"iop-scope").digest()
+            if scope
+            else b""
+        )
         self.blocks: array[int] = array("Q")
         self.chars = 0
 
@@ -181,12 +186,13 @@ def render(request: ChatRequest, model: str) -> Iterator[str]:
 
 
 def fingerprint(
-    request: ChatRequest, model: str, *, block_chars: int, max_blocks: int
+    request: ChatRequest, model: str, *, block_chars: int, max_blocks: int, scope: str = ""
 ) -> Fingerprint:
     """`request`'s prefix fingerprint as `model` is given it: the chained hashes of the
     first `max_blocks` whole blocks of `block_chars` characters of its rendering.
-    Linear in the request's size: run it off the event loop."""
-    hasher = _Hasher(block_chars, max_blocks)
+    `scope` (a KV-cache scope: "" shared) seeds the chain, so the same prompt in two
+    scopes shares no block (its blocks cut at the same places). Linear in the request's size: run it off the event loop."""
+    hasher = _Hasher(block_chars, max_blocks, scope)
     for piece in render(request, model):
         hasher.feed(piece)
     return Fingerprint(hasher.blocks, hasher.chars)

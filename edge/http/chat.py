@@ -160,9 +160,12 @@ class ChatService:
                 resolved, expanded = await self.responses.resolve(api, body, owner, self.parsing)
                 referred = max(resolved.nbytes, expanded)
                 peaks.append(self.admission.hold(min(PARSE_PEAK_FACTOR * referred, budget)))
+            # A key's cached prompt prefixes are its own unless it shares them.
+            cache_scope = gate.key.cache_scope if gate is not None and gate.key is not None else ""
             prepared = await trio.to_thread.run_sync(
-                self.prepare, api, body, run_id, trace, config, resolved, limiter=self.parsing
-            )
+                self.prepare, api, body, run_id, trace, config, resolved, cache_scope,
+                limiter=self.parsing,
+            )  # fmt: skip
         finally:
             for peak in peaks:
                 peak()
@@ -228,6 +231,7 @@ class ChatService:
         trace: RequestTrace | None,
         config: Config,
         resolved: Resolved | None = None,
+        cache_scope: str = "",
     ) -> Prepared:
         """In a worker thread: `body` parsed (with the stored responses it refers to), as
         forwarded (by `config`'s policy of its model), its RunRequest serialized. A
@@ -249,8 +253,9 @@ class ChatService:
         # For nodes whose runs the edge relays itself, the RunRequest's message is kept
         # with its bytes, and counts too.
         payload = prepare_run_request(
-            forwarded, run_id=run_id, model=forwarded.model, keep_message=config.relays_runs
-        )
+            forwarded, run_id=run_id, model=forwarded.model, keep_message=config.relays_runs,
+            cache_scope=cache_scope,
+        )  # fmt: skip
         nbytes += len(payload)
         if payload.message is not None:
             nbytes += footprint(payload.message)

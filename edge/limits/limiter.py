@@ -99,6 +99,14 @@ class Key:
     limits: Limits = field(default_factory=Limits)
     # None: every model.
     models: frozenset[str] | None = None
+    # Whether its cached prompt prefixes are shared with the other keys that share theirs
+    # (`[[keys]] cache_scope = "shared"`); else they are its own.
+    shares_cache: bool = False
+
+    @property
+    def cache_scope(self) -> str:
+        """The KV-cache scope of its requests: its name, or "" (shared)."""
+        return "" if self.shares_cache else self.name
 
     @property
     def limited(self) -> bool:
@@ -114,6 +122,7 @@ def key_of(config: KeyConfig) -> Key:
         config.name,
         Limits(config.rpm, config.tpm, config.max_streams),
         None if config.models is None else frozenset(config.models),
+        shares_cache=config.cache_scope == "shared",
     )
 
 

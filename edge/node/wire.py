@@ -36,6 +36,7 @@ a hand-written path has to earn, so only the generated code writes it.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 from edge.api.fingerprint import Fingerprint, fingerprint
@@ -149,13 +150,27 @@ class PreparedRunRequest:
         return PreparedRunRequest(self.body + field, self.run_id, self.prefix)
 
 
+def cache_salt(scope: str) -> str:
+    """The `cache_salt` of a KV-cache scope ("" shared: none): a hash, so a node and its
+    model server see no key's name."""
+    if not scope:
+        return ""
+    return hashlib.sha256(f"iop-edge cache scope {scope}".encode()).hexdigest()[:32]
+
+
 def prepare_run_request(
-    request: ChatRequest, *, run_id: str, model: str, keep_message: bool = False
+    request: ChatRequest,
+    *,
+    run_id: str,
+    model: str,
+    keep_message: bool = False,
+    cache_scope: str = "",
 ) -> PreparedRunRequest:
     """The RunRequest `run_request_from_chat` builds, with the request's prefix
     fingerprint, serialized without its deadline. Work that grows with the request:
     run it off the event loop. `keep_message`: the RunRequest itself goes with its
-    bytes (`PreparedRunRequest.message`).
+    bytes (`PreparedRunRequest.message`). `cache_scope` (the API key's, "" shared):
+    its prefix blocks are salted with it, and its `cache_salt` is made from it.
 
     Raises:
         PayloadTooLargeError: (413) the bytes, with room for any deadline, are over
@@ -163,9 +178,11 @@ def prepare_run_request(
     """
     message = run_request_from_chat(request, run_id=run_id, model=model)
     prefix = fingerprint(
-        request, model, block_chars=PREFIX_BLOCK_CHARS, max_blocks=MAX_PREFIX_BLOCKS
-    )
+        request, model, block_chars=PREFIX_BLOCK_CHARS, max_blocks=MAX_PREFIX_BLOCKS,
+        scope=cache_scope,
+    )  # fmt: skip
     message.prefix_blocks = prefix.blocks.tolist()
+    message.cache_salt = cache_salt(cache_scope)
     message.prompt_chars = prefix.chars
     body = bytes(message)
     if len(body) + _DEADLINE_ROOM > MAX_MESSAGE_BYTES:

@@ -20,7 +20,7 @@ from edge.api.request import ChatRequest, parse_chat_request
 from edge.api.surfaces import CHAT, MESSAGES, RESPONSES
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS
-from edge.node.wire import prepare_run_request
+from edge.node.wire import cache_salt, prepare_run_request
 
 BLOCK = 8
 _TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
@@ -239,3 +239,26 @@ def test_the_three_apis_give_one_prompt_one_fingerprint() -> None:
     prints = [_fp(api.chat, PREFIX_BLOCK_CHARS) for api in (chat, responses, messages)]
     assert prints[0]
     assert prints[0] == prints[1] == prints[2]
+
+
+@given(_TEXT, _TEXT, st.text(min_size=1, max_size=20))
+def test_a_scope_shares_no_block_with_another_and_keeps_the_cuts(
+    system: str, user: str, scope: str
+) -> None:
+    """The same prompt in two scopes (a key's own, "" shared) shares no block hash, and
+    is cut into the same number of blocks of the same characters; its RunRequest names
+    the scope by a salt that is not the scope itself, and none when shared."""
+    request = _parse({"model": "m", "messages": [
+        {"role": "system", "content": system * 8 + "a system prompt"},
+        {"role": "user", "content": user or "hi"}]})  # fmt: skip
+    shared = fingerprint(request, "m", block_chars=BLOCK, max_blocks=64)
+    scoped = fingerprint(request, "m", block_chars=BLOCK, max_blocks=64, scope=scope)
+    assert scoped.chars == shared.chars
+    assert len(scoped.blocks) == len(shared.blocks)
+    assert not set(scoped.blocks) & set(shared.blocks)
+    salted = pb.RunRequest.FromString(
+        prepare_run_request(request, run_id="r", model="m", cache_scope=scope).body
+    )
+    assert salted.cache_salt == cache_salt(scope) != scope
+    plain = pb.RunRequest.FromString(prepare_run_request(request, run_id="r", model="m").body)
+    assert plain.cache_salt == ""

@@ -132,3 +132,13 @@ def test_request_caps_top_logprobs_at_twenty() -> None:
     request = pb.RunRequest(model="m", extra_json='{"logprobs": true, "top_logprobs": 50}')
     sent = chat_request_body(request)
     assert (sent["logprobs"], sent["top_logprobs"]) == (True, 20)
+
+
+def test_the_runs_cache_salt_goes_as_vllms_and_a_callers_own_never_does() -> None:
+    """The run's KV-cache scope is sent as `cache_salt`; one in the caller's extra fields
+    (another key's, guessed) is dropped, and a shared run sends none."""
+    forged = '{"cache_salt": "theirs", "top_k": 5}'
+    body = chat_request_body(pb.RunRequest(model="m", cache_salt="mine", extra_json=forged))
+    assert (body["cache_salt"], body["top_k"]) == ("mine", 5)
+    shared = chat_request_body(pb.RunRequest(model="m", extra_json=forged))
+    assert "cache_salt" not in shared

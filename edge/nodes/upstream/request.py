@@ -19,7 +19,7 @@ from edge.nodes.upstream.logprobs import MAX_TOP_LOGPROBS
 __all__ = ["chat_request_body"]
 
 # Fields the request body owns: extra_json may not override them.
-_OWNED: Final = frozenset({"model", "messages", "stream", "stream_options"})
+_OWNED: Final = frozenset({"model", "messages", "stream", "stream_options", "cache_salt"})
 
 
 def _content_part(part: Any) -> dict[str, Any]:
@@ -79,7 +79,9 @@ def chat_request_body(request: pb.RunRequest) -> dict[str, Any]:
     """Every field of `request` an OpenAI-compatible server understands, as its JSON body.
 
     Always streams and asks for usage. `extra_json` is merged in last but
-    cannot replace the model, the messages or the streaming fields.
+    cannot replace the model, the messages, the streaming fields or the run's
+    `cache_salt` (its KV-cache scope, vLLM's field: a caller naming another's would
+    read that one's cache).
     """
     body: dict[str, Any] = {
         "model": request.model,
@@ -114,4 +116,6 @@ def chat_request_body(request: pb.RunRequest) -> dict[str, Any]:
     top = body.get("top_logprobs")
     if isinstance(top, int) and not isinstance(top, bool) and top > MAX_TOP_LOGPROBS:
         body["top_logprobs"] = MAX_TOP_LOGPROBS
+    if request.cache_salt:  # the run's KV-cache scope (vLLM's), never the caller's own
+        body["cache_salt"] = request.cache_salt
     return body

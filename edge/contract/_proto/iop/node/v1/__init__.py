@@ -438,6 +438,14 @@ class RunRequest(betterproto2.Message):
     `continuation` for the model.
     """
 
+    cache_salt: "str" = betterproto2.field(22, betterproto2.TYPE_STRING)
+    """
+    The KV-cache scope of the run (the API key's, unless the key shares its cache):
+    a node must never let a run reuse cached prefix blocks of a run whose salt
+    differs. The edge's prefix_blocks are already salted with it; a node relaying
+    to a model server passes it on (vLLM's `cache_salt`). Empty: shared by all.
+    """
+
 
 default_message_pool.register_message("iop.node.v1", "RunRequest", RunRequest)
 
