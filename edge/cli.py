@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -29,7 +30,6 @@ from edge.config import (
     parse_workers,
     split_address,
 )
-from edge.config.toml import read_bytes
 from edge.observe.log import setup_logging
 from edge.process.allocator import tune_allocator
 from edge.process.signals import (
@@ -118,16 +118,19 @@ def resolve_config(args: argparse.Namespace) -> Config:
     return load_configuration(args).config
 
 
-def load_configuration(args: argparse.Namespace, data: bytes | None = None) -> LoadedConfig:
-    """The config file (if any; `data`: its bytes, read before), with command-line flags
-    on top. A file named with --config must exist; ./config.toml is read when it does."""
+def load_configuration(
+    args: argparse.Namespace, data: bytes | None = None, files: Mapping[str, bytes] | None = None
+) -> LoadedConfig:
+    """The config file (if any; `data`: its bytes, and `files`: those of the files it
+    names, read before by the supervisor), with command-line flags on top. A file named
+    with --config must exist; ./config.toml is read when it does."""
     path: Path | None = args.config
     if path is None and (data or DEFAULT_CONFIG.exists()):
         path = DEFAULT_CONFIG
     if path is None:
         loaded = LoadedConfig(Config(), b"", config_digest(b""))
     else:
-        loaded = load_config_file(path, data)
+        loaded = load_config_file(path, data, files)
     return replace(loaded, config=_flags(args, loaded.config))
 
 
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ignore_signals()
     args = build_parser().parse_args(argv)
     try:
-        loaded = load_configuration(args, _worker_config(args))
+        loaded = load_configuration(args, *_worker_config(args))
     except ConfigError as exc:
         print(f"iop-edge: {exc}", file=sys.stderr)
         return 2
@@ -208,17 +211,17 @@ def _supervisor_main(
         return 1
 
 
-def _worker_config(args: argparse.Namespace) -> bytes | None:
-    """A worker's configuration file: the bytes of its supervisor's copy (None: not a
-    worker, or a supervisor that gave none)."""
+def _worker_config(args: argparse.Namespace) -> tuple[bytes | None, dict[str, bytes] | None]:
+    """A worker's configuration file and the files it names: the bytes of its
+    supervisor's copy ((None, None): not a worker, or a supervisor that gave none)."""
     if args.worker_id is None or args.worker_config_digest is None:
-        return None
-    from edge.process.supervisor import config_copy, shared_dir
+        return None, None
+    from edge.process.supervisor import read_copy, shared_dir
 
     shared = shared_dir()
     if shared is None:
         raise ConfigError("a worker needs its supervisor's shared directory")
-    return read_bytes(config_copy(shared, args.worker_config_digest))
+    return read_copy(shared, args.worker_config_digest)
 
 
 def _worker_main(args: argparse.Namespace, loaded: LoadedConfig, hard_stop_s: float) -> int:

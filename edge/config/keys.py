@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from edge.config.files import ConfigFiles
 from edge.config.schema import CACHE_SCOPES, KeyConfig
 from edge.config.toml import ConfigError, TableReader
 
@@ -27,7 +28,9 @@ SECRET_SOURCES = {
 }
 
 
-def _keys(source: str, raw_keys: list[Any], api_keys: tuple[str, ...]) -> tuple[KeyConfig, ...]:
+def _keys(
+    source: str, raw_keys: list[Any], api_keys: tuple[str, ...], files: ConfigFiles
+) -> tuple[KeyConfig, ...]:
     """`[[keys]]`: each with a name and exactly one of key, key_env, key_file.
 
     Messages name the entry and the setting, never the secret.
@@ -48,7 +51,7 @@ def _keys(source: str, raw_keys: list[Any], api_keys: tuple[str, ...]) -> tuple[
         given = [k for k, value in sources.items() if value is not None]
         if len(given) != 1:
             raise r.fail("key", f"give exactly one of {', '.join(SECRET_SOURCES)}")
-        secret = _secret(source, r, given[0], sources[given[0]])
+        secret = _secret(source, r, given[0], sources[given[0]], files)
         if any(not 1 <= ord(c) < 127 or c.isspace() for c in secret):
             raise r.fail(given[0], "the key must be printable ASCII without spaces")
         rpm, tpm, streams = (
@@ -71,7 +74,7 @@ def hmac_equal(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
 
 
-def _secret(source: str, r: TableReader, how: str, value: str) -> str:
+def _secret(source: str, r: TableReader, how: str, value: str, files: ConfigFiles) -> str:
     """The secret of a `[[keys]]` entry, from the config, the environment or a file."""
     if how == "key_env":
         secret = os.environ.get(value, "").strip()
@@ -80,9 +83,10 @@ def _secret(source: str, r: TableReader, how: str, value: str) -> str:
         return secret
     if how == "key_file":
         try:
-            secret = _beside(source, value).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise r.fail(how, f"cannot read {value}: {exc.strerror or exc}") from None
+            secret = files.bytes_of(_beside(source, value)).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise r.fail(how, f"cannot read {value}: {why}") from None
         if not secret:
             raise r.fail(how, f"{value} holds no key")
         return secret
@@ -91,14 +95,13 @@ def _secret(source: str, r: TableReader, how: str, value: str) -> str:
     return value.strip()
 
 
-def _read_keys(source: str, path: str) -> tuple[str, ...]:
+def _read_keys(source: str, path: str, files: ConfigFiles) -> tuple[str, ...]:
     """API keys from a file: one per line; blank lines and # comments skipped."""
     try:
-        text = _beside(source, path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            f"{source}: server.api_keys_file: cannot read {path}: {exc.strerror or exc}"
-        ) from None
+        text = files.bytes_of(_beside(source, path)).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"{source}: server.api_keys_file: cannot read {path}: {why}") from None
     stripped = (line.strip() for line in text.splitlines())
     keys = tuple(line for line in stripped if line and not line.startswith("#"))
     if not keys:

@@ -11,13 +11,14 @@ import os
 import re
 import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from edge.api.policy import MEDIA_SCHEMES
 from edge.config.address import check_node_address, split_address, upstream_url
+from edge.config.files import ConfigFiles, files_digest
 from edge.config.keys import _beside, _keys, _read_keys
 from edge.config.schema import (
     DEFAULT_MODEL,
@@ -46,20 +47,22 @@ _MAX_UINT32 = 2**32 - 1
 _T = TypeVar("_T")
 
 
-def parse_config(doc: Mapping[str, Any], source: str) -> Config:
-    """Every table in the order a mistake is reported in; then no key is left over."""
+def parse_config(doc: Mapping[str, Any], source: str, files: ConfigFiles | None = None) -> Config:
+    """Every table in the order a mistake is reported in; then no key is left over. The
+    files it names are read through `files` (default: the disk)."""
+    files = ConfigFiles() if files is None else files
     root = TableReader(source, "", doc)
     server = _table(source, root, "server", _server)
     if server.api_keys_file is not None:
-        more = _read_keys(source, server.api_keys_file)
+        more = _read_keys(source, server.api_keys_file, files)
         server = replace(server, api_keys=server.api_keys + more)
     log = _table(source, root, "log", _log)
     timeouts = _table(source, root, "timeouts", _timeouts)
     routing = _table(source, root, "routing", _routing)
     admission = _table(source, root, "admission", _admission)
     raw_nodes = root.get("nodes", list, None)
-    nodes = _nodes(source, raw_nodes) if raw_nodes is not None else Config().nodes
-    keys = _keys(source, root.get("keys", list, []), server.api_keys)
+    nodes = _nodes(source, raw_nodes, files) if raw_nodes is not None else Config().nodes
+    keys = _keys(source, root.get("keys", list, []), server.api_keys, files)
     limits = _table(source, root, "limits", _limits)
     tracing = _table(source, root, "tracing", _tracing)
     responses = _table(source, root, "responses", _responses)
@@ -180,7 +183,7 @@ def _admission(r: TableReader) -> AdmissionConfig:
     )
 
 
-def _nodes(source: str, raw_nodes: list[Any]) -> tuple[NodeConfig, ...]:
+def _nodes(source: str, raw_nodes: list[Any], files: ConfigFiles) -> tuple[NodeConfig, ...]:
     """`[[nodes]]`: each with an address; names are unique (the address by default)."""
     nodes: list[NodeConfig] = []
     for i, raw in enumerate(raw_nodes):
@@ -192,7 +195,8 @@ def _nodes(source: str, raw_nodes: list[Any]) -> tuple[NodeConfig, ...]:
         if address != "embedded":
             _check(r, "address", check_node_address, address)
         max_runs = r.integer("max_runs", None, maximum=1_000_000)
-        node = _node_access(source, r, NodeConfig(name=name, address=address, max_runs=max_runs))
+        node = NodeConfig(name=name, address=address, max_runs=max_runs)
+        node = _node_access(source, r, node, files)
         r.done()
         if any(n.name == name for n in nodes):
             raise ConfigError(f"{source}: nodes[{i}].name: duplicate node name {name!r}")
@@ -203,7 +207,7 @@ def _nodes(source: str, raw_nodes: list[Any]) -> tuple[NodeConfig, ...]:
 _NODE_FILES = ("token_file", "ca_file", "cert_file", "key_file")
 
 
-def _node_access(source: str, r: TableReader, node: NodeConfig) -> NodeConfig:
+def _node_access(source: str, r: TableReader, node: NodeConfig, files: ConfigFiles) -> NodeConfig:
     """A node's credentials: the token file, TLS and its files (paths relative to the
     config file), each file read now, so that one that cannot be read, an empty token or
     a certificate that does not load is this configuration's error (a reload with it is
@@ -224,7 +228,7 @@ def _node_access(source: str, r: TableReader, node: NodeConfig) -> NodeConfig:
     digest = hashlib.sha256()
     for key, path in paths.items():
         try:
-            data = Path(path).read_bytes()
+            data = files.bytes_of(Path(path))
         except OSError as exc:
             raise r.fail(key, f"cannot read {path}: {exc.strerror or exc}") from None
         if key == "token_file" and not data.strip():
@@ -434,6 +438,8 @@ class LoadedConfig:
     config: Config
     data: bytes = b""
     digest: str = ""
+    # The files it names, as read (edge.config.files): the digest covers them too.
+    files: Mapping[str, bytes] = field(default_factory=dict)
 
 
 def config_digest(data: bytes) -> str:
@@ -442,10 +448,15 @@ def config_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def load_config_file(path: Path, data: bytes | None = None) -> LoadedConfig:
+def load_config_file(
+    path: Path, data: bytes | None = None, files: Mapping[str, bytes] | None = None
+) -> LoadedConfig:
     """Read `path`, or parse `data` as its bytes (a copy read before: what a worker
-    gets from its supervisor); files it names (`api_keys_file`, `key_file`) are read
-    relative to `path` either way."""
+    gets from its supervisor); the files it names (`api_keys_file`, `key_file`, a node's
+    token and TLS files, relative to `path`) are read from disk, or taken from `files`
+    (the supervisor's copy of them). The digest covers the file and those it names."""
     if data is None:
         data = read_bytes(path)
-    return LoadedConfig(parse_config(parse_toml(data, path), str(path)), data, config_digest(data))
+    reader = ConfigFiles(files)
+    config = parse_config(parse_toml(data, path), str(path), reader)
+    return LoadedConfig(config, data, files_digest(config_digest(data), reader.read), reader.read)

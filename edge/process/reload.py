@@ -36,9 +36,8 @@ from pathlib import Path
 import trio
 from loguru import logger
 
-from edge.config import Config, ConfigError, LimitsConfig, LoadedConfig, config_digest
+from edge.config import Config, ConfigError, LimitsConfig, LoadedConfig
 from edge.config.reload import applied, changes, restart_needed
-from edge.config.toml import read_bytes
 from edge.fleet.admission import Admission
 from edge.fleet.failover import Failover
 from edge.fleet.pool import NodePool
@@ -52,14 +51,15 @@ from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing
 from edge.process.nodeset import NodeSet, OpenNode
-from edge.process.supervisor import config_copy
+from edge.process.supervisor import read_copy
 
 # How long a reload waits for the nodes it adds to answer (or fail to) before the nodes
 # it removes leave and the new snapshot applies.
 PROBE_WAIT_S = 5.0
 # Reads the configuration as the command line does (its flags on top): from its file,
-# or (a worker) from these bytes, the supervisor's copy of it.
-Loader = Callable[[bytes | None], LoadedConfig]
+# or (a worker) from the bytes of the supervisor's copy of it and of the files it names:
+# `load(None)`, `load(data, files)`.
+Loader = Callable[..., LoadedConfig]
 
 
 class Reloads:
@@ -155,11 +155,7 @@ class Reloader:
         the supervisor checked (whose digest must be `digest`)."""
         if digest is None or self.shared_dir is None:
             return self.load(None)
-        copy = config_copy(self.shared_dir, digest)
-        data = read_bytes(copy)
-        if config_digest(data) != digest:
-            raise ConfigError(f"{copy}: its digest is not {digest}: changed since it was checked")
-        return self.load(data)
+        return self.load(*read_copy(self.shared_dir, digest))
 
     async def reload(self, digest: str | None, nursery: trio.Nursery) -> bool:
         """Read, check and apply the configuration; False: refused, nothing changed."""

@@ -10,10 +10,11 @@ It serves no HTTP, opens no node connection, and knows nothing of requests.
 A worker is `python -m edge <the same arguments> --worker-id I ...`: a fresh
 interpreter (no fork of a process that holds threads or an event loop) that
 runs the single-process daemon on the inherited sockets, on the configuration
-the supervisor read: the supervisor keeps a copy of the file's bytes in the
-shared directory (`config_copy`, named by their digest) and each worker parses
-that copy (`--worker-config-digest`), not the file, so all of them run the same
-bytes. On SIGHUP the supervisor reads and checks the file once: a mistake is
+the supervisor read: the supervisor keeps a copy of the file's bytes, and of every
+file it names (key files, a node's token and TLS files), in the shared directory
+(`config_copy`, named by their digest) and each worker parses that copy
+(`--worker-config-digest`), not the files, so all of them, a worker restarted later
+included, run the same bytes. On SIGHUP the supervisor reads and checks the file once: a mistake is
 refused here (one log line, counted; the workers hear nothing of it), a good
 file is copied and each worker is told `RELOAD=<digest>` on its socket
 (`edge.process.reload` applies it there). A worker started later (one that died)
@@ -54,10 +55,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 from loguru import logger
 
-from edge.config import ConfigError, LoadedConfig
+from edge.config import ConfigError, LoadedConfig, config_digest
+from edge.config.files import bundle, files_digest, unbundle
+from edge.config.toml import read_bytes
 from edge.observe.log import count_dropped_lines
 from edge.observe.logbound import clip
 from edge.process import systemd
@@ -90,8 +94,23 @@ _SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", 
 
 
 def config_copy(shared: Path, digest: str) -> Path:
-    """Where the supervisor keeps the bytes of the configuration file of `digest`."""
-    return shared / f"config-{digest}.toml"
+    """Where the supervisor keeps the configuration of `digest`: the bytes of its file
+    and of the files it names (`edge.config.files.bundle`)."""
+    return shared / f"config-{digest}.bundle"
+
+
+def read_copy(shared: Path, digest: str) -> tuple[bytes, dict[str, bytes]]:
+    """The configuration of `digest` as its supervisor read it: the file's bytes and
+    those of the files it names. Raises ConfigError when the copy is missing, not a
+    copy, or not of that digest (changed since it was checked)."""
+    path = config_copy(shared, digest)
+    try:
+        data, files = unbundle(read_bytes(path))
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{path}: not a configuration copy: {exc}") from None
+    if files_digest(config_digest(data), files) != digest:
+        raise ConfigError(f"{path}: its digest is not {digest}: changed since it was checked")
+    return data, files
 
 
 def shared_dir() -> Path | None:
@@ -196,7 +215,7 @@ class Supervisor:
         assert self._shared is not None
         path = config_copy(self._shared, loaded.digest)
         partial = path.with_suffix(".part")
-        partial.write_bytes(loaded.data)
+        partial.write_bytes(bundle(loaded.data, loaded.files))
         partial.replace(path)
 
     def cleanup(self) -> None:

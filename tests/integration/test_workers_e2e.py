@@ -27,7 +27,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge.cli import main as cli_main
-from edge.config import ConfigError, parse_config
+from edge.config import ConfigError, config_digest, parse_config
 from tests.integration.conftest import SimProcess, chat_body, notify_lines, script
 from tests.integration.edgeproc import EdgeProcess, edge_process
 
@@ -155,6 +155,44 @@ async def test_a_killed_worker_is_restarted_and_the_edge_keeps_answering(
         assert total(text, "iop_edge_worker_restarts_total") == 1
         assert total(text, "iop_edge_requests_total", status="success") == 12
         assert total(text, "iop_edge_workers") == 2
+        edge.signal(signal.SIGTERM)
+        assert await edge.wait_exit() == 0
+
+
+async def test_a_restarted_worker_runs_the_keys_its_supervisor_read(
+    sim: SimProcess, tmp_path: Path
+) -> None:
+    """A key file changed on disk (no reload): a worker killed and restarted still
+    takes the key the supervisor read and checked, as its sibling does, and refuses
+    the one now on disk; both report the same configuration digest, which is not the
+    configuration file's alone (it covers the key file)."""
+    (tmp_path / "team-a.key").write_text("sk-a\n")
+    toml = sim_toml(sim) + '[[keys]]\nname = "team-a"\nkey_file = "team-a.key"\n'
+
+    async def status(url: str, key: str) -> int:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            body = chat_body("sim-echo", "hello")
+            answer = await http.post(CHAT, json=body, headers={"Authorization": f"Bearer {key}"})
+        return answer.status_code
+
+    async with two_workers(tmp_path, toml) as edge:
+        (tmp_path / "team-a.key").write_text("sk-a-on-disk\n")
+        victim = workers(edge)[0]
+        victim.kill()
+        await edge.wait_line(r"worker \d is serving again")
+        for _ in range(6):  # whichever worker takes each connection
+            assert await status(edge.url, "sk-a") == 200
+            assert await status(edge.url, "sk-a-on-disk") == 401
+        text = await scrape(edge.url)
+        digests = {
+            s.labels["digest"]
+            for family in text_string_to_metric_families(text)
+            if family.name == "iop_edge_config_info"
+            for s in family.samples
+        }
+        config_file = (tmp_path / "edge.toml").read_bytes()
+        assert len(digests) == 1
+        assert digests != {config_digest(config_file)}
         edge.signal(signal.SIGTERM)
         assert await edge.wait_exit() == 0
 
