@@ -261,6 +261,24 @@ def tracing_run(args: argparse.Namespace, tmp: Path, clients: int) -> dict[str, 
         pool.close()
 
 
+def nodehop_run(args: argparse.Namespace, tmp: Path, clients: int) -> dict[str, Any]:
+    """The node hop's cost, plaintext and locked, with `clients` load generators."""
+    from benchmarks.nodehop import QUICK, HopSettings, measure_nodehop
+
+    pool = Pool(clients)
+    try:
+        return measure_nodehop(pool, tmp, QUICK if args.quick else HopSettings())
+    finally:
+        pool.close()
+
+
+def main_nodehop(args: argparse.Namespace, settings: Settings) -> int:
+    """`--node-hop-only`: the node hop's cost; writes node_hop.json."""
+    from benchmarks.nodehop import render_nodehop
+
+    return _only(args, settings, "node_hop", nodehop_run, render_nodehop)
+
+
 def main_tracing(args: argparse.Namespace, settings: Settings) -> int:
     """`--tracing-only`: the tracing cost; writes tracing.json."""
     from benchmarks.tracing import render_tracing
@@ -351,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         return main_workers(args, settings)
     if args.tracing_only:
         return main_tracing(args, settings)
+    if args.node_hop_only:
+        return main_nodehop(args, settings)
     if args.control_plane_only:
         return main_control_plane(args, settings)
     if args.ab:
@@ -378,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
             result["workers"] = workers_run(args, tmp, settings.clients)
         if not args.no_tracing:
             result["tracing"] = tracing_run(args, tmp, settings.clients)
+        if not args.no_node_hop:
+            result["node_hop"] = nodehop_run(args, tmp, settings.clients)
         if not args.no_control_plane:
             result["control_plane"] = control_plane_run(args, tmp, settings.clients)
         if args.peers or args.litellm:
@@ -394,6 +416,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.tracing import render_tracing
 
         print("\n" + "\n".join(render_tracing(result["tracing"])))
+    if "node_hop" in result:
+        from benchmarks.nodehop import render_nodehop
+
+        print("\n" + "\n".join(render_nodehop(result["node_hop"])))
     if "control_plane" in result:
         from benchmarks.controlplane import render_control_plane
 

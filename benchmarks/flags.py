@@ -11,8 +11,9 @@ Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--cl
 `benchmarks.overload`; with `--ab REV` the curve on both sides), `--peers` (also run
 the peer tool with LiteLLM and SMG; it installs both into ~/.cache) and `--ab REV`
 (A/B against a git revision), `--workers-only` / `--no-workers` (throughput by worker
-count, `benchmarks.workers`), `--tracing-only` / `--no-tracing` (the edge's CPU per
-request and per chunk with tracing off and on, `benchmarks.tracing`),
+count, `benchmarks.workers`), `--node-hop-only` / `--no-node-hop` (plaintext and a
+locked node hop side by side, `benchmarks.nodehop`), `--tracing-only` / `--no-tracing`
+(the edge's CPU per request and per chunk with tracing off and on, `benchmarks.tracing`),
 `--control-plane-only` / `--no-control-plane` (the edge's CPU per node to know its
 nodes' state, Watch against Describe polling, `benchmarks.controlplane`), `--fleet`
 (routing policies over four simulated nodes with a KV cache, `benchmarks.fleet`; with
@@ -131,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the tracing cost (off and on, side by side); writes results/tracing.json",
     )
     p.add_argument("--no-tracing", action="store_true", help="leave the tracing cost run out")
+    p.add_argument(
+        "--node-hop-only",
+        action="store_true",
+        help="only the node hop's cost (plaintext and mutual TLS + token, side by side);"
+        " writes results/node_hop.json",
+    )
+    p.add_argument("--no-node-hop", action="store_true", help="leave the node hop's cost out")
     p.add_argument(
         "--control-plane-only",
         action="store_true",

@@ -261,8 +261,10 @@ class Stack:
         extra_config: str = "",
         server_keys: str = "",
         node_port: int = 0,
+        node_args: tuple[str, ...] = (),
     ) -> None:
-        """`node_keys` are TOML lines added to the node's `[[nodes]]` table, `extra_config`
+        """`node_keys` are TOML lines added to the node's `[[nodes]]` table, `node_args`
+        flags added to the simulated node's command (its TLS and token), `extra_config`
         tables added after it (the overload workload's `max_runs` and `[admission]`),
         `server_keys` lines added to `[server]` (the worker count). With `node_port` the
         edge uses the simulated node already listening there (another stack's)."""
@@ -275,6 +277,7 @@ class Stack:
         self.edge: subprocess.Popen[bytes] | None = None
         self.runs_log = RunsLog(tmp / "runs.fifo")
         self.node_port = node_port
+        self.node_args = node_args
         self._own_node = not node_port
         self.edge_port = 0
         self.edge_probe: Probe | None = None
@@ -307,6 +310,7 @@ class Stack:
                 "127.0.0.1:0",
                 "--runs-log",
                 str(self.runs_log.path),
+                *self.node_args,
             ],
             sim_out,
         )
