@@ -191,7 +191,8 @@ def fingerprint(
     """`request`'s prefix fingerprint as `model` is given it: the chained hashes of the
     first `max_blocks` whole blocks of `block_chars` characters of its rendering.
     `scope` (a KV-cache scope: "" shared) seeds the chain, so the same prompt in two
-    scopes shares no block (its blocks cut at the same places). Linear in the request's size: run it off the event loop."""
+    scopes shares no block (its blocks cut at the same places). Linear in the request's
+    size: run it off the event loop."""
     hasher = _Hasher(block_chars, max_blocks, scope)
     for piece in render(request, model):
         hasher.feed(piece)

@@ -1,8 +1,8 @@
 """The configuration: typed settings from TOML, and one clear line per mistake.
 
-The modules, bottom up: `toml` (`ConfigError`, the table reader, reading a file) and
-`address` (listen and node addresses) import nothing of the rest; `schema` (the settings
-dataclasses), `keys` (`[[keys]]`, `api_keys_file`), `parse` (a document into a `Config`),
+The modules, bottom up: `toml` (`ConfigError`, the table reader, reading a file),
+`address` (listen and node addresses) and `files` (the files a configuration names,
+read once) import nothing of the rest; `schema` (the settings dataclasses), `keys` (`[[keys]]`, `api_keys_file`), `parse` (a document into a `Config`),
 `reload` (what a new `Config` changes in a running edge, what waits for a restart) and
 `reference` (docs/config-reference.md, generated from `schema` and `parse`).
 

@@ -289,7 +289,8 @@ async def test_an_answer_whose_every_node_aborts_ends_as_the_nodes_failure(
         await running.wait_idle(within_s=WAIT_S)
         for node in (a, b):
             record = node.run(run_id)
-            assert record is not None and record["outcome"] == "aborted", record
+            assert record is not None
+            assert record["outcome"] == "aborted", record
         await stop_edge(running)
 
 
