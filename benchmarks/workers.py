@@ -220,7 +220,7 @@ def measure_describe(tmp: Path, calls: int = 2000) -> dict[str, Any]:
     here in this process) and on the node, and the bytes of its answer."""
     import asyncio
 
-    from edge.node.grpc import GrpcNode
+    from edge.node.grpc import GrpcNode, NodeSocket
 
     where = tmp / "describe"
     where.mkdir(parents=True, exist_ok=True)
@@ -229,7 +229,7 @@ def measure_describe(tmp: Path, calls: int = 2000) -> dict[str, Any]:
         node = stack.node_probe
 
         async def ask() -> tuple[float, float, int]:
-            grpc = GrpcNode("127.0.0.1", stack.node_port)
+            grpc = GrpcNode(NodeSocket.tcp("127.0.0.1", stack.node_port))
             try:
                 answer = await grpc.describe()  # connects
                 c0, n0 = time.process_time(), node.cpu()

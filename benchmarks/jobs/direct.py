@@ -22,7 +22,7 @@ from benchmarks.httpclient import ResponseReader, TrioConnection
 from benchmarks.jobs.base import Ctl, JobFn, max_backlog
 from edge.contract._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop
-from edge.node.client import GrpcNodeClient, RunHandle
+from edge.node.client import GrpcNodeClient, NodeSocket, RunHandle
 from edge.stream.events import Complete, Delta
 
 mono = time.monotonic
@@ -97,7 +97,7 @@ async def _ttft(
     warmup: int,
     timeout_s: float,
 ) -> dict[str, Any]:
-    client = GrpcNodeClient("sim", "127.0.0.1", node_port)
+    client = GrpcNodeClient("sim", NodeSocket.tcp("127.0.0.1", node_port))
     conn = await TrioConnection.open(host, port)
     edge_ms: list[float] = []
     direct_ms: list[float] = []
@@ -147,7 +147,7 @@ def job_ttft(ctl: Ctl, **kwargs: Any) -> dict[str, Any]:
 async def _direct_streams(
     node_port: int, script: str, count: int, start_at: float, timeout_s: float
 ) -> dict[str, Any]:
-    client = GrpcNodeClient("sim", "127.0.0.1", node_port)
+    client = GrpcNodeClient("sim", NodeSocket.tcp("127.0.0.1", node_port))
     chunks = 0
     ok = 0
     errors: list[str] = []
@@ -208,7 +208,7 @@ async def _direct_rate(
     node_port: int, script: str, rate: float, seconds: float, start_at: float, timeout_s: float
 ) -> dict[str, Any]:
     """Open loop through the node client: run i is due at start + i/rate."""
-    client = GrpcNodeClient("sim", "127.0.0.1", node_port)
+    client = GrpcNodeClient("sim", NodeSocket.tcp("127.0.0.1", node_port))
     latencies: list[float] = []
     errors: list[str] = []
     n = int(rate * seconds)
@@ -283,7 +283,7 @@ async def _disconnects(
     The orchestrator matches each run id with the time its line reached the node's
     runs log (written when CancelRun arrives).
     """
-    client = GrpcNodeClient("sim", "127.0.0.1", node_port)
+    client = GrpcNodeClient("sim", NodeSocket.tcp("127.0.0.1", node_port))
     edge: list[tuple[str, float]] = []
     direct: list[tuple[str, float]] = []
     try:

@@ -113,10 +113,10 @@ async def _paced_direct(
     import trio
 
     from benchmarks.jobs.direct import run_request, start
-    from edge.node.client import GrpcNodeClient
+    from edge.node.client import GrpcNodeClient, NodeSocket
     from edge.stream.events import Complete, Delta
 
-    client = GrpcNodeClient("sim", "127.0.0.1", node_port)
+    client = GrpcNodeClient("sim", NodeSocket.tcp("127.0.0.1", node_port))
     per_stream: list[list[float]] = []
     errors: list[str] = []
     ok = 0

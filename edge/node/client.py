@@ -42,6 +42,7 @@ from edge.node.bridge import EventBuffer, call_asyncio
 from edge.node.describe import NodeDescription as NodeDescription
 from edge.node.describe import description_from_pb
 from edge.node.grpc import Accepted, GrpcNode, NodeWatch, Sent
+from edge.node.grpc import NodeSocket as NodeSocket
 from edge.node.grpc import WatchUnsupported as WatchUnsupported
 from edge.node.wire import EncodedRunRequest
 from edge.observe.logbound import clip
@@ -180,21 +181,22 @@ class GrpcNodeClient:
     def __init__(
         self,
         name: str,
-        host: str,
-        port: int,
+        where: NodeSocket,
         *,
         on_cancel_sent: Callable[[], object] | None = None,
         backlog: Backlog | None = None,
         on_state_rpc: Callable[[str], object] | None = None,
         access: NodeAccess | None = None,
     ) -> None:
-        """`backlog`: the process's, shared by every node client (`edge.process.daemon`);
-        without it the client's runs count on a backlog of their own, with no budget.
+        """`where`: the node's TCP address, or the Unix socket of a node served in this
+        process (`NodeSocket`). `backlog`: the process's, shared by every node client
+        (`edge.process.daemon`); without it the client's runs count on a backlog of their
+        own, with no budget.
         `on_state_rpc` hears each Describe ("describe") and Watch ("watch") sent.
         `access`: the token and TLS of every call (`edge.node.access`; None: neither)."""
         self.name = name
-        self.address = f"{host}:{port}"
-        self._grpc = GrpcNode(host, port, access or NodeAccess())
+        self.address = where.address
+        self._grpc = GrpcNode(where, access or NodeAccess())
         self._on_cancel_sent = on_cancel_sent
         self._on_state_rpc = on_state_rpc
         self._backlog = Backlog() if backlog is None else backlog
@@ -414,7 +416,7 @@ class GrpcNodeClient:
         reports: how long to wait for one is the caller's (the pool's silence bound)."""
         if self._on_state_rpc is not None:
             self._on_state_rpc("watch")
-        watch = NodeWatch(self._grpc.host, self._grpc.port, self._grpc.access)
+        watch = NodeWatch(self._grpc.where, self._grpc.access)
         try:
             await call_asyncio(watch.open, max(1, round(heartbeat_s * 1000)))
             while True:

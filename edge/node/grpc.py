@@ -1,4 +1,5 @@
-"""The asyncio side of talking to a node: grpclib channels, the run read loop, and
+"""The asyncio side of talking to a node: grpclib channels (to a TCP address, or to the
+Unix socket of a node served in this process: `NodeSocket`), the run read loop, and
 Watch subscriptions (`NodeWatch`).
 
 Everything here runs on the asyncio loop that `edge.node.bridge` hosts inside
@@ -87,13 +88,34 @@ _CODEC = BoundedCodec()
 _OPEN = NodeAccess()
 
 
-def open_channel(host: str, port: int, access: NodeAccess = _OPEN) -> Channel:
-    """A connection to a node (opened on its first call), with `access`'s TLS, and its
-    token on every call."""
+@dataclass(frozen=True, slots=True)
+class NodeSocket:
+    """Where a node's connections go: TCP `host:port`, or the Unix socket at `path` (a
+    node served in this process). `address` is what errors, logs and /readyz call it."""
+
+    address: str
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+
+    @classmethod
+    def tcp(cls, host: str, port: int) -> NodeSocket:
+        return cls(f"{host}:{port}", host=host, port=port)
+
+    @classmethod
+    def unix(cls, path: str, address: str) -> NodeSocket:
+        return cls(address, path=path)
+
+
+def open_channel(where: NodeSocket, access: NodeAccess = _OPEN) -> Channel:
+    """A connection to the node at `where` (opened on its first call), with `access`'s
+    TLS, and its token on every call."""
     config = _H2_CONFIG
     if access.server_name is not None:
         config = replace(config, ssl_target_name_override=access.server_name)
-    channel = Channel(host, port, codec=_CODEC, config=config, ssl=access.ssl)
+    channel = Channel(
+        where.host, where.port, path=where.path, codec=_CODEC, config=config, ssl=access.ssl
+    )
     if access.token is not None:
         listen(channel, SendRequest, access.authorize)
     return channel
@@ -203,10 +225,9 @@ class NodeWatch:
     opened again (after a broken stream, a silence) on a new connection.
     """
 
-    def __init__(self, host: str, port: int, access: NodeAccess = _OPEN) -> None:
-        self.host = host
-        self.port = port
-        self.address = f"{host}:{port}"
+    def __init__(self, where: NodeSocket, access: NodeAccess = _OPEN) -> None:
+        self.where = where
+        self.address = where.address
         self.access = access
         self._channel: Channel | None = None
         self._stack = AsyncExitStack()
@@ -222,7 +243,7 @@ class NodeWatch:
 
     async def open(self, heartbeat_ms: int) -> None:
         """Subscribe, asking for a report at least every `heartbeat_ms`."""
-        self._channel = open_channel(self.host, self.port, self.access)
+        self._channel = open_channel(self.where, self.access)
         stream = self._channel.request(
             WATCH_ROUTE, Cardinality.UNARY_STREAM, pb.WatchRequest, pb.DescribeResponse
         )
@@ -277,10 +298,9 @@ class GrpcNode:
     carries more than `STREAMS_PER_CHANNEL` streams at once.
     """
 
-    def __init__(self, host: str, port: int, access: NodeAccess = _OPEN) -> None:
-        self.host = host
-        self.port = port
-        self.address = f"{host}:{port}"
+    def __init__(self, where: NodeSocket, access: NodeAccess = _OPEN) -> None:
+        self.where = where
+        self.address = where.address
         # The token and TLS of every connection to the node.
         self.access = access
         self._channels: list[_PooledChannel] = []
@@ -297,7 +317,7 @@ class GrpcNode:
             ):
                 best = pooled
         if best is None:
-            best = _PooledChannel(open_channel(self.host, self.port, self.access))
+            best = _PooledChannel(open_channel(self.where, self.access))
             self._channels.append(best)
         best.active += 1
         return best
@@ -395,7 +415,7 @@ class GrpcNode:
     async def _unary(self, call: Callable[[pb.NodeServiceStub], Awaitable[T]]) -> T:
         """One unary RPC through the generated stub, on the control connection."""
         if self._control is None:
-            self._control = open_channel(self.host, self.port, self.access)
+            self._control = open_channel(self.where, self.access)
         try:
             answer = await call(pb.NodeServiceStub(self._control))
         except (GRPCError, StreamTerminatedError, ProtocolError, *_CONNECT_ERRORS) as exc:

@@ -43,7 +43,7 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import NodeFailedError
 from edge.node.backlog import Backlog
 from edge.node.bridge import EventBuffer, Item
-from edge.node.client import GrpcNodeClient, NodeDescription, RunHandle
+from edge.node.client import GrpcNodeClient, NodeDescription, NodeSocket, RunHandle
 from edge.node.convert import event_from_pb
 from edge.node.grpc import SENT, Accepted
 from edge.node.wire import EncodedRunRequest
@@ -59,13 +59,12 @@ INLINE_BYTES = 32 * 1024
 
 class DirectUpstreamClient(GrpcNodeClient):
     """A NodeClient whose runs `node`'s relay serves on trio; Describe and Watch are
-    `node`'s, over gRPC on `host:port` (where the embedded node listens)."""
+    `node`'s, over gRPC on `where` (the Unix socket the embedded node listens on)."""
 
     def __init__(
         self,
         name: str,
-        host: str,
-        port: int,
+        where: NodeSocket,
         *,
         node: UpstreamNode,
         tracing: Tracing | None = None,
@@ -75,7 +74,7 @@ class DirectUpstreamClient(GrpcNodeClient):
     ) -> None:
         """`on_cancel_sent` hears each run this client ended before its terminal (the
         upstream request closed: its cancel), as the gRPC client's hears each CancelRun."""
-        super().__init__(name, host, port, backlog=backlog, on_state_rpc=on_state_rpc)
+        super().__init__(name, where, backlog=backlog, on_state_rpc=on_state_rpc)
         self._on_cancelled = on_cancel_sent
         self._instance = node.instance_id
         self._spans = NodeSpans(tracing, name) if tracing is not None else None

@@ -1,9 +1,15 @@
 """Nodes run inside the edge: the simulated node for `address = "embedded"`, iop-node
 for `address = "openai+http://HOST:PORT/v1"`.
 
-Each is the real grpclib server of its node, listening on an ephemeral
-127.0.0.1 port, so an embedded node is reached over real gRPC like any
-other, and knows nothing of the pool. They differ in the loop they run on:
+Each is the real grpclib server of its node, reached over real gRPC like any
+other, and knows nothing of the pool. It listens on a Unix socket, `node.sock`, in
+a directory of its own that only the edge's user can open (mode 0700, made by
+`tempfile.mkdtemp` in the edge run's directory, else the system's temporary one),
+removed when the node stops: no TCP port, so no other local user runs its models
+past the edge's API keys. Where the OS has no Unix sockets it listens on an
+ephemeral 127.0.0.1 port instead, and says so. The sockets are named `embedded`
+and `openai+URL` in errors, logs and /readyz, as their `[[nodes]]` addresses are.
+They differ in the loop they run on:
 
 - `embedded_node`: the simulated node, on the asyncio loop the bridge hosts
   inside trio (`edge.node.bridge`).
@@ -24,15 +30,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
+import socket
+import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
+from loguru import logger
 
 from edge.node.bridge import call_asyncio
-from edge.nodes.kit import start_server, stop_server
+from edge.node.grpc import NodeSocket
+from edge.nodes.kit import NodeServer, NodeService, start_server, stop_server
 from edge.nodes.sim.kvcache import KVSettings
 from edge.nodes.sim.server import SimNode
 from edge.nodes.upstream.server import UpstreamNode
@@ -42,6 +53,48 @@ from edge.observe.tracing import Tracing
 # bounded by the server's own CLOSE_TIMEOUT_S) take far less; past this the
 # thread is reported stuck rather than waited on forever.
 THREAD_JOIN_S = 10.0
+SOCKET_NAME = "node.sock"
+# A Unix socket's path is at most 107 bytes on Linux (103 on the BSDs): a run directory
+# longer than this leaves too little room for the node's own directory and socket.
+_LONGEST_PARENT = 64
+# Whether this OS has Unix sockets (without them: a 127.0.0.1 port, with a warning).
+UNIX_SOCKETS = hasattr(socket, "AF_UNIX")
+
+
+@contextlib.contextmanager
+def socket_directory(parent: Path | None) -> Iterator[Path | None]:
+    """A new directory for one node's socket, mode 0700 (`tempfile.mkdtemp`), in `parent`
+    (None, or a path too long for a socket's: the system's temporary directory); removed,
+    with the socket, at the end of the block. None where the OS has no Unix sockets."""
+    if not UNIX_SOCKETS:
+        yield None
+        return
+    if parent is not None and len(str(parent)) > _LONGEST_PARENT:
+        parent = None
+    directory = Path(tempfile.mkdtemp(prefix="node-", dir=parent))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _listen(
+    node: NodeService, directory: Path | None, address: str
+) -> tuple[NodeServer, NodeSocket]:
+    """Serve `node` on its socket in `directory` (None: on a 127.0.0.1 port); on the
+    asyncio loop the node runs on."""
+    if directory is None:
+        server, port = await start_server(node, "127.0.0.1", 0)
+        logger.warning(
+            "node {} listens on 127.0.0.1:{}: this OS has no Unix sockets, so any local"
+            " user reaches it",
+            node.name, port,
+        )  # fmt: skip
+        return server, NodeSocket(address, host="127.0.0.1", port=port)
+    path = str(directory / SOCKET_NAME)
+    server = NodeServer([node])
+    await server.listen_unix(path)
+    return server, NodeSocket.unix(path, address)
 
 
 @asynccontextmanager
@@ -51,17 +104,20 @@ async def embedded_node(
     *,
     tracing: Tracing | None = None,
     kv: KVSettings | None = None,
-) -> AsyncIterator[tuple[SimNode, int]]:
-    """Serve a simulated node for the duration of the block; yields (node, port).
+    run_dir: Path | None = None,
+) -> AsyncIterator[tuple[SimNode, NodeSocket]]:
+    """Serve a simulated node for the duration of the block; yields the node and where
+    it listens (its socket in a new directory in `run_dir`, see the module doc).
     With `tracing`, its runs' spans go out with the edge's; `kv`: its KV cache model
     (off by default)."""
     node = SimNode(name=name, runs_log=runs_log, tracing=tracing, kv=kv)
-    server, port = await call_asyncio(start_server, node, "127.0.0.1", 0)
-    try:
-        yield node, port
-    finally:
-        with trio.CancelScope(shield=True):
-            await call_asyncio(stop_server, node, server)
+    with socket_directory(run_dir) as directory:
+        server, where = await call_asyncio(_listen, node, directory, "embedded")
+        try:
+            yield node, where
+        finally:
+            with trio.CancelScope(shield=True):
+                await call_asyncio(stop_server, node, server)
 
 
 class _NodeThread:
@@ -70,9 +126,11 @@ class _NodeThread:
     `start` waits until it listens, `stop` until its thread ended.
     """
 
-    def __init__(self, node: UpstreamNode) -> None:
+    def __init__(self, node: UpstreamNode, directory: Path | None, address: str) -> None:
         self.node = node
-        self.port = 0
+        self.directory = directory
+        self.address = address
+        self.where: NodeSocket | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -95,7 +153,7 @@ class _NodeThread:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
-            server, self.port = await start_server(self.node, "127.0.0.1", 0)
+            server, self.where = await _listen(self.node, self.directory, self.address)
         except BaseException:
             await self.node.aclose()
             raise
@@ -105,14 +163,15 @@ class _NodeThread:
         finally:
             await stop_server(self.node, server)
 
-    def start(self) -> int:
-        """Run the node; blocks until it listens (returns its port) or failed (raises)."""
+    def start(self) -> NodeSocket:
+        """Run the node; blocks until it listens (returns where) or failed (raises)."""
         self._thread.start()
         self._started.wait()
         if self._error is not None:
             self._thread.join(THREAD_JOIN_S)
             raise self._error
-        return self.port
+        assert self.where is not None
+        return self.where
 
     def stop(self) -> None:
         """Stop serving and wait for the thread (blocking)."""
@@ -129,17 +188,25 @@ class _NodeThread:
 
 @asynccontextmanager
 async def embedded_upstream_node(
-    name: str, upstream: str, runs_log: Path | None = None, *, tracing: Tracing | None = None
-) -> AsyncIterator[tuple[UpstreamNode, int]]:
-    """Serve `upstream` as a node for the duration of the block; yields (node, port).
+    name: str,
+    upstream: str,
+    runs_log: Path | None = None,
+    *,
+    tracing: Tracing | None = None,
+    run_dir: Path | None = None,
+) -> AsyncIterator[tuple[UpstreamNode, NodeSocket]]:
+    """Serve `upstream` as a node for the duration of the block; yields the node and
+    where it listens (its socket in a new directory in `run_dir`, see the module doc).
     With `tracing`, its runs' spans go out with the edge's."""
     # httpx logs every request at INFO: in the edge's log that is one line per run
     # and per Describe. The node reports what matters through its events.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    host = _NodeThread(UpstreamNode(upstream, name=name, runs_log=runs_log, tracing=tracing))
-    port = await trio.to_thread.run_sync(host.start, abandon_on_cancel=False)
-    try:
-        yield host.node, port
-    finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(host.stop)
+    node = UpstreamNode(upstream, name=name, runs_log=runs_log, tracing=tracing)
+    with socket_directory(run_dir) as directory:
+        host = _NodeThread(node, directory, f"openai+{upstream}")
+        where = await trio.to_thread.run_sync(host.start, abandon_on_cancel=False)
+        try:
+            yield host.node, where
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(host.stop)

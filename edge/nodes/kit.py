@@ -151,6 +151,11 @@ class NodeServer(Server):
             raise
         return int(sock.getsockname()[1])
 
+    async def listen_unix(self, path: str) -> None:
+        """Start serving on a Unix socket bound at `path`: whoever may open its directory
+        reaches it, and no one else (a node served inside the edge)."""
+        await self.start(path=path, backlog=BACKLOG)
+
 
 async def start_server(
     node: NodeService, host: str, port: int, *, guard: NodeGuard | None = None

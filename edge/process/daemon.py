@@ -181,7 +181,7 @@ async def _serve(
 ) -> None:
     """The root nursery: nodes, pool, background tasks, server, readiness, drain."""
     async with asyncio_loop(), AsyncExitStack() as stack:
-        nodes = await _open_nodes(stack, config, metrics, tracing, runs_log)
+        nodes = await _open_nodes(stack, config, metrics, tracing, runs_log, shared_dir)
         pool = await _open_pool(config, nodes, metrics)
         fleet = _fleet(config, pool, metrics)
         # The limiter is closed by `stack`, inside the asyncio loop its Redis client may use.
@@ -225,13 +225,15 @@ async def _open_nodes(
     metrics: EdgeMetrics,
     tracing: Tracing | None,
     runs_log: Path | None,
+    shared_dir: Path | None,
 ) -> NodeSet:
     """The configured nodes' clients, and the nodes served in this process (embedded
-    simulated nodes, iop-node in front of a model server), closed by `stack`."""
+    simulated nodes, iop-node in front of a model server: each on a Unix socket in a
+    directory of its own, in `shared_dir` for a worker), closed by `stack`."""
     # What the runs' buffers of all the nodes hold for their streams, bounded in sum.
     backlog = Backlog(config.timeouts.slow_client_backlog_chars, on_cut=metrics.backlog_cuts.inc)
     metrics.watch_backlog(lambda: backlog.chars)
-    nodes = NodeSet(metrics, backlog, tracing, runs_log)
+    nodes = NodeSet(metrics, backlog, tracing, runs_log, run_dir=shared_dir)
     stack.push_async_callback(nodes.aclose)
     await nodes.open_all(config.nodes)
     return nodes

@@ -5,7 +5,8 @@ for an `openai+http://` node, whose runs skip gRPC) and what serves it in
 this process when it is embedded (the simulated node, or iop-node in front of a
 model server), each node in an exit stack of its own, so that one node can be
 closed while the others serve. `open_node` makes a node's client (and starts its
-embedded server); `changed`, `leave`, `join` and `apply` make the pool's nodes
+embedded server, on a Unix socket in a directory of its own under `run_dir`, reached
+by path: `edge.nodes.embedded`); `changed`, `leave`, `join` and `apply` make the pool's nodes
 those of a new `[[nodes]]`:
 
 - a node in both, at the same address, stays the same object in the pool:
@@ -43,7 +44,7 @@ from edge.fleet.pool import NodePool
 from edge.fleet.runs import Runs
 from edge.node.access import NodeAccess, client_ssl_context
 from edge.node.backlog import Backlog
-from edge.node.client import GrpcNodeClient, NodeClient
+from edge.node.client import GrpcNodeClient, NodeClient, NodeSocket
 from edge.nodes.direct import DirectUpstreamClient
 from edge.nodes.embedded import embedded_node, embedded_upstream_node
 from edge.observe.metrics import EdgeMetrics
@@ -69,6 +70,9 @@ class NodeSet:
     backlog: Backlog
     tracing: Tracing | None = None
     runs_log: Path | None = None
+    # Where the sockets of the nodes served in this process go (each in a directory of
+    # its own, see `edge.nodes.embedded`); None: the system's temporary directory.
+    run_dir: Path | None = None
     # By name: the nodes of the configuration in use.
     open: dict[str, OpenNode] = field(default_factory=dict)
     # Removed from the configuration, their runs finishing.
@@ -85,20 +89,25 @@ class NodeSet:
         stack = AsyncExitStack()
         try:
             embedded: object | None = None
+            where: NodeSocket
             if node.embedded:
-                embedded, port = await stack.enter_async_context(
-                    embedded_node(node.name, self.runs_log, tracing=self.tracing)
+                embedded, where = await stack.enter_async_context(
+                    embedded_node(
+                        node.name, self.runs_log, tracing=self.tracing, run_dir=self.run_dir
+                    )
                 )
-                host = "127.0.0.1"
             elif (url := upstream_url(node.address)) is not None:
-                upstream, port = await stack.enter_async_context(
-                    embedded_upstream_node(node.name, url, tracing=self.tracing)
+                upstream, where = await stack.enter_async_context(
+                    embedded_upstream_node(
+                        node.name, url, tracing=self.tracing, run_dir=self.run_dir
+                    )
                 )
-                embedded, host = upstream, "127.0.0.1"
+                embedded = upstream
                 # Its runs go straight to the model server; its state is iop-node's.
                 kind = partial(DirectUpstreamClient, node=upstream, tracing=self.tracing)
             else:
                 host, port = split_address(node.address)
+                where = NodeSocket.tcp(host, port)
                 access = node_access(node)
                 kind = partial(GrpcNodeClient, access=access)
                 if not access.locked and not is_loopback(host):
@@ -109,7 +118,7 @@ class NodeSet:
                         node.name, node.address,
                     )  # fmt: skip
             client = kind(
-                node.name, host, port, on_cancel_sent=metrics.node_cancels.labels(node.name).inc,
+                node.name, where, on_cancel_sent=metrics.node_cancels.labels(node.name).inc,
                 backlog=self.backlog, on_state_rpc=partial(_count_state_rpc, metrics, node.name),
             )  # fmt: skip
             opened = OpenNode(node, client, stack, embedded)

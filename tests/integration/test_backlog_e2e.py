@@ -26,7 +26,7 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import NodeTimeoutError
 from edge.node.backlog import Backlog
 from edge.node.bridge import asyncio_loop
-from edge.node.client import EVENT_BUFFER_CHARS, EndCause, GrpcNodeClient, RunHandle
+from edge.node.client import EVENT_BUFFER_CHARS, EndCause, GrpcNodeClient, NodeSocket, RunHandle
 from tests.integration.conftest import SimProcess, chat_body, script
 from tests.integration.edgeproc import edge_process
 
@@ -174,7 +174,7 @@ async def test_every_kind_of_end_takes_the_runs_text_off_the_backlog(
     to 0 and no producer waits, even when its writer never took the events."""
     host, port = sim.address.rsplit(":", 1)
     backlog = Backlog(EVENT_BUFFER_CHARS + EVENT_BUFFER_CHARS // 2)
-    client = GrpcNodeClient("sim", host, int(port), backlog=backlog)
+    client = GrpcNodeClient("sim", NodeSocket.tcp(host, int(port)), backlog=backlog)
     async with asyncio_loop():
         try:
             with trio.fail_after(WAIT_S):

@@ -23,7 +23,7 @@ from edge.errors import NodeUnavailableError
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
 from edge.node.bridge import asyncio_loop
-from edge.node.client import GrpcNodeClient
+from edge.node.client import GrpcNodeClient, NodeSocket
 from edge.stream.events import Complete, Failed, NodeEvent
 from tests.integration.conftest import (
     SimProcess,
@@ -122,7 +122,9 @@ async def pool(sim: SimProcess) -> AsyncIterator[NodePool]:
     host, port = sim.address.rsplit(":", 1)
     routing = RoutingConfig(breaker_failures=3, breaker_cooldown_s=0.2)
     async with asyncio_loop():
-        nodes = NodePool([GrpcNodeClient("sim", host, int(port))], routing=routing, refresh_s=30)
+        nodes = NodePool(
+            [GrpcNodeClient("sim", NodeSocket.tcp(host, int(port)))], routing=routing, refresh_s=30
+        )
         try:
             await nodes.refresh()
             yield nodes

@@ -30,7 +30,7 @@ import trio
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop
-from edge.node.client import GrpcNodeClient
+from edge.node.client import GrpcNodeClient, NodeSocket
 from edge.stream.events import Failed, NodeEvent
 from tests.integration.conftest import (
     RunningEdge,
@@ -374,7 +374,7 @@ class HostileUpstream:
 
 
 async def _node_events(port: int, model: str, nursery: trio.Nursery) -> list[NodeEvent]:
-    client = GrpcNodeClient("node", "127.0.0.1", port)
+    client = GrpcNodeClient("node", NodeSocket.tcp("127.0.0.1", port))
     request = pb.RunRequest(
         run_id="hostile1", model=model, messages=[pb.Message(role="user", content="hi")]
     )

@@ -17,7 +17,7 @@ from grpclib.client import Channel
 from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import NodeError, NodeTimeoutError, NodeUnavailableError
 from edge.node.bridge import asyncio_loop, call_asyncio
-from edge.node.client import GrpcNodeClient, RunHandle
+from edge.node.client import GrpcNodeClient, NodeSocket, RunHandle
 from edge.node.grpc import STREAMS_PER_CHANNEL
 from edge.stream.events import Delta, NodeEvent
 from tests.integration.conftest import SimProcess, describe_through_stub, script
@@ -88,7 +88,7 @@ async def test_more_runs_than_one_connection_carries(sim: SimProcess) -> None:
     assert runs > 100
     host, port = sim.address.rsplit(":", 1)
     content = script({"type": "delta", "delta": "x"}, {"type": "hang"})
-    client = GrpcNodeClient("sim", host, int(port))
+    client = GrpcNodeClient("sim", NodeSocket.tcp(host, int(port)))
     first: list[NodeEvent] = []
     async with asyncio_loop():
         try:
@@ -115,7 +115,7 @@ async def test_a_run_is_accepted_by_a_named_life_of_the_node(sim: SimProcess) ->
     """The node names the life of its process in each Run's accept (its initial metadata),
     the same instance id its Describe gives: the edge's handle of the run holds it."""
     host, port = sim.address.rsplit(":", 1)
-    client = GrpcNodeClient("sim", host, int(port))
+    client = GrpcNodeClient("sim", NodeSocket.tcp(host, int(port)))
     request = pb.RunRequest(
         run_id="instance-1", model="sim-echo", messages=[pb.Message(role="user", content="hi")]
     )
@@ -145,7 +145,7 @@ async def test_a_run_that_failed_to_start_says_whether_it_was_sent(listening: bo
             listener.listen(1)
         else:
             listener.close()
-        client = GrpcNodeClient("x", "127.0.0.1", port)
+        client = GrpcNodeClient("x", NodeSocket.tcp("127.0.0.1", port))
         request = pb.RunRequest(
             run_id="sent-1", model="m", messages=[pb.Message(role="user", content="hi")]
         )

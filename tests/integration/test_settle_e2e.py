@@ -19,7 +19,7 @@ import trio
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop
-from edge.node.client import EndCause, GrpcNodeClient
+from edge.node.client import EndCause, GrpcNodeClient, NodeSocket
 from tests.integration.conftest import SimProcess, script
 
 WAIT_S = 30.0
@@ -54,7 +54,9 @@ async def test_a_generating_run_whose_request_is_cut_gets_one_cancel(node: SimPr
     cancelled on its node exactly once; its read task ends within the nursery."""
     host, port = node.address.rsplit(":", 1)
     sent: list[str] = []
-    client = GrpcNodeClient("sim", host, int(port), on_cancel_sent=lambda: sent.append("x"))
+    client = GrpcNodeClient(
+        "sim", NodeSocket.tcp(host, int(port)), on_cancel_sent=lambda: sent.append("x")
+    )
     async with asyncio_loop():
         try:
             with trio.fail_after(WAIT_S):
@@ -77,7 +79,9 @@ async def test_a_generating_run_whose_client_left_gets_one_cancel(node: SimProce
     exactly once, after its settling passes."""
     host, port = node.address.rsplit(":", 1)
     sent: list[str] = []
-    client = GrpcNodeClient("sim", host, int(port), on_cancel_sent=lambda: sent.append("x"))
+    client = GrpcNodeClient(
+        "sim", NodeSocket.tcp(host, int(port)), on_cancel_sent=lambda: sent.append("x")
+    )
     async with asyncio_loop():
         try:
             with trio.fail_after(WAIT_S):
@@ -102,7 +106,9 @@ async def test_a_run_its_node_ended_gets_no_cancel_when_its_client_leaves(
     no CancelRun: the edge takes what the node sent before it decides."""
     host, port = node.address.rsplit(":", 1)
     sent: list[str] = []
-    client = GrpcNodeClient("sim", host, int(port), on_cancel_sent=lambda: sent.append("x"))
+    client = GrpcNodeClient(
+        "sim", NodeSocket.tcp(host, int(port)), on_cancel_sent=lambda: sent.append("x")
+    )
     async with asyncio_loop():
         try:
             with trio.fail_after(WAIT_S):

@@ -18,7 +18,7 @@ import trio
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop
-from edge.node.client import EndCause, GrpcNodeClient
+from edge.node.client import EndCause, GrpcNodeClient, NodeSocket
 from edge.stream.events import (
     Complete,
     Delta,
@@ -61,7 +61,7 @@ def _request(run_id: str, content: str, model: str = "sim-script", **fields: Any
 
 def _client(node: SimProcess) -> GrpcNodeClient:
     host, port = node.address.rsplit(":", 1)
-    return GrpcNodeClient("sim", host, int(port))
+    return GrpcNodeClient("sim", NodeSocket.tcp(host, int(port)))
 
 
 async def _whole(node: SimProcess, request: pb.RunRequest) -> list[NodeEvent]:

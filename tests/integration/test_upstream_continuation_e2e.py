@@ -24,7 +24,7 @@ from grpclib.client import Channel
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.node.bridge import asyncio_loop, call_asyncio
-from edge.node.client import GrpcNodeClient
+from edge.node.client import GrpcNodeClient, NodeSocket
 from edge.nodes.embedded import embedded_upstream_node
 from edge.nodes.upstream.continuation import PROBE_TEXT
 from edge.nodes.upstream.server import UpstreamNode
@@ -137,8 +137,8 @@ def _request(run_id: str, held: pb.Continuation | None = None) -> pb.RunRequest:
     )
 
 
-async def _run(port: int, request: pb.RunRequest) -> list[NodeEvent]:
-    client = GrpcNodeClient("node", "127.0.0.1", port)
+async def _run(where: NodeSocket, request: pb.RunRequest) -> list[NodeEvent]:
+    client = GrpcNodeClient("node", where)
     try:
         async with trio.open_nursery() as nursery:
             with trio.fail_after(WAIT_S):
@@ -150,9 +150,9 @@ async def _run(port: int, request: pb.RunRequest) -> list[NodeEvent]:
         await client.aclose()
 
 
-async def _describe(port: int) -> pb.DescribeResponse:
+async def _describe(where: NodeSocket) -> pb.DescribeResponse:
     async def describe() -> pb.DescribeResponse:
-        channel = Channel("127.0.0.1", port)
+        channel = Channel(where.host, where.port, path=where.path)
         try:
             return await pb.NodeServiceStub(channel).describe(pb.DescribeRequest())
         finally:
@@ -173,10 +173,10 @@ async def test_vllm_upstream_continues_the_partial_answer(vllm: ContinuingUpstre
     whole answer (the earlier runs' output tokens added to the upstream's)."""
     cut = 17
     held = pb.Continuation(text=ANSWER[:cut], output_tokens=4)
-    async with asyncio_loop(), embedded_upstream_node("n", vllm.url) as (_, port):
-        described = await _describe(port)
-        uncut = await _run(port, _request("up-uncut"))
-        rest = await _run(port, _request("up-rest", held))
+    async with asyncio_loop(), embedded_upstream_node("n", vllm.url) as (_, where):
+        described = await _describe(where)
+        uncut = await _run(where, _request("up-uncut"))
+        rest = await _run(where, _request("up-rest", held))
     assert [(m.id, m.continuation) for m in described.models] == [("qwen", True)]
     assert _text(uncut) == ANSWER
     assert ANSWER[:cut] + _text(rest) == ANSWER
@@ -201,9 +201,9 @@ async def test_a_continuation_the_upstream_refuses_is_a_node_failure(
     """A partial answer the upstream will not continue (its 400) ends the run with an
     error that is the node's failure (no status), not a refusal of the request."""
     held = pb.Continuation(text="Something else entirely")
-    async with asyncio_loop(), embedded_upstream_node("n", vllm.url) as (_, port):
-        await _describe(port)
-        events = await _run(port, _request("up-refused", held))
+    async with asyncio_loop(), embedded_upstream_node("n", vllm.url) as (_, where):
+        await _describe(where)
+        events = await _run(where, _request("up-refused", held))
     (event,) = events
     assert isinstance(event, Failed)
     assert event.http_status == 0
@@ -215,9 +215,9 @@ async def test_an_upstream_not_known_to_continue_says_no(nursery: trio.Nursery) 
     Describe says no `continuation`, and a run that continues anyway is an error event;
     the upstream is never asked."""
     upstream = await _serve(nursery, ContinuingUpstream(owner="library"))
-    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (_, port):
-        described = await _describe(port)
-        events = await _run(port, _request("up-no", pb.Continuation(text=ANSWER[:5])))
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (_, where):
+        described = await _describe(where)
+        events = await _run(where, _request("up-no", pb.Continuation(text=ANSWER[:5])))
     assert [m.continuation for m in described.models] == [False]
     (event,) = events
     assert isinstance(event, Failed)
@@ -225,11 +225,11 @@ async def test_an_upstream_not_known_to_continue_says_no(nursery: trio.Nursery) 
     assert upstream.requests == []
 
 
-async def _described_after_probe(port: int, node: UpstreamNode) -> pb.DescribeResponse:
+async def _described_after_probe(where: NodeSocket, node: UpstreamNode) -> pb.DescribeResponse:
     """Describe once the node's probe of its llama.cpp upstream has its answer."""
-    await _describe(port)  # the first model list starts the probe
+    await _describe(where)  # the first model list starts the probe
     await poll(lambda: node.continues is not None, within_s=WAIT_S)
-    return await _describe(port)
+    return await _describe(where)
 
 
 async def test_auto_continues_on_llamacpp_once_the_probe_says_it_does(
@@ -239,9 +239,9 @@ async def test_auto_continues_on_llamacpp_once_the_probe_says_it_does(
     (one token after a made-up answer, the `llamacpp` way); it does, so Describe says
     `continuation` and a run continues the answer there."""
     upstream = await _serve(nursery, ContinuingUpstream(owner="llamacpp", dialect="llamacpp"))
-    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (node, port):
-        described = await _described_after_probe(port, node)
-        rest = await _run(port, _request("up-probe", pb.Continuation(text=ANSWER[:30])))
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (node, where):
+        described = await _described_after_probe(where, node)
+        rest = await _run(where, _request("up-probe", pb.Continuation(text=ANSWER[:30])))
     probe, sent = upstream.requests
     assert probe["messages"][-1]["content"] == PROBE_TEXT
     assert (probe["max_tokens"], probe["continue_final_message"]) == (1, True)
@@ -258,8 +258,8 @@ async def test_auto_does_not_continue_on_a_llamacpp_that_starts_over(
     (an answer moved there would reach the client twice)."""
     upstream = ContinuingUpstream(owner="llamacpp", dialect="llamacpp", echoes="always")
     await _serve(nursery, upstream)
-    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (node, port):
-        described = await _described_after_probe(port, node)
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (node, where):
+        described = await _described_after_probe(where, node)
     assert [m.continuation for m in described.models] == [False]
     assert len(upstream.requests) == 1
 
@@ -283,11 +283,11 @@ async def test_llamacpp_continuation_named_on_the_command_line(
         )
     )
     try:
-        port = int(node.address.rsplit(":", 1)[1])
+        where = NodeSocket.tcp("127.0.0.1", int(node.address.rsplit(":", 1)[1]))
         async with asyncio_loop():
-            described = await _describe(port)
+            described = await _describe(where)
             held = pb.Continuation(text=ANSWER[:30], reasoning="Recall the capital.")
-            rest = await _run(port, _request("up-llama", held))
+            rest = await _run(where, _request("up-llama", held))
     finally:
         await trio.to_thread.run_sync(stop_process, node.process)
     assert [m.continuation for m in described.models] == [True]

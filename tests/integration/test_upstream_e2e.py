@@ -33,7 +33,7 @@ from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig, Timeout
 from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import EdgeError
 from edge.node.bridge import asyncio_loop
-from edge.node.client import GrpcNodeClient
+from edge.node.client import GrpcNodeClient, NodeSocket
 from edge.nodes.direct import INLINE_BYTES
 from edge.nodes.embedded import embedded_upstream_node
 from edge.nodes.upstream.relay import OFFLOAD_CHARS
@@ -454,8 +454,10 @@ async def test_a_large_request_reaches_the_upstream_whole(
 # --- the node over gRPC, without an edge ------------------------------------------
 
 
-async def _events(node_port: int, request: pb.RunRequest, nursery: trio.Nursery) -> list[NodeEvent]:
-    client = GrpcNodeClient("node", "127.0.0.1", node_port)
+async def _events(
+    where: NodeSocket, request: pb.RunRequest, nursery: trio.Nursery
+) -> list[NodeEvent]:
+    client = GrpcNodeClient("node", where)
     try:
         with trio.fail_after(WAIT_S):
             handle = await client.start_run(nursery, request, deadline=trio.current_time() + WAIT_S)
@@ -477,7 +479,9 @@ async def test_iop_node_sends_its_api_key_with_each_run(
             run_id="k1", model="vllm", messages=[pb.Message(role="user", content="x")]
         )
         async with asyncio_loop():
-            events = await _events(int(node.address.rsplit(":", 1)[1]), request, nursery)
+            events = await _events(
+                NodeSocket.tcp("127.0.0.1", int(node.address.rsplit(":", 1)[1])), request, nursery
+            )
     finally:
         await trio.to_thread.run_sync(stop_process, node.process)
     assert isinstance(events[-1], Complete)
@@ -496,8 +500,8 @@ async def test_deadline_closes_the_upstream_request(
         messages=[pb.Message(role="user", content="x")],
         deadline_unix_ms=int((time.time() + 0.3) * 1000),
     )
-    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (node, port):
-        events = await _events(port, request, nursery)
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (node, where):
+        events = await _events(where, request, nursery)
         with trio.fail_after(WAIT_S):
             await upstream.hung_up.wait()
     assert events[0] == Delta("x")
@@ -513,8 +517,8 @@ async def test_chunks_read_together_go_to_the_edge_as_one_delta(
     request = pb.RunRequest(
         run_id="b1", model="burst", messages=[pb.Message(role="user", content="x")]
     )
-    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (_, port):
-        events = await _events(port, request, nursery)
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (_, where):
+        events = await _events(where, request, nursery)
     deltas = [e for e in events if isinstance(e, Delta)]
     assert "".join(d.text for d in deltas) == "".join(f"w{i} " for i in range(BURST))
     assert len(deltas) < BURST
@@ -535,9 +539,9 @@ async def test_connection_refused_is_an_error_event_and_describe_fails(
     Describe fails so the edge marks the node unhealthy."""
     url = f"http://127.0.0.1:{_closed_port()}/v1"
     request = pb.RunRequest(run_id="r", model="m", messages=[pb.Message(role="user", content="x")])
-    async with asyncio_loop(), embedded_upstream_node("n", url) as (_, port):
-        events = await _events(port, request, nursery)
-        client = GrpcNodeClient("node", "127.0.0.1", port)
+    async with asyncio_loop(), embedded_upstream_node("n", url) as (_, where):
+        events = await _events(where, request, nursery)
+        client = GrpcNodeClient("node", where)
         with pytest.raises(EdgeError, match=r"UNAVAILABLE.*unreachable"):
             await client.describe()
         await client.aclose()
@@ -551,8 +555,8 @@ async def test_describe_lists_the_upstream_models(
     nursery: trio.Nursery, upstream: Upstream
 ) -> None:
     """Describe answers the upstream's /models."""
-    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (_, port):
-        client = GrpcNodeClient("node", "127.0.0.1", port)
+    async with asyncio_loop(), embedded_upstream_node("n", upstream.url) as (_, where):
+        client = GrpcNodeClient("node", where)
         description = await client.describe()
         await client.aclose()
     assert list(description.models) == upstream.models()

@@ -37,7 +37,7 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import EdgeError
 from edge.fleet.nodestate import NodeState
 from edge.node.bridge import asyncio_loop, call_asyncio
-from edge.node.client import GrpcNodeClient, RunHandle, WatchUnsupported
+from edge.node.client import GrpcNodeClient, NodeSocket, RunHandle, WatchUnsupported
 from edge.nodes.kit import start_server, stop_server
 from edge.nodes.sim.server import SimNode
 from tests.integration.conftest import (
@@ -67,7 +67,7 @@ async def _served(node: SimNode) -> AsyncIterator[GrpcNodeClient]:
     """`node` served on a real socket from the test's asyncio loop, and a client of it."""
     async with asyncio_loop():
         server, port = await call_asyncio(start_server, node, "127.0.0.1", 0)
-        client = GrpcNodeClient(node.name, "127.0.0.1", port)
+        client = GrpcNodeClient(node.name, NodeSocket.tcp("127.0.0.1", port))
         try:
             yield client
         finally:
@@ -131,7 +131,7 @@ async def test_a_stream_that_breaks_ends_the_iterator_with_an_error() -> None:
     node = SimNode(name="w")
     async with asyncio_loop():
         server, port = await call_asyncio(start_server, node, "127.0.0.1", 0)
-        client = GrpcNodeClient("w", "127.0.0.1", port)
+        client = GrpcNodeClient("w", NodeSocket.tcp("127.0.0.1", port))
         try:
             reports = client.watch(0.1)
             async with contextlib.aclosing(reports):
@@ -203,7 +203,7 @@ async def _two_edges_ask(
     `gauge` at `wanted` (its report), each sends REQUESTS short requests at once: every
     one is answered, and every one ran on n2."""
     host, port = n1.address.rsplit(":", 1)
-    tenant = GrpcNodeClient("n1", host, int(port))
+    tenant = GrpcNodeClient("n1", NodeSocket.tcp(host, int(port)))
     answers: list[httpx.Response] = []
     async with asyncio_loop():
         try:
