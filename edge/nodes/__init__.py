@@ -8,6 +8,7 @@ either inside the edge (`embedded`), and the client of an in-process iop-node
 whose runs the edge relays to the model server itself (`direct`).
 
 May import `contract`, `node` (the asyncio bridge, for running in-process),
-`config` (its TOML reader and addresses), `observe`, `errors`; never `http`,
+`config` (its TOML reader and addresses), `observe`, `forwarding` (the edge's
+forwarding policy, which `iop-node` applies to its runs too), `errors`; never `http`,
 `fleet`, `limits` or `process`.
 """

@@ -4,13 +4,19 @@
              [--models NAME ...] [--name NAME] [--runs-log FILE] [--config FILE]
              [--no-logprobs] [--load-source auto|vllm|sglang|llamacpp|none]
              [--load-interval-s S] [--continuation auto|vllm|llamacpp|none]
+             [--max-output-tokens N] [--allow-chat-template] [--allow-ignore-eos]
+             [--media-url-schemes data,http,https]
              [--token-file FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
              [--insecure]
 
 `--config FILE` reads a TOML file's `[node]` table (listen, upstream,
 api_key_env, models, name, runs_log, read_timeout_s, logprobs, load_source,
-load_interval_s, continuation, token_file, tls_cert, tls_key, tls_client_ca,
+load_interval_s, continuation, max_output_tokens, allow_chat_template,
+allow_ignore_eos, media_url_schemes, token_file, tls_cert, tls_key, tls_client_ca,
 insecure); flags win over it.
+The forwarding policy (`max_output_tokens` ... `media_url_schemes`: the keys, and the
+defaults, of the edge's `[models.NAME]`) is applied to every run before it is sent
+(`edge.nodes.upstream.admit`), whoever calls the node.
 `--token-file`, `--tls-cert`, `--tls-key`, `--tls-client-ca` lock the node
 (`edge.nodes.guard`; SIGHUP reads the files again); an address other than loopback
 without them is refused unless `--insecure`.
@@ -31,6 +37,7 @@ from typing import Any
 
 from edge.config.address import split_address
 from edge.config.toml import ConfigError, TableReader, read_toml
+from edge.forwarding import DEFAULT_MAX_OUTPUT_TOKENS, ForwardPolicy, media_schemes
 from edge.nodes.guard import (
     GuardError,
     GuardSettings,
@@ -55,6 +62,8 @@ DEFAULT_LOAD_INTERVAL_S = 1.0
 # A load interval other than 0 (off) is at least this, at most the other.
 MIN_LOAD_INTERVAL_S = 0.05
 MAX_LOAD_INTERVAL_S = 3600.0
+# The largest `max_output_tokens`: the contract's counts are 32-bit.
+MAX_OUTPUT_TOKENS_CAP = 2**32 - 1
 
 
 class SettingsError(Exception):
@@ -75,6 +84,8 @@ class NodeSettings:
     load_source: str = "auto"
     load_interval_s: float = DEFAULT_LOAD_INTERVAL_S
     continuation: str = "auto"
+    # What a run may send the upstream (`edge.forwarding`).
+    policy: ForwardPolicy = field(default_factory=ForwardPolicy)
     # The token and TLS the node serves with (`edge.nodes.guard`).
     guard: GuardSettings = field(default_factory=GuardSettings)
 
@@ -108,6 +119,19 @@ def _file_table(path: Path) -> dict[str, Any]:
             table["logprobs"] = r.get("logprobs", bool, True)
         if "load_interval_s" in r.table:
             table["load_interval_s"] = r.number("load_interval_s", DEFAULT_LOAD_INTERVAL_S)
+        if "max_output_tokens" in r.table:
+            table["max_output_tokens"] = r.integer(
+                "max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS, minimum=1,
+                maximum=MAX_OUTPUT_TOKENS_CAP,
+            )  # fmt: skip
+        for key in ("allow_chat_template", "allow_ignore_eos"):
+            if key in r.table:
+                table[key] = r.get(key, bool, False)
+        if "media_url_schemes" in r.table:
+            try:
+                table["media_url_schemes"] = media_schemes(r.strings("media_url_schemes", ()))
+            except ValueError as exc:
+                raise r.fail("media_url_schemes", str(exc)) from None
         r.done()
     except ConfigError as exc:
         raise SettingsError(str(exc)) from None
@@ -143,6 +167,7 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
         guard = settings_from(args, table)
     except GuardError as exc:
         raise SettingsError(str(exc)) from None
+    policy = _policy(args, table)
     load_interval_s = _load_interval(
         args.load_interval_s
         if args.load_interval_s is not None
@@ -161,7 +186,34 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
         load_source=load_source,
         load_interval_s=load_interval_s,
         continuation=continuation,
+        policy=policy,
         guard=guard,
+    )
+
+
+def _policy(args: argparse.Namespace, table: dict[str, Any]) -> ForwardPolicy:
+    """The forwarding policy: the flags, else the `[node]` table, else the edge's
+    defaults."""
+    cap = args.max_output_tokens
+    if cap is None:
+        cap = table.get("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS)
+    elif not 1 <= cap <= MAX_OUTPUT_TOKENS_CAP:
+        raise SettingsError(
+            f"max_output_tokens: {cap} is not between 1 and {MAX_OUTPUT_TOKENS_CAP}"
+        )
+    schemes = table.get("media_url_schemes", ("data",))
+    if args.media_url_schemes:
+        try:
+            schemes = media_schemes(
+                s for v in args.media_url_schemes for s in v.split(",") if s.strip()
+            )
+        except ValueError as exc:
+            raise SettingsError(f"media_url_schemes: {exc}") from None
+    return ForwardPolicy(
+        max_output_tokens=cap,
+        allow_chat_template=args.allow_chat_template or table.get("allow_chat_template", False),
+        allow_ignore_eos=args.allow_ignore_eos or table.get("allow_ignore_eos", False),
+        media_url_schemes=frozenset(schemes) | {"data"},
     )
 
 
@@ -217,6 +269,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the upstream continues an answer another node started (default auto: "
         "vllm for vLLM and SGLang, else none; llamacpp: llama-server's assistant prefill)",
     )
+    policy = parser.add_argument_group(
+        "forwarding policy", "what a run may send the upstream (the edge's [models.NAME] keys)"
+    )
+    policy.add_argument(
+        "--max-output-tokens",
+        type=int,
+        metavar="N",
+        help=f"refuse a run asking for more output tokens (default {DEFAULT_MAX_OUTPUT_TOKENS})",
+    )
+    policy.add_argument(
+        "--allow-chat-template",
+        action="store_true",
+        help="forward a caller's chat template (default: dropped)",
+    )
+    policy.add_argument(
+        "--allow-ignore-eos", action="store_true", help="forward ignore_eos (default: dropped)"
+    )
+    policy.add_argument(
+        "--media-url-schemes",
+        nargs="+",
+        action="extend",
+        metavar="SCHEME",
+        help="media URL schemes forwarded: data, http, https (default data; data is always "
+        "allowed); others are refused",
+    )
     add_arguments(parser)
     return parser
 
@@ -236,6 +313,7 @@ async def _serve(settings: NodeSettings, guard: NodeGuard) -> None:
         load_source=settings.load_source,
         load_interval_s=settings.load_interval_s,
         continuation=settings.continuation,
+        policy=settings.policy,
     )
     server, bound = await start_server(node, settings.host, settings.port, guard=guard)
     print(f"iop-node listening on {settings.host}:{bound}", flush=True)

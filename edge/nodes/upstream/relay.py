@@ -6,6 +6,11 @@ Loop-agnostic (anyio and httpcore): iop-node relays its runs on asyncio
 `openai+http://` nodes on trio, in the run's own task (`edge.nodes.direct`).
 Both send the same body, read the same events and end the same way.
 
+A relay given a forwarding policy (`iop-node`'s) applies it to each run's body before
+anything is sent (`edge.nodes.upstream.admit`): a run it refuses ends with an error
+event of `http_status` 400, a refusal the edge does not try elsewhere. The edge's own
+`openai+http://` nodes have none: the edge applied the model's policy already.
+
 Ending a run early (its task cancelled, the request's deadline) leaves the
 HTTP stream's block, which closes the upstream connection at once: vLLM,
 llama.cpp, Ollama and SGLang abort a request whose client went away.
@@ -26,7 +31,10 @@ from loguru import logger
 from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.errors import RequestError
+from edge.forwarding import ForwardPolicy
 from edge.nodes.kit import NodeSpans
+from edge.nodes.upstream.admit import admit
 from edge.nodes.upstream.bodies import upstream_error
 from edge.nodes.upstream.chunks import ChunkMapper, coalesced
 from edge.nodes.upstream.continuation import (
@@ -69,6 +77,16 @@ TERMINAL = frozenset({"complete", "error", "cancelled"})
 _BROKEN = (httpcore.NetworkError, httpcore.ProtocolError)
 
 
+class Refused(ValueError):
+    """A run the forwarding policy refuses: the request's fault, a 400 (its error
+    event's `http_status`), whose words name the field."""
+
+    def __init__(self, error: RequestError) -> None:
+        super().__init__(error.message)
+        self.message = error.message
+        self.code = error.code or "invalid_value"
+
+
 class Relay:
     """The runs of one upstream, on a connection pool of their own (httpcore: the
     transport under httpx, without its client's per-request work: cookies, redirects,
@@ -85,6 +103,8 @@ class Relay:
         spans: the node's spans (None: tracing off).
         api_key: sent as `Authorization: Bearer ...` when set.
         read_timeout_s: the longest silence tolerated from the upstream.
+        policy: what a run may send the upstream (`edge.nodes.upstream.admit`);
+            None: runs are sent as they come (the edge's own nodes, after its policy).
     """
 
     def __init__(
@@ -97,12 +117,14 @@ class Relay:
         spans: NodeSpans | None = None,
         api_key: str | None = None,
         read_timeout_s: float = 600.0,
+        policy: ForwardPolicy | None = None,
     ) -> None:
         self.chat_url = upstream + "/chat/completions"
         self.name = name
         self.continuation_mode = continuation_mode
         self.llamacpp = llamacpp
         self.spans = spans
+        self.policy = policy
         self._pool = httpcore.AsyncConnectionPool(
             max_connections=None, max_keepalive_connections=64, keepalive_expiry=5.0
         )
@@ -122,12 +144,25 @@ class Relay:
 
     def body(self, request: pb.RunRequest) -> bytes | ValueError:
         """The upstream request's body for `request`, or the error that says why the run
-        cannot be served (the run's error event). Work that grows with the request: a
-        caller on a loop runs it where it may, and gives `run` the result."""
+        cannot be served (the run's error event; `Refused`: the policy's 400). Work
+        that grows with the request: a caller on a loop runs it where it may, and gives
+        `run` the result."""
         try:
             body = chat_request_body(request)
         except ValueError as exc:
             return ValueError(f"invalid run request: {exc}")
+        if self.policy is not None:
+            try:
+                admitted = admit(body, self.policy)
+            except RequestError as exc:
+                logger.info("{}: run {} refused: {}", self.name, request.run_id, exc.message)
+                return Refused(exc)
+            if admitted.dropped:
+                logger.debug(
+                    "{}: run {} sent without {}",
+                    self.name, request.run_id, ", ".join(admitted.dropped),
+                )  # fmt: skip
+            body = admitted.body
         if request.stop and self.llamacpp(request.model):
             body |= LLAMACPP_STOP
         held = request.continuation
@@ -160,6 +195,9 @@ class Relay:
         mapper = ChunkMapper(id_prefix=request.run_id)
         if body is None:
             body = self.body(request)
+        if isinstance(body, Refused):
+            await emit(mapper.error(body.code, message=body.message, http_status=400))
+            return
         if isinstance(body, ValueError):
             await emit(mapper.error(str(body)))
             return

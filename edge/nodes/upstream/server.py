@@ -40,6 +40,7 @@ from loguru import logger
 from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.forwarding import ForwardPolicy
 from edge.nodes.kit import NodeService, RunRecord
 from edge.nodes.upstream.bodies import context_limits_from_body, error_message
 from edge.nodes.upstream.bodies import models_from_body as parse_models
@@ -86,6 +87,9 @@ class UpstreamNode(NodeService):
             `auto` (by what the upstream is), `vllm`, `llamacpp` or `none`
             (`edge.nodes.upstream.continuation`); Describe says `continuation`
             for a model unless it comes to `none`.
+        policy: the forwarding policy each run's body must pass before it is sent
+            (`edge.nodes.upstream.admit`; `iop-node` always has one); None: runs are
+            sent as they come (inside the edge, which applied its own).
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class UpstreamNode(NodeService):
         load_source: str = "auto",
         load_interval_s: float = 1.0,
         continuation: str = "auto",
+        policy: ForwardPolicy | None = None,
     ) -> None:
         if continuation not in MODES:
             raise ValueError(f"continuation {continuation!r} is not one of {', '.join(MODES)}")
@@ -124,7 +129,7 @@ class UpstreamNode(NodeService):
         self.relay = Relay(
             self.upstream, name=name, continuation_mode=self.continuation_mode,
             llamacpp=self.is_llamacpp, spans=self.spans, api_key=api_key,
-            read_timeout_s=read_timeout_s,
+            read_timeout_s=read_timeout_s, policy=policy,
         )  # fmt: skip
         self._models: list[tuple[str, str]] = []
         # Each model's context length, where the upstream's /models says it.
