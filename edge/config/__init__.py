@@ -2,9 +2,10 @@
 
 The modules, bottom up: `toml` (`ConfigError`, the table reader, reading a file),
 `address` (listen and node addresses) and `files` (the files a configuration names,
-read once) import nothing of the rest; `schema` (the settings dataclasses), `keys` (`[[keys]]`, `api_keys_file`), `parse` (a document into a `Config`),
-`reload` (what a new `Config` changes in a running edge, what waits for a restart) and
-`reference` (docs/config-reference.md, generated from `schema` and `parse`).
+read once) import nothing of the rest; `schema` (the settings dataclasses), `keys`
+(`[[keys]]`, `api_keys_file`), `parse` (a document into a `Config`), `reload` (what a
+new `Config` changes in a running edge, what waits for a restart) and `reference`
+(docs/config-reference.md, generated from `schema` and `parse`).
 
 A node's command (`edge.nodes.sim.cli`, `edge.nodes.upstream.cli`) imports `toml` and
 `address` directly and must not load the schema, and through it `edge.api` and
