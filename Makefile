@@ -16,13 +16,13 @@ PROTO_OUT := edge/contract/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 CONFIG_REF := docs/config-reference.md
 
-.PHONY: setup redis-server real-tools real proto proto-check config-ref config-ref-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
+.PHONY: help setup redis-server real-tools real proto proto-check config-ref config-ref-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
 
-setup: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP) redis-server
+setup: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP) redis-server ## the virtualenv, the pinned dependencies and redis-server
 
 # The Redis limits tests run a real redis-server: Debian's package, installed when it is
 # missing and we are root; otherwise those tests skip and say why (under CI=true they fail).
-redis-server:
+redis-server: ## install redis-server for the Redis tests (Debian, as root)
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    export DEBIAN_FRONTEND=noninteractive; \
@@ -35,7 +35,7 @@ redis-server:
 
 # `make real`'s build and checks need cmake, a C++ compiler and ss (iproute2): Debian's
 # packages, installed when missing and we are root; otherwise it says what to install.
-real-tools:
+real-tools: ## install cmake, a C++ compiler and ss for make real (Debian, as root)
 	@missing=""; \
 	command -v cmake >/dev/null 2>&1 || missing="$$missing cmake"; \
 	command -v c++ >/dev/null 2>&1 || missing="$$missing g++"; \
@@ -71,7 +71,7 @@ $(LLAMAINDEX_STAMP): $(LLAMAINDEX_REQS)
 	touch $(LLAMAINDEX_STAMP)
 
 # Regenerate the betterproto2 code from the .proto (committed; CI checks it is current).
-proto: $(STAMP)
+proto: $(STAMP) ## regenerate the node contract's code from protos/
 	rm -rf $(PROTO_OUT)
 	mkdir -p $(PROTO_OUT)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
@@ -79,7 +79,7 @@ proto: $(STAMP)
 		--python_betterproto2_opt=client_generation=async,server_generation=async \
 		$(PROTO_SRC)
 
-proto-check: $(STAMP)
+proto-check: $(STAMP) ## check the generated contract code is current
 	@tmp=$$(mktemp -d) && \
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_betterproto2_out=$$tmp \
@@ -90,78 +90,83 @@ proto-check: $(STAMP)
 
 # Regenerate the configuration reference from edge/config/ (committed; `make check` and
 # tests/unit/test_config_reference.py check it is current).
-config-ref: $(STAMP)
+config-ref: $(STAMP) ## regenerate docs/config-reference.md from edge/config/
 	$(BIN)/python -m edge.config.reference > $(CONFIG_REF).new && mv $(CONFIG_REF).new $(CONFIG_REF) || \
 	{ rm -f $(CONFIG_REF).new; exit 1; }
 
-config-ref-check: $(STAMP)
+config-ref-check: $(STAMP) ## check docs/config-reference.md is current
 	@$(BIN)/python -m edge.config.reference | cmp -s - $(CONFIG_REF) && echo "the configuration reference is current" || \
 	{ echo "$(CONFIG_REF) is stale: run 'make config-ref'"; exit 1; }
 
-run: $(STAMP)
+run: $(STAMP) ## start the edge with an embedded simulated node
 	$(BIN)/iop-edge --config config.toml
 
-sim: $(STAMP)
+sim: $(STAMP) ## start a simulated node (iop-sim-node)
 	$(BIN)/iop-sim-node --listen 127.0.0.1:50051
 
 # Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on real
 # processes and sockets, so two keep two cores busy. TEST_ARGS="-n 0" runs them in one.
 TEST_ARGS ?= -n 2 --dist loadfile
-test: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP)
+test: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP) ## the test suite (not make real)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q $(TEST_ARGS) tests --ignore=tests/real
 
 # The real-server checks (tests/real, docs/nodes.md): llama.cpp's own llama-server, built
 # once from the pinned llama-cpp-python source package into ~/.cache/iop-edge (the first
 # run: ~5 min here, up to 35 on a loaded 2-core machine), a tiny model made on the spot,
 # iop-node and the edge in front of it. One test at a time: the servers use the cores.
-real: real-tools $(REAL_STAMP)
+real: real-tools $(REAL_STAMP) ## build llama-server once and check the product against it
 	@tests/real/build-llama-server >/dev/null
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -n 0 $(REAL_ARGS) tests/real
 
 # The JavaScript clients (pinned in tests/clients/js, installed there by npm ci) against a
 # real edge and sim node; the Python clients run in `make test` (tests/clients).
-clients-js: $(STAMP)
+clients-js: $(STAMP) ## the JavaScript clients against a real edge
 	cd tests/clients/js && npm ci
 	$(BIN)/python -m tests.clients.run_js
 
 # The command-line agents (Codex CLI, Claude Code; pinned in tests/agents, installed there by
 # npm ci: large downloads, so not part of `make test`), each doing a scripted tool call and a
 # final answer against a real edge and sim node (AGENTS_ARGS="--only codex").
-agents: $(STAMP)
+agents: $(STAMP) ## Codex CLI and Claude Code against a real edge
 	cd tests/agents && npm ci --no-audit --no-fund
 	$(BIN)/python -m tests.agents.run_agents $(AGENTS_ARGS)
 
 # The chaos suite, then the hostile mix; fails if either failed (both always run).
-chaos: $(STAMP)
+chaos: $(STAMP) ## the chaos suite, then the hostile mix
 	@status=0; \
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS) || status=1; \
 	$(BIN)/python -m tests.chaos.hostile $(HOSTILE_ARGS) || status=1; \
 	exit $$status
 
 # Hostile input beside normal traffic, one bounded phase per attack (HOSTILE_ARGS="--phase-s 8").
-hostile: $(STAMP)
+hostile: $(STAMP) ## the hostile mix beside normal traffic
 	$(BIN)/python -m tests.chaos.hostile $(HOSTILE_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) ## the benchmarks (BENCH_ARGS=--help for the options)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff check and format --check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 # The import graph (pyproject.toml, [tool.importlinter]): each layer imports only the ones
 # below it, and no new import cycle (the known ones are listed there and print as warnings).
-imports: $(STAMP)
+imports: $(STAMP) ## the layers' import contracts
 	$(BIN)/lint-imports --no-cache --no-logo
 
-format: $(STAMP)
+format: $(STAMP) ## ruff format and the fixes ruff can make
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) ## mypy
 	$(BIN)/mypy
 
-check: lint imports typecheck proto-check config-ref-check test
+check: lint imports typecheck proto-check config-ref-check test ## lint, imports, typecheck, the generated files, then the tests
 
-clean:
+clean: ## remove the virtualenvs and caches
 	rm -rf $(VENV) $(INSTRUCTOR_VENV) $(LLAMAINDEX_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Every target with its line (the text after "##" on the target's line).
+help: ## this list
+	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)$$/\1\t\2/' | \
+		awk -F'\t' '{ printf "  %-18s %s\n", $$1, $$2 }'
