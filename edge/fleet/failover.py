@@ -18,7 +18,7 @@ answer is the committed run's, errors included (an error frame), unless it
 breaks where another node can continue it: each attempt's answer is a
 `edge.fleet.migration.MovableRun`, which moves it (a stream past the commit
 point; a non-streaming answer once output came, rather than restarting it
-here; when it cannot move, it fails over as before).
+here; when it cannot move, it fails over).
 
 A run is never live on two nodes: an attempt that may have reached its
 node is dropped only once its read task is over, CancelRun included

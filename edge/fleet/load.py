@@ -22,7 +22,7 @@ the next starts, leaves the node's number as reported, not one higher per run.
    `[[nodes]] max_runs`; with neither, the number itself).
 A node that reports no queue counts 0 there. A node without
 reports (polled with Describe, or between two subscriptions) is ranked by
-this process's runs in flight on it over its cap, as before Watch.
+this process's runs in flight on it over its cap.
 
 Pure: numbers in, a tuple out; no I/O, no clock. The pool calls `rank` for
 each candidate of each pick: a few arithmetic steps and one tuple.

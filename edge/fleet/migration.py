@@ -217,7 +217,7 @@ class Mover:
             if new.nothing_runs and not session.terminated:
                 node = await self._node(continues=delivered.output)
             if node is None:
-                self._adopt(old)  # the request's outcome: the break's, as before
+                self._adopt(old)  # the request's outcome: the break's
                 # Stopped by the request's deadline (no accept before it), or a failure.
                 outcome = "expired" if trio.current_time() >= self.deadline else "failed"
                 self._count(brk.reason, outcome)

@@ -250,7 +250,7 @@ class Run:
         # The answer so far, when it may move to another node if this run breaks after
         # output (`edge.fleet.migration`): the events fed are kept there, and a break
         # after output is not fed but kept in `broke`, the session left open, for the
-        # caller to continue elsewhere (`hand_over`) or end as before (`end_break`).
+        # caller to continue elsewhere (`hand_over`) or end as the break would (`end_break`).
         self.delivered: Delivered | None = None
         self.broke: Break | None = None
         # What the run says of its node, once its outcome is fixed: a failure reason
@@ -362,7 +362,7 @@ class Run:
 
     def end_break(self) -> None:
         """The answer does not move: the session gets its break's terminal (an error
-        frame), as without migration, and the run goes on to its end as before."""
+        frame), as without migration, and the run goes on to its end."""
         brk = self.broke
         if brk is not None:
             self.broke = None

@@ -50,7 +50,7 @@ class Turns(trio.abc.Instrument):
     first come first. `run()` must run (in a nursery that outlives the users): it
     installs the instrument and, only while steps wait, keeps the scheduler
     from sleeping in its I/O wait. When nothing waits, nothing runs per pass
-    but the budget's reset: an idle edge sleeps as before.
+    but the budget's reset: an idle edge sleeps in its I/O wait.
     """
 
     __slots__ = ("_on_defer", "_used", "_waiting", "_wake", "per_pass")

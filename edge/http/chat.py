@@ -236,7 +236,7 @@ class ChatService:
         """In a worker thread: `body` parsed (with the stored responses it refers to), as
         forwarded (by `config`'s policy of its model), its RunRequest serialized. A
         refusal of the forwarding policy is kept for the caller to raise after the API
-        key's checks (its 403 or 429 comes first, as before the policy)."""
+        key's checks (its 403 or 429 comes first, then the policy's)."""
         parsed = api.parse(body, resolved)
         nbytes = footprint(parsed)
         request = parsed.chat

@@ -118,7 +118,7 @@ class EdgeMetrics:
             "From dispatch to the node's first event.",
             ["model", "node", "api"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        # What users chart per model, node and API (issue 18), observed once per request
+        # What users chart per model, node and API, observed once per request
         # that ran (`edge.http.scope.ChatScope.finish`).
         self.request_duration = Histogram(
             "iop_edge_request_duration_seconds",
@@ -196,7 +196,7 @@ class EdgeMetrics:
             ["node", "status"], registry=r,
         )  # fmt: skip
 
-        # Fleet health and admission (issue 14). The pool sets node_state (its values:
+        # Fleet health and admission. The pool sets node_state (its values:
         # edge.fleet.health.STATE_VALUES); the run side and the admission queue the rest.
         self.node_state = Gauge(
             "iop_edge_node_state",
@@ -329,7 +329,7 @@ class EdgeMetrics:
             registry=r,
         )
 
-        # API keys and their limits (issue 16), by key name: never the key itself.
+        # API keys and their limits, by key name: never the key itself.
         self.key_requests = Counter(
             "iop_edge_key_requests", "Chat requests admitted, by API key name.",
             ["key"], registry=r,

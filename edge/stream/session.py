@@ -1,6 +1,6 @@
 """The stream session: one chat completion's node events in, output events out.
 
-This is the seed's chat stream session as a sans-IO state machine. It owns
+A sans-IO state machine, one per stream. It owns
 how each node event flows through the filters (sentinels, think blocks, tool
 calls written as text) into content and reasoning, and the finish: the
 answer's tool calls, the strict output check, the placeholder for a run that

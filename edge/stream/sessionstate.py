@@ -5,8 +5,8 @@ counters, each present only when a feature reads it), the one terminal
 (`fail`, `refuse`, `fail_stream`, `cancel`: a second attempt is a no-op, by
 construction), the cap on an answer held whole, and the trace records.
 `SessionState` is the base of `edge.stream.session.StreamSession`, which
-applies the node's events to this state: the per-delta path lives there; what
-it calls here (`_hold`, the trace records) it calls as often as before.
+applies the node's events to this state: the per-delta path lives there, and
+calls into this state (`_hold`, the trace records).
 
 It does not know the node's events or how text flows through the filters;
 nor HTTP, SSE, trio or gRPC.
@@ -190,7 +190,7 @@ class SessionState:
             self._trace_event("cancel", {"status": status})
 
     def log_fields(self) -> dict[str, Any]:
-        """The closing record of the stream (the seed's "stream closed" line)."""
+        """The closing record of the stream (its "stream closed" line)."""
         return {
             "run_id": self.settings.run_id,
             "strict_output": self.settings.strict,
