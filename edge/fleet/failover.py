@@ -38,7 +38,7 @@ a committed run into a response (`Committed.error`: a real status).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,7 +53,7 @@ from edge.fleet.cacheaware import Route
 from edge.fleet.migration import CANCEL_WAIT_S, MigrationScope, MovableRun, Mover
 from edge.fleet.nodestate import NodeState, Tried
 from edge.fleet.run import Run
-from edge.fleet.runs import Runs
+from edge.fleet.runs import RunPlan, Runs
 from edge.node.wire import PreparedRunRequest
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import StreamSession
@@ -61,6 +61,16 @@ from edge.stream.session import StreamSession
 
 class RequestScope(MigrationScope, Protocol):
     """What failover needs of the request it serves (`edge.http.scope.ChatScope`)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def api(self) -> str: ...
+
+    @property
+    def node_metadata(self) -> Mapping[str, str] | None:
+        """What goes with each Run call (the trace context; None: tracing is off)."""
 
     def slot_wait(self, began: float, queued_at: float | None) -> None:
         """The wait for the first node slot, from `began`; `queued_at`: when it was queued."""
@@ -150,24 +160,19 @@ class Failover:
                 )  # fmt: skip
             finally:
                 scope.slot_wait(began, queued[0] if queued else None)
-            api, metadata = scope.api, scope.node_metadata
+            plan = RunPlan(
+                request, payload, deadline, request_id=scope.request_id, api=scope.api,
+                keepalive_s=keepalive_s, metadata=scope.node_metadata,
+                affinity_key=affinity_key, route=route, timeouts=self.timeouts,
+            )  # fmt: skip
             tried = Tried()
             # An answer that breaks after output moves to another node (the nodes tried
             # excluded), at most `migrations` times a request (`edge.fleet.migration`).
-            mover = Mover(
-                runs, scope, request, payload, deadline, self.routing.migrations, tried,
-                keepalive_s=keepalive_s, affinity_key=affinity_key, route=route,
-                timeouts=self.timeouts,
-            )  # fmt: skip
+            mover = Mover(runs, scope, plan, self.routing.migrations, tried)
             for attempt in range(retries + 1):
                 node = slot
                 assert node is not None  # taken above, or for this retry
-                run = runs.open(
-                    node, scope.nursery, request, payload, new_session(),
-                    request_id=scope.request_id, keepalive_s=keepalive_s, deadline=deadline,
-                    api=api, metadata=metadata, predicted=route.predicted if route else 0,
-                    timeouts=self.timeouts,
-                )  # fmt: skip
+                run = runs.open(node, scope.nursery, plan, new_session())
                 slot = None  # the run's now
                 moving = MovableRun(run, mover)
                 first: list[OutEvent] = []

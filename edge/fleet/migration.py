@@ -56,7 +56,7 @@ edge's own limits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -64,15 +64,12 @@ import trio
 from loguru import logger
 
 from edge.api.request import ChatRequest
-from edge.config import TimeoutsConfig
 from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import EdgeError
-from edge.fleet.affinity import SessionKey
-from edge.fleet.cacheaware import Route
 from edge.fleet.continuation import Break, Delivered, why_not
 from edge.fleet.nodestate import NodeState, Tried
 from edge.fleet.run import Run, RunInfo
-from edge.fleet.runs import Runs
+from edge.fleet.runs import RunPlan, Runs
 from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S
 from edge.node.wire import PreparedRunRequest
 from edge.stream.output import ErrorOut, Outcome, OutEvent, RoleOut
@@ -89,15 +86,6 @@ class MigrationScope(Protocol):
 
     @property
     def nursery(self) -> trio.Nursery: ...
-
-    @property
-    def request_id(self) -> str: ...
-
-    @property
-    def api(self) -> str: ...
-
-    @property
-    def node_metadata(self) -> Mapping[str, str] | None: ...
 
     async def hold(self, run: Run) -> None: ...
 
@@ -116,16 +104,22 @@ class Mover:
 
     runs: Runs
     scope: MigrationScope
-    request: ChatRequest
-    payload: PreparedRunRequest
-    deadline: float
+    # What every run of the request starts from (its request, RunRequest, deadline...).
+    plan: RunPlan
     left: int
     tried: Tried = field(default_factory=Tried)
-    keepalive_s: float = 0.0
-    affinity_key: SessionKey | None = None
-    route: Route | None = None
-    # The request's run deadlines (None: the runs' own).
-    timeouts: TimeoutsConfig | None = None
+
+    @property
+    def request(self) -> ChatRequest:
+        return self.plan.request
+
+    @property
+    def payload(self) -> PreparedRunRequest:
+        return self.plan.payload
+
+    @property
+    def deadline(self) -> float:
+        return self.plan.deadline
 
     def track(self, run: Run) -> None:
         """Keep `run`'s answer so far (its events tapped), when it may move: migrations
@@ -195,12 +189,7 @@ class Mover:
         self.left -= 1
         tokens = delivered.moved()
         while True:
-            new = self.runs.open(
-                node, self.scope.nursery, self.request, payload, session,
-                request_id=self.scope.request_id, keepalive_s=self.keepalive_s,
-                deadline=self.deadline, api=self.scope.api, metadata=self.scope.node_metadata,
-                predicted=self.route.predicted if self.route else 0, timeouts=self.timeouts,
-            )  # fmt: skip
+            new = self.runs.open(node, self.scope.nursery, self.plan, session, payload=payload)
             new.output_seen = True
             new.delivered = delivered
             self.scope.migrated(old, new.info.node, brk.reason, delivered.chars)
@@ -284,7 +273,7 @@ class Mover:
             try:
                 return await self.runs.admission.acquire(
                     model, logprobs=self.request.logprobs, exclude=excluded,
-                    affinity_key=self.affinity_key, route=self.route, first=True,
+                    affinity_key=self.plan.affinity_key, route=self.plan.route, first=True,
                 )  # fmt: skip
             except EdgeError:
                 return None

@@ -5,7 +5,7 @@ same way for streaming and non-streaming answers (`edge.fleet.failover`
 tries again on another node when one cannot start):
 
     node = await runs.admission.acquire(model)        # a node, its slot taken
-    run = runs.open(node, nursery, request, payload, session)
+    run = runs.open(node, nursery, plan, session)      # plan: the request's RunPlan
     async with run:                                    # accept awaited
         while not run.session.terminated:
             batch = await run.next_batch()             # output under the deadlines

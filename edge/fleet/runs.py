@@ -1,6 +1,8 @@
 """The runs of one process: opening them on the pool's nodes, and the ones in flight.
 
-`Runs` gives each run what it needs of the fleet (`RunServices`: pool,
+`RunPlan` is what every run of one request starts from, built once per request and
+passed on by failover (each attempt) and migration (each continuation). `Runs`
+opens runs from it, gives each what it needs of the fleet (`RunServices`: pool,
 admission, metrics, timeouts, and its way into and out of the live set) and
 knows the runs in flight, so that a drain can wait for them or end them with
 a notice. A run's own life is `edge.fleet.run`.
@@ -9,12 +11,15 @@ a notice. A run's own life is `edge.fleet.run`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import trio
 
 from edge.api.request import ChatRequest
 from edge.config import TimeoutsConfig
 from edge.fleet.admission import Admission
+from edge.fleet.affinity import SessionKey
+from edge.fleet.cacheaware import Route
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
 from edge.fleet.run import Run, RunInfo, RunServices, RunStart
@@ -22,6 +27,35 @@ from edge.fleet.turns import Turns
 from edge.node.wire import PreparedRunRequest
 from edge.observe.metrics import EdgeMetrics
 from edge.stream.session import StreamSession
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """What every run of one request starts from (its attempts and continuations).
+
+    `payload` is the request's RunRequest, serialized once (a continuation sends its
+    own, `Runs.open(payload=...)`). `deadline` is the request's total deadline (trio
+    clock), across attempts. `api` is the request's API (a metrics label);
+    `metadata` goes with each Run call (the trace context). `affinity_key` and
+    `route` are the request's session and prefix for picking nodes. `timeouts` are
+    the request's (the configuration it arrived under; None: the edge's first).
+    """
+
+    request: ChatRequest
+    payload: PreparedRunRequest
+    deadline: float
+    request_id: str = ""
+    api: str = "chat"
+    keepalive_s: float = 0.0
+    metadata: Mapping[str, str] | None = None
+    affinity_key: SessionKey | None = None
+    route: Route | None = None
+    timeouts: TimeoutsConfig | None = None
+
+    @property
+    def predicted(self) -> int:
+        """The prefix blocks the pick expected cached on the node it chose."""
+        return self.route.predicted if self.route is not None else 0
 
 
 class Runs:
@@ -55,41 +89,33 @@ class Runs:
         self,
         node: NodeState,
         nursery: trio.Nursery,
-        request: ChatRequest,
-        payload: PreparedRunRequest,
+        plan: RunPlan,
         session: StreamSession,
         *,
-        request_id: str = "",
-        keepalive_s: float = 0.0,
-        deadline: float | None = None,
-        api: str = "chat",
-        metadata: Mapping[str, str] | None = None,
-        predicted: int = 0,
-        timeouts: TimeoutsConfig | None = None,
+        payload: PreparedRunRequest | None = None,
     ) -> Run:
-        """A run of `request` on `node`, whose slot the caller took; enter it to start.
-        The slot is the run's from here: given back once its outcome is fixed (its end,
-        a start that failed, or `abandon`).
-
-        `payload` is the request's RunRequest, serialized (once for all attempts).
+        """A run of `plan`'s request on `node`, whose slot the caller took; enter it to
+        start. The slot is the run's from here: given back once its outcome is fixed
+        (its end, a start that failed, or `abandon`).
 
         `nursery` is the request's own: the run's read task lives and ends there.
-        `deadline` is the request's total deadline (default: total_s from now).
-        Set the run's `on_end` to hear when its outcome is fixed. `api` is the
-        request's API (a metrics label); `metadata` goes with the Run call.
-        `predicted` is the prefix blocks the pick expected cached on `node` (the
-        cache-aware policy's prediction, corrected by the run's usage). `timeouts`:
-        the request's (the configuration it arrived under; default: this edge's first).
+        `payload`: what this run sends instead of the plan's (a continuation's). Set
+        the run's `on_end` to hear when its outcome is fixed.
         """
         run_id = session.settings.run_id
         started_at = trio.current_time()
+        request = plan.request
         info = RunInfo(
-            run_id, request.model, node.client.name, request.stream, started_at, request_id, api
-        )
-        start = RunStart(self._services, node, payload, nursery, metadata, predicted)
+            run_id, request.model, node.client.name, request.stream, started_at,
+            plan.request_id, plan.api,
+        )  # fmt: skip
+        start = RunStart(
+            self._services, node, payload or plan.payload, nursery, plan.metadata,
+            plan.predicted,
+        )  # fmt: skip
         return Run(
-            info, session, timeouts or self.timeouts, keepalive_s=keepalive_s, start=start,
-            deadline=deadline, turns=self.turns,
+            info, session, plan.timeouts or self.timeouts, keepalive_s=plan.keepalive_s,
+            start=start, deadline=plan.deadline, turns=self.turns,
         )  # fmt: skip
 
     def joined(self, run: Run) -> None:
