@@ -69,7 +69,6 @@ REFRESH_INTERVAL_S = 5.0
 # edge's own deadline on a long or slow answer: an overloaded machine times out
 # on every node alike, and opening breakers then only moves the load until all
 # are open) nor "unavailable" (a refused start marks the node down instead).
-BREAKER_REASONS = frozenset({"error_event", "start_failed", "accept_timeout", "stream_broken"})
 
 
 def _queued_behind(chosen: NodeState, healthy: list[NodeState]) -> bool:
@@ -211,15 +210,13 @@ class NodePool:
             self.feed.wake()
 
     def run_failed(self, state: NodeState, reason: str, *, started_at: float | None = None) -> None:
-        """A run on `state` could not start, broke, or failed before any output.
+        """A run on `state` could not start, broke, or failed before any output, by the
+        node's doing (`reason`: the verdict, `Verdict.counts_on_breaker`).
 
-        Counted by the breaker when `reason` is the node's doing (BREAKER_REASONS: not
-        the edge's own deadline, which load alone can bring) and the run started on
-        the node as it is now (not before it last came up: a dead process's runs say
-        nothing of the restarted one).
+        Counted by the breaker when the run started on the node as it is now (not
+        before it last came up: a dead process's runs say nothing of the restarted
+        one).
         """
-        if reason not in BREAKER_REASONS:
-            return
         if started_at is not None and started_at < state.health.up_since:
             return
         if state.health.run_failed(self._clock()):

@@ -61,7 +61,7 @@ from edge.fleet.continuation import Break, Delivered, failed_break, stream_break
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
 from edge.fleet.turns import Turns
-from edge.fleet.verdict import RETRYABLE, report, verdict_of
+from edge.fleet.verdict import Verdict, report, verdict_of
 from edge.node.client import EndCause, RunHandle
 from edge.node.wire import PreparedRunRequest
 from edge.observe.logbound import clip
@@ -200,7 +200,12 @@ class Run:
         """Whether another node may serve the request instead: this run ended in a node
         failure before any byte of its answer can have reached the caller (before any
         output; for a non-streaming answer, before its end)."""
-        return self.verdict in RETRYABLE and (not self.output_seen or not self.info.stream)
+        verdict = self.verdict
+        return (
+            verdict is not None
+            and verdict.retryable
+            and (not self.output_seen or not self.info.stream)
+        )
 
     @property
     def reached_node(self) -> bool:
@@ -257,7 +262,7 @@ class Run:
         # (`edge.fleet.verdict`: a start failure, "error_event", "stream_broken",
         # "timeout"), "ok", a refusal of the node's, or None (nothing: the caller left, or the edge
         # refused the request).
-        self.verdict: str | None = None
+        self.verdict: Verdict | None = None
 
     # --- the run's life -------------------------------------------------------------
 

@@ -1,18 +1,21 @@
 """What a run says of its node when it ends (its verdict), and who is told.
 
-A run's verdict (`verdict_of`): a start that failed by the node's side
-(START_FAILURES: unreachable, no accept in time, a failed start), its stream
+A run's verdict (`verdict_of`, a `Verdict`): a start that failed by the node's
+side (START_FAILURES: unreachable, no accept in time, a failed start), its stream
 broken, the node's error event, its refusal (4xx) or overload (429), the
-edge's own deadline, "ok", or None (nothing of the node: the caller left, a
-request too large). `report` gives it to the pool: a success closes the
+edge's own deadline, ok, or None (nothing of the node: the caller left, a
+request too large). Each verdict says whether another node may do better
+(`retryable`: `Run.failed_over`), whether it is a refusal, and whether it counts
+on the node's breaker. `report` gives it to the pool: a success closes the
 breaker, a refusal or an overload counts on no breaker (and is counted by
-node and status), a failure before output counts on it. RETRYABLE says which
-verdicts another node may do better on (`Run.failed_over`).
+node and status), a failure of the node's before output counts on it.
 
 Pure but for `report`'s calls into the pool and the metrics.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 from edge.errors import EdgeError, NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.fleet.nodestate import NodeState
@@ -21,25 +24,59 @@ from edge.node.client import EndCause
 from edge.observe.metrics import EdgeMetrics
 from edge.stream.output import Outcome
 
-# What a run that did not start says of its node (the pool's `run_failed` reason).
-START_FAILURES: tuple[tuple[type[EdgeError], str], ...] = (
-    (NodeUnavailableError, "unavailable"),
-    (NodeTimeoutError, "accept_timeout"),
-    (NodeFailedError, "start_failed"),
+
+class Verdict(StrEnum):
+    """What a run says of its node (a string: the metrics' and logs' word for it)."""
+
+    OK = "ok"
+    # Its start failed by the node's side (START_FAILURES).
+    UNAVAILABLE = "unavailable"
+    ACCEPT_TIMEOUT = "accept_timeout"
+    START_FAILED = "start_failed"
+    # It broke: its stream, or the node's error event.
+    STREAM_BROKEN = "stream_broken"
+    ERROR_EVENT = "error_event"
+    # The node refused the request (4xx: the request's fault) or was overloaded (429).
+    REFUSED = "refused"
+    OVERLOADED = "overloaded"
+    # The edge's own deadline passed (load alone can bring it).
+    TIMEOUT = "timeout"
+
+    @property
+    def retryable(self) -> bool:
+        """Another node may do better, before any output: a failure of the node's, or
+        its overload (never a refusal: every node would refuse alike)."""
+        return self in _RETRYABLE
+
+    @property
+    def refusal(self) -> bool:
+        """It says nothing of the node's health (the pool's `run_refused`)."""
+        return self in (Verdict.REFUSED, Verdict.OVERLOADED)
+
+    @property
+    def counts_on_breaker(self) -> bool:
+        """The node's doing: counted by its circuit breaker (a failure before output)."""
+        return self in _BREAKER
+
+
+_RETRYABLE = frozenset({
+    Verdict.UNAVAILABLE, Verdict.ACCEPT_TIMEOUT, Verdict.START_FAILED, Verdict.ERROR_EVENT,
+    Verdict.STREAM_BROKEN, Verdict.OVERLOADED,
+})  # fmt: skip
+_BREAKER = frozenset(
+    {Verdict.ERROR_EVENT, Verdict.START_FAILED, Verdict.ACCEPT_TIMEOUT, Verdict.STREAM_BROKEN}
 )
-# The reasons a run ended before any output that another node may do better on (an
-# overloaded node's 429 among them; never a refusal: every node would refuse alike).
-RETRYABLE = frozenset(
-    {"unavailable", "accept_timeout", "start_failed", "error_event", "stream_broken", "overloaded"}
+# What a run that did not start says of its node.
+START_FAILURES: tuple[tuple[type[EdgeError], Verdict], ...] = (
+    (NodeUnavailableError, Verdict.UNAVAILABLE),
+    (NodeTimeoutError, Verdict.ACCEPT_TIMEOUT),
+    (NodeFailedError, Verdict.START_FAILED),
 )
-# Verdicts that say nothing of the node's health (the pool's `run_refused`): the node
-# refused the request (4xx: the request's fault) or was overloaded (429).
-REFUSALS = frozenset({"refused", "overloaded"})
 
 
 def verdict_of(
     outcome: Outcome, start_error: EdgeError | None, cause: EndCause | None, *, accepted: bool
-) -> str | None:
+) -> Verdict | None:
     """What a run that ended with `outcome` says of its node: `start_error` is its
     start's failure (None: it started), `accepted` whether the node accepted it, `cause`
     why the edge ended it (None: it did not)."""
@@ -52,21 +89,21 @@ def verdict_of(
         return None  # the caller left before the node accepted
     if outcome.status == "error":
         if not outcome.usage_sample:
-            return "stream_broken"
+            return Verdict.STREAM_BROKEN
         if outcome.node_status:  # the node's refusal (4xx) or overload (429)
-            return "overloaded" if outcome.node_status == 429 else "refused"
+            return Verdict.OVERLOADED if outcome.node_status == 429 else Verdict.REFUSED
         # The node's error event, or a run it ended unfinished; anything else
         # (tool validation, output past the edge's cap) is the answer's, not the node's.
-        return "error_event" if outcome.error_type == NodeFailedError.type else "ok"
+        return Verdict.ERROR_EVENT if outcome.error_type == NodeFailedError.type else Verdict.OK
     if outcome.status == "timeout":
-        return "timeout" if cause is EndCause.TIMEOUT else None
-    return "ok" if outcome.status == "success" else None
+        return Verdict.TIMEOUT if cause is EndCause.TIMEOUT else None
+    return Verdict.OK if outcome.status == "success" else None
 
 
 def report(
     pool: NodePool,
     node: NodeState,
-    verdict: str | None,
+    verdict: Verdict | None,
     outcome: Outcome,
     *,
     output_seen: bool,
@@ -74,12 +111,12 @@ def report(
     metrics: EdgeMetrics,
 ) -> None:
     """Tell the pool how `node` did in a run whose verdict is `verdict`."""
-    if verdict == "ok":
+    if verdict is Verdict.OK:
         pool.run_succeeded(node)
-    elif verdict in REFUSALS:
+    elif verdict is not None and verdict.refusal:
         pool.run_refused(node)
         metrics.run_refusals.labels(node.client.name, str(outcome.node_status)).inc()
-    elif verdict is not None and not output_seen:
+    elif verdict is not None and verdict.counts_on_breaker and not output_seen:
         # A failure after output says more of the run than of the node (the node
         # served it until then), and a client can script one: the breaker counts the
         # runs a node could not answer at all.

@@ -25,7 +25,13 @@ gets the rest applied first, in that one step.
 
 from __future__ import annotations
 
-from edge.errors import NodeFailedError, NodeRateLimitedError, RequestError
+from edge.errors import (
+    NodeFailedError,
+    NodeRateLimitedError,
+    OutputValidationError,
+    RequestError,
+    ToolValidationError,
+)
 from edge.stream.bounds import MAX_STOP_CHARS
 from edge.stream.events import (
     Complete,
@@ -297,7 +303,7 @@ class StreamSession(SessionState):
         )
         self._emit_pending(tools.pending)
         if tools.error is not None:  # a call is never silently dropped
-            self.fail("tool_validation_error", tools.error)
+            self.fail(ToolValidationError.type, tools.error)
             return
         self._violations = tools.violations
         calls = tools.calls
@@ -310,7 +316,7 @@ class StreamSession(SessionState):
         if self.settings.strict and not calls:
             problem = output_format_problem(self.settings.response_format, self._emitted)
             if problem is not None:
-                self.fail("output_validation_error", problem)
+                self.fail(OutputValidationError.type, problem)
                 return
         if self._held_content is not None:
             self.out.extend(chunk for chunk in self._held_content if chunk.text)
