@@ -113,11 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_config(args: argparse.Namespace) -> Config:
-    """The config file (if any), with command-line flags on top."""
-    return load_configuration(args).config
-
-
 def load_configuration(
     args: argparse.Namespace, data: bytes | None = None, files: Mapping[str, bytes] | None = None
 ) -> LoadedConfig:

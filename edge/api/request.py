@@ -143,13 +143,6 @@ class ChatRequest:
     logprobs: bool = False
     extra: dict[str, object] = field(default_factory=dict)
 
-    def last_user_text(self) -> str:
-        """The text of the last user message; "" when there is none."""
-        for message in reversed(self.messages):
-            if message.role == "user":
-                return message.text()
-        return ""
-
 
 # --- parsing -----------------------------------------------------------------
 

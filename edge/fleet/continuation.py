@@ -43,12 +43,6 @@ from edge.stream.output import Outcome
 from edge.stream.session import StreamSession
 
 BreakReason = Literal["stream_broken", "node_gone", "node_drained", "error_event"]
-BREAK_REASONS: tuple[BreakReason, ...] = (
-    "stream_broken",
-    "node_gone",
-    "node_drained",
-    "error_event",
-)
 # What is kept is reserved from the process's memory budget in steps of this many
 # characters; small pieces are joined JOIN_PARTS at a time.
 RESERVE_CHARS = 256 * 1024

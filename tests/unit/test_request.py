@@ -455,27 +455,6 @@ def test_content_parts_keep_text_and_raw() -> None:
     )
 
 
-def test_last_user_text() -> None:
-    """last_user_text is the last user message's string, or its text parts joined."""
-    assert parse().last_user_text() == "hi"
-    req = parse(
-        messages=[
-            {"role": "user", "content": "first"},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "a"},
-                    {"type": "image_url", "image_url": {"url": "u"}},
-                    {"type": "text", "text": "b"},
-                ],
-            },
-            {"role": "assistant", "content": "reply"},
-        ]
-    )
-    assert req.last_user_text() == "a\nb"
-    assert parse(messages=[{"role": "system", "content": "s"}]).last_user_text() == ""
-
-
 # --- reasoning flags -------------------------------------------------------------
 
 REASONING: list[tuple[dict[str, Any], bool, bool]] = [
