@@ -24,7 +24,8 @@ from grpclib.exceptions import GRPCError
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.routes import RUN_ROUTE
-from edge.nodes.kit import FINISHED_KEPT, NodeService, RunsLog, start_server, stop_server
+from edge.nodes.kit import NodeService, start_server, stop_server
+from edge.nodes.runslog import FINISHED_KEPT, RunsLog
 from edge.nodes.sim.server import SimNode
 from edge.nodes.upstream.server import UpstreamNode
 

@@ -72,7 +72,7 @@ cache's `BlockLog`). `decode_tokens_per_s` paces deltas, cache
 model or not: a delta of N characters is max(1, N // 4) tokens, sent once
 they are decoded.
 
-The runs log (`edge.nodes.kit.RunsLog`) gets one JSON line per run when it
+The runs log (`edge.nodes.runslog.RunsLog`) gets one JSON line per run when it
 ends; outcomes here are complete | error | cancelled | aborted | ended.
 """
 
@@ -92,7 +92,8 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import Encoded
 from edge.contract.prefix import BLOCK_TOKENS, CHARS_PER_TOKEN
 from edge.contract.routes import WATCH_ROUTE
-from edge.nodes.kit import Events, NodeService, RunRecord
+from edge.nodes.kit import NodeService
+from edge.nodes.runslog import Events, RunRecord
 from edge.nodes.sim.continuation import Cut
 from edge.nodes.sim.kvcache import KVCache, KVSettings, prompt
 from edge.nodes.sim.play import Abort, End, Hang, Send, Sleep, Step, echo_steps, script_steps

@@ -15,7 +15,7 @@ the upstream says wait (its own runs are at least that many, whatever a
 scrape a second old says). A load the upstream does not say leaves those
 fields unset and `active_runs` this node's own runs.
 
-The runs log is the simulated node's (`edge.nodes.kit.RunsLog`). With tracing
+The runs log is the simulated node's (`edge.nodes.runslog.RunsLog`). With tracing
 on (`edge.observe.tracing`), each run has a span continued from the edge's
 `traceparent`, and its upstream request a child span whose `traceparent`
 the upstream gets as a header.
@@ -41,7 +41,8 @@ from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.forwarding import ForwardPolicy
-from edge.nodes.kit import NodeService, RunRecord
+from edge.nodes.kit import NodeService
+from edge.nodes.runslog import RunRecord
 from edge.nodes.upstream.bodies import context_limits_from_body, error_message
 from edge.nodes.upstream.bodies import models_from_body as parse_models
 from edge.nodes.upstream.continuation import AUTO, MODES, NONE, is_llamacpp, mode_for
