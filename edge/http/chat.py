@@ -139,38 +139,10 @@ class ChatService:
         snapshot = self.snapshots.request()
         config = snapshot.config
         run_id = secrets.token_hex(12)
-        trace = scope.trace
-        # Everything that grows with the request (the parse, whose schema checks
-        # cost milliseconds per KiB, the forwarding policy's checks, the RunRequest's
-        # serialization) runs off the loop, once: a large request never stalls
-        # other streams, and its attempts all send the same bytes.
-        # A parse in progress holds up to PARSE_PEAK_FACTOR times its body: that much
-        # comes out of the memory budget while it runs (503 overloaded when the budget
-        # has not that much left, before any work), then what the parsed request holds,
-        # queued and running, until its cycle ends.
-        budget = config.admission.memory_budget_bytes
-        # The stored responses it refers to are parsed with it (edge.http.stored), and
-        # charged before: as they come to once each reference stands for its item (a
-        # 413 past the nodes' message limit), before the parse expands them.
         owner = gate.key.name if gate is not None and gate.key is not None else ""
-        peaks = [self.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))]
-        try:
-            resolved = None
-            if api.stateful and self.responses is not None:
-                resolved, expanded = await self.responses.resolve(api, body, owner, self.parsing)
-                referred = max(resolved.nbytes, expanded)
-                peaks.append(self.admission.hold(min(PARSE_PEAK_FACTOR * referred, budget)))
-            # A key's cached prompt prefixes are its own unless it shares them.
-            cache_scope = gate.key.cache_scope if gate is not None and gate.key is not None else ""
-            prepared = await trio.to_thread.run_sync(
-                self.prepare, api, body, run_id, trace, config, resolved, cache_scope,
-                limiter=self.parsing,
-            )  # fmt: skip
-        finally:
-            for peak in peaks:
-                peak()
-        del body, resolved  # parsed: a request queued for a slot, or running, holds no body
-        scope.at_end(self.admission.hold(prepared.nbytes))
+        # parse -> admit -> start -> render
+        prepared = await self._parsed(body, scope, api, config, run_id, gate, owner)
+        del body  # parsed: a request queued for a slot, or running, holds no body
         parsed = prepared.parsed
         request = parsed.chat
         scope.stream = request.stream
@@ -192,29 +164,103 @@ class ChatService:
             scope, request, payload, new_session, keepalive_s=keepalive_s,
             affinity_key=session_key(session_id or request.prompt_cache_key, request.user),
         )  # fmt: skip
-        run = committed.run
-        store = self.responses if parsed.store_context is not None else None
+        answer = Answer(run_id, created, request.model)
         if not request.stream:
-            folder = api.folder(parsed, Answer(run_id, created, run.info.model))
-            if trace is not None and trace.capture:
-                folder = trace.capturing_folder(folder)
-            save = None
-            if store is not None and parsed.store_context is not None:
-                save = partial(store.save, owner, parsed.store_context)
-            return await _complete(committed, api, folder, scope.request_id, self.turns,
-                                   gate=gate, save=save)  # fmt: skip
+            return await self._whole(committed, scope, api, parsed, answer, gate, owner)
+        return await self._streamed(committed, scope, api, parsed, answer, gate, owner)
+
+    async def _parsed(
+        self,
+        body: bytes,
+        scope: ChatScope,
+        api: Api,
+        config: Config,
+        run_id: str,
+        gate: Gate | None,
+        owner: str,
+    ) -> Prepared:
+        """`body` parsed off the loop, with the stored responses it refers to, its
+        RunRequest serialized; what it holds is charged to the memory budget until the
+        request's cycle ends.
+
+        Everything that grows with the request (the parse, whose schema checks cost
+        milliseconds per KiB, the forwarding policy's checks, the RunRequest's
+        serialization) runs off the loop, once: a large request never stalls other
+        streams, and its attempts all send the same bytes. A parse in progress holds up
+        to PARSE_PEAK_FACTOR times its body: that much comes out of the memory budget
+        while it runs (503 overloaded when the budget has not that much left, before
+        any work). The stored responses it refers to (`edge.http.stored`) are charged
+        before, as they come to once each reference stands for its item (a 413 past
+        the nodes' message limit), before the parse expands them.
+        """
+        budget = config.admission.memory_budget_bytes
+        peaks = [self.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))]
+        try:
+            resolved = None
+            if api.stateful and self.responses is not None:
+                resolved, expanded = await self.responses.resolve(api, body, owner, self.parsing)
+                referred = max(resolved.nbytes, expanded)
+                peaks.append(self.admission.hold(min(PARSE_PEAK_FACTOR * referred, budget)))
+            # A key's cached prompt prefixes are its own unless it shares them.
+            cache_scope = gate.key.cache_scope if gate is not None and gate.key is not None else ""
+            prepared: Prepared = await trio.to_thread.run_sync(
+                self.prepare, api, body, run_id, scope.trace, config, resolved, cache_scope,
+                limiter=self.parsing,
+            )  # fmt: skip
+        finally:
+            for peak in peaks:
+                peak()
+        scope.at_end(self.admission.hold(prepared.nbytes))
+        return prepared
+
+    async def _whole(
+        self,
+        committed: Committed,
+        scope: ChatScope,
+        api: Api,
+        parsed: ApiRequest,
+        answer: Answer,
+        gate: Gate | None,
+        owner: str,
+    ) -> Response:
+        """The non-streaming answer: the run's output folded into one body (saved in
+        the response store when the request asks)."""
+        trace = scope.trace
+        folder = api.folder(parsed, answer)
+        if trace is not None and trace.capture:
+            folder = trace.capturing_folder(folder)
+        save = None
+        if self.responses is not None and parsed.store_context is not None:
+            save = partial(self.responses.save, owner, parsed.store_context)
+        return await _complete(committed, api, folder, scope.request_id, self.turns,
+                               gate=gate, save=save)  # fmt: skip
+
+    async def _streamed(
+        self,
+        committed: Committed,
+        scope: ChatScope,
+        api: Api,
+        parsed: ApiRequest,
+        answer: Answer,
+        gate: Gate | None,
+        owner: str,
+    ) -> Response:
+        """The streamed answer: SSE frames as the run's batches come (the first ones
+        already taken), or the error that came before any byte as a real status."""
+        run = committed.run
         if committed.error is not None:
             await run.end()
             if gate is not None:
                 await gate.end(run.outcome)
             return _error_answer(api, committed.error, scope.request_id)
-        encoder = api.streamer(parsed, Answer(run_id, created, request.model))
+        encoder = api.streamer(parsed, answer)
         on_end = None
-        if store is not None and parsed.store_context is not None:
-            on_end = partial(_save_streamed, store, owner, parsed.store_context, encoder)
+        if self.responses is not None and parsed.store_context is not None:
+            on_end = partial(_save_streamed, self.responses, owner, parsed.store_context, encoder)
+        trace = scope.trace
         if trace is not None and trace.capture:
             encoder = trace.capturing_streamer(encoder)
-        labels = self.metrics.inter_chunk.labels(request.model, run.info.node)
+        labels = self.metrics.inter_chunk.labels(answer.model, run.info.node)
         sse = SSEBody(run, encoder, self.turns, observe_gap=labels.observe,
                       observe_added=self.metrics.added_latency.observe,
                       first=committed.first, keepalive=committed.keepalive,
