@@ -52,6 +52,7 @@ from edge.fleet.migration import MovableRun
 from edge.fleet.modelpolicy import forwarded_request, session_settings
 from edge.fleet.run import OutcomeHook
 from edge.fleet.turns import Turns
+from edge.http.gil import GilShare
 from edge.http.live import Snapshots
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
@@ -117,6 +118,8 @@ class ChatService:
         # Request parsing runs in worker threads (schema checks cost ms per KiB);
         # few at once, so the loop thread waits little for the GIL.
         self.parsing = trio.CapacityLimiter(PARSE_THREADS)
+        # While a large one runs, the loop takes the GIL back sooner (edge.http.gil).
+        self.gil = GilShare()
 
     async def handle(
         self,
@@ -203,10 +206,12 @@ class ChatService:
                 peaks.append(self.admission.hold(min(PARSE_PEAK_FACTOR * referred, budget)))
             # A key's cached prompt prefixes are its own unless it shares them.
             cache_scope = gate.key.cache_scope if gate is not None and gate.key is not None else ""
-            prepared: Prepared = await trio.to_thread.run_sync(
-                self.prepare, api, body, run_id, scope.trace, config, resolved, cache_scope,
-                limiter=self.parsing,
-            )  # fmt: skip
+            large = len(body) + (resolved.nbytes if resolved is not None else 0)
+            with self.gil.large(large):
+                prepared: Prepared = await trio.to_thread.run_sync(
+                    self.prepare, api, body, run_id, scope.trace, config, resolved, cache_scope,
+                    limiter=self.parsing,
+                )  # fmt: skip
         finally:
             for peak in peaks:
                 peak()

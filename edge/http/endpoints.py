@@ -113,7 +113,8 @@ async def count_tokens(chat: ChatService, body: bytes, gate: Gate) -> Response:
     await chat.turns.turn()
     peak = charge(chat)(len(body))
     try:
-        tokens, model_id = await trio.to_thread.run_sync(_count, body, limiter=chat.parsing)
+        with chat.gil.large(len(body)):
+            tokens, model_id = await trio.to_thread.run_sync(_count, body, limiter=chat.parsing)
     finally:
         peak()
     await gate.check_model(model_id)  # not the key's: not counted, and a 404

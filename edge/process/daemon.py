@@ -28,7 +28,6 @@ import logging
 import shutil
 import socket
 import sqlite3
-import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
@@ -76,8 +75,6 @@ from edge.store.stores import open_response_store
 # After the drain deadline: time for the notice frames to go out before
 # the HTTP server cuts the connections that are left.
 _CLOSE_GRACE_S = 2.0
-# How long a thread holding the GIL runs before another may take it (see `run_forever`).
-SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -390,13 +387,6 @@ def run_forever(
     gc.collect()
     gc.freeze()
     gc.set_threshold(2_000, 5, 20)
-    # The event loop shares the GIL with the threads that parse and serialize large
-    # requests off it. At CPython's 5 ms switch interval, each of the loop's system
-    # calls can wait that long to take the GIL back from such a thread (the convoy
-    # effect): with the hostile mix's bodies of 16,000 messages being serialized,
-    # /healthz took up to 1.9 s (p99 1.3-1.9 s, 6 runs of its `all` phase); at
-    # 0.5 ms, p99 68-110 ms (3 runs). The threads' own work barely slows.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     async def main() -> None:
         shutdown = trio.Event()
