@@ -70,8 +70,8 @@ class ApiRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
-    """What the answer is about: its run, when it began, the model it names."""
+class Heading:
+    """What an answer is about, as its API heads it: its run, when it began, the model it names."""
 
     run_id: str
     created: int
@@ -97,13 +97,13 @@ class Api:
     def parse(self, body: bytes, resolved: Resolved | None = None) -> ApiRequest:
         return ApiRequest(parse_chat_request(body))
 
-    def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
+    def streamer(self, request: ApiRequest, answer: Heading) -> Streamer:
         return _ChatStreamer(
             f"chatcmpl-{answer.run_id}", answer.created, answer.model,
             include_usage=request.chat.include_usage,
         )  # fmt: skip
 
-    def folder(self, request: ApiRequest, answer: Answer) -> Folder:
+    def folder(self, request: ApiRequest, answer: Heading) -> Folder:
         return _ChatFolder(answer, logprobs=request.chat.logprobs)
 
     def error(
@@ -132,7 +132,7 @@ class _ChatStreamer(SSEEncoder):
 class _ChatFolder(ResponseBuilder):
     __slots__ = ("_answer",)
 
-    def __init__(self, answer: Answer, *, logprobs: bool) -> None:
+    def __init__(self, answer: Heading, *, logprobs: bool) -> None:
         super().__init__(logprobs=logprobs)
         self._answer = answer
 
@@ -155,10 +155,10 @@ class ResponsesApi(Api):
         return ApiRequest(parsed.chat, parsed.dropped, parsed.echo,
                           store_context=parsed.store_context)  # fmt: skip
 
-    def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
+    def streamer(self, request: ApiRequest, answer: Heading) -> Streamer:
         return _ResponsesOut(answer.run_id, answer.created, answer.model, request.echo)
 
-    def folder(self, request: ApiRequest, answer: Answer) -> Folder:
+    def folder(self, request: ApiRequest, answer: Heading) -> Folder:
         return _ResponsesOut(answer.run_id, answer.created, answer.model, request.echo)
 
 
@@ -175,11 +175,11 @@ class MessagesApi(Api):
         parsed = parse_messages_request(body)
         return ApiRequest(parsed.chat, dropped=parsed.dropped, thinking=parsed.thinking)
 
-    def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
+    def streamer(self, request: ApiRequest, answer: Heading) -> Streamer:
         return _MessagesOut(answer.run_id, answer.model, status_of=status_of,
                             stop_sequences=request.chat.stop)  # fmt: skip
 
-    def folder(self, request: ApiRequest, answer: Answer) -> Folder:
+    def folder(self, request: ApiRequest, answer: Heading) -> Folder:
         return _MessagesOut(answer.run_id, answer.model, status_of=status_of,
                             stop_sequences=request.chat.stop)  # fmt: skip
 
@@ -209,7 +209,7 @@ class CompletionsApi(Api):
         echo = {} if parsed.echo_json is None else {"prompt_json": parsed.echo_json}
         return ApiRequest(parsed.chat, echo=echo)
 
-    def streamer(self, request: ApiRequest, answer: Answer) -> Streamer:
+    def streamer(self, request: ApiRequest, answer: Heading) -> Streamer:
         echo: bytes | None = request.echo.get("prompt_json")
         return CompletionsStreamer(
             f"cmpl-{answer.run_id}", answer.created, answer.model,
@@ -217,7 +217,7 @@ class CompletionsApi(Api):
             echo_chars=len(request.chat.messages[0].text()) if echo is not None else 0,
         )  # fmt: skip
 
-    def folder(self, request: ApiRequest, answer: Answer) -> Folder:
+    def folder(self, request: ApiRequest, answer: Heading) -> Folder:
         echo = request.chat.messages[0].text() if request.echo else None
         return CompletionsFolder(
             f"cmpl-{answer.run_id}", answer.created, answer.model,

@@ -3,8 +3,11 @@
 Owns the pool of nodes (health, Watch or Describe: `feed`, circuit breaker, panic
 routing, affinity, the rank of a node by its load: `load`; cache-aware routing:
 `cacheaware`, over each node's `cacheindex`),
-admission (node slots, the queue, the memory budget), failover, the run
-(`run`: accept, deadlines, batches, the one CancelRun, the outcome), the
+admission (node slots, the queue, the memory budget), a request's answer
+(`answer`: its nursery, its attempts by `failover` and `migration`, the run
+whose outcome is the request's, its journal), the run (`run`: its phases as
+one table, `phase`; accept, the one CancelRun, the outcome; its output under
+the deadlines, `reader`), the
 scheduler's turns for heavy steps, and per-model policy (`modelpolicy`: a
 request's session settings, what reaches its node). `fleet.Fleet` holds the
 parts a request uses; the daemon builds them, the HTTP handler only uses them.

@@ -1,9 +1,9 @@
 """Migration: an answer whose run breaks after output goes on on another node.
 
-A request's answer is taken from a `MovableRun`, one run at a time (`leg`):
+A request's answer (`edge.fleet.answer.Answer`) is taken from one run at a
+time (`Answer.leg`); its `Mover` (set by `edge.fleet.failover`) moves it:
 
-    moving = MovableRun(run, mover)       # by `edge.fleet.failover`, per attempt
-    batch = await moving.next_batch()      # as a Run's: the HTTP writer does not know
+    batch = await answer.next_batch()      # the HTTP writer does not know which run
 
 When the run breaks after output (`edge.fleet.continuation`: its stream broke
 or was reset, its node went away, was drained, or failed) and the answer may
@@ -56,9 +56,7 @@ edge's own limits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
 
 import trio
 from loguru import logger
@@ -66,35 +64,18 @@ from loguru import logger
 from edge.api.request import ChatRequest
 from edge.contract.routes import MAX_MESSAGE_BYTES
 from edge.errors import EdgeError
+from edge.fleet.answer import Answer, Mark
 from edge.fleet.continuation import Break, Delivered, why_not
 from edge.fleet.nodestate import NodeState, Tried
-from edge.fleet.run import Run, RunInfo
+from edge.fleet.run import Run
 from edge.fleet.runs import RunPlan, Runs
 from edge.node.client import CANCEL_QUEUE_S, CANCEL_RPC_TIMEOUT_S
 from edge.node.wire import PreparedRunRequest
-from edge.stream.output import ErrorOut, Outcome, OutEvent, RoleOut
-from edge.stream.session import StreamSession
 
 # How long a run's read task (its CancelRun included) may take before its request gives
 # up on another node (a retry, a migration): the node may still run it (the read task
 # bounds it by these two already).
 CANCEL_WAIT_S = CANCEL_QUEUE_S + CANCEL_RPC_TIMEOUT_S + 1.0
-
-
-class MigrationScope(Protocol):
-    """What migration needs of the request it serves (`edge.http.scope.ChatScope`)."""
-
-    @property
-    def nursery(self) -> trio.Nursery: ...
-
-    async def hold(self, run: Run) -> None: ...
-
-    def adopt(self, run: Run) -> None: ...
-
-    def at_end(self, callback: Callable[[], object]) -> None: ...
-
-    def migrated(self, run: Run, node: str, reason: str, chars: int) -> None:
-        """`run`'s answer moves to `node` (`chars` characters delivered): the trace."""
 
 
 @dataclass(slots=True, eq=False)
@@ -103,7 +84,7 @@ class Mover:
     run needs, the nodes the request tried, and the migrations it has left."""
 
     runs: Runs
-    scope: MigrationScope
+    answer: Answer
     # What every run of the request starts from (its request, RunRequest, deadline...).
     plan: RunPlan
     left: int
@@ -128,7 +109,7 @@ class Mover:
         if self.left <= 0:
             return
         cap = min(run.session.settings.max_held_chars, MAX_MESSAGE_BYTES - len(self.payload))
-        run.delivered = Delivered(cap, self._reserve)
+        run.reader.delivered = Delivered(cap, self._reserve)
 
     def _reserve(self, chars: int) -> bool:
         """Room in the memory budget for `chars` more characters kept (about a byte
@@ -136,19 +117,54 @@ class Mover:
         give_back = self.runs.admission.try_hold(chars)
         if give_back is None:
             return False
-        self.scope.at_end(give_back)
+        self.answer.at_end(give_back)
         return True
 
-    async def move(self, moving: MovableRun) -> bool:
-        """Continue `moving`'s broken answer on another node; False: it does not move
+    def resumed(self, gap_s: float) -> None:
+        """The moved answer's first event came `gap_s` after its break."""
+        self.runs.metrics.migration_gap.observe(gap_s)
+
+    async def move(self, answer: Answer) -> bool:
+        """Continue `answer`'s broken run on another node; False: it does not move
         (the caller ends it as the break would have). Counted and logged either way."""
-        old = moving.leg
-        brk, delivered, handle = old.broke, old.delivered, old.handle
+        old = answer.leg
+        assert old is not None
+        brk, delivered = old.reader.broke, old.reader.delivered
         assert brk is not None
         assert delivered is not None
-        assert handle is not None
-        session = old.session
         broke_at = trio.current_time()
+        target = await self._target(old, brk, delivered, broke_at)
+        if target is None:
+            return False
+        payload, node = target
+        # From here the answer is the continuation's: the broken run ends as broken
+        # runs do (slot, verdict), without counting as the request's outcome.
+        old.hand_over()
+        self.left -= 1
+        tokens = delivered.moved()
+        new = await self._continuation(answer, old, brk, delivered, payload, node)
+        if new is None:
+            return False
+        self._adopt(new)
+        answer.leg = new
+        answer.gap_from = broke_at
+        self._count(brk.reason, "migrated")
+        logger.bind(
+            request_id=old.info.request_id, run_id=old.info.run_id, from_node=old.info.node,
+            to_node=new.info.node, reason=brk.reason, delivered_chars=delivered.chars,
+            output_tokens=tokens,
+        ).warning("run {} broke on node {} after {} characters ({}); it continues on node {}",
+                  old.info.run_id, old.info.node, delivered.chars, brk.reason,
+                  new.info.node)  # fmt: skip
+        return True
+
+    async def _target(
+        self, old: Run, brk: Break, delivered: Delivered, broke_at: float
+    ) -> tuple[PreparedRunRequest, NodeState] | None:
+        """What the continuation of `old`'s answer sends, and the node it goes to (its slot
+        taken); None: the answer does not move (counted and logged)."""
+        handle = old.reader.handle
+        assert handle is not None
         why = why_not(
             migrations_left=self.left, now=broke_at, deadline=self.deadline,
             too_long=delivered.too_long,
@@ -174,38 +190,49 @@ class Mover:
             node = await self._node(continues=delivered.output)
             if node is None:
                 why = "no_node"
-        if why is not None or session.terminated:
+        if why is not None or old.session.terminated:
             if node is not None:
                 self.runs.admission.release(node)
             if why is not None:
                 self._refused(old, brk, why, delivered.chars)
-            return False
+            return None
         assert payload is not None
         assert node is not None
-        # From here the answer is the continuation's: the broken run ends as broken
-        # runs do (slot, verdict), without counting as the request's outcome.
-        old.on_end = None
-        old.hand_over()
-        self.left -= 1
-        tokens = delivered.moved()
+        return payload, node
+
+    async def _continuation(
+        self,
+        answer: Answer,
+        old: Run,
+        brk: Break,
+        delivered: Delivered,
+        payload: PreparedRunRequest,
+        node: NodeState,
+    ) -> Run | None:
+        """The run that continues `old`'s answer on `node`, started (on another node when
+        nothing runs on one whose start failed); None: none started (counted, logged)."""
+        session = old.session
         while True:
-            new = self.runs.open(node, self.scope.nursery, self.plan, session, payload=payload)
-            new.output_seen = True
-            new.delivered = delivered
-            self.scope.migrated(old, new.info.node, brk.reason, delivered.chars)
+            new = self.runs.open(node, answer.nursery, self.plan, session, payload=payload)
+            new.reader.output_seen = True
+            new.reader.delivered = delivered
+            answer.journal.append(Mark(
+                "migrated", trio.current_time(), old.info.node, brk.reason, new.info.node,
+                delivered.chars,
+            ))  # fmt: skip
             try:
-                await self.scope.hold(new)
-                break
+                await answer.hold(new)
+                return new
             except EdgeError as exc:
                 failed = exc
             # Its start failed: when nothing runs there (`Run.nothing_runs`; the node may
             # have died since the pool last heard of it), another node may take the
             # continuation. Else the answer ends there: a run is never live on two nodes.
             self.tried.add(node, new.life)  # None: no process of it saw the run
-            node = None
+            retry = None
             if new.nothing_runs and not session.terminated:
-                node = await self._node(continues=delivered.output)
-            if node is None:
+                retry = await self._node(continues=delivered.output)
+            if retry is None:
                 self._adopt(old)  # the request's outcome: the break's
                 # Stopped by the request's deadline (no accept before it), or a failure.
                 outcome = "expired" if trio.current_time() >= self.deadline else "failed"
@@ -217,32 +244,21 @@ class Mover:
                 ).warning("run {} broke on node {} after {} characters ({}); its continuation"
                           " did not start on node {}: {}", old.info.run_id, old.info.node,
                           delivered.chars, brk.reason, new.info.node, failed.type)  # fmt: skip
-                return False
+                return None
             logger.bind(
                 request_id=old.info.request_id, run_id=old.info.run_id, from_node=new.info.node,
-                to_node=node.client.name, error_type=failed.type,
+                to_node=retry.client.name, error_type=failed.type,
             ).warning("the continuation of run {} did not start on node {} ({}); it tries"
                       " node {}", old.info.run_id, new.info.node, failed.type,
-                      node.client.name)  # fmt: skip
-        self._adopt(new)
-        moving.leg = new
-        moving.gap_from = broke_at
-        self._count(brk.reason, "migrated")
-        logger.bind(
-            request_id=old.info.request_id, run_id=old.info.run_id, from_node=old.info.node,
-            to_node=new.info.node, reason=brk.reason, delivered_chars=delivered.chars,
-            output_tokens=tokens,
-        ).warning("run {} broke on node {} after {} characters ({}); it continues on node {}",
-                  old.info.run_id, old.info.node, delivered.chars, brk.reason,
-                  new.info.node)  # fmt: skip
-        return True
+                      retry.client.name)  # fmt: skip
+            node = retry
 
     def _adopt(self, run: Run) -> None:
         """`run` answers a stream from here: its outcome is the request's. Not for a
         non-streaming answer: nothing of it was sent, and failover, which still decides
         whether to start it again elsewhere, adopts the run that answers it."""
         if self.request.stream:
-            self.scope.adopt(run)
+            self.answer.adopt(run)
 
     async def _continued(self, delivered: Delivered) -> PreparedRunRequest | None:
         """The request's RunRequest continuing the answer so far, built off the loop;
@@ -290,91 +306,3 @@ class Mover:
 
     def _count(self, reason: str, outcome: str) -> None:
         self.runs.metrics.migrations.labels(reason, outcome).inc()
-
-
-class MovableRun:
-    """A request's answer, taken from one run at a time (`leg`): the batches of a `Run`,
-    its answer moved to another node when the run breaks after output (see the module
-    doc). Without a `Mover` (migration off), exactly its one run."""
-
-    __slots__ = ("_mover", "gap_from", "leg")
-
-    def __init__(self, leg: Run, mover: Mover | None = None) -> None:
-        self.leg = leg
-        self._mover = mover
-        # When the run moved from broke (trio time), until the new run's first event.
-        self.gap_from: float | None = None
-        if mover is not None:
-            mover.track(leg)
-
-    @property
-    def session(self) -> StreamSession:
-        return self.leg.session
-
-    @property
-    def info(self) -> RunInfo:
-        """The run answering now (the first node's until a move)."""
-        return self.leg.info
-
-    @property
-    def outcome(self) -> Outcome | None:
-        return self.leg.outcome
-
-    @property
-    def output_seen(self) -> bool:
-        return self.leg.output_seen
-
-    @property
-    def batch_event_at(self) -> float | None:
-        return self.leg.batch_event_at
-
-    async def end(self) -> None:
-        """End the run answering now (see `Run.end`); a broken one already ended."""
-        await self.leg.end()
-
-    async def first_batch(self) -> tuple[list[OutEvent], bool]:
-        """The output up to the point where the answer's HTTP status is committed, from
-        whichever run answers (moved if the run breaks where its answer may move).
-
-        Batches are taken until one holds more than the role chunk (a stream; a
-        non-streaming answer: until the session terminates, its status is committed
-        when it is whole), the session terminates, or a keep-alive is due; returns
-        what was taken and whether a keep-alive is due. Nothing of it was sent yet:
-        a run that failed here (`failed_over`) can still be tried elsewhere or
-        answered with a status.
-        """
-        taken: list[OutEvent] = []
-        stream = self.leg.info.stream
-        while True:
-            batch = await self.next_batch()
-            if batch == "keepalive":
-                self.leg.head_sent = True
-                return taken, True
-            taken.extend(batch)
-            # An error frame is the terminal, not output; anything else is the answer.
-            if any(type(event) not in (RoleOut, ErrorOut) for event in batch):
-                self.leg.output_seen = True
-                if stream:
-                    return taken, False
-            if self.session.terminated:
-                return taken, False
-
-    async def next_batch(self) -> list[OutEvent] | Literal["keepalive"]:
-        """The next batch of the answer (see `Run.next_batch`), from whichever run
-        answers it now."""
-        leg = self.leg
-        batch = await leg.next_batch()
-        if self.gap_from is not None and leg.first_event_at is not None:
-            assert self._mover is not None
-            self._mover.runs.metrics.migration_gap.observe(leg.first_event_at - self.gap_from)
-            self.gap_from = None
-        if leg.broke is None:
-            return batch
-        out = [] if batch == "keepalive" else batch
-        if any(type(e) not in (RoleOut, ErrorOut) for e in out):
-            leg.output_seen = True  # (as `first_batch` would: its verdict is after output)
-        shown = leg.output_seen or leg.head_sent
-        mover = self._mover
-        if mover is None or not (shown or not leg.info.stream) or not await mover.move(self):
-            leg.end_break()
-        return out + self.session.drain()

@@ -82,7 +82,7 @@ class Runs:
         self._on_node: dict[NodeState, int] = {}
         self._ended = trio.Event()
         self._services = RunServices(
-            pool, admission, metrics, timeouts, joined=self.joined, left=self.ended
+            pool, admission, metrics, timeouts, turns, joined=self.joined, left=self.ended
         )
 
     def open(
@@ -100,7 +100,6 @@ class Runs:
 
         `nursery` is the request's own: the run's read task lives and ends there.
         `payload`: what this run sends instead of the plan's (a continuation's). Set
-        the run's `on_end` to hear when its outcome is fixed.
         """
         run_id = session.settings.run_id
         started_at = trio.current_time()
@@ -114,8 +113,8 @@ class Runs:
             plan.predicted,
         )  # fmt: skip
         return Run(
-            info, session, plan.timeouts or self.timeouts, keepalive_s=plan.keepalive_s,
-            start=start, deadline=plan.deadline, turns=self.turns,
+            info, session, start, plan.timeouts or self.timeouts, deadline=plan.deadline,
+            keepalive_s=plan.keepalive_s,
         )  # fmt: skip
 
     def joined(self, run: Run) -> None:
@@ -154,5 +153,5 @@ class Runs:
         """Drain deadline: end every run in flight, with a notice. Returns how many."""
         runs = [run for run in self.live if run.accepted]
         for run in runs:
-            run.shut_down(notice)
+            run.reader.shut_down(notice)
         return len(runs)

@@ -6,12 +6,13 @@ request and renders the one session's output its own way
 (`edge.api.surfaces.Api`); the run, the session and every guarantee are
 shared.
 
-The handler only parses and renders: the run's life (node, slot, accept,
-deadlines, CancelRun, outcome) is `edge.fleet.run.Run`'s, the attempts on other
-nodes `edge.fleet.failover`'s, the same for both answers. The runs are held by
-the request's scope (`edge.http.scope.ChatScope`), which ends them when the
-request's HTTP cycle ends, however it ends: the body finished, the client
-left (even before quart began the body), or the connection was cut.
+The handler parses, admits, starts and renders: the answer is the fleet's
+(`edge.fleet.answer.Answer`: its runs, their nodes, slots, deadlines,
+CancelRuns and outcomes, the attempts on other nodes and the moves after
+output), the same for both kinds of answer. It lives in the request's scope
+(`edge.http.scope.ChatScope`), which ends it when the request's HTTP cycle
+ends, however it ends: the body finished, the client left (even before
+quart began the body), or the connection was cut.
 
 The status is committed at the first byte: the handler returns only once
 the answer's first output (or first keep-alive comment) is ready. A run that
@@ -28,27 +29,24 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from types import TracebackType
 from typing import Any
 
 import msgspec
 import trio
 from loguru import logger
 from quart import Response
-from quart.wrappers.response import ResponseBody
 
 from edge.api.footprint import footprint
 from edge.api.request import ChatRequest
 from edge.api.responses_out import ResponsesRenderer
 from edge.api.responses_state import Resolved
-from edge.api.surfaces import CHAT, Answer, Api, ApiRequest, Folder, Streamer
+from edge.api.surfaces import CHAT, Api, ApiRequest, Folder, Heading, Streamer
 from edge.config import Config
 from edge.errors import NodeRateLimitedError, RequestError
 from edge.fleet.admission import RETRY_AFTER_S
 from edge.fleet.affinity import session_key
 from edge.fleet.failover import Committed
 from edge.fleet.fleet import Fleet
-from edge.fleet.migration import MovableRun
 from edge.fleet.modelpolicy import forwarded_request, session_settings
 from edge.fleet.run import OutcomeHook
 from edge.fleet.turns import Turns
@@ -56,20 +54,15 @@ from edge.http.gil import GilShare
 from edge.http.live import Snapshots
 from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
+from edge.http.sse import SSE_HEADERS, SSEBody
 from edge.http.stored import ResponseStates
 from edge.limits.limiter import Gate
 from edge.node.wire import PreparedRunRequest, prepare_run_request
 from edge.observe.logbound import clip_join
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing
-from edge.stream.output import ErrorOut, OutEvent
+from edge.stream.output import ErrorOut
 from edge.stream.session import StreamSession
-
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
 
 SHUTDOWN_NOTICE = "the edge is shutting down; retry the request"
 
@@ -161,16 +154,22 @@ class ChatService:
         def new_session() -> StreamSession:  # one per attempt, all with the one run id
             return StreamSession(settings, _trace if settings.trace else None)
 
-        keepalive_s = config.server.keepalive_s if request.stream else 0.0
-        created = int(time.time())
-        committed = await snapshot.failover.start(
-            scope, request, payload, new_session, keepalive_s=keepalive_s,
+        failover = snapshot.failover
+        plan = failover.plan(
+            request, payload, request_id=scope.request_id, api=scope.api,
+            keepalive_s=config.server.keepalive_s if request.stream else 0.0,
+            metadata=scope.node_metadata,
             affinity_key=session_key(session_id or request.prompt_cache_key, request.user),
         )  # fmt: skip
-        answer = Answer(run_id, created, request.model)
+        created = int(time.time())
+        try:
+            committed = await failover.start(scope.answer, plan, new_session)
+        finally:
+            scope.settled()  # an answer that failed before any byte is counted now
+        heading = Heading(run_id, created, request.model)
         if not request.stream:
-            return await self._whole(committed, scope, api, parsed, answer, gate, owner)
-        return await self._streamed(committed, scope, api, parsed, answer, gate, owner)
+            return await self._whole(committed, scope, api, parsed, heading, gate, owner)
+        return await self._streamed(committed, scope, api, parsed, heading, gate, owner)
 
     async def _parsed(
         self,
@@ -215,7 +214,7 @@ class ChatService:
         finally:
             for peak in peaks:
                 peak()
-        scope.at_end(self.admission.hold(prepared.nbytes))
+        scope.answer.at_end(self.admission.hold(prepared.nbytes))
         return prepared
 
     async def _whole(
@@ -224,21 +223,20 @@ class ChatService:
         scope: ChatScope,
         api: Api,
         parsed: ApiRequest,
-        answer: Answer,
+        heading: Heading,
         gate: Gate | None,
         owner: str,
     ) -> Response:
         """The non-streaming answer: the run's output folded into one body (saved in
         the response store when the request asks)."""
         trace = scope.trace
-        folder = api.folder(parsed, answer)
+        folder = api.folder(parsed, heading)
         if trace is not None and trace.capture:
             folder = trace.capturing_folder(folder)
         save = None
         if self.responses is not None and parsed.store_context is not None:
             save = partial(self.responses.save, owner, parsed.store_context)
-        return await _complete(committed, api, folder, scope.request_id, self.turns,
-                               gate=gate, save=save)  # fmt: skip
+        return await _complete(committed, api, folder, scope, self.turns, gate=gate, save=save)
 
     async def _streamed(
         self,
@@ -246,30 +244,32 @@ class ChatService:
         scope: ChatScope,
         api: Api,
         parsed: ApiRequest,
-        answer: Answer,
+        heading: Heading,
         gate: Gate | None,
         owner: str,
     ) -> Response:
         """The streamed answer: SSE frames as the run's batches come (the first ones
         already taken), or the error that came before any byte as a real status."""
-        run = committed.run
+        answer = committed.answer
         if committed.error is not None:
-            await run.end()
+            await answer.end()
+            scope.settled()
             if gate is not None:
-                await gate.end(run.outcome)
+                await gate.end(answer.outcome)
             return _error_answer(api, committed.error, scope.request_id)
-        encoder = api.streamer(parsed, answer)
+        encoder = api.streamer(parsed, heading)
         on_end = None
         if self.responses is not None and parsed.store_context is not None:
             on_end = partial(_save_streamed, self.responses, owner, parsed.store_context, encoder)
         trace = scope.trace
         if trace is not None and trace.capture:
             encoder = trace.capturing_streamer(encoder)
-        labels = self.metrics.inter_chunk.labels(answer.model, run.info.node)
-        sse = SSEBody(run, encoder, self.turns, observe_gap=labels.observe,
+        assert answer.leg is not None
+        labels = self.metrics.inter_chunk.labels(heading.model, answer.leg.info.node)
+        sse = SSEBody(answer, encoder, self.turns, observe_gap=labels.observe,
                       observe_added=self.metrics.added_latency.observe,
                       first=committed.first, keepalive=committed.keepalive,
-                      gate=gate, on_end=on_end)  # fmt: skip
+                      gate=gate, on_end=on_end, settled=scope.settled)  # fmt: skip
         response = Response(sse, status=200, headers=SSE_HEADERS)
         response.headers["X-Request-Id"] = scope.request_id
         return response
@@ -363,7 +363,7 @@ async def _complete(
     committed: Committed,
     api: Api,
     builder: Folder,
-    request_id: str,
+    scope: ChatScope,
     turns: Turns,
     *,
     gate: Gate | None = None,
@@ -375,20 +375,22 @@ async def _complete(
     (and its key's stream given back, its tokens counted); a stored response is
     saved (`save`) before it goes too, so the next request may refer to it.
     """
-    run = committed.run
+    answer = committed.answer
     builder.add(committed.first)
-    session = run.session
+    session = answer.session
+    request_id = scope.request_id
     try:
         while not session.terminated:
-            batch = await run.next_batch()
+            batch = await answer.next_batch()
             if batch != "keepalive":
                 builder.add(batch)
         builder.add(session.drain())
         await turns.turn()
     finally:
-        await run.end()
+        await answer.end()
+        scope.settled()
         if gate is not None:
-            await gate.end(run.outcome)
+            await gate.end(answer.outcome)
     if builder.error is not None:
         return _error_answer(api, builder.error, request_id)
     body = builder.body()
@@ -397,90 +399,3 @@ async def _complete(
     response = Response(msgspec.json.encode(body), status=200, content_type="application/json")
     response.headers["X-Request-Id"] = request_id
     return response
-
-
-class SSEBody(ResponseBody):
-    """The body of a streaming answer: one run's SSE frames, ready ones in one write.
-
-    The writer. Its end ends the run; the request's scope ends it too, for a
-    body quart never began (the client left while the head went out).
-    """
-
-    def __init__(
-        self,
-        run: MovableRun,
-        encoder: Streamer,
-        turns: Turns,
-        *,
-        observe_gap: Callable[[float], None],
-        observe_added: Callable[[float], None],
-        first: list[OutEvent] | None = None,
-        keepalive: bool = False,
-        gate: Gate | None = None,
-        on_end: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        self._run = run
-        self._gate = gate
-        # Called once the run ended, before the body's end (a stored response's save).
-        self._on_end = on_end
-        # What the handler took up to the commit point, written first.
-        self._first = first
-        self._keepalive = keepalive
-        self._encoder = encoder
-        self._turns = turns
-        self._observe_gap = observe_gap
-        self._observe_added = observe_added
-        self._last_write: float | None = None
-
-    async def __aenter__(self) -> SSEBody:
-        return self
-
-    def __aiter__(self) -> SSEBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        run = self._run
-        if self._first is not None:
-            first, self._first = self._first, None
-            data = self._encoder.encode(first) if first else b""
-            if self._keepalive:
-                data += self._encoder.keepalive
-            if data:
-                self._last_write = trio.current_time()
-                return data
-        while True:
-            batch = await run.next_batch()
-            if batch == "keepalive":
-                return self._encoder.keepalive
-            if not batch:
-                # Nothing to write: a filter held the text back, or (the session
-                # terminated) everything was taken.
-                if run.session.terminated:
-                    raise StopAsyncIteration
-                continue
-            data = self._encoder.encode(batch)
-            now = trio.current_time()
-            if run.batch_event_at is not None:  # the edge's share of a node event's trip
-                self._observe_added(now - run.batch_event_at)
-            if self._last_write is not None:
-                self._observe_gap(now - self._last_write)
-            self._last_write = now
-            return data
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # Ended here, the outcome is counted before quart sends the last byte.
-        try:
-            await self._turns.turn()  # if cancelled meanwhile, end at once all the same
-        finally:
-            try:
-                await self._run.end()
-                if self._gate is not None:
-                    await self._gate.end(self._run.outcome)
-            finally:
-                if self._on_end is not None:
-                    await self._on_end()

@@ -1,40 +1,40 @@
-"""One chat request's scope: its nursery, its run, its one count and log line.
+"""One chat request's scope: its answer, its one count and log line, its span.
 
 The app opens a `ChatScope` around each chat request's whole HTTP cycle, in
-the request's own task (`edge.http.app`): the handler, the response head
-and the body's iteration all run inside it. Its nursery holds the node read
-task of each of the request's runs (one per attempt, `edge.fleet.failover`, never
-two at once); a run entered with `hold` is left when the cycle ends,
-however it ends (body done, client gone, connection cut), including the
-window in which the handler has returned and quart has not begun the body.
-The nursery's exit waits for the read tasks, their shielded, bounded
-CancelRuns included: nothing of a run outlives its request.
+the request's own task (`edge.http.app`): the handler, the response head and
+the body's iteration all run inside it, and so inside the request's answer
+(`edge.fleet.answer.Answer`, `serve`), which owns its runs: they are ended
+when the cycle ends, however it ends (body done, client gone, connection
+cut), including the window in which the handler has returned and quart has
+not begun the body.
 
 `finish` is the one place a chat request is counted
 (`iop_edge_requests_total`) and logged, exactly once (a run the node may
 have seen as `chat completion <status>`, with its run id and node), whatever
-way it ended, from the run that answers it (`adopt`; an attempt given up
-for another node is not the request's outcome): when that run's outcome is
-fixed (before the answer's last byte, so a client that read the whole
-answer finds it counted), else when the
-cycle ends, from the HTTP status sent (an error status: "error"; none:
-"cancelled"). It also observes what users chart per model, node and API
-(request duration, queue time, time per output token), and, with tracing
-on, holds the request's span (`trace`, an `edge.http.spans.RequestTrace`;
-None when tracing is off, and then nothing of it costs anything).
+way it ended, from the run that answers it (`Answer.run`; an attempt given
+up for another node is not the request's outcome): the handler and the body
+call `settled` once that run's outcome is fixed (before the answer's last
+byte, so a client that read the whole answer finds it counted), and the app
+calls `finish` when the cycle ends, from the HTTP status sent then (an error
+status: "error"; none: "cancelled"). It also observes what users chart per
+model, node and API (request duration, queue time, time per output token),
+and, with tracing on, holds the request's span (`trace`, an
+`edge.http.spans.RequestTrace`; None when tracing is off, and then nothing
+of it costs anything), which the answer's journal fills when it ends.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 
 import trio
 from loguru import logger
 
 from edge.api.surfaces import APIS, CHAT_PATH
+from edge.fleet.answer import Answer
 from edge.fleet.run import OutcomeHook, Run
 from edge.http.spans import RequestTrace
 from edge.observe.metrics import EdgeMetrics
@@ -47,19 +47,15 @@ class ChatScope:
     """The scope of one chat request's HTTP cycle (see the module doc)."""
 
     __slots__ = (
-        "_attempts",
         "_finished",
         "_metrics",
-        "_nursery",
         "_on_outcome",
-        "_stack",
         "_started",
+        "answer",
         "http_status",
         "model",
         "path",
-        "queue_s",
         "request_id",
-        "run",
         "stream",
         "trace",
     )
@@ -70,17 +66,13 @@ class ChatScope:
         self._metrics = metrics
         self.path = path  # which API: chat completions, responses or messages
         self._on_outcome = on_outcome
-        self._nursery: trio.Nursery | None = None
-        self._stack = AsyncExitStack()
         self._started = time.perf_counter()
         self._finished = False
+        self.answer = Answer()
         self.request_id = ""
         self.model = "unknown"  # a label: set only to a model the nodes serve
         self.stream = False
-        self.run: Run | None = None  # the run that answers the request (adopted)
-        self._attempts: list[Run] = []
         self.http_status = 0  # the status sent; 0 while none was
-        self.queue_s = 0.0  # how long the request waited for its node slot
         self.trace: RequestTrace | None = None  # its span, when tracing is on
 
     @property
@@ -89,75 +81,33 @@ class ChatScope:
         return APIS[self.path].name
 
     @property
-    def nursery(self) -> trio.Nursery:
-        assert self._nursery is not None, "inside ChatScope.serve"
-        return self._nursery
+    def run(self) -> Run | None:
+        """The run whose outcome is the request's (None: none answers it yet)."""
+        return self.answer.run
 
     @asynccontextmanager
-    async def serve(self) -> AsyncIterator[None]:
-        """Around the request's cycle, in its task: the nursery, then the runs held."""
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                async with self._stack:
-                    yield
-        finally:
-            self._nursery = None
-            for run in self._attempts:  # their read tasks (and CancelRuns) are over
-                run.retire()
-                # Left in place, these references make the request's objects a
-                # reference cycle only the garbage collector frees: unlinked, they go
-                # when the request's last reference does.
-                run.on_end = None
-
-    def at_end(self, callback: Callable[[], object]) -> None:
-        """Call `callback` when the request's cycle ends, however it ends (after its runs:
-        what they hold is given back once they are over)."""
-        self._stack.callback(callback)
+    async def serve(self) -> AsyncIterator[Answer]:
+        """Around the request's cycle, in its task: the request's answer. A run still
+        going when the cycle ends is ended by the answer; the request is counted then,
+        before the answer lets its runs go."""
+        async with self.answer.serve() as answer:
+            answer.at_end(self.settled)  # the first given: called after the runs end
+            yield answer
 
     @property
     def node_metadata(self) -> dict[str, str] | None:
         """What goes with each Run call: the trace context (None: tracing is off)."""
         return None if self.trace is None else self.trace.node_metadata
 
-    def slot_wait(self, began: float, queued_at: float | None) -> None:
-        """The wait for the first node slot, from `began` (trio time); `queued_at`: when
-        the request joined the admission queue (None: a slot was free at once)."""
-        self.queue_s = trio.current_time() - began
-        if queued_at is not None and self.trace is not None:
-            self.trace.queued(queued_at)
-
-    async def hold(self, run: Run) -> None:
-        """Enter `run` (start it) for the rest of the request's cycle."""
-        self._attempts.append(run)
-        trace = self.trace
-        if trace is None:
-            await self._stack.enter_async_context(run)
-            return
-        trace.attempt(self._attempts)
-        try:
-            await self._stack.enter_async_context(run)
-        except BaseException as exc:
-            trace.start_failed(run, exc)
-            raise
-        trace.accepted(run)
-
     def end_trace(self) -> None:
         """The request's cycle is over: its span (if any) ends, with its outcome."""
         if self.trace is not None:
-            self.trace.end(self.http_status, self.run, len(self._attempts))
+            answer = self.answer
+            self.trace.end(self.http_status, answer.run, answer.attempts, answer.journal)
 
-    def migrated(self, run: Run, node: str, reason: str, chars: int) -> None:
-        """`run` broke after output and its answer continues on `node` (the next run
-        held): on the span, when tracing is on."""
-        if self.trace is not None:
-            self.trace.migrated(run, node, reason, chars)
-
-    def adopt(self, run: Run) -> None:
-        """`run` answers the request: its outcome is counted as the request's, once."""
-        self.run = run
-        run.on_end = self.finish
-        if run.outcome is not None:
+    def settled(self) -> None:
+        """Count and log the request now if the run that answers it has its outcome."""
+        if self.answer.outcome is not None:
             self.finish()
 
     def finish(self) -> None:
@@ -165,7 +115,7 @@ class ChatScope:
         if self._finished:
             return
         self._finished = True
-        run = self.run
+        run = self.answer.run
         outcome = run.outcome if run is not None else None
         if run is None or outcome is None:
             status = "error" if self.http_status >= 400 else "cancelled"
@@ -180,8 +130,8 @@ class ChatScope:
         if run.reached_node:
             labels = (info.model, info.node, self.api)
             metrics.request_duration.labels(*labels).observe(time.perf_counter() - self._started)
-            metrics.request_queue.labels(*labels).observe(self.queue_s)
-            usage, first = outcome.usage, run.first_event_at
+            metrics.request_queue.labels(*labels).observe(self.answer.queue_s)
+            usage, first = outcome.usage, run.reader.first_event_at
             tokens = usage.output_tokens if usage is not None and outcome.status == "success" else 0
             if first is not None and tokens > 1:
                 per_token = (trio.current_time() - first) / (tokens - 1)

@@ -35,6 +35,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from edge.api.request import ChatRequest
 from edge.api.surfaces import Folder, Streamer
+from edge.fleet.answer import Mark
 from edge.fleet.run import Run
 from edge.observe.tracing import (
     OPERATION,
@@ -70,7 +71,7 @@ class RequestTrace:
     """The span of one API request (see the module doc)."""
 
     __slots__ = (
-        "_kept", "_migrating", "_migrations", "_output", "_reasoning", "_tools", "api",
+        "_kept", "_output", "_reasoning", "_tools", "api",
         "capture", "error_code", "error_type", "span",
     )  # fmt: skip
 
@@ -85,9 +86,6 @@ class RequestTrace:
         self._reasoning: list[str] = []
         self._tools: list[dict[str, Any]] = []
         self._kept = 0  # characters of output kept (capture_content)
-        # Migrations recorded; whether the next attempt is one's continuation.
-        self._migrations = 0
-        self._migrating = False
 
     @classmethod
     def begin(cls, tracing: Tracing, scope: HTTPScope, api: str) -> RequestTrace:
@@ -154,46 +152,39 @@ class RequestTrace:
             attributes["gen_ai.input.messages"] = _capped(json.dumps(messages, ensure_ascii=False))
         span.set_attributes(attributes)
 
-    def queued(self, at: float) -> None:
-        """No node slot was free at trio time `at`: the request waited in the queue."""
-        self.span.add_event("queued", timestamp=_wall_ns(at))
+    # --- the answer's journal ------------------------------------------------------
 
-    # --- attempts -------------------------------------------------------------------
-
-    def attempt(self, attempts: Sequence[Run]) -> None:
-        """The last of `attempts` is about to start on its node."""
-        run = attempts[-1]
+    def _journal(self, journal: Sequence[Mark]) -> None:
+        """What happened to the answer (`Answer.journal`), as span events at their times."""
         span = self.span
-        if self._migrating:
-            self._migrating = False  # a migration, recorded as one (`migrated`)
-        elif len(attempts) > 1:
-            failed = attempts[-2]
-            span.add_event(
-                "failover retry",
-                {"iop.node": failed.info.node, "iop.retry.reason": failed.verdict or "unknown"},
-            )
-        span.add_event("node picked", {"iop.node": run.info.node, "iop.attempt": len(attempts)})
-
-    def migrated(self, run: Run, node: str, reason: str, chars: int) -> None:
-        """`run` broke after `chars` characters of output; its answer continues on `node`
-        (the next attempt)."""
-        self._migrations += 1
-        self._migrating = True
-        self.span.add_event(
-            "run migrated",
-            {"iop.node": run.info.node, "iop.migration.to_node": node,
-             "iop.migration.reason": reason, "iop.migration.delivered_chars": chars},
-        )  # fmt: skip
-        self.span.set_attribute("iop.migrations", self._migrations)
-
-    def accepted(self, run: Run) -> None:
-        self.span.add_event("run accepted", {"iop.node": run.info.node})
-
-    def start_failed(self, run: Run, error: BaseException) -> None:
-        error_type = getattr(error, "type", None) or type(error).__name__
-        self.span.add_event(
-            "run start failed", {"iop.node": run.info.node, "error.type": str(error_type)}
-        )
+        migrations = 0
+        for mark in journal:
+            at = _wall_ns(mark.at)
+            what = mark.what
+            if what == "picked":
+                attributes: dict[str, Any] = {"iop.node": mark.node, "iop.attempt": mark.number}
+                span.add_event("node picked", attributes, timestamp=at)
+            elif what == "accepted":
+                span.add_event("run accepted", {"iop.node": mark.node}, timestamp=at)
+            elif what == "start_failed":
+                attributes = {"iop.node": mark.node, "error.type": mark.why}
+                span.add_event("run start failed", attributes, timestamp=at)
+            elif what == "retried":
+                attributes = {"iop.node": mark.node, "iop.retry.reason": mark.why}
+                span.add_event("failover retry", attributes, timestamp=at)
+            elif what == "migrated":
+                migrations += 1
+                span.add_event(
+                    "run migrated",
+                    {"iop.node": mark.node, "iop.migration.to_node": mark.to_node,
+                     "iop.migration.reason": mark.why,
+                     "iop.migration.delivered_chars": mark.number},
+                    timestamp=at,
+                )  # fmt: skip
+            else:
+                span.add_event("queued", timestamp=at)
+        if migrations:
+            span.set_attribute("iop.migrations", migrations)
 
     # --- output (capture_content only) ---------------------------------------------
 
@@ -223,12 +214,16 @@ class RequestTrace:
 
     # --- the end ----------------------------------------------------------------------
 
-    def end(self, http_status: int, run: Run | None, attempts: int) -> None:
-        """The request's cycle is over: its outcome on the span, which ends."""
+    def end(
+        self, http_status: int, run: Run | None, attempts: Sequence[Run], journal: Sequence[Mark]
+    ) -> None:
+        """The request's cycle is over: what happened to its answer, and its outcome, on
+        the span, which ends."""
         span = self.span
+        self._journal(journal)
         if http_status:
             span.set_attribute("http.response.status_code", http_status)
-        span.set_attribute("iop.attempts", attempts)
+        span.set_attribute("iop.attempts", len(attempts))
         if self.error_code:
             span.set_attribute("iop.error.code", self.error_code)
         outcome = run.outcome if run is not None else None
@@ -265,9 +260,10 @@ class RequestTrace:
                 json.dumps([message], ensure_ascii=False)
             )
         span.set_attributes(attributes)
-        if run.first_event_at is not None:
-            span.add_event("first token", timestamp=_wall_ns(run.first_event_at))
-        handle = run.handle
+        first = run.reader.first_event_at
+        if first is not None:
+            span.add_event("first token", timestamp=_wall_ns(first))
+        handle = run.reader.handle
         if handle is not None:
             cause = handle.cause
             end_cause = str(cause) if cause is not None else "node"

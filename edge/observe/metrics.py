@@ -400,10 +400,6 @@ class EdgeMetrics:
         `api`: `chat`, `responses`, `messages` or `completions` (the API it came in by)."""
         stream_label = "true" if stream else "false"
         self.requests.labels(model, node, stream_label, outcome.status, api).inc()
-        if outcome.status == "error" and outcome.error_type == "run_error" and outcome.usage_sample:
-            # The node reported the failure itself (an `error` event); a broken
-            # stream (no usage sample) is counted as "stream_broken" by the caller.
-            self.node_errors.labels(node, "error_event").inc()
         if outcome.status == "success" and outcome.usage is not None and outcome.usage_sample:
             u = outcome.usage
             for kind, value in (

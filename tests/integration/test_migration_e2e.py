@@ -171,7 +171,7 @@ async def test_answers_cut_by_a_node_kill_complete_exactly_on_the_other_node(
             if stream:
                 await poll(lambda: all(s.pieces >= 10 for s in streams))
             else:
-                await poll(lambda: _live_on(running, "a", lambda r: r.output_seen) >= 1)
+                await poll(lambda: _live_on(running, "a", lambda r: r.reader.output_seen) >= 1)
             on_a = _live_on(running, "a", lambda r: r.accepted and r.outcome is None)
             kill_process(a.process)
         assert on_a >= 1

@@ -183,7 +183,7 @@ async def _leave_before_first_byte(edge: RunningEdge, rid: str) -> None:
 async def _non_stream_disconnect(edge: RunningEdge, rid: str) -> None:
     client = await Client.open(edge.url)
     await client.send(chat_body("sim-script", script({"type": "delta", "delta": "x"}, HANG)), rid)
-    await poll(lambda: any(run.first_event_at for run in edge.edge.runs.live))
+    await poll(lambda: any(run.reader.first_event_at for run in edge.edge.runs.live))
     await client.close()
 
 
@@ -298,7 +298,7 @@ def _terminal_at_edge(edge: RunningEdge, run_id: str) -> bool:
     """The edge's read task of `run_id` has the node's terminal event (or the run is over)."""
     for run in edge.edge.runs.live:
         if run.info.run_id == run_id:
-            return run.handle is not None and run.handle.events.terminal
+            return run.reader.handle is not None and run.reader.handle.events.terminal
     return True
 
 

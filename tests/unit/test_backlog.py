@@ -14,14 +14,14 @@ import trio.testing
 
 from edge.config import TimeoutsConfig
 from edge.errors import NodeTimeoutError, OverloadedError
-from edge.fleet.run import SLOW_CLIENT_CUT, SLOW_CLIENT_NOTICE, Run, RunInfo
+from edge.fleet.reader import SLOW_CLIENT_CUT, SLOW_CLIENT_NOTICE
 from edge.node.backlog import Backlog
 from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
-from edge.node.client import EndCause, RunHandle
+from edge.node.client import EndCause
 from edge.stream.events import Complete, Delta, LogprobDelta, ReasoningDelta
 from edge.stream.logprobs import TokenLogprob
 from edge.stream.output import ContentOut, ErrorOut, RoleOut
-from edge.stream.session import SessionSettings, StreamSession
+from tests.unit.runkit import PlayedNode, RunKit
 
 
 class _Held:
@@ -184,12 +184,9 @@ async def test_the_slow_client_limit_still_ends_a_wait_under_the_budget(
 async def _slow_client_end(*, cut: bool) -> list[object]:
     """What a stream's writer gives a client that reads again after its run ended as a
     slow client (by the budget when `cut`), the events it had not taken dropped."""
-    events = EventBuffer(max_events=16, max_chars=100)
-    handle = RunHandle("r1", "node", events)
-    session = StreamSession(SessionSettings(run_id="r1"))
-    info = RunInfo("r1", "m", "node", stream=True, started_at=trio.current_time())
-    run = Run(info, session, TimeoutsConfig())
-    run.handle = handle
+    node = PlayedNode(max_chars=100)
+    run = (await RunKit(TimeoutsConfig(), node).run()).reader
+    handle, events = node.handle, node.events
     assert events.put_nowait(Delta("taken"))
     assert await run.next_batch() == [RoleOut()]
     assert await run.next_batch() == [ContentOut("taken")]

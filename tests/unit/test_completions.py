@@ -15,7 +15,7 @@ from edge.api.completions import DEFAULT_MAX_TOKENS, parse_completions_request
 from edge.api.completions_out import CompletionsFolder, CompletionsStreamer
 from edge.api.fingerprint import render
 from edge.api.messages import parse_messages_request
-from edge.api.surfaces import APIS, COMPLETIONS, Answer
+from edge.api.surfaces import APIS, COMPLETIONS, Heading
 from edge.api.tokencount import estimate_input_tokens, parse_count_request
 from edge.errors import RequestError
 from edge.stream.events import Usage
@@ -97,7 +97,7 @@ def test_stream_chunks_echo_logprobs_usage_and_done() -> None:
     finish chunk, the usage chunk and [DONE], every chunk `usage: null` but the last."""
     request = COMPLETIONS.parse(b'{"model":"m","prompt":"Hi","echo":true,"stream":true,'
                                 b'"stream_options":{"include_usage":true}}')  # fmt: skip
-    streamer = COMPLETIONS.streamer(request, Answer("r1", 7, "m"))
+    streamer = COMPLETIONS.streamer(request, Heading("r1", 7, "m"))
     data = streamer.encode([RoleOut(), ReasoningOut("hmm"), ContentOut("x")])
     data += streamer.encode([LogprobContentOut("ab", LOGPROBS), FinishOut("length", USAGE)])
     assert data.endswith(b"data: [DONE]\n\n")

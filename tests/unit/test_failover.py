@@ -1,11 +1,11 @@
 """A run's node slot comes back whatever fails while the run starts.
 
-The pure core in process: a real `NodePool`, `Admission`, `Runs`, `Failover` and
-`ChatScope`, over node clients whose start the tests script (in-process fakes of
+The fleet in process: a real `NodePool`, `Admission`, `Runs`, `Failover` and
+`Answer`, over node clients whose start the tests script (in-process fakes of
 the node side only). Each case fails one step of an answer's start, through a
-seam the core takes from its caller (the session factory, the scope, the
+seam the fleet takes from its caller (the session factory, the answer, the
 serialized RunRequest, the node client) or by cancelling the caller there; after
-the request's scope is over every node's `in_flight` is 0. The steps a real node
+the request's answer is over every node's `in_flight` is 0. The steps a real node
 can fail (refused, no accept, an error event, a broken stream) are in
 tests/integration/test_hostile_runstart_e2e.py.
 
@@ -28,11 +28,11 @@ from edge.api.request import parse_chat_request
 from edge.config import AdmissionConfig, RoutingConfig, TimeoutsConfig
 from edge.errors import NodeFailedError
 from edge.fleet.admission import Admission
+from edge.fleet.answer import Answer
 from edge.fleet.failover import Failover
 from edge.fleet.pool import NodePool
 from edge.fleet.run import Run
 from edge.fleet.runs import Runs
-from edge.http.scope import ChatScope
 from edge.node.bridge import EventBuffer
 from edge.node.client import NodeDescription, RunHandle
 from edge.node.wire import EncodedRunRequest, PreparedRunRequest
@@ -101,8 +101,8 @@ class _Payload(PreparedRunRequest):
         raise Boom("the attempt's bytes")
 
 
-class _Scope(ChatScope):
-    """The request's scope, failing before it enters the run it is handed."""
+class _Answer(Answer):
+    """The request's answer, failing before it enters the run it is handed."""
 
     async def hold(self, run: Run) -> None:
         raise Boom("before the run is entered")
@@ -118,23 +118,23 @@ def _no_session() -> StreamSession:
 
 # case: (the nodes' starts, payload, scope, session factory, what the caller sees;
 # "cancel": the caller leaves once everything waits)
-_CASES: dict[str, tuple[tuple[Start, ...], type[PreparedRunRequest], type[ChatScope],
+_CASES: dict[str, tuple[tuple[Start, ...], type[PreparedRunRequest], type[Answer],
                         Callable[[], StreamSession], type[BaseException] | str]] = {
-    "the session": ((_silent,), PreparedRunRequest, ChatScope, _no_session, Boom),
-    "the scope, before it enters the run": ((_silent,), PreparedRunRequest, _Scope, _session,
+    "the session": ((_silent,), PreparedRunRequest, Answer, _no_session, Boom),
+    "the answer, before it enters the run": ((_silent,), PreparedRunRequest, _Answer, _session,
                                             Boom),
-    "the attempt's RunRequest bytes": ((_silent,), _Payload, ChatScope, _session, Boom),
-    "the node client's start, a bug": ((_bug,), PreparedRunRequest, ChatScope, _session, Boom),
+    "the attempt's RunRequest bytes": ((_silent,), _Payload, Answer, _session, Boom),
+    "the node client's start, a bug": ((_bug,), PreparedRunRequest, Answer, _session, Boom),
     "the node client's start, refused on each node": (
-        (_refused, _refused), PreparedRunRequest, ChatScope, _session, NodeFailedError),
+        (_refused, _refused), PreparedRunRequest, Answer, _session, NodeFailedError),
     "the retry's node client's start, a bug": (
-        (_refused, _bug), PreparedRunRequest, ChatScope, _session, Boom),
+        (_refused, _bug), PreparedRunRequest, Answer, _session, Boom),
     "the accept wait, the caller leaves": (
-        (_no_accept,), PreparedRunRequest, ChatScope, _session, "cancel"),
+        (_no_accept,), PreparedRunRequest, Answer, _session, "cancel"),
     "the retry's accept wait, the caller leaves": (
-        (_refused, _no_accept), PreparedRunRequest, ChatScope, _session, "cancel"),
+        (_refused, _no_accept), PreparedRunRequest, Answer, _session, "cancel"),
     "the first batch, the caller leaves": (
-        (_silent,), PreparedRunRequest, ChatScope, _session, "cancel"),
+        (_silent,), PreparedRunRequest, Answer, _session, "cancel"),
 }  # fmt: skip
 
 
@@ -150,24 +150,24 @@ def _pool(starts: tuple[Start, ...], clock: Callable[[], float] = trio.current_t
 async def test_every_slot_comes_back_whatever_fails_in_a_run_start(case: str) -> None:
     """Whichever step of an answer's start fails (an exception, or the caller leaving
     there), on the first attempt or a retry, every node slot taken comes back."""
-    starts, payload_type, scope_type, new_session, expected = _CASES[case]
+    starts, payload_type, answer_type, new_session, expected = _CASES[case]
     pool = _pool(starts)
     metrics = EdgeMetrics()
     admission = Admission(pool, AdmissionConfig(), metrics)
     timeouts = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
     runs = Runs(pool, timeouts, metrics, admission)
     failover = Failover(runs, RoutingConfig(retries=1, retry_backoff_s=0.0))
-    scope = scope_type(metrics)
-    scope.request_id = "req"
+    answer = answer_type()
     payload = payload_type(b"", "r1")
     raised: list[BaseException] = []
 
     async def request(cancel_scope: trio.CancelScope) -> None:
         with cancel_scope:
-            async with scope.serve():
+            async with answer.serve():
                 try:
-                    committed = await failover.start(scope, REQUEST, payload, new_session)
-                    await committed.run.first_batch()
+                    plan = failover.plan(REQUEST, payload, request_id="req")
+                    committed = await failover.start(answer, plan, new_session)
+                    await committed.answer.first_batch()
                 except Exception as exc:
                     raised.append(exc)
 
@@ -193,10 +193,10 @@ async def _fail_over_once(payload: PreparedRunRequest) -> None:
     admission = Admission(pool, AdmissionConfig(), metrics)
     timeouts = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
     failover = Failover(Runs(pool, timeouts, metrics, admission), RoutingConfig(retries=1))
-    scope = ChatScope(metrics)
-    async with scope.serve():
+    answer = Answer()
+    async with answer.serve():
         with pytest.raises(NodeFailedError):
-            await failover.start(scope, REQUEST, payload, _session)
+            await failover.start(answer, failover.plan(REQUEST, payload), _session)
 
 
 async def test_a_start_that_failed_keeps_nothing_of_the_request() -> None:
@@ -263,11 +263,13 @@ async def test_a_refusal_is_not_retried_an_overload_is_and_no_breaker_counts_the
     admission = Admission(pool, AdmissionConfig(), metrics)
     timeouts = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
     failover = Failover(Runs(pool, timeouts, metrics, admission), RoutingConfig(retries=2))
-    scope = ChatScope(metrics)
-    async with scope.serve():
-        committed = await failover.start(scope, REQUEST, PreparedRunRequest(b"", "r1"), _session)
-        await committed.run.end()
-    assert committed.run.info.node == f"n{answered_by}"
+    answer = Answer()
+    async with answer.serve():
+        plan = failover.plan(REQUEST, PreparedRunRequest(b"", "r1"))
+        committed = await failover.start(answer, plan, _session)
+        await committed.answer.end()
+    assert committed.answer.run is not None
+    assert committed.answer.run.info.node == f"n{answered_by}"
     assert committed.error == terminal
     assert [state.health.run_failures for state in pool.nodes] == [2, 2 if terminal else 0]
     assert [state.health.breaker for state in pool.nodes] == ["closed", "closed"]
@@ -291,10 +293,11 @@ async def test_a_refused_probe_frees_the_half_open_node_at_once() -> None:
     admission = Admission(pool, AdmissionConfig(), metrics)
     timeouts = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
     failover = Failover(Runs(pool, timeouts, metrics, admission), RoutingConfig(retries=0))
-    scope = ChatScope(metrics)
-    async with scope.serve():
-        committed = await failover.start(scope, REQUEST, PreparedRunRequest(b"", "r1"), _session)
-        await committed.run.end()
+    answer = Answer()
+    async with answer.serve():
+        plan = failover.plan(REQUEST, PreparedRunRequest(b"", "r1"))
+        committed = await failover.start(answer, plan, _session)
+        await committed.answer.end()
     assert committed.error is not None
     assert committed.error.status == 400
     assert pool.state_of(state) == "half_open"

@@ -2,7 +2,7 @@
 
 The pure core in process: which ends move (`edge.fleet.continuation`), the answer so
 far as it is kept (exact, bounded), and the whole move through a real `NodePool`,
-`Admission`, `Runs`, `Failover` and `ChatScope`, over node clients whose runs the
+`Admission`, `Runs`, `Failover` and `Answer`, over node clients whose runs the
 tests script (in-process fakes of the node side only: a node that sends some output
 then breaks, and one that continues from the RunRequest it is sent). The same over
 real node processes is tests/integration/test_migration_e2e.py.
@@ -22,6 +22,7 @@ from edge.config import AdmissionConfig, RoutingConfig, TimeoutsConfig
 from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.fleet.admission import Admission
+from edge.fleet.answer import Answer
 from edge.fleet.continuation import (
     JOIN_PARTS,
     RESERVE_CHARS,
@@ -33,7 +34,6 @@ from edge.fleet.continuation import (
 from edge.fleet.failover import Committed, Failover
 from edge.fleet.pool import NodePool
 from edge.fleet.runs import Runs
-from edge.http.scope import ChatScope
 from edge.node.bridge import EventBuffer
 from edge.node.client import NodeDescription, RunHandle
 from edge.node.wire import EncodedRunRequest, PreparedRunRequest
@@ -271,24 +271,30 @@ async def _answer(
     runs = Runs(pool, TIMEOUTS, metrics, admission)
     routing = RoutingConfig(retries=retries, retry_backoff_s=0.0, migrations=migrations)
     failover = Failover(runs, routing)
-    scope = ChatScope(metrics)
-    scope.request_id = "req"
+    answer = Answer()
     out: list[OutEvent] = []
-    async with scope.serve():
+    async with answer.serve():
+        payload = PreparedRunRequest(bytes(pb.RunRequest(run_id="r1", model="m")), "r1")
         committed = await failover.start(
-            scope, request, PreparedRunRequest(bytes(pb.RunRequest(run_id="r1", model="m")), "r1"),
+            answer, failover.plan(request, payload, request_id="req"),
             lambda: StreamSession(SessionSettings(run_id="r1", whole_output=request is WHOLE)),
         )  # fmt: skip
         out.extend(committed.first)
-        run = committed.run
-        while not run.session.terminated:
-            batch = await run.next_batch()
+        while not answer.session.terminated:
+            batch = await answer.next_batch()
             assert batch != "keepalive"
             out.extend(batch)
-        out.extend(run.session.drain())
-        await run.end()
+        out.extend(answer.session.drain())
+        await answer.end()
     assert [state.in_flight for state in pool.nodes] == [0] * len(continuation)
     return out, committed, metrics, pool
+
+
+def _node_of(committed: Committed) -> str:
+    """The node of the run that answered."""
+    run = committed.answer.run
+    assert run is not None
+    return run.info.node
 
 
 def _text(out: list[OutEvent]) -> str:
@@ -334,7 +340,7 @@ async def test_a_stream_broken_after_output_goes_on_on_a_node_that_can_continue(
     assert continued.continuation.reasoning == ""
     assert continued.continuation.output_tokens == 3
     assert continued.run_id == "r1"
-    assert committed.run.info.node == continued_on
+    assert _node_of(committed) == continued_on
     assert _migrations(metrics, reason, "migrated") == 1
     assert metrics.registry.get_sample_value("iop_edge_migration_gap_seconds_count") == 1
     assert [state.health.run_failures for state in pool.nodes] == [0, 0]
@@ -379,7 +385,7 @@ async def test_an_answer_that_cannot_move_ends_with_an_error_frame_as_before(
     (terminal,) = _terminals(out)
     assert isinstance(terminal, ErrorOut)
     ((node, _),) = fleet.requests
-    assert committed.run.info.node == node
+    assert _node_of(committed) == node
     counted = _migrations(metrics, "stream_broken", outcome) if outcome is not None else 0
     assert counted == (1 if outcome is not None else 0)
 
@@ -441,7 +447,7 @@ async def test_a_continuation_that_does_not_start_tries_another_node(
     (terminal,) = _terminals(out)
     assert isinstance(terminal, FinishOut)
     assert len({node for node, _ in fleet.requests}) == 3
-    assert committed.run.info.node == fleet.requests[2][0]
+    assert _node_of(committed) == fleet.requests[2][0]
     assert _migrations(metrics, "stream_broken", "migrated") == 1
     assert _migrations(metrics, "stream_broken", "failed") == 0
 
@@ -507,8 +513,8 @@ async def test_a_non_streaming_answer_whose_continuation_breaks_is_restarted_and
 ):
     """Not streamed: the continuation breaks too, with no migration left; nothing was
     sent, so failover starts the answer again on the node left, which answers it whole.
-    The request is counted once, with the answer's outcome (success), not the broken
-    continuation's."""
+    The run that answers the request (whose outcome the request is counted with) is the
+    restarted one, a success, not the broken continuation."""
 
     def breaks_twice(request: pb.RunRequest, run: int) -> Played:
         if run == 0:
@@ -518,18 +524,17 @@ async def test_a_non_streaming_answer_whose_continuation_breaks_is_restarted_and
         return _continued(request)
 
     fleet = _Fleet(breaks_twice)
-    out, committed, metrics, _ = await _answer(
+    out, committed, _, _ = await _answer(
         fleet, continuation=(True, True, True), request=WHOLE, retries=1
     )
     assert _text(out) == "".join(ANSWER)
     assert committed.error is None
     assert fleet.requests[2][1].continuation is None  # started again, from the start
-    counted = [
-        (sample.labels["status"], sample.labels["node"], sample.value)
-        for family in metrics.registry.collect() if family.name == "iop_edge_requests"
-        for sample in family.samples if sample.name == "iop_edge_requests_total"
-    ]  # fmt: skip
-    assert counted == [("success", fleet.requests[2][0], 1.0)]
+    answered = committed.answer.run
+    assert answered is not None
+    assert answered.outcome is not None
+    assert (answered.outcome.status, answered.info.node) == ("success", fleet.requests[2][0])
+    assert committed.answer.attempts[-1] is answered
 
 
 def test_the_answer_so_far_is_reserved_from_the_memory_budget_without_shedding() -> None:

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from edge.api.request import ChatRequest
-from edge.api.surfaces import CHAT, MESSAGES, RESPONSES, Answer, Api, ApiRequest
+from edge.api.surfaces import CHAT, MESSAGES, RESPONSES, Api, ApiRequest, Heading
 from edge.stream.events import failure_class
 from edge.stream.output import ContentOut, ErrorOut, RoleOut
 
-ANSWER = Answer("r1", 0, "m")
+ANSWER = Heading("r1", 0, "m")
 REQUEST = ApiRequest(ChatRequest(model="m", messages=()))
 TOO_LONG = ErrorOut("invalid_request_error", "prompt too long", 400, "context_length_exceeded")
 

@@ -1,9 +1,10 @@
 """A Run's deadlines under trio's MockClock: no test here takes real time.
 
-A Run drives one session from its run's event channel. These tests attach a
-real RunHandle whose channel they feed themselves, and let the autojump
-clock run the deadlines: first event, idle, total, keep-alives, and an event
-that waited in the buffer while the writer was busy.
+A Run drives one session from its run's event channel (its `reader`). These
+tests open real runs (tests/unit/runkit.py) on a node they play, feeding the
+run's channel themselves, and let the autojump clock run the deadlines:
+first event, idle, total, keep-alives, and an event that waited in the
+buffer while the writer was busy.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import trio
 import trio.testing
 
 from edge.config import TimeoutsConfig
-from edge.fleet.migration import MovableRun
-from edge.fleet.run import MAX_BATCH_CHARS, Run, RunInfo
+from edge.fleet.answer import Answer
+from edge.fleet.reader import MAX_BATCH_CHARS, RunReader
+from edge.fleet.run import Run
 from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
 from edge.node.client import EndCause, RunHandle
 from edge.stream.events import (
@@ -26,7 +28,8 @@ from edge.stream.events import (
 )
 from edge.stream.logprobs import TokenLogprob, TopLogprob
 from edge.stream.output import ContentOut, ErrorOut, FinishOut, OutEvent, RoleOut
-from edge.stream.session import SLICE_CHARS, SessionSettings, StreamSession
+from edge.stream.session import SLICE_CHARS, SessionSettings
+from tests.unit.runkit import PlayedNode, RunKit
 
 TIMEOUTS = TimeoutsConfig(first_event_s=10, idle_s=5, total_s=60)
 
@@ -41,20 +44,21 @@ class _Sender:
         assert self._events.put_nowait(event)
 
 
-def _stream(keepalive_s: float = 0.0) -> tuple[Run, _Sender]:
-    events = EventBuffer(max_events=16, max_chars=1 << 30)
-    handle = RunHandle("r1", "node", events)
-    session = StreamSession(SessionSettings(run_id="r1"))
-    info = RunInfo("r1", "m", "node", stream=True, started_at=trio.current_time())
-    run = Run(info, session, TIMEOUTS, keepalive_s=keepalive_s)
-    run.handle = handle  # as Run's start sets it once the node accepted
-    return run, _Sender(events)
+async def _stream_run(keepalive_s: float = 0.0) -> tuple[Run, _Sender]:
+    node = PlayedNode()
+    run = await RunKit(TIMEOUTS, node).run(keepalive_s=keepalive_s)
+    return run, _Sender(node.events)
+
+
+async def _stream(keepalive_s: float = 0.0) -> tuple[RunReader, _Sender]:
+    run, send = await _stream_run(keepalive_s)
+    return run.reader, send
 
 
 async def test_first_event_timeout(autojump_clock: trio.testing.MockClock) -> None:
     """No event within first_event_s: a `timeout` frame naming the first token, the run
     cancelled with reason "timeout", the session's outcome `timeout`."""
-    run, _send = _stream()
+    run, _send = await _stream()
     start = trio.current_time()
     assert await run.next_batch() == [RoleOut()]
     batch = await run.next_batch()
@@ -72,7 +76,7 @@ async def test_keepalives_only_before_the_first_event(
 ) -> None:
     """While the first event is awaited, "keepalive" comes every keepalive_s; the first
     event stops them, and the first-event deadline still counts from dispatch."""
-    run, send = _stream(keepalive_s=3)
+    run, send = await _stream(keepalive_s=3)
     start = trio.current_time()
     await run.next_batch()
     assert await run.next_batch() == "keepalive"
@@ -91,7 +95,7 @@ async def test_total_timeout_wins_over_a_steady_stream(
 ) -> None:
     """A node that sends a token every idle_s - 1 never trips the idle deadline, but the
     total deadline ends the stream."""
-    run, send = _stream()
+    run, send = await _stream()
     start = trio.current_time()
     await run.next_batch()
     batch: object = []
@@ -108,7 +112,7 @@ async def test_a_buffered_event_is_taken_after_the_idle_deadline(
 ) -> None:
     """Events that waited in the buffer while the writer was busy (a slow reader) are
     taken, whatever the idle clock says: the node was not silent."""
-    run, send = _stream()
+    run, send = await _stream()
     await run.next_batch()
     send.send_nowait(Delta("a"))
     assert await run.next_batch() == [ContentOut("a")]
@@ -159,7 +163,7 @@ async def test_event_buffer_counts_logprobs_against_its_bound() -> None:
 async def test_a_batch_stops_past_max_batch_chars() -> None:
     """One batch (one write to the client) takes delta text up to about MAX_BATCH_CHARS,
     leaving the rest for the next batch, so a stalled writer never holds more."""
-    run, send = _stream()
+    run, send = await _stream()
     await run.next_batch()
     piece = "x" * (MAX_BATCH_CHARS // 3)
     for _ in range(12):
@@ -209,13 +213,11 @@ async def test_a_session_the_edge_ended_cancels_the_run_on_the_node() -> None:
     """A session that fails on the edge's side (an answer past the held cap) before the
     node's terminal: leaving the run cancels the node's run, it does not wait for the
     node to finish an answer nobody will read."""
-    events = EventBuffer(max_events=16, max_chars=1 << 30)
-    handle = RunHandle("r1", "node", events)
+    node = PlayedNode()
     settings = SessionSettings(run_id="r1", whole_output=True, max_held_chars=4)
-    info = RunInfo("r1", "m", "node", stream=False, started_at=trio.current_time())
-    run = Run(info, StreamSession(settings), TIMEOUTS)
-    run.handle = handle  # as Run's start sets it once the node accepted
-    assert events.put_nowait(Delta("longer than the cap"))
+    run = (await RunKit(TIMEOUTS, node).run(stream=False, settings=settings)).reader
+    handle = node.handle
+    assert node.events.put_nowait(Delta("longer than the cap"))
     assert await run.next_batch() == [RoleOut()]
     batch = await run.next_batch()
     assert isinstance(batch, list)
@@ -228,16 +230,23 @@ async def test_a_session_the_edge_ended_cancels_the_run_on_the_node() -> None:
 # --- the commit point: what is taken before the answer's status is chosen -----------------
 
 
+def _answer(run: Run) -> Answer:
+    """An answer whose run is `run`, as failover makes it for an attempt."""
+    answer = Answer()
+    answer.leg = run
+    return answer
+
+
 async def test_first_batch_stops_at_the_first_output(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """The role chunk alone does not commit: the first batch runs to the first output, and
     the run then counts as having shown output (no failover past it)."""
-    run, send = _stream()
+    run, send = await _stream_run()
     send.send_nowait(Delta("hi"))
-    taken, keepalive = await MovableRun(run).first_batch()
+    taken, keepalive = await _answer(run).first_batch()
     assert (taken, keepalive) == ([RoleOut(), ContentOut("hi")], False)
-    assert run.output_seen
+    assert run.reader.output_seen
 
 
 async def test_first_batch_an_error_before_output_is_no_output(
@@ -245,24 +254,24 @@ async def test_first_batch_an_error_before_output_is_no_output(
 ) -> None:
     """A node error before any output ends the first batch with the session's terminal and
     no output seen: the answer can still be a real status, or another node's."""
-    run, send = _stream()
+    run, send = await _stream_run()
     send.send_nowait(Failed("error", "boom"))
-    taken, keepalive = await MovableRun(run).first_batch()
+    taken, keepalive = await _answer(run).first_batch()
     assert (taken, keepalive) == ([RoleOut(), ErrorOut("run_error", "boom")], False)
-    assert not run.output_seen
+    assert not run.reader.output_seen
     assert run.session.terminated
 
 
 async def test_first_batch_a_keepalive_commits(autojump_clock: trio.testing.MockClock) -> None:
     """A keep-alive due before any output ends the first batch (the body starts with it):
     the answer's head went out, though no output did."""
-    run, _send = _stream(keepalive_s=3)
+    run, _send = await _stream_run(keepalive_s=3)
     start = trio.current_time()
-    taken, keepalive = await MovableRun(run).first_batch()
+    taken, keepalive = await _answer(run).first_batch()
     assert (taken, keepalive) == ([RoleOut()], True)
     assert trio.current_time() - start == 3
-    assert not run.output_seen
-    assert run.head_sent
+    assert not run.reader.output_seen
+    assert run.reader.head_sent
 
 
 async def test_a_long_delta_is_taken_a_slice_a_batch_with_a_pass_between() -> None:
@@ -272,7 +281,7 @@ async def test_a_long_delta_is_taken_a_slice_a_batch_with_a_pass_between() -> No
     of the whole delta never let it), and the answer is the whole delta, then the
     terminal. (trio runs a pass's tasks in a random order, so the ticker's count is not
     exact: at least half the slices is what no single step could give.)"""
-    run, send = _stream()
+    run, send = await _stream()
     text = "<" * 3_800_000
     send.send_nowait(Delta(text))
     send.send_nowait(Complete())

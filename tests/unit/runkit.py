@@ -1,0 +1,118 @@
+"""Runs opened the way the product opens them, on a node the test plays.
+
+A real `NodePool`, `Admission`, `Runs` and `Run` (its slot taken by admission,
+opened by `Runs.open` from a `RunPlan`, entered to start), over a node client
+whose `start_run` accepts at once and hands the test the run's event buffer:
+the test plays the node by putting events there (`PlayedNode.events`), or
+ending the run as the node client's read task would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
+
+import trio
+
+from edge.api.request import parse_chat_request
+from edge.config import AdmissionConfig, TimeoutsConfig
+from edge.fleet.admission import Admission
+from edge.fleet.pool import NodePool
+from edge.fleet.run import Run
+from edge.fleet.runs import RunPlan, Runs
+from edge.node.bridge import EventBuffer
+from edge.node.client import NodeDescription, RunHandle
+from edge.node.wire import EncodedRunRequest, PreparedRunRequest
+from edge.observe.metrics import EdgeMetrics
+from edge.stream.session import SessionSettings, StreamSession
+
+_BODY = b'{"model": "m", "stream": %s, "messages": [{"role": "user", "content": "hi"}]}'
+
+
+@dataclass(eq=False)
+class PlayedNode:
+    """A node client that accepts every run at once; the test plays the node."""
+
+    name: str = "node"
+    max_events: int = 16
+    max_chars: int = 1 << 30
+    handles: list[RunHandle] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.name
+
+    @property
+    def handle(self) -> RunHandle:
+        """The last run's handle."""
+        return self.handles[-1]
+
+    @property
+    def events(self) -> EventBuffer:
+        """The last run's event buffer: what the node sent, as the read task puts it."""
+        return self.handle.events
+
+    async def start_run(
+        self,
+        nursery: trio.Nursery,
+        request: EncodedRunRequest,
+        *,
+        deadline: float,
+        slow_consumer_s: float = math.inf,
+        accept_s: float = math.inf,
+        metadata: Mapping[str, str] | None = None,
+    ) -> RunHandle:
+        events = EventBuffer(max_events=self.max_events, max_chars=self.max_chars)
+        handle = RunHandle(request.run_id, self.name, events, deadline=deadline)
+        self.handles.append(handle)
+        return handle
+
+    async def describe(self) -> NodeDescription:  # pragma: no cover - never asked here
+        raise AssertionError("not contacted")
+
+    async def watch(self, heartbeat_s: float) -> AsyncGenerator[NodeDescription, None]:
+        raise AssertionError("not contacted")  # pragma: no cover
+        yield  # pragma: no cover
+
+    async def aclose(self) -> None:  # pragma: no cover
+        pass
+
+
+class RunKit:
+    """A pool of played nodes serving model "m", its admission and its runs."""
+
+    def __init__(self, timeouts: TimeoutsConfig, *nodes: PlayedNode) -> None:
+        self.nodes = nodes or (PlayedNode(),)
+        self.pool = NodePool(list(self.nodes), clock=trio.current_time)
+        for state in self.pool.nodes:
+            self.pool.feed.described(state, NodeDescription(state.client.name, ("m",)))
+            state.max_runs = 4
+        self.metrics = EdgeMetrics()
+        self.admission = Admission(self.pool, AdmissionConfig(), self.metrics)
+        self.timeouts = timeouts
+        self.runs = Runs(self.pool, timeouts, self.metrics, self.admission)
+
+    async def run(
+        self,
+        nursery: trio.Nursery | None = None,
+        *,
+        stream: bool = True,
+        keepalive_s: float = 0.0,
+        settings: SessionSettings | None = None,
+    ) -> Run:
+        """A run of a request for "m" on the first node, its slot taken, entered (the
+        node accepted it). `nursery`: where its read task would go (a played node starts
+        none): by default the one the calling task runs in."""
+        if nursery is None:
+            nursery = trio.lowlevel.current_task().parent_nursery
+            assert nursery is not None
+        request = parse_chat_request(_BODY % (b"true" if stream else b"false"))
+        node = await self.admission.acquire("m")
+        plan = RunPlan(
+            request, PreparedRunRequest(b"", "r1"), trio.current_time() + self.timeouts.total_s,
+            keepalive_s=keepalive_s, timeouts=self.timeouts,
+        )  # fmt: skip
+        session = StreamSession(settings or SessionSettings(run_id="r1"))
+        run = self.runs.open(node, nursery, plan, session)
+        return await run.__aenter__()
