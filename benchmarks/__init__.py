@@ -2,6 +2,7 @@
 
 `python -m benchmarks [--quick] [--rounds N] [--litellm] ...` starts `iop-sim-node` and
 `iop-edge` on 127.0.0.1, drives them from load-generator processes, prints a table and
-writes `benchmarks/results/latest.json`. See BENCHMARKS.md for the method and figures.
+writes `benchmarks/results/latest.json`. How to run it and the figures: BENCHMARKS.md;
+the method: docs/benchmarks.md.
 Benchmarks, not tests: nothing here asserts a duration.
 """
