@@ -82,38 +82,10 @@ def parse_responses_request(body: bytes, resolved: Resolved | None = None) -> Re
             (NotFoundError) refers to a response or item the store does not hold.
     """
     obj = decode_object(body)
-    stateless = ("conversation",) if resolved is not None else ("previous_response_id",
-                                                                 "conversation")  # fmt: skip
-    for param in stateless:
-        if obj.get(param) is not None:
-            raise RequestError(STATELESS.format(param=param), param=param)
-    store = obj.get("store", True)
-    if store is not None and not isinstance(store, bool):
-        raise _type("store", "a boolean")
-    if obj.get("background") is True:
-        raise RequestError(
-            "Background responses are not supported: this edge keeps no state.",
-            param="background",
-        )
+    store = _store(obj, stateful=resolved is not None)
     dropped = Mentions()
     chat: dict[str, Any] = {"model": obj.get("model")}
-    messages: list[dict[str, Any]] = []
-    instructions = obj.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise _type("instructions", "a string")
-        messages.append({"role": "system", "content": instructions})
-    if "input" not in obj:
-        raise RequestError("Missing required parameter: 'input'.", param="input")
-    given = obj["input"]
-    context: list[Any] = []
-    if resolved is not None:
-        context = history(resolved, obj.get("previous_response_id"))
-        given = with_items(given, resolved)
-        if context:
-            messages.extend(_input(context))
-    messages.extend(_input(given))
-    chat["messages"] = messages
+    context, given, chat["messages"] = _messages(obj, resolved)
     for name in (
         "stream", "temperature", "top_p", "metadata", "parallel_tool_calls", "prompt_cache_key",
     ):  # fmt: skip
@@ -130,6 +102,63 @@ def parse_responses_request(body: bytes, resolved: Resolved | None = None) -> Re
         chat["tools"], echoed = _tools(tools, dropped)
     if obj.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(obj["tool_choice"])
+    _text_and_reasoning(obj, chat)
+    _one_of(obj.get("truncation"), _TRUNCATIONS, "truncation")
+    request = chat_request_from(chat)
+    stored = resolved is not None and store is not False
+    return ResponsesRequest(
+        chat=request,
+        echo=_echo(obj, echoed, stored=stored),
+        dropped=dropped.notes(),
+        store_context=msgspec.json.encode([*context, *as_items(given)]) if stored else None,
+    )
+
+
+def _store(obj: dict[str, Any], *, stateful: bool) -> bool | None:
+    """The body's `store`, once what asks for state the edge does not keep is refused:
+    `conversation`, `background`, and without a response store `previous_response_id`."""
+    stateless = ("conversation",) if stateful else ("previous_response_id", "conversation")
+    for param in stateless:
+        if obj.get(param) is not None:
+            raise RequestError(STATELESS.format(param=param), param=param)
+    store = obj.get("store", True)
+    if store is not None and not isinstance(store, bool):
+        raise _type("store", "a boolean")
+    if obj.get("background") is True:
+        raise RequestError(
+            "Background responses are not supported: this edge keeps no state.",
+            param="background",
+        )
+    return store
+
+
+def _messages(
+    obj: dict[str, Any], resolved: Resolved | None
+) -> tuple[list[Any], Any, list[dict[str, Any]]]:
+    """The chat messages: `instructions`, the earlier turns' items the store gave back,
+    then `input` (its item references replaced). Returned with those earlier items and
+    that input: the stored context is made of them."""
+    messages: list[dict[str, Any]] = []
+    instructions = obj.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise _type("instructions", "a string")
+        messages.append({"role": "system", "content": instructions})
+    if "input" not in obj:
+        raise RequestError("Missing required parameter: 'input'.", param="input")
+    given = obj["input"]
+    context: list[Any] = []
+    if resolved is not None:
+        context = history(resolved, obj.get("previous_response_id"))
+        given = with_items(given, resolved)
+        if context:
+            messages.extend(_input(context))
+    messages.extend(_input(given))
+    return context, given, messages
+
+
+def _text_and_reasoning(obj: dict[str, Any], chat: dict[str, Any]) -> None:
+    """`text.format` as `response_format`, `reasoning.effort` as `reasoning_effort`."""
     text = obj.get("text")
     if text is not None:
         if not isinstance(text, dict):
@@ -146,15 +175,6 @@ def parse_responses_request(body: bytes, resolved: Resolved | None = None) -> Re
         if effort is not None:
             chat["reasoning_effort"] = effort
         _one_of(reasoning.get("summary"), _SUMMARIES, "reasoning.summary")
-    _one_of(obj.get("truncation"), _TRUNCATIONS, "truncation")
-    request = chat_request_from(chat)
-    stored = resolved is not None and store is not False
-    return ResponsesRequest(
-        chat=request,
-        echo=_echo(obj, echoed, stored=stored),
-        dropped=dropped.notes(),
-        store_context=msgspec.json.encode([*context, *as_items(given)]) if stored else None,
-    )
 
 
 def _echo(obj: dict[str, Any], tools: list[dict[str, Any]], *, stored: bool) -> dict[str, Any]:

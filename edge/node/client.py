@@ -251,37 +251,7 @@ class GrpcNodeClient:
         # The read task leaves the backlog when it ends, whatever ends it (`_run`).
         nursery.start_soon(self._run, handle, request, events, metadata)
         try:
-            try:
-                # `accept_s` to write the RunRequest (a connection to make first; grpclib
-                # can park a request on a connection that is then lost until a deadline:
-                # vmagamedov/grpclib#216), then `accept_s` from there for the node to
-                # accept it.
-                limit, sent = trio.current_time() + accept_s, False
-                while True:
-                    with trio.move_on_at(limit) as waiting:
-                        first = await events.receive_start()
-                    if waiting.cancelled_caught:
-                        handle.cancel(EndCause.TIMEOUT)
-                        late = NodeTimeoutError(
-                            f"node {self.name} did not accept the run in {accept_s}s"
-                            if sent else f"the run could not be sent to node {self.name}"
-                            f" in {accept_s}s"
-                        )  # fmt: skip
-                        late.sent = sent
-                        raise late
-                    if type(first) is not Sent:
-                        break
-                    limit, sent = trio.current_time() + accept_s, True
-            except trio.EndOfChannel:
-                if handle.error is not None:
-                    raise handle.error from None
-                if handle.cause is EndCause.TIMEOUT:  # the run's total deadline came first
-                    raise NodeTimeoutError(
-                        f"node {self.name} did not accept the run before its deadline"
-                    ) from None
-                raise NodeFailedError(
-                    f"node {self.name} ended the run before accepting it"
-                ) from None
+            accepted = await self._accepted(handle, events, accept_s)
         except BaseException as exc:
             if not isinstance(exc, EdgeError):
                 handle.cancel(EndCause.CLIENT_GONE)
@@ -290,9 +260,41 @@ class GrpcNodeClient:
             with trio.CancelScope(shield=True):
                 await handle.done.wait()
             raise
-        assert isinstance(first, Accepted)
-        handle.instance = first.instance
+        handle.instance = accepted.instance
         return handle
+
+    async def _accepted(self, handle: RunHandle, events: EventBuffer, accept_s: float) -> Accepted:
+        """Wait for the node's acceptance of the run: `accept_s` to write the RunRequest
+        (a connection to make first; grpclib can park a request on a connection that is
+        then lost until a deadline: vmagamedov/grpclib#216), then `accept_s` from there
+        for the node to accept it. Raises as `start_run` says."""
+        try:
+            limit, sent = trio.current_time() + accept_s, False
+            while True:
+                with trio.move_on_at(limit) as waiting:
+                    first = await events.receive_start()
+                if waiting.cancelled_caught:
+                    handle.cancel(EndCause.TIMEOUT)
+                    late = NodeTimeoutError(
+                        f"node {self.name} did not accept the run in {accept_s}s"
+                        if sent else f"the run could not be sent to node {self.name}"
+                        f" in {accept_s}s"
+                    )  # fmt: skip
+                    late.sent = sent
+                    raise late
+                if type(first) is not Sent:
+                    break
+                limit, sent = trio.current_time() + accept_s, True
+        except trio.EndOfChannel:
+            if handle.error is not None:
+                raise handle.error from None
+            if handle.cause is EndCause.TIMEOUT:  # the run's total deadline came first
+                raise NodeTimeoutError(
+                    f"node {self.name} did not accept the run before its deadline"
+                ) from None
+            raise NodeFailedError(f"node {self.name} ended the run before accepting it") from None
+        assert isinstance(first, Accepted)
+        return first
 
     async def _run(
         self,

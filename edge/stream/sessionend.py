@@ -6,7 +6,7 @@ text) and what text the tool-text filter still holds; whether strict output
 honours the request's response_format; and the placeholder written when a
 run produced reasoning but no visible answer. Each is a function of what the
 session kept; `edge.stream.session` writes what they return and claims the
-terminal.
+terminal (its text flow, `edge.stream.sessionflow`, writes the placeholder).
 
 It does not know the session's state or output events, nor HTTP, SSE or I/O;
 JSON Schema `$ref`s are never fetched.

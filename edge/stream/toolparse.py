@@ -316,6 +316,47 @@ def _cleaned(text: str, spans: Sequence[tuple[int, int]]) -> str:
     return "\n".join(pieces)
 
 
+def _fence(text: str, i: int, fenced: bool, in_code: bool) -> tuple[_Block | None, int, bool]:
+    """A fence at `i`: a block of calls, a JSON block that is not one (skipped whole),
+    or the start or end of a code block. Returns the block (None: none), where the
+    scan goes on when there is none, and whether the scan is now in code."""
+    pos = i + len(FENCE)
+    if in_code or not fenced:
+        return None, pos, not in_code
+    n = len(text)
+    fence = FenceScan(i)
+    fence_end = fence.advance(text, n)
+    if fence_end is None and fence.stage == 2:
+        fence_end = n  # unclosed: a call only if the rest is one
+    values = None
+    if fence_end is not None and fence.stage == 2:
+        values = block_values(fence.content(text, fence_end))
+    if fence_end is not None and values is not None:
+        return _Block(fence_end, _items(values)), pos, in_code
+    if fence_end is not None and fence.is_block:
+        return None, fence_end, in_code  # a closed JSON block that is not a call
+    return None, pos, True  # any other fence opens a code block
+
+
+def _take_calls(
+    items: Sequence[ParsedCall | str], number: int, calls: list[ParsedCall], errors: list[str]
+) -> int:
+    """Add a block's calls to `calls` and its problems to `errors`, numbering the calls
+    on from `number`; returns the number of the last one."""
+    for item in items:
+        number += 1
+        if number > MAX_TEXT_TOOL_CALLS:
+            errors.append(f"more than {MAX_TEXT_TOOL_CALLS} tool calls in one answer")
+            break
+        if isinstance(item, str):
+            errors.append(f"tool call {number}: {item}")
+            continue
+        calls.append(item)
+        if item.arguments_error is not None:
+            errors.append(f'tool call {number} ("{item.name}"): {item.arguments_error}')
+    return number
+
+
 def parse_tool_text(
     text: str,
     formats: Sequence[str] = DEFAULT_FORMATS,
@@ -369,40 +410,14 @@ def parse_tool_text(
                 if values is not None:
                     block = _Block(end, _items(values))
         elif kind is Start.FENCE:
-            pos = i + len(FENCE)
-            if in_code or not syntax.fenced:
-                in_code = not in_code
-            else:
-                fence = FenceScan(i)
-                fence_end = fence.advance(text, n)
-                if fence_end is None and fence.stage == 2:
-                    fence_end = n  # unclosed: a call only if the rest is one
-                values = None
-                if fence_end is not None and fence.stage == 2:
-                    values = block_values(fence.content(text, fence_end))
-                if fence_end is not None and values is not None:
-                    block = _Block(fence_end, _items(values))
-                elif fence_end is not None and fence.is_block:
-                    pos = fence_end  # a closed JSON block that is not a call
-                else:
-                    in_code = True  # any other fence opens a code block
+            block, pos, in_code = _fence(text, i, syntax.fenced, in_code)
         if block is None:
             if not budget.charge(cost):
                 break  # past the budget the rest is content
             continue
         spans.append((i, block.end))
         pos = block.end
-        for item in block.items:
-            number += 1
-            if number > MAX_TEXT_TOOL_CALLS:
-                errors.append(f"more than {MAX_TEXT_TOOL_CALLS} tool calls in one answer")
-                break
-            if isinstance(item, str):
-                errors.append(f"tool call {number}: {item}")
-                continue
-            calls.append(item)
-            if item.arguments_error is not None:
-                errors.append(f'tool call {number} ("{item.name}"): {item.arguments_error}')
+        number = _take_calls(block.items, number, calls, errors)
         if errors:
             break  # the answer fails on its first error: nothing after it matters
     return ParseResult(
