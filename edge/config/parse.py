@@ -20,20 +20,17 @@ from edge.api.policy import MEDIA_SCHEMES
 from edge.config.address import check_node_address, split_address, upstream_url
 from edge.config.files import ConfigFiles, files_digest
 from edge.config.keys import _beside, _keys, _read_keys
+from edge.config.routing import ROUTING_POLICIES, AdmissionConfig, NodeConfig, RoutingConfig
 from edge.config.schema import (
     DEFAULT_MODEL,
     REASONING_PARSERS,
     RESPONSE_STORES,
-    ROUTING_POLICIES,
     SIM_MODEL,
-    AdmissionConfig,
     Config,
     LimitsConfig,
     LogConfig,
     ModelConfig,
-    NodeConfig,
     ResponsesConfig,
-    RoutingConfig,
     ServerConfig,
     TimeoutsConfig,
 )
