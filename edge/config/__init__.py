@@ -2,11 +2,13 @@
 
 The modules, bottom up: `toml` (`ConfigError`, the table reader, reading a file),
 `address` (listen and node addresses) and `files` (the files a configuration names,
-read once) import nothing of the rest; `routing` (the settings of the nodes and of how
-runs reach them) and `schema` (the others, and `Config`), `keys` (`[[keys]]`,
-`api_keys_file`), `parse` (a document into a `Config`), `reload` (what a new `Config`
-changes in a running edge, what waits for a restart) and `reference`
-(docs/config-reference.md, generated from the settings and `parse`).
+read once) import nothing of the rest; `spec` (what makes a settings field a key of the
+file, with its default, meaning and bounds, and reading keys by it), `routing` (the
+settings of the nodes and of how runs reach them) and `schema` (the others, and
+`Config`), each key said once there; `keys` (`[[keys]]`, `api_keys_file`), `parse` (a
+document into a `Config`), `reload` (what a new `Config` changes in a running edge,
+what waits for a restart) and `reference` (docs/config-reference.md, generated from the
+settings and `parse`).
 
 A node's command (`edge.nodes.sim.cli`, `edge.nodes.upstream.cli`) imports `toml` and
 `address` directly and must not load the schema, and through it `edge.api` and
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
     from edge.config.address import check_node_address, split_address, upstream_url
     from edge.config.keys import hmac_equal
     from edge.config.parse import (
-        MAX_WORKERS,
         LoadedConfig,
         config_digest,
         load_config,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from edge.config.routing import ROUTING_POLICIES, AdmissionConfig, NodeConfig, RoutingConfig
     from edge.config.schema import (
         DEFAULT_MODEL,
+        MAX_WORKERS,
         REASONING_PARSERS,
         RESPONSE_STORES,
         SIM_MODEL,
