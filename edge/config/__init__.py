@@ -2,10 +2,13 @@
 
 The modules, bottom up: `toml` (`ConfigError`, the table reader, reading a file),
 `address` (listen and node addresses) and `files` (the files a configuration names,
-read once) import nothing of the rest; `schema` (the settings dataclasses), `keys`
-(`[[keys]]`, `api_keys_file`), `parse` (a document into a `Config`), `reload` (what a
-new `Config` changes in a running edge, what waits for a restart) and `reference`
-(docs/config-reference.md, generated from `schema` and `parse`).
+read once) import nothing of the rest; `spec` (what makes a settings field a key of the
+file, with its default, meaning and bounds, and reading keys by it), `routing` (the
+settings of the nodes and of how runs reach them) and `schema` (the others, and
+`Config`), each key said once there; `keys` (`[[keys]]`, `api_keys_file`), `parse` (a
+document into a `Config`), `reload` (what a new `Config` changes in a running edge,
+what waits for a restart) and `reference` (docs/config-reference.md, generated from the
+settings and `parse`).
 
 A node's command (`edge.nodes.sim.cli`, `edge.nodes.upstream.cli`) imports `toml` and
 `address` directly and must not load the schema, and through it `edge.api` and
@@ -26,7 +29,6 @@ if TYPE_CHECKING:
     from edge.config.address import check_node_address, split_address, upstream_url
     from edge.config.keys import hmac_equal
     from edge.config.parse import (
-        MAX_WORKERS,
         LoadedConfig,
         config_digest,
         load_config,
@@ -34,21 +36,19 @@ if TYPE_CHECKING:
         parse_config,
         parse_workers,
     )
+    from edge.config.routing import ROUTING_POLICIES, AdmissionConfig, NodeConfig, RoutingConfig
     from edge.config.schema import (
         DEFAULT_MODEL,
+        MAX_WORKERS,
         REASONING_PARSERS,
         RESPONSE_STORES,
-        ROUTING_POLICIES,
         SIM_MODEL,
-        AdmissionConfig,
         Config,
         KeyConfig,
         LimitsConfig,
         LogConfig,
         ModelConfig,
-        NodeConfig,
         ResponsesConfig,
-        RoutingConfig,
         ServerConfig,
         TimeoutsConfig,
     )
@@ -88,7 +88,7 @@ __all__ = [
 ]
 
 # Where the names of __all__ are defined, searched in this order (the cheap ones first).
-_MODULES = ("toml", "address", "schema", "keys", "parse")
+_MODULES = ("toml", "address", "routing", "schema", "keys", "parse")
 
 
 def __getattr__(name: str) -> object:

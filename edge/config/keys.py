@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from edge.config.files import ConfigFiles
-from edge.config.schema import CACHE_SCOPES, KeyConfig
+from edge.config.schema import KeyConfig
+from edge.config.spec import read_key, read_keys
 from edge.config.toml import ConfigError, TableReader
 
 # A key's name is a metric label and a log field: short, plain.
@@ -38,7 +39,7 @@ def _keys(
     keys: list[KeyConfig] = []
     for i, raw in enumerate(raw_keys):
         r = TableReader(source, f"keys[{i}]", raw)
-        name = r.get("name", str, None)
+        name = read_key(r, KeyConfig, "name")
         if name is None:
             raise r.fail("name", "missing (a name for logs and metrics)")
         if not _KEY_NAME.match(name):
@@ -54,18 +55,13 @@ def _keys(
         secret = _secret(source, r, given[0], sources[given[0]], files)
         if any(not 1 <= ord(c) < 127 or c.isspace() for c in secret):
             raise r.fail(given[0], "the key must be printable ASCII without spaces")
-        rpm, tpm, streams = (
-            r.integer(k, None, minimum=1, maximum=1_000_000_000)
-            for k in ("rpm", "tpm", "max_streams")
-        )
-        models = r.strings("models", None)
-        cache_scope = r.choice("cache_scope", "key", CACHE_SCOPES)
+        settings = read_keys(r, KeyConfig, skip=("name",))
         r.done()
         if any(k.name == name for k in keys):
             raise ConfigError(f"{source}: keys[{i}].name: duplicate key name {name!r}")
         if any(hmac_equal(k.secret, secret) for k in keys) or secret in api_keys:
             raise ConfigError(f"{source}: keys[{i}].{given[0]}: the same key is configured twice")
-        keys.append(KeyConfig(name, secret, rpm, tpm, streams, models, cache_scope))
+        keys.append(KeyConfig(name, secret, **settings))
     return tuple(keys)
 
 

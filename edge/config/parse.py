@@ -1,7 +1,10 @@
 """A TOML document into a `Config`: every table read, checked, and no unknown key.
 
-`load_config(path)` returns a frozen `Config` or raises `ConfigError` whose message
-names the file and the key. Knows nothing of the daemon that uses the result.
+Each key is read as its settings field says (type, default, bounds, choices:
+`edge.config.spec`); what is here is what a field cannot say: the checks across keys
+and tables, the files and addresses, the `[[nodes]]` entries. `load_config(path)`
+returns a frozen `Config` or raises `ConfigError` whose message names the file and the
+key. Knows nothing of the daemon that uses the result.
 """
 
 from __future__ import annotations
@@ -13,37 +16,31 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from edge.api.policy import MEDIA_SCHEMES
 from edge.config.address import check_node_address, split_address, upstream_url
 from edge.config.files import ConfigFiles, files_digest
 from edge.config.keys import _beside, _keys, _read_keys
+from edge.config.routing import AdmissionConfig, NodeConfig, RoutingConfig
 from edge.config.schema import (
     DEFAULT_MODEL,
-    REASONING_PARSERS,
-    RESPONSE_STORES,
-    ROUTING_POLICIES,
+    MAX_WORKERS,
     SIM_MODEL,
-    AdmissionConfig,
     Config,
     LimitsConfig,
     LogConfig,
     ModelConfig,
-    NodeConfig,
     ResponsesConfig,
-    RoutingConfig,
     ServerConfig,
     TimeoutsConfig,
 )
+from edge.config.spec import read_key, read_settings
 from edge.config.toml import ConfigError, TableReader, parse_toml, read_bytes, read_toml
-from edge.observe.tracing import EXPORTERS, TracingConfig
-from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolValidation
+from edge.observe.tracing import TracingConfig
 from edge.stream.toolparse import FORMATS
 
-# The node protocol carries max_tokens as a uint32.
-_MAX_UINT32 = 2**32 - 1
 _T = TypeVar("_T")
 
 
@@ -56,10 +53,10 @@ def parse_config(doc: Mapping[str, Any], source: str, files: ConfigFiles | None 
     if server.api_keys_file is not None:
         more = _read_keys(source, server.api_keys_file, files)
         server = replace(server, api_keys=server.api_keys + more)
-    log = _table(source, root, "log", _log)
-    timeouts = _table(source, root, "timeouts", _timeouts)
-    routing = _table(source, root, "routing", _routing)
-    admission = _table(source, root, "admission", _admission)
+    log = _table(source, root, "log", lambda r: read_settings(r, LogConfig))
+    timeouts = _table(source, root, "timeouts", lambda r: read_settings(r, TimeoutsConfig))
+    routing = _table(source, root, "routing", lambda r: read_settings(r, RoutingConfig))
+    admission = _table(source, root, "admission", lambda r: read_settings(r, AdmissionConfig))
     raw_nodes = root.get("nodes", list, None)
     nodes = _nodes(source, raw_nodes, files) if raw_nodes is not None else Config().nodes
     keys = _keys(source, root.get("keys", list, []), server.api_keys, files)
@@ -101,86 +98,15 @@ def _table(source: str, root: TableReader, name: str, read: Callable[[TableReade
 
 def _server(r: TableReader) -> ServerConfig:
     """`[server]`, but for the keys of `api_keys_file` (read once the table is done)."""
-    srv = ServerConfig()
-    server = ServerConfig(
-        listen=r.get("listen", str, srv.listen),
-        api_keys=tuple(key.strip() for key in r.strings("api_keys", ())),
-        api_keys_file=r.get("api_keys_file", str, None),
-        drain_timeout_s=r.number("drain_timeout_s", srv.drain_timeout_s),
-        max_body_bytes=int(r.number("max_body_bytes", srv.max_body_bytes, minimum=1024)),
-        keepalive_s=r.number("keepalive_s", srv.keepalive_s),
-        node_refresh_s=r.number("node_refresh_s", srv.node_refresh_s, minimum=0.05),
-        max_connections=r.integer("max_connections", srv.max_connections),
-        idle_timeout_s=r.number("idle_timeout_s", srv.idle_timeout_s, minimum=0.01, maximum=3600),
-        body_timeout_s=r.number("body_timeout_s", srv.body_timeout_s, minimum=0.01, maximum=3600),
-        workers=_workers(r),
-        cors_allow_origins=tuple(
-            _origin(r, origin) for origin in r.strings("cors_allow_origins", ())
-        ),
+    server = read_settings(
+        r,
+        ServerConfig,
+        checks={"api_keys": _stripped, "workers": _workers, "cors_allow_origins": _origins},
     )
     _check(r, "listen", split_address, server.listen)
-    if any(not key.strip() for key in server.api_keys):
+    if any(not key for key in server.api_keys):
         raise r.fail("api_keys", "an empty key would let anyone in")
     return server
-
-
-def _log(r: TableReader) -> LogConfig:
-    return LogConfig(
-        level=r.choice("level", "INFO", ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR")),
-        format=r.choice("format", "text", ("text", "json")),
-        queue_bytes=r.integer("queue_bytes", LogConfig().queue_bytes, minimum=16384, maximum=2**30),
-    )
-
-
-def _timeouts(r: TableReader) -> TimeoutsConfig:
-    tmo = TimeoutsConfig()
-    return TimeoutsConfig(
-        first_event_s=r.number("first_event_s", tmo.first_event_s, minimum=0.001),
-        idle_s=r.number("idle_s", tmo.idle_s, minimum=0.001),
-        total_s=r.number("total_s", tmo.total_s, minimum=0.001),
-        slow_client_s=r.number("slow_client_s", tmo.slow_client_s, minimum=0.001),
-        slow_client_backlog_chars=r.integer(
-            "slow_client_backlog_chars", tmo.slow_client_backlog_chars, minimum=65536, maximum=2**40
-        ),
-    )
-
-
-def _routing(r: TableReader) -> RoutingConfig:
-    rtg = RoutingConfig()
-    return RoutingConfig(
-        policy=r.choice("policy", rtg.policy, ROUTING_POLICIES),
-        retries=r.integer("retries", rtg.retries, maximum=10),
-        retry_backoff_s=r.number("retry_backoff_s", rtg.retry_backoff_s, maximum=60),
-        migrations=r.integer("migrations", rtg.migrations, maximum=10),
-        breaker_failures=r.integer("breaker_failures", rtg.breaker_failures, minimum=1),
-        breaker_cooldown_s=r.number(
-            "breaker_cooldown_s", rtg.breaker_cooldown_s, minimum=0.01, maximum=3600
-        ),
-        watch_heartbeat_s=r.number(
-            "watch_heartbeat_s", rtg.watch_heartbeat_s, minimum=0.1, maximum=60
-        ),
-        cache_blocks=r.integer("cache_blocks", rtg.cache_blocks, minimum=1, maximum=1 << 20),
-        cache_load_factor=r.number(
-            "cache_load_factor", rtg.cache_load_factor, minimum=1.0, maximum=100
-        ),
-        cache_share_factor=r.number(
-            "cache_share_factor", rtg.cache_share_factor, minimum=1.0, maximum=100
-        ),
-        cache_threshold=r.number("cache_threshold", rtg.cache_threshold, minimum=0, maximum=1),
-    )
-
-
-def _admission(r: TableReader) -> AdmissionConfig:
-    adm = AdmissionConfig()
-    return AdmissionConfig(
-        max_queue=r.integer("max_queue", adm.max_queue, maximum=1_000_000),
-        queue_timeout_s=r.number(
-            "queue_timeout_s", adm.queue_timeout_s, minimum=0.001, maximum=3600
-        ),
-        memory_budget_bytes=r.integer(
-            "memory_budget_bytes", adm.memory_budget_bytes, minimum=2**20, maximum=2**50
-        ),
-    )
 
 
 def _nodes(source: str, raw_nodes: list[Any], files: ConfigFiles) -> tuple[NodeConfig, ...]:
@@ -188,13 +114,13 @@ def _nodes(source: str, raw_nodes: list[Any], files: ConfigFiles) -> tuple[NodeC
     nodes: list[NodeConfig] = []
     for i, raw in enumerate(raw_nodes):
         r = TableReader(source, f"nodes[{i}]", raw)
-        address = r.get("address", str, None)
+        address = read_key(r, NodeConfig, "address")
         if address is None:
             raise r.fail("address", 'missing (HOST:PORT, "embedded" or openai+http://...)')
-        name = r.get("name", str, address)
+        name = read_key(r, NodeConfig, "name", address)
         if address != "embedded":
             _check(r, "address", check_node_address, address)
-        max_runs = r.integer("max_runs", None, maximum=1_000_000)
+        max_runs = read_key(r, NodeConfig, "max_runs")
         node = NodeConfig(name=name, address=address, max_runs=max_runs)
         node = _node_access(source, r, node, files)
         r.done()
@@ -215,10 +141,10 @@ def _node_access(source: str, r: TableReader, node: NodeConfig, files: ConfigFil
     paths = {
         key: str(_beside(source, value))
         for key in _NODE_FILES
-        if (value := r.get(key, str, None)) is not None
+        if (value := read_key(r, NodeConfig, key)) is not None
     }
-    server_name = r.get("server_name", str, None)
-    tls = r.get("tls", bool, False) or server_name is not None
+    server_name = read_key(r, NodeConfig, "server_name")
+    tls = read_key(r, NodeConfig, "tls") or server_name is not None
     tls = tls or any(key in paths for key in ("ca_file", "cert_file", "key_file"))
     if "key_file" in paths and "cert_file" not in paths:
         raise r.fail("key_file", "needs cert_file")
@@ -262,64 +188,22 @@ def _models(source: str, raw_models: dict[str, Any]) -> dict[str, ModelConfig]:
     for name, raw in raw_models.items():
         r = TableReader(source, f"models.{name}", raw)
         base = SIM_MODEL if name.startswith("sim-") else DEFAULT_MODEL
-        models[name] = ModelConfig(
-            strict=r.get("strict", bool, base.strict),
-            stream_buffer=r.get("stream_buffer", bool, base.stream_buffer),
-            reasoning_parser=r.choice("reasoning_parser", base.reasoning_parser, REASONING_PARSERS),
-            tool_call_formats=_formats(r, base.tool_call_formats),
-            tool_validation=cast(
-                "ToolValidation | None",
-                r.choice("tool_validation", base.tool_validation, TOOL_VALIDATION_MODES),
-            ),
-            sentinels=r.strings("sentinels", base.sentinels),
-            trace_stream=r.get("trace_stream", bool, base.trace_stream),
-            max_output_tokens=r.integer(
-                "max_output_tokens", base.max_output_tokens, minimum=1, maximum=_MAX_UINT32
-            ),
-            allow_chat_template=r.get("allow_chat_template", bool, base.allow_chat_template),
-            allow_ignore_eos=r.get("allow_ignore_eos", bool, base.allow_ignore_eos),
-            media_url_schemes=_media_schemes(r, base.media_url_schemes),
-        )
+        checks = {"tool_call_formats": _formats, "media_url_schemes": _media_schemes}
+        models[name] = read_settings(r, ModelConfig, base, checks)
         r.done()
     return models
 
 
 def _limits(r: TableReader) -> LimitsConfig:
-    lim = LimitsConfig()
-    limits = LimitsConfig(
-        redis_url=r.get("redis_url", str, None),
-        fail_open=r.get("fail_open", bool, lim.fail_open),
-        key_prefix=r.get("key_prefix", str, lim.key_prefix),
-        redis_timeout_s=r.number("redis_timeout_s", lim.redis_timeout_s, minimum=0.001, maximum=60),
-        lease_s=r.number("lease_s", lim.lease_s, minimum=0.05, maximum=3600),
-        lease_renew_s=r.number("lease_renew_s", lim.lease_renew_s, minimum=0.01, maximum=3600),
-    )
+    limits = read_settings(r, LimitsConfig)
     if limits.lease_renew_s * 2 > limits.lease_s:
         raise r.fail("lease_renew_s", "must be at most half of lease_s (a renewal may be late)")
-    if limits.redis_url is not None:
-        scheme = urlsplit(limits.redis_url).scheme
-        if scheme not in ("redis", "rediss", "unix"):
-            raise r.fail("redis_url", "expected redis://HOST:PORT/DB, rediss://... or unix://...")
+    _redis_url(r, "redis_url", limits.redis_url)
     return limits
 
 
 def _responses(r: TableReader) -> ResponsesConfig:
-    rsp = ResponsesConfig()
-    responses = ResponsesConfig(
-        store=r.choice("store", rsp.store, RESPONSE_STORES),
-        path=r.get("path", str, None),
-        redis_url=r.get("redis_url", str, None),
-        key_prefix=r.get("key_prefix", str, rsp.key_prefix),
-        redis_timeout_s=r.number("redis_timeout_s", rsp.redis_timeout_s, minimum=0.001, maximum=60),
-        max_responses=r.integer("max_responses", rsp.max_responses, minimum=1, maximum=10**9),
-        max_bytes=r.integer("max_bytes", rsp.max_bytes, minimum=2**16, maximum=2**44),
-        max_response_bytes=r.integer(
-            "max_response_bytes", rsp.max_response_bytes, minimum=1024, maximum=2**31
-        ),
-        ttl_s=r.number("ttl_s", rsp.ttl_s, minimum=1.0, maximum=10 * 365 * 86400.0),
-        per_key_max_responses=r.integer("per_key_max_responses", None, minimum=1, maximum=10**9),
-        per_key_max_bytes=r.integer("per_key_max_bytes", None, minimum=1024, maximum=2**44),
-    )
+    responses = read_settings(r, ResponsesConfig)
     if responses.max_response_bytes > responses.max_bytes:
         raise r.fail("max_response_bytes", "must be at most max_bytes")
     if responses.key_max_responses > responses.max_responses:
@@ -328,30 +212,24 @@ def _responses(r: TableReader) -> ResponsesConfig:
         raise r.fail("per_key_max_bytes", "must be at most max_bytes")
     if responses.path is not None and not responses.path:
         raise r.fail("path", "must not be empty")
-    if responses.redis_url is not None:
-        scheme = urlsplit(responses.redis_url).scheme
-        if scheme not in ("redis", "rediss", "unix"):
-            raise r.fail("redis_url", "expected redis://HOST:PORT/DB, rediss://... or unix://...")
+    _redis_url(r, "redis_url", responses.redis_url)
     return responses
+
+
+def _redis_url(r: TableReader, key: str, url: str | None) -> None:
+    """A Redis URL, when given, is redis://, rediss:// or unix://."""
+    if url is not None and urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise r.fail(key, "expected redis://HOST:PORT/DB, rediss://... or unix://...")
 
 
 def _tracing(r: TableReader) -> TracingConfig:
     """`[tracing]`: each key unset defers to the OTEL_* environment (edge.observe.tracing)."""
-    tracing = TracingConfig(
-        enabled=r.get("enabled", bool, None),
-        exporter=r.choice("exporter", "otlp", EXPORTERS),
-        endpoint=r.get("endpoint", str, None),
-        sample_ratio=r.number("sample_ratio", None, maximum=1.0),
-        capture_content=r.get("capture_content", bool, None),
-    )
+    tracing = read_settings(r, TracingConfig)
     if tracing.endpoint is not None:
         parts = urlsplit(tracing.endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise r.fail("endpoint", "expected http://HOST:PORT (an OTLP/HTTP receiver)")
     return tracing
-
-
-MAX_WORKERS = 256
 
 
 def parse_workers(value: object) -> int:
@@ -367,35 +245,32 @@ def parse_workers(value: object) -> int:
     return value
 
 
-def _workers(r: TableReader) -> int:
-    raw = r.raw("workers", f'integer, 1 to {MAX_WORKERS}, or "auto"')
-    if raw is None:
-        return 1
+def _workers(r: TableReader, key: str, value: object) -> int:
     try:
-        return parse_workers(raw)
+        return parse_workers(value)
     except ValueError as exc:
-        raise r.fail("workers", str(exc)) from None
+        raise r.fail(key, str(exc)) from None
 
 
-def _formats(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
+def _stripped(r: TableReader, key: str, values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(value.strip() for value in values)
+
+
+def _formats(r: TableReader, key: str, formats: tuple[str, ...]) -> tuple[str, ...]:
     """`tool_call_formats`: each one the text tool-call parser knows."""
-    formats = r.strings("tool_call_formats", default)
     for fmt in formats:
         if fmt not in FORMATS:
-            raise r.fail(
-                "tool_call_formats", f"unknown format {fmt!r} (known: {', '.join(FORMATS)})"
-            )
+            raise r.fail(key, f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     return formats
 
 
-def _media_schemes(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
+def _media_schemes(r: TableReader, key: str, schemes: tuple[str, ...]) -> tuple[str, ...]:
     """`media_url_schemes`, lower case; only data, http and https can be allowed."""
-    schemes = tuple(s.lower().removesuffix(":") for s in r.strings("media_url_schemes", default))
+    schemes = tuple(s.lower().removesuffix(":") for s in schemes)
     for scheme in schemes:
         if scheme not in MEDIA_SCHEMES:
             raise r.fail(
-                "media_url_schemes",
-                f"unsupported scheme {scheme!r} (allowed: {', '.join(MEDIA_SCHEMES)})",
+                key, f"unsupported scheme {scheme!r} (allowed: {', '.join(MEDIA_SCHEMES)})"
             )
     return schemes
 
@@ -404,17 +279,16 @@ def _media_schemes(r: TableReader, default: tuple[str, ...]) -> tuple[str, ...]:
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+")
 
 
-def _origin(r: TableReader, origin: str) -> str:
-    """One of `cors_allow_origins`: "*", or an origin (lower case, as browsers send it)."""
-    if origin == "*":
-        return origin
-    if _ORIGIN.fullmatch(origin.lower()) is None:
-        raise r.fail(
-            "cors_allow_origins",
-            f"{origin!r} is not an origin: write scheme://host[:port], no path and no"
-            ' trailing slash (e.g. "https://app.example.com"), or "*"',
-        )
-    return origin.lower()
+def _origins(r: TableReader, key: str, origins: tuple[str, ...]) -> tuple[str, ...]:
+    """`cors_allow_origins`: each "*", or an origin (lower case, as browsers send it)."""
+    for origin in origins:
+        if origin != "*" and _ORIGIN.fullmatch(origin.lower()) is None:
+            raise r.fail(
+                key,
+                f"{origin!r} is not an origin: write scheme://host[:port], no path and no"
+                ' trailing slash (e.g. "https://app.example.com"), or "*"',
+            )
+    return tuple(origin.lower() for origin in origins)
 
 
 def _check(r: TableReader, key: str, check: Callable[[str], object], value: str) -> None:

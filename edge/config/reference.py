@@ -5,20 +5,18 @@ check` and tests/unit/test_config_reference.py fail when the committed file is s
 
 Each source says one thing once. The tables and keys are the ones the parser reads
 (`PROBE` parsed under `edge.config.toml.recording`), each with what the reader accepts
-(type, range, choices). The default is the settings dataclass's. The meaning is the
-comment above the dataclass field of that name (`edge.config.schema`, and `TracingConfig`
-in `edge.observe.tracing`), and for the keys no field is named after, the secret sources
-of `[[keys]]`, `edge.config.keys.SECRET_SOURCES`. A key without a meaning is an error, not
-a blank cell. Nothing of the edge imports this module.
+(type, range, choices: the bounds of the key's field). The default, and the meaning, are
+the settings field's of that name (`edge.config.spec`: in `edge.config.schema`,
+`edge.config.routing`, and `TracingConfig` in `edge.observe.tracing`), and for the keys no
+field is named after, the secret sources of `[[keys]]`, `edge.config.keys.SECRET_SOURCES`.
+A key without a meaning is an error, not a blank cell. Nothing of the edge imports this
+module.
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 import sys
-import textwrap
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, fields
 from typing import Any, get_args, get_origin, get_type_hints
@@ -26,6 +24,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from edge.config.keys import SECRET_SOURCES
 from edge.config.parse import parse_config
 from edge.config.schema import Config
+from edge.config.spec import meaning
 from edge.config.toml import TableReader, recording
 
 # One entry of each array of tables and one model: the parser then reads every key once.
@@ -62,22 +61,20 @@ def render() -> str:
     """The reference, in the order the parser reads the tables and their keys."""
     readers = accepted()
     hints = get_type_hints(Config)
-    tables = _comments(Config)
     parts = [HEADER]
     for name in readers[""].known:
         kind, cls = _shape(hints[name])
         heading = {"array": f"[[{name}]]", "named": f"[{name}.NAME]"}.get(kind, f"[{name}]")
-        parts.append(f"\n## `{heading}`\n\n{_meaning(tables, Config, name)}\n\n")
+        parts.append(f"\n## `{heading}`\n\n{meaning(Config, name)}\n\n")
         parts.append("| key | takes | default | meaning |\n| --- | --- | --- | --- |\n")
         defaults = {f.name: f for f in fields(cls)}
-        meanings = _comments(cls)
         reader = readers[name]
         for key, takes in reader.known.items():
             if name == "keys" and key in SECRET_SOURCES:
-                default, meaning = "—", f"{SECRET_SOURCES[key]} {_ONE_SECRET}"
+                default, doc = "—", f"{SECRET_SOURCES[key]} {_ONE_SECRET}"
             else:
-                default, meaning = _default(defaults, cls, key), _meaning(meanings, cls, key)
-            cells = (f"`{key}`", takes, default, meaning)
+                default, doc = _default(defaults, cls, key), meaning(cls, key)
+            cells = (f"`{key}`", takes, default, doc)
             parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |\n")
     return "".join(parts)
 
@@ -90,30 +87,6 @@ def _shape(hint: Any) -> tuple[str, type]:
     if origin is Mapping:
         return "named", args[1]
     return "table", hint
-
-
-def _comments(cls: type) -> dict[str, str]:
-    """The comment block right above each field of a dataclass, as one line."""
-    lines, _ = inspect.getsourcelines(cls)
-    (klass,) = ast.parse(textwrap.dedent("".join(lines))).body
-    assert isinstance(klass, ast.ClassDef)
-    found: dict[str, str] = {}
-    for node in klass.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            above: list[str] = []
-            at = node.lineno - 2
-            while at >= 0 and lines[at].lstrip().startswith("#"):
-                above.insert(0, lines[at].strip().removeprefix("#").strip())
-                at -= 1
-            if above:
-                found[node.target.id] = " ".join(above)
-    return found
-
-
-def _meaning(meanings: dict[str, str], cls: type, key: str) -> str:
-    if key not in meanings:
-        raise LookupError(f"{cls.__name__}.{key}: no comment above the field to say its meaning")
-    return meanings[key]
 
 
 def _default(defaults: Mapping[str, Field[Any]], cls: type, key: str) -> str:

@@ -1,7 +1,10 @@
 """The settings: one frozen dataclass per table of the configuration file.
 
-Owns what each setting is and its default (`Config` and the tables under it, the
-per-model defaults). Knows nothing of TOML or of checking values (`edge.config.parse`);
+Owns what each setting is: a field whose metadata makes it a key of the file, with its
+default, its meaning and its bounds or choices (`edge.config.spec`), from which the
+parser (`edge.config.parse`) reads it and docs/config-reference.md
+(`edge.config.reference`) describes it; and the per-model defaults. The tables of the
+nodes and of how runs reach them are `edge.config.routing`'s. Knows nothing of TOML;
 the settings types of the layers below (`ForwardPolicy`, `TracingConfig`) are theirs.
 """
 
@@ -12,129 +15,125 @@ from dataclasses import dataclass, field
 
 from edge.api.policy import DEFAULT_MAX_OUTPUT_TOKENS, ForwardPolicy
 from edge.config.address import UPSTREAM_SCHEMES
+from edge.config.routing import AdmissionConfig, NodeConfig, RoutingConfig
+from edge.config.spec import about, setting
 from edge.observe.tracing import TracingConfig
 from edge.stream.sentinel import DEFAULT_SENTINELS
-from edge.stream.toolcall import ToolValidation
+from edge.stream.toolcall import TOOL_VALIDATION_MODES, ToolValidation
 from edge.stream.toolparse import DEFAULT_FORMATS
 
 REASONING_PARSERS = ("none", "think", "think_start")
+# `workers` at most (and what "auto" is capped at).
+MAX_WORKERS = 256
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    # The HTTP address the edge listens on, HOST:PORT.
-    listen: str = "127.0.0.1:8080"
-    # When set, /v1/* requires `Authorization: Bearer <key>` with one of these keys.
-    api_keys: tuple[str, ...] = ()
-    # More api_keys from a file: one per line, # comments (relative to the config file).
-    api_keys_file: str | None = None
-    # How long the streams in flight may finish on shutdown.
-    drain_timeout_s: float = 30.0
-    # The largest request body; a larger one is answered 413.
-    max_body_bytes: int = 4 * 1024 * 1024
-    # SSE comment sent while waiting for the first token; 0 = never.
-    keepalive_s: float = 15.0
-    # How often every node is asked for its models (health, /readyz, routing).
-    node_refresh_s: float = 5.0
-    # Client connections served at once; 0 = derived from the file-descriptor limit.
-    max_connections: int = 0
-    # A connection with no request in progress is closed this long after it went
-    # idle; the next request's head must be complete by then (slow heads too).
-    idle_timeout_s: float = 5.0
-    # Time the edge waits on the client for one HTTP/1.1 request body: past it, 408.
-    body_timeout_s: float = 60.0
-    # Worker processes serving the listen address (edge.process.supervisor); 1 = one
-    # process; "auto": one per CPU this process may run on.
-    workers: int = 1
-    # Browser origins allowed to call the API (CORS), e.g. "https://app.example.com", or
-    # "*" for any; empty: no CORS headers at all (docs/operations.md).
-    cors_allow_origins: tuple[str, ...] = ()
+    """The HTTP server (`[server]`): its address, API keys, bodies, connections, workers."""
+
+    listen: str = setting("127.0.0.1:8080", "The HTTP address the edge listens on, HOST:PORT.")
+    api_keys: tuple[str, ...] = setting(
+        (),
+        "When set, /v1/* requires `Authorization: Bearer <key>` with one of these keys.",
+    )
+    api_keys_file: str | None = setting(
+        None,
+        "More api_keys from a file: one per line, # comments (relative to the config file).",
+    )
+    drain_timeout_s: float = setting(30.0, "How long the streams in flight may finish on shutdown.")
+    max_body_bytes: int = setting(
+        4 * 1024 * 1024,
+        "The largest request body; a larger one is answered 413.",
+        min=1024,
+        number=True,
+    )
+    keepalive_s: float = setting(
+        15.0, "SSE comment sent while waiting for the first token; 0 = never."
+    )
+    node_refresh_s: float = setting(
+        5.0,
+        "How often every node is asked for its models (health, /readyz, routing).",
+        min=0.05,
+    )
+    max_connections: int = setting(
+        0, "Client connections served at once; 0 = derived from the file-descriptor limit."
+    )
+    idle_timeout_s: float = setting(
+        5.0,
+        "A connection with no request in progress is closed this long after it went idle;"
+        " the next request's head must be complete by then (slow heads too).",
+        min=0.01,
+        max=3600,
+    )
+    body_timeout_s: float = setting(
+        60.0,
+        "Time the edge waits on the client for one HTTP/1.1 request body: past it, 408.",
+        min=0.01,
+        max=3600,
+    )
+    workers: int = setting(
+        1,
+        "Worker processes serving the listen address (edge.process.supervisor); 1 = one"
+        ' process; "auto": one per CPU this process may run on.',
+        takes=f'integer, 1 to {MAX_WORKERS}, or "auto"',
+    )
+    cors_allow_origins: tuple[str, ...] = setting(
+        (),
+        'Browser origins allowed to call the API (CORS), e.g. "https://app.example.com", or'
+        ' "*" for any; empty: no CORS headers at all (docs/operations.md).',
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
-    # The least severe level logged.
-    level: str = "INFO"
-    # text: lines for a terminal; json: one object per line (journald).
-    format: str = "text"
-    # Lines waiting for a slow reader of stderr, at most (edge.observe.logwriter): the rest
-    # are dropped.
-    queue_bytes: int = 1024 * 1024
+    """Logs on stderr (`[log]`)."""
+
+    level: str = setting(
+        "INFO",
+        "The least severe level logged.",
+        choices=("TRACE", "DEBUG", "INFO", "WARNING", "ERROR"),
+    )
+    format: str = setting(
+        "text",
+        "text: lines for a terminal; json: one object per line (journald).",
+        choices=("text", "json"),
+    )
+    queue_bytes: int = setting(
+        1024 * 1024,
+        "Lines waiting for a slow reader of stderr, at most (edge.observe.logwriter): the"
+        " rest are dropped.",
+        min=16384,
+        max=2**30,
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class TimeoutsConfig:
-    # The longest wait from dispatching a run to the node's first event.
-    first_event_s: float = 120.0
-    # The longest wait between two events of the node.
-    idle_s: float = 60.0
-    # The longest a whole run may take.
-    total_s: float = 900.0
-    # A client that reads nothing while this many seconds of output wait is gone.
-    slow_client_s: float = 30.0
-    # Characters of output the process holds for its streams in all: past it, the streams
-    # whose clients stopped reading longest ago are ended as slow clients at once (the
-    # default fits 128 stalled streams, 256 Ki characters each).
-    slow_client_backlog_chars: int = 32 * 1024 * 1024
+    """The deadlines of a run, per edge (`[timeouts]`)."""
+
+    first_event_s: float = setting(
+        120.0,
+        "The longest wait from dispatching a run to the node's first event.",
+        min=0.001,
+    )
+    idle_s: float = setting(60.0, "The longest wait between two events of the node.", min=0.001)
+    total_s: float = setting(900.0, "The longest a whole run may take.", min=0.001)
+    slow_client_s: float = setting(
+        30.0,
+        "A client that reads nothing while this many seconds of output wait is gone.",
+        min=0.001,
+    )
+    slow_client_backlog_chars: int = setting(
+        32 * 1024 * 1024,
+        "Characters of output the process holds for its streams in all: past it, the streams"
+        " whose clients stopped reading longest ago are ended as slow clients at once (the"
+        " default fits 128 stalled streams, 256 Ki characters each).",
+        min=65536,
+        max=2**40,
+    )
 
 
 CACHE_SCOPES = ("key", "shared")
-ROUTING_POLICIES = ("least_loaded", "affinity", "cache_aware")
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingConfig:
-    """How runs are spread over nodes, retried, and kept off failing nodes (`[routing]`)."""
-
-    # least_loaded: the node with the fewest runs in flight; affinity: the session's
-    # node (X-Session-Id, prompt_cache_key, else `user`) while its load stays bounded;
-    # cache_aware: the node whose KV cache holds the longest prefix of the prompt, within
-    # a bound on load (docs/fleet.md, Cache-aware routing).
-    policy: str = "least_loaded"
-    # Retries of a run that could not start (on another node), before the first byte.
-    retries: int = 2
-    # Base of the jittered exponential backoff between retries.
-    retry_backoff_s: float = 0.05
-    # Times a request's answer may move to another node when its run breaks after
-    # output (the node gone, drained or failed): a node whose model says `continuation`
-    # continues it from the answer so far (docs/fleet.md, Migration). 0: never.
-    migrations: int = 1
-    # Run failures in a row that open a node's circuit breaker.
-    breaker_failures: int = 5
-    # How long an open breaker keeps new runs off the node before one probe run.
-    breaker_cooldown_s: float = 5.0
-    # The heartbeat the edge asks of each node's Watch stream: a node reports its load
-    # when it changes and at least this often; one silent for 3 heartbeats (at least 1 s)
-    # is suspect and subscribed to again.
-    watch_heartbeat_s: float = 2.0
-    # cache_aware: a node's KV cache, in blocks of 64 tokens (256 characters of prompt),
-    # when it does not report its capacity (kv_cache_tokens).
-    cache_blocks: int = 16384
-    # cache_aware: no node is chosen for its cache with more than this many times the
-    # mean runs of the candidates + 1 (looser than affinity's 1.25: a hit is short, and
-    # a prefix spilled to another node is a miss there; BENCHMARKS.md).
-    cache_load_factor: float = 2.0
-    # cache_aware: the hot-spot guard: no node is chosen for its cache with more than
-    # this many times the mean share of the edge's recent dispatches (about the last
-    # 64) + 1.
-    cache_share_factor: float = 1.4
-    # cache_aware: a prefix no node holds past this share of a request's blocks is
-    # weak: the request is placed as a miss, by its block at this share of its blocks
-    # (new conversations that share only a short system prompt spread over the nodes).
-    cache_threshold: float = 0.3
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionConfig:
-    """The queue of requests waiting for a free node slot (`[admission]`)."""
-
-    # Requests waiting at once; one more is answered 503 overloaded (0: no queue).
-    max_queue: int = 1000
-    # How long a request may wait for a slot before 503 overloaded.
-    queue_timeout_s: float = 30.0
-    # Bytes the requests queued and running may hold at once, as parsed (each request's
-    # estimate: edge.api.footprint); one that would pass it is answered 503 overloaded.
-    memory_budget_bytes: int = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,24 +143,41 @@ class KeyConfig:
     The secret is kept out of `repr` (a config printed or logged never shows it).
     """
 
-    # The key's name in logs and metrics (the key itself never is): 1 to 64 of
-    # A-Z a-z 0-9 . _ -; required.
-    name: str
+    name: str = field(
+        metadata=about(
+            "The key's name in logs and metrics (the key itself never is): 1 to 64 of"
+            " A-Z a-z 0-9 . _ -; required."
+        )
+    )
     # The key itself: from `key`, `key_env` or `key_file` (edge.config.keys).
     secret: str = field(repr=False)
-    # Requests per minute; unset: no limit.
-    rpm: int | None = None
-    # Tokens per minute, counted when each run ends; unset: no limit.
-    tpm: int | None = None
-    # Streams (requests in flight) at once; unset: no limit.
-    max_streams: int | None = None
-    # The models this key may use (others are answered like unknown models); unset:
-    # every model.
-    models: tuple[str, ...] | None = None
-    # Whose cached prompt prefixes this key's requests may reuse: "key" (its own only:
-    # another key cannot learn a prompt from the cache) or "shared" (those of every
-    # key that shares, e.g. one application's users sharing a system prompt).
-    cache_scope: str = "key"
+    rpm: int | None = setting(
+        None, "Requests per minute; unset: no limit.", min=1, max=1_000_000_000
+    )
+    tpm: int | None = setting(
+        None,
+        "Tokens per minute, counted when each run ends; unset: no limit.",
+        min=1,
+        max=1_000_000_000,
+    )
+    max_streams: int | None = setting(
+        None,
+        "Streams (requests in flight) at once; unset: no limit.",
+        min=1,
+        max=1_000_000_000,
+    )
+    models: tuple[str, ...] | None = setting(
+        None,
+        "The models this key may use (others are answered like unknown models); unset:"
+        " every model.",
+    )
+    cache_scope: str = setting(
+        "key",
+        'Whose cached prompt prefixes this key\'s requests may reuse: "key" (its own only:'
+        ' another key cannot learn a prompt from the cache) or "shared" (those of every'
+        " key that shares, e.g. one application's users sharing a system prompt).",
+        choices=CACHE_SCOPES,
+    )
 
     @property
     def limited(self) -> bool:
@@ -173,21 +189,30 @@ class KeyConfig:
 class LimitsConfig:
     """Where the keys' counters live (`[limits]`): Redis, else this edge's workers."""
 
-    # redis://HOST:PORT/DB (or rediss://, unix://): limits shared by every edge using it.
-    redis_url: str | None = None
-    # Redis down or slow: true lets requests through, false answers 503.
-    fail_open: bool = True
-    # Prefix of every Redis key the edge writes.
-    key_prefix: str = "iop-edge:"
-    # Deadline of one Redis call.
-    redis_timeout_s: float = 0.25
-    # A `max_streams` lease (Redis, the workers' shared file) expires this long after it
-    # was last renewed: a stream whose release failed (Redis unreachable) or whose
-    # process hangs is given back within it.
-    lease_s: float = 10.0
-    # How often the leases a process holds are renewed (one store call per process
-    # per renewal, for all of them); at most half of lease_s.
-    lease_renew_s: float = 3.0
+    redis_url: str | None = setting(
+        None,
+        "redis://HOST:PORT/DB (or rediss://, unix://): limits shared by every edge using it.",
+    )
+    fail_open: bool = setting(
+        True, "Redis down or slow: true lets requests through, false answers 503."
+    )
+    key_prefix: str = setting("iop-edge:", "Prefix of every Redis key the edge writes.")
+    redis_timeout_s: float = setting(0.25, "Deadline of one Redis call.", min=0.001, max=60)
+    lease_s: float = setting(
+        10.0,
+        "A `max_streams` lease (Redis, the workers' shared file) expires this long after it"
+        " was last renewed: a stream whose release failed (Redis unreachable) or whose"
+        " process hangs is given back within it.",
+        min=0.05,
+        max=3600,
+    )
+    lease_renew_s: float = setting(
+        3.0,
+        "How often the leases a process holds are renewed (one store call per process"
+        " per renewal, for all of them); at most half of lease_s.",
+        min=0.01,
+        max=3600,
+    )
 
 
 RESPONSE_STORES = ("sqlite", "redis", "off")
@@ -197,35 +222,66 @@ RESPONSE_STORES = ("sqlite", "redis", "off")
 class ResponsesConfig:
     """Where `/v1/responses` keeps the responses later requests refer to (`[responses]`)."""
 
-    # sqlite: a file shared by this edge's workers; redis: shared by every edge using
-    # it; off: nothing is kept (previous_response_id and item_reference are refused).
-    store: str = "sqlite"
-    # The SQLite file (relative to the config file); unset: responses.sqlite3 in
-    # systemd's $STATE_DIRECTORY, else in the edge run's own directory, removed when the
-    # edge stops.
-    path: str | None = None
-    # redis://HOST:PORT/DB (or rediss://, unix://) for store = "redis"; unset: [limits]
-    # redis_url.
-    redis_url: str | None = None
-    # Prefix of every Redis key of the store.
-    key_prefix: str = "iop-edge:responses:"
-    # Deadline of one Redis call of the store.
-    redis_timeout_s: float = 2.0
-    # Responses kept at most: past it, the oldest are evicted.
-    max_responses: int = 10_000
-    # Bytes kept at most (each response: its Response object, its context and its
-    # output items, as JSON): past it, the oldest are evicted.
-    max_bytes: int = 256 * 1024 * 1024
-    # A larger response is answered but not kept (logged and counted).
-    max_response_bytes: int = 8 * 1024 * 1024
-    # Responses one key (tenant) keeps at most: past it, that key's oldest are evicted,
-    # never another's. Unset: a quarter of max_responses.
-    per_key_max_responses: int | None = None
-    # Bytes one key keeps at most, as max_bytes counts them: past it, that key's oldest
-    # are evicted. Unset: a quarter of max_bytes.
-    per_key_max_bytes: int | None = None
-    # A response is kept this long after it was stored, at most.
-    ttl_s: float = 7 * 24 * 3600.0
+    store: str = setting(
+        "sqlite",
+        "sqlite: a file shared by this edge's workers; redis: shared by every edge using"
+        " it; off: nothing is kept (previous_response_id and item_reference are refused).",
+        choices=RESPONSE_STORES,
+    )
+    path: str | None = setting(
+        None,
+        "The SQLite file (relative to the config file); unset: responses.sqlite3 in"
+        " systemd's $STATE_DIRECTORY, else in the edge run's own directory, removed when the"
+        " edge stops.",
+    )
+    redis_url: str | None = setting(
+        None,
+        'redis://HOST:PORT/DB (or rediss://, unix://) for store = "redis"; unset: [limits]'
+        " redis_url.",
+    )
+    key_prefix: str = setting("iop-edge:responses:", "Prefix of every Redis key of the store.")
+    redis_timeout_s: float = setting(
+        2.0, "Deadline of one Redis call of the store.", min=0.001, max=60
+    )
+    max_responses: int = setting(
+        10_000,
+        "Responses kept at most: past it, the oldest are evicted.",
+        min=1,
+        max=10**9,
+    )
+    max_bytes: int = setting(
+        256 * 1024 * 1024,
+        "Bytes kept at most (each response: its Response object, its context and its"
+        " output items, as JSON): past it, the oldest are evicted.",
+        min=2**16,
+        max=2**44,
+    )
+    max_response_bytes: int = setting(
+        8 * 1024 * 1024,
+        "A larger response is answered but not kept (logged and counted).",
+        min=1024,
+        max=2**31,
+    )
+    ttl_s: float = setting(
+        7 * 24 * 3600.0,
+        "A response is kept this long after it was stored, at most.",
+        min=1.0,
+        max=10 * 365 * 86400.0,
+    )
+    per_key_max_responses: int | None = setting(
+        None,
+        "Responses one key (tenant) keeps at most: past it, that key's oldest are evicted,"
+        " never another's. Unset: a quarter of max_responses.",
+        min=1,
+        max=10**9,
+    )
+    per_key_max_bytes: int | None = setting(
+        None,
+        "Bytes one key keeps at most, as max_bytes counts them: past it, that key's oldest"
+        " are evicted. Unset: a quarter of max_bytes.",
+        min=1024,
+        max=2**44,
+    )
 
     @property
     def key_max_responses(self) -> int:
@@ -243,79 +299,55 @@ class ResponsesConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeConfig:
-    # The node's name in logs, metrics and errors, unique; unset: its address.
-    name: str
-    # HOST:PORT of a node; "embedded": the simulated node, in-process;
-    # openai+http://HOST:PORT/v1: iop-node, in-process, in front of that server. Required.
-    address: str
-    # Runs in flight at once on this node: unset, the node's Describe max_runs
-    # (its 0: no limit); 0: no limit whatever the node says.
-    max_runs: int | None = None
-    # A file holding the node's token, sent as `authorization: Bearer <token>` on every
-    # call (the node's --token-file); read at start and at each reload. This key's and
-    # the other files' paths are relative to the config file.
-    token_file: str | None = None
-    # Connect with TLS (implied by ca_file, cert_file or server_name).
-    tls: bool = False
-    # The CA file the node's certificate is checked against; unset: the system's CAs.
-    ca_file: str | None = None
-    # The edge's client certificate (PEM) for a node that asks for one (mutual TLS).
-    cert_file: str | None = None
-    # The client certificate's private key; unset: in cert_file.
-    key_file: str | None = None
-    # The name the node's certificate must carry; unset: the address's host.
-    server_name: str | None = None
-    # What the files above held when the configuration was read (not a key): a node whose
-    # files changed is connected again on a reload.
-    files_digest: str = field(default="", repr=False)
-
-    @property
-    def embedded(self) -> bool:
-        return self.address == "embedded"
-
-    @property
-    def connection(self) -> tuple[object, ...]:
-        """What the node's connections are made of: a change of it (the address, the
-        credentials or their files) connects the node again."""
-        return (
-            self.address, self.token_file, self.tls, self.ca_file, self.cert_file,
-            self.key_file, self.server_name, self.files_digest,
-        )  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Per-model settings (`[models.NAME]`): the output policy and the forwarding policy."""
 
-    # Strict output for every request: reasoning hidden unless asked for, JSON answers
-    # checked against their response_format, tool calls validated strictly.
-    strict: bool = False
-    # Under strict output, content is held until its check passed (a failing answer
-    # sends no content byte).
-    stream_buffer: bool = False
-    # think: `<think>...</think>` split out of content; think_start: the template opened
-    # the think block already; the default for sim-* models is think.
-    reasoning_parser: str = "none"
-    # The formats of tool calls written as text that are parsed (json and fenced are
-    # opt-in).
-    tool_call_formats: tuple[str, ...] = DEFAULT_FORMATS
-    # strict, report or off; unset: derived per request, report or strict under strict
-    # output (edge.stream.toolcheck).
-    tool_validation: ToolValidation | None = None
-    # Leaked special tokens removed from the output.
-    sentinels: tuple[str, ...] = DEFAULT_SENTINELS
-    # Per-chunk trace logging for the model's runs.
-    trace_stream: bool = False
-    # Forwarding policy (edge.api.policy): a request asking for more output tokens
-    # (max_tokens, max_completion_tokens, min_tokens) is a 400.
-    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
-    # Forward chat_template_kwargs.chat_template (dropped unless allowed).
-    allow_chat_template: bool = False
-    # Forward ignore_eos (dropped unless allowed).
-    allow_ignore_eos: bool = False
-    # Media URL schemes the node may be sent besides data: ("http", "https").
-    media_url_schemes: tuple[str, ...] = ("data",)
+    strict: bool = setting(
+        False,
+        "Strict output for every request: reasoning hidden unless asked for, JSON answers"
+        " checked against their response_format, tool calls validated strictly.",
+    )
+    stream_buffer: bool = setting(
+        False,
+        "Under strict output, content is held until its check passed (a failing answer"
+        " sends no content byte).",
+    )
+    reasoning_parser: str = setting(
+        "none",
+        "think: `<think>...</think>` split out of content; think_start: the template opened"
+        " the think block already; the default for sim-* models is think.",
+        choices=REASONING_PARSERS,
+    )
+    tool_call_formats: tuple[str, ...] = setting(
+        DEFAULT_FORMATS,
+        "The formats of tool calls written as text that are parsed (json and fenced are opt-in).",
+    )
+    tool_validation: ToolValidation | None = field(
+        default=None,
+        metadata=about(
+            "strict, report or off; unset: derived per request, report or strict under strict"
+            " output (edge.stream.toolcheck).",
+            choices=TOOL_VALIDATION_MODES,
+        ),
+    )
+    sentinels: tuple[str, ...] = setting(
+        DEFAULT_SENTINELS, "Leaked special tokens removed from the output."
+    )
+    trace_stream: bool = setting(False, "Per-chunk trace logging for the model's runs.")
+    max_output_tokens: int = setting(
+        DEFAULT_MAX_OUTPUT_TOKENS,
+        "Forwarding policy (edge.api.policy): a request asking for more output tokens"
+        " (max_tokens, max_completion_tokens, min_tokens) is a 400.",
+        min=1,
+        max=2**32 - 1,  # the node protocol carries max_tokens as a uint32
+    )
+    allow_chat_template: bool = setting(
+        False, "Forward chat_template_kwargs.chat_template (dropped unless allowed)."
+    )
+    allow_ignore_eos: bool = setting(False, "Forward ignore_eos (dropped unless allowed).")
+    media_url_schemes: tuple[str, ...] = setting(
+        ("data",), 'Media URL schemes the node may be sent besides data: ("http", "https").'
+    )
 
     @property
     def forward_policy(self) -> ForwardPolicy:
@@ -334,32 +366,55 @@ SIM_MODEL = ModelConfig(reasoning_parser="think")
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """The whole file. The comment above each field of these dataclasses is its meaning in
-    the generated reference (docs/config-reference.md, `edge.config.reference`): keep one
-    above every setting the file can set."""
+    """The whole file: one field per table, each with its meaning (`edge.config.spec`),
+    as the keys of those tables have theirs."""
 
-    # The HTTP server: address, API keys, bodies, connections, workers.
-    server: ServerConfig = field(default_factory=ServerConfig)
-    # Logs on stderr.
-    log: LogConfig = field(default_factory=LogConfig)
-    # The deadlines of a run, per edge (not per request).
-    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
-    # How runs are spread over the nodes, retried, and kept off failing nodes.
-    routing: RoutingConfig = field(default_factory=RoutingConfig)
-    # The queue of requests waiting for a free node slot, and the memory budget.
-    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    # The nodes, one table each; unset: one simulated node, in-process.
-    nodes: tuple[NodeConfig, ...] = (NodeConfig("embedded", "embedded"),)
-    # Per-model settings, one table per model name: the output and forwarding policies.
-    models: Mapping[str, ModelConfig] = field(default_factory=dict)
-    # Named API keys with their limits, one table each (besides [server] api_keys).
-    keys: tuple[KeyConfig, ...] = ()
-    # Where the keys' counters live: Redis, else this edge's workers.
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    # OpenTelemetry traces; each key unset defers to the OTEL_* environment.
-    tracing: TracingConfig = field(default_factory=TracingConfig)
-    # The responses /v1/responses keeps for previous_response_id, item_reference and GET.
-    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    server: ServerConfig = field(
+        default_factory=ServerConfig,
+        metadata=about("The HTTP server: address, API keys, bodies, connections, workers."),
+    )
+    log: LogConfig = field(default_factory=LogConfig, metadata=about("Logs on stderr."))
+    timeouts: TimeoutsConfig = field(
+        default_factory=TimeoutsConfig,
+        metadata=about("The deadlines of a run, per edge (not per request)."),
+    )
+    routing: RoutingConfig = field(
+        default_factory=RoutingConfig,
+        metadata=about("How runs are spread over the nodes, retried, and kept off failing nodes."),
+    )
+    admission: AdmissionConfig = field(
+        default_factory=AdmissionConfig,
+        metadata=about(
+            "The queue of requests waiting for a free node slot, and the memory budget."
+        ),
+    )
+    nodes: tuple[NodeConfig, ...] = setting(
+        (NodeConfig("embedded", "embedded"),),
+        "The nodes, one table each; unset: one simulated node, in-process.",
+    )
+    models: Mapping[str, ModelConfig] = field(
+        default_factory=dict,
+        metadata=about(
+            "Per-model settings, one table per model name: the output and forwarding policies."
+        ),
+    )
+    keys: tuple[KeyConfig, ...] = setting(
+        (), "Named API keys with their limits, one table each (besides [server] api_keys)."
+    )
+    limits: LimitsConfig = field(
+        default_factory=LimitsConfig,
+        metadata=about("Where the keys' counters live: Redis, else this edge's workers."),
+    )
+    tracing: TracingConfig = field(
+        default_factory=TracingConfig,
+        metadata=about("OpenTelemetry traces; each key unset defers to the OTEL_* environment."),
+    )
+    responses: ResponsesConfig = field(
+        default_factory=ResponsesConfig,
+        metadata=about(
+            "The responses /v1/responses keeps for previous_response_id, item_reference and GET."
+        ),
+    )
     # The file read (in messages); not a key.
     source: str = "<defaults>"
 

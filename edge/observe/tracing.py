@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from loguru import logger
@@ -72,18 +72,41 @@ _TRUE = ("1", "true", "yes", "on")
 
 @dataclass(frozen=True, slots=True)
 class TracingConfig:
-    """The `[tracing]` table: every key optional; None defers to the OTEL_* variables."""
+    """The `[tracing]` table: every key optional; None defers to the OTEL_* variables.
 
-    # On or off; unset: on when OTEL_TRACES_EXPORTER names otlp (OTEL_SDK_DISABLED wins).
-    enabled: bool | None = None
-    # Where spans go: otlp, over OTLP/HTTP.
-    exporter: str = "otlp"
-    # OTLP/HTTP base URL (as OTEL_EXPORTER_OTLP_ENDPOINT), or the full /v1/traces URL.
-    endpoint: str | None = None
-    # Share of new traces recorded (a client's sampled flag is followed).
-    sample_ratio: float | None = None
-    # Prompt and completion text on the spans (gen_ai.input/output.messages).
-    capture_content: bool | None = None
+    Each field's metadata is the key's meaning and bounds, as `edge.config.spec` reads
+    them (the parser and docs/config-reference.md).
+    """
+
+    enabled: bool | None = field(
+        default=None,
+        metadata={
+            "doc": "On or off; unset: on when OTEL_TRACES_EXPORTER names otlp"
+            " (OTEL_SDK_DISABLED wins)."
+        },
+    )
+    exporter: str = field(
+        default="otlp",
+        metadata={"doc": "Where spans go: otlp, over OTLP/HTTP.", "choices": EXPORTERS},
+    )
+    endpoint: str | None = field(
+        default=None,
+        metadata={
+            "doc": "OTLP/HTTP base URL (as OTEL_EXPORTER_OTLP_ENDPOINT), or the full"
+            " /v1/traces URL."
+        },
+    )
+    sample_ratio: float | None = field(
+        default=None,
+        metadata={
+            "doc": "Share of new traces recorded (a client's sampled flag is followed).",
+            "max": 1.0,
+        },
+    )
+    capture_content: bool | None = field(
+        default=None,
+        metadata={"doc": "Prompt and completion text on the spans (gen_ai.input/output.messages)."},
+    )
 
 
 def _flag(environ: Mapping[str, str], name: str) -> bool:

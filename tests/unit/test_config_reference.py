@@ -8,13 +8,17 @@ Invariants:
 - The parser reads every key through the reader, which records it; it never tests for a
   key in the table first (a key read that way could be accepted and go unrecorded).
 - Each default the reference gives is a value its key accepts.
+- Every settings field that says it is a key of the file (a `doc` in its metadata,
+  `edge.config.spec`) is one the parser reads.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
+from dataclasses import fields
 from pathlib import Path
+from typing import Any, get_args, get_type_hints
 
 from edge.config import DEFAULT_MODEL, Config, parse_config
 from edge.config.reference import render
@@ -52,6 +56,22 @@ def _accepted() -> dict[str, set[str]]:
     for reader in readers:
         tables.setdefault(reader.prefix.split("[")[0].split(".")[0], set()).update(reader.known)
     return tables
+
+
+def _settings(hint: Any) -> type:
+    """The settings class of a table of `Config` (an array's or a map's entries)."""
+    args = [arg for arg in get_args(hint) if arg is not Ellipsis]
+    return args[-1] if args else hint
+
+
+def test_every_key_of_the_settings_is_read() -> None:
+    """A field with a doc that the parser never reads would be a key the file cannot set."""
+    accepted = _accepted()
+    hints = get_type_hints(Config)
+    assert set(accepted.pop("")) == {f.name for f in fields(Config) if "doc" in f.metadata}
+    for table, keys in accepted.items():
+        declared = {f.name for f in fields(_settings(hints[table])) if "doc" in f.metadata}
+        assert declared <= keys, (table, declared - keys)
 
 
 def test_the_committed_reference_is_current() -> None:
