@@ -18,8 +18,8 @@ Two parts, one state shown (`state`):
   Describe (`watch_failed`), so it is suspect at once and subscribed to again
   on the probes' schedule (`next_check`). Its silence is bounded: a report
   is due within `silence_bound` of the last one (or of the subscription),
-  SILENCE_HEARTBEATS heartbeats and at least SILENCE_MIN_S; past it (`silent`)
-  the watch has failed.
+  SILENCE_HEARTBEATS heartbeats and at least SILENCE_MIN_S; past it (`silent_at`,
+  the deadline the feed waits for a report by) the watch has failed.
 - The breaker, from runs: `breaker_failures` run failures in a row open it
   (no new runs); `cooldown_s` later it is half-open: one probe run may start;
   a run that succeeds closes it, one that fails opens it again. A probe whose
@@ -176,10 +176,6 @@ class NodeHealth:
         next report is due within the silence bound. True when the node came up."""
         self.silent_at = now + silence_bound(heartbeat_s)
         return self.describe_ok(now)
-
-    def silent(self, now: float) -> bool:
-        """Whether the watched node's next report is overdue."""
-        return now >= self.silent_at
 
     def watch_failed(self, now: float, reason: str) -> bool:
         """The Watch stream broke, stayed silent past its bound, or could not be opened: a
