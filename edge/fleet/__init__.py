@@ -1,6 +1,6 @@
 """The fleet: which node runs a request, and the run's one lifecycle there.
 
-Owns the pool of nodes (health, Watch or Describe: `feed`, circuit breaker, panic
+Owns the pool of nodes (health, Watch or Describe: `feed`, circuit breaker: `breaker`, panic
 routing, affinity, the rank of a node by its load: `load`; cache-aware routing:
 `cacheaware`, over each node's `cacheindex`),
 admission (node slots, the queue, the memory budget), failover, the run

@@ -223,7 +223,8 @@ class NodePool:
             logger.warning(
                 "node {}: circuit open after {} failed run(s) in a row, last: {};"
                 " no new runs for {:g}s",
-                state.client.name, state.health.run_failures, clip(reason), self.policy.cooldown_s,
+                state.client.name, state.health.breaker.failures, clip(reason),
+                self.policy.cooldown_s,
             )  # fmt: skip
             self.feed.wake()
 
@@ -295,7 +296,7 @@ class NodePool:
                 choice, chosen = None, self._choose(free, affinity_key, turn)
             if len(free) < len(healthy) and _queued_behind(chosen, healthy):
                 return None  # wait here for a place on a node without that queue
-            chosen.health.take(now)
+            chosen.health.breaker.take(now, self.policy.cooldown_s)
             if choice is not None and route is not None:
                 self._routed(chosen, route, choice)
             return chosen
@@ -415,7 +416,7 @@ class NodePool:
                 "models": list(s.models),
                 "in_flight": s.in_flight,
                 "max_runs": None if math.isinf(s.max_runs) else int(s.max_runs),
-                "failed_runs_in_a_row": s.health.run_failures,
+                "failed_runs_in_a_row": s.health.breaker.failures,
                 "watched": not s.polled,
                 **({"load": self._load_status(s.load)} if s.load is not None else {}),
                 **({"cache": self._cache_status(s)} if self.cache_aware else {}),
