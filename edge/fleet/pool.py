@@ -7,7 +7,8 @@ answers, in one background task). Nothing of it runs per request: `pick`
 only reads the states, and the run side reports each run's verdict
 (`run_succeeded`, `run_failed`) and refusals (`mark_down`, which also ends a
 watched node's subscription: it is subscribed to again as a down node is
-probed).
+probed). What the edge shows of the nodes (`/readyz`, the gauges) is
+`edge.fleet.readiness`.
 
 `pick` chooses a node for a new run: one serving the model, healthy (up,
 its breaker closed or half-open with the probe run free), not excluded
@@ -34,7 +35,6 @@ none is left to try.
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
@@ -49,13 +49,7 @@ from edge.fleet import affinity, cacheaware, load
 from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Candidate, Route
 from edge.fleet.feed import NodeFeed
-from edge.fleet.health import (
-    STATE_VALUES,
-    HealthPolicy,
-    NodeHealth,
-    NodeStateName,
-)
-from edge.fleet.load import NodeLoad
+from edge.fleet.health import HealthPolicy, NodeHealth, NodeStateName
 from edge.fleet.nodestate import NodeState, max_runs_of
 from edge.node.client import NodeClient
 from edge.observe.logbound import clip
@@ -384,7 +378,7 @@ class NodePool:
         """The runs this edge routed by cache so far (the clock of the nodes' live demand)."""
         return self.shares.events
 
-    # --- what the edge shows -------------------------------------------------------------
+    # --- what the edge shows (edge.fleet.readiness) -------------------------------------
 
     def models(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -396,64 +390,6 @@ class NodePool:
     def state_of(self, state: NodeState) -> NodeStateName:
         """`up`, `down`, `open` or `half_open` (see edge.fleet.health)."""
         return state.health.state(self._clock())
-
-    def state_value(self, state: NodeState) -> float:
-        """The node's state as the iop_edge_node_state gauge shows it."""
-        return STATE_VALUES[self.state_of(state)]
-
-    @property
-    def ready(self) -> bool:
-        """Whether some node may take runs: up, or its breaker half-open."""
-        return any(self.state_of(s) in ("up", "half_open") for s in self.nodes)
-
-    def status(self) -> list[dict[str, object]]:
-        return [
-            {
-                "name": s.client.name,
-                "address": s.client.address,
-                "state": self.state_of(s),
-                "healthy": s.healthy,
-                "models": list(s.models),
-                "in_flight": s.in_flight,
-                "max_runs": None if math.isinf(s.max_runs) else int(s.max_runs),
-                "failed_runs_in_a_row": s.health.breaker.failures,
-                "watched": not s.polled,
-                **({"load": self._load_status(s.load)} if s.load is not None else {}),
-                **({"cache": self._cache_status(s)} if self.cache_aware else {}),
-                **({"error": s.error} if s.error else {}),
-            }
-            for s in self.nodes
-        ]
-
-    def _cache_status(self, state: NodeState) -> dict[str, object]:
-        """The node's cache as the cache-aware policy sees it, in blocks of BLOCK_TOKENS:
-        its capacity, what its index holds, and its live demand (over its capacity, the
-        node evicts prefixes still in use, and takes no new one)."""
-        cache = state.cache
-        return {
-            "index": "exact" if cache.exact else "approximate",
-            "capacity_blocks": cache.capacity,
-            "held_blocks": len(cache),
-            "live_blocks": cache.live(self.dispatches),
-        }
-
-    def load_values(self, state: NodeState) -> tuple[float, float, float | None, bool]:
-        """What the node last reported of its load, for the gauges: (waiting runs, active
-        runs, KV cache usage; 0 each without a report, the KV usage None where the node
-        does not say it) and whether it is watched."""
-        reported = state.load
-        if reported is None:
-            return 0.0, 0.0, None, not state.polled
-        return reported.waiting, reported.active, reported.kv_usage, not state.polled
-
-    @staticmethod
-    def _load_status(reported: NodeLoad) -> dict[str, object]:
-        return {
-            "active_runs": reported.active,
-            "waiting_runs": reported.waiting,
-            # null: the node does not say (llama.cpp), which is not an empty cache
-            "kv_cache_usage": None if reported.kv_usage is None else round(reported.kv_usage, 4),
-        }
 
     async def aclose(self) -> None:
         for state in self.nodes:

@@ -21,7 +21,7 @@ from edge.config import RoutingConfig
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.prefix import BLOCK_TOKENS, MAX_KV_BLOCKS_PER_REPORT
 from edge.errors import NodeFailedError
-from edge.fleet import affinity, cacheaware, cacheindex
+from edge.fleet import affinity, cacheaware, cacheindex, readiness
 from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Route
 from edge.fleet.nodestate import NodeState
@@ -214,7 +214,7 @@ def test_readyz_shows_each_nodes_cache_as_the_policy_sees_it() -> None:
     session = _pinned_to(0, ["a", "b"])
     assert take(pool, Route(blocks(10, 7)), session) is a
     a.in_flight = 0
-    entries = {entry["name"]: entry for entry in pool.status()}
+    entries = {entry["name"]: entry for entry in readiness.status(pool)}
     assert entries["a"]["cache"] == {
         "index": "exact", "capacity_blocks": 1_000, "held_blocks": 5, "live_blocks": 7,
     }  # fmt: skip
@@ -225,9 +225,10 @@ def test_readyz_shows_each_nodes_cache_as_the_policy_sees_it() -> None:
     to_b = _pinned_to(1, ["a", "b"])
     for k in range(cacheindex.LIVE_WINDOW):
         take(pool, Route(blocks(2_000 + 10 * k, 1)), to_b).in_flight = 0
-    assert {e["name"]: e["cache"]["live_blocks"] for e in pool.status()} == {"a": 0, "b": 64}
+    live = {e["name"]: e["cache"]["live_blocks"] for e in readiness.status(pool)}
+    assert live == {"a": 0, "b": 64}
     plain, _, _ = make_pool("a")
-    assert "cache" not in plain.status()[0]
+    assert "cache" not in readiness.status(plain)[0]
 
 
 def test_a_new_prefix_goes_to_the_emptier_of_two_nodes_when_the_indexes_are_approximate() -> None:
