@@ -55,7 +55,7 @@ def ready(pool: NodePool) -> bool:
 
 def status(pool: NodePool) -> list[dict[str, object]]:
     """Every node as `/readyz` lists it."""
-    cache_aware = pool.cache_aware
+    cache_aware = pool.picker.cache_aware
     return [
         {
             "name": s.client.name,
@@ -68,7 +68,7 @@ def status(pool: NodePool) -> list[dict[str, object]]:
             "failed_runs_in_a_row": s.health.breaker.failures,
             "watched": not s.polled,
             **({"load": _load_status(s.load)} if s.load is not None else {}),
-            **({"cache": _cache_status(s, pool.dispatches)} if cache_aware else {}),
+            **({"cache": _cache_status(s, pool.picker.dispatches)} if cache_aware else {}),
             **({"error": s.error} if s.error else {}),
         }
         for s in pool.nodes
