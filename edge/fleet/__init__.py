@@ -2,7 +2,8 @@
 
 Owns the pool of nodes (health, Watch or Describe: `feed`, circuit breaker: `breaker`, panic
 routing, affinity, the rank of a node by its load: `load`; cache-aware routing:
-`cacheaware`, over each node's `cacheindex`),
+`cacheaware`, over each node's `cacheindex`; the choice among the candidates:
+`picker`; what `/readyz` and the node gauges show: `readiness`),
 admission (node slots, the queue, the memory budget), failover, the run
 (`run`: accept, deadlines, batches, the one CancelRun, the outcome), the
 scheduler's turns for heavy steps, and per-model policy (`modelpolicy`: a

@@ -105,7 +105,7 @@ def _no_node(
 
 class NodePool:
     """The edge's nodes: health kept in one background task (`feed`), a node picked per
-    run (`pick`, the choice among the candidates the `picker`'s).
+    run (`pick`; the `picker` chooses among the candidates).
 
     `on_available` (set by the admission queue) is called when a node may take
     runs it could not before: it came up, its breaker half-opened or closed,
