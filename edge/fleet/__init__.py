@@ -1,8 +1,9 @@
 """The fleet: which node runs a request, and the run's one lifecycle there.
 
-Owns the pool of nodes (health, Watch or Describe: `feed`, circuit breaker, panic
-routing, affinity, the rank of a node by its load: `load`; cache-aware routing:
-`cacheaware`, over each node's `cacheindex`),
+Owns the pool of nodes (health, Watch or Describe: `feed`, circuit breaker:
+`breaker`, panic routing, affinity, the rank of a node by its load: `load`; cache-aware routing:
+`cacheaware`, over each node's `cacheindex`; the choice among the candidates:
+`picker`; what `/readyz` and the node gauges show: `readiness`),
 admission (node slots, the queue, the memory budget), a request's answer
 (`answer`: its nursery, its attempts by `failover` and `migration`, the run
 whose outcome is the request's, its journal), the run (`run`: its phases as

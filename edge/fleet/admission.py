@@ -239,7 +239,7 @@ class Admission:
         # A copy of the head: the loop hands some of them out.
         for waiter in list(islice(waiters, SCAN)):
             key = (waiter.model, waiter.logprobs)
-            routed = waiter.route is not None and self._pool.cache_aware
+            routed = waiter.route is not None and self._pool.picker.cache_aware
             plain = not waiter.exclude and waiter.affinity_key is None and not routed
             if plain and key in full:
                 continue

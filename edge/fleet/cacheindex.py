@@ -30,18 +30,18 @@ boundaries, short of the first gap or past it. Either is a block the node
 said it holds, and the error is the node's holes, not the index's; a node
 that evicts leaves first (vLLM, SGLang, the simulated node) has none.
 
-**Live demand** (either source): the blocks this edge sent the node over
-about its last LIVE_WINDOW dispatches (to any node), each with the dispatch
-it was last sent with (`routed`'s `tick`), and, with an exact index, the
-blocks the node reported storing over that time (`stored`'s `tick`: the runs
-other edges sent it made it compute them, so edges in front of the same
-nodes see each other's placements). `has_room` asks whether those and a new
-request's blocks fit in the node's capacity: placed there, the request
-would push out no block still in use. A cache's free blocks cannot say it: a
-paged KV cache fills and stays full (an LRU evicts only to store), so once
-warm every node looked full and a new prefix went by hashing alone, which
-left one node 6 of 16 prefixes where it held 5, evicting them in turn for
-as long as the traffic lasted (BENCHMARKS.md).
+**Live demand** (either source; `LiveDemand`, which each index holds): the
+blocks this edge sent the node over about its last LIVE_WINDOW dispatches (to
+any node), each with the dispatch it was last sent with (`routed`'s `tick`),
+and, with an exact index, the blocks the node reported storing over that time
+(`stored`'s `tick`: the runs other edges sent it made it compute them, so edges
+in front of the same nodes see each other's placements). `has_room` asks whether
+those and a new request's blocks fit in the node's capacity: placed there, the
+request would push out no block still in use. A cache's free blocks cannot say
+it: a paged KV cache fills and stays full (an LRU evicts only to store), so once
+warm every node looked full and a new prefix went by hashing alone, which left
+one node 6 of 16 prefixes where it held 5, evicting them in turn for as long as
+the traffic lasted (BENCHMARKS.md).
 
 Bounded: an index holds at most its capacity in blocks, never more than
 MAX_BLOCKS (whatever a node reports; blocks an exact node says it stored
@@ -83,6 +83,57 @@ def longest_held(held: Container[int], blocks: Sequence[int]) -> int:
     return low
 
 
+class LiveDemand:
+    """The blocks this edge sent one node over about its last LIVE_WINDOW dispatches, each
+    with the dispatch it was last sent with (the module doc's live demand). The node's
+    capacity comes with each call: its index keeps it."""
+
+    __slots__ = ("_ticks",)
+
+    def __init__(self) -> None:
+        # Hash -> the dispatch it was last sent with, oldest first.
+        self._ticks: OrderedDict[int, int] = OrderedDict()
+
+    def sent(self, blocks: Iterable[int], tick: int, capacity: int) -> None:
+        """These blocks were sent to the node (or stored by it) at dispatch `tick`."""
+        ticks = self._ticks
+        to_end = ticks.move_to_end
+        for block in blocks:
+            ticks[block] = tick
+            to_end(block)
+        self.trim(capacity)
+
+    def trim(self, capacity: int) -> None:
+        """At most `capacity` and MAX_PREFIX_BLOCKS more kept, the oldest dropped first."""
+        ticks = self._ticks
+        while len(ticks) > capacity + MAX_PREFIX_BLOCKS:
+            ticks.popitem(last=False)
+
+    def has_room(self, blocks: Sequence[int], tick: int, capacity: int) -> bool:
+        """Whether the demand at dispatch `tick` and those of `blocks` not in it fit in
+        `capacity` blocks."""
+        ticks = self._ticks
+        self._expire(tick)
+        new = len(blocks) - longest_held(ticks, blocks)
+        return len(ticks) + new <= capacity
+
+    def count(self, tick: int) -> int:
+        """The demand at dispatch `tick`, in blocks."""
+        self._expire(tick)
+        return len(self._ticks)
+
+    def _expire(self, tick: int) -> None:
+        """Blocks last sent LIVE_WINDOW dispatches or more before `tick` leave the live
+        demand (the oldest are first: one step each, each once)."""
+        ticks = self._ticks
+        oldest = tick - LIVE_WINDOW
+        while ticks:
+            block = next(iter(ticks))
+            if ticks[block] > oldest:
+                return
+            del ticks[block]
+
+
 class CacheIndex:
     """The prefix blocks one node holds, approximate (from routing) or exact (from the
     node's own KV events), and its live demand."""
@@ -92,8 +143,7 @@ class CacheIndex:
     def __init__(self, capacity: int) -> None:
         # Hash -> None, least recently used first (an exact index keeps no order).
         self._blocks: OrderedDict[int, None] = OrderedDict()
-        # The live demand: hash -> the dispatch it was last sent with, oldest first.
-        self._live: OrderedDict[int, int] = OrderedDict()
+        self._live = LiveDemand()
         self.capacity = max(1, min(capacity, MAX_BLOCKS))
         # Fed by the node's KV events (its Watch reports): routing and usage change nothing.
         self.exact = False
@@ -104,15 +154,11 @@ class CacheIndex:
     def has_room(self, blocks: Sequence[int], tick: int) -> bool:
         """Whether the node's live demand at dispatch `tick` and those of `blocks` not in
         it fit in its capacity (the module doc)."""
-        live = self._live
-        self._expire(tick)
-        new = len(blocks) - longest_held(live, blocks)
-        return len(live) + new <= self.capacity
+        return self._live.has_room(blocks, tick, self.capacity)
 
     def live(self, tick: int) -> int:
         """The node's live demand at dispatch `tick`, in blocks."""
-        self._expire(tick)
-        return len(self._live)
+        return self._live.count(tick)
 
     def __contains__(self, block: int) -> bool:
         return block in self._blocks
@@ -121,7 +167,7 @@ class CacheIndex:
         """The node's capacity in blocks changed (its report): at most that many kept."""
         self.capacity = max(1, min(capacity, MAX_BLOCKS))
         self._trim()
-        self._trim_live()
+        self._live.trim(self.capacity)
 
     def longest(self, blocks: Sequence[int]) -> int:
         """How many of `blocks` (a chain, block 0 first) the node holds as a prefix."""
@@ -134,7 +180,7 @@ class CacheIndex:
         `tick`: they count in its live demand, and it will hold them. Recorded deepest
         first, so block 0 is the most recently used (an exact index: the live demand
         only)."""
-        self._touch(reversed(blocks), tick)
+        self._live.sent(reversed(blocks), tick, self.capacity)
         if self.exact:
             return
         held = self._blocks
@@ -168,7 +214,7 @@ class CacheIndex:
         """The node stored these blocks (kept up to the capacity; past it, not kept); with
         `tick`, they count in its live demand from that dispatch on."""
         if tick is not None:
-            self._touch(blocks, tick)
+            self._live.sent(blocks, tick, self.capacity)
         held = self._blocks
         room = self.capacity - len(held)
         for block in blocks:
@@ -195,27 +241,3 @@ class CacheIndex:
         held = self._blocks
         while len(held) > self.capacity:
             held.popitem(last=False)
-
-    def _touch(self, blocks: Iterable[int], tick: int) -> None:
-        live = self._live
-        to_end = live.move_to_end
-        for block in blocks:
-            live[block] = tick
-            to_end(block)
-        self._trim_live()
-
-    def _trim_live(self) -> None:
-        live = self._live
-        while len(live) > self.capacity + MAX_PREFIX_BLOCKS:
-            live.popitem(last=False)
-
-    def _expire(self, tick: int) -> None:
-        """Blocks last sent LIVE_WINDOW dispatches or more before `tick` leave the live
-        demand (the oldest are first: one step each, each once)."""
-        live = self._live
-        oldest = tick - LIVE_WINDOW
-        while live:
-            block = next(iter(live))
-            if live[block] > oldest:
-                return
-            del live[block]

@@ -14,7 +14,8 @@ upgraded). The same task half-opens the breakers on time. Nothing of it runs
 per request: the pool's `pick` only reads the states the feed keeps.
 
 Knows the pool only by what it feeds (`Fed`): its nodes, health policy and
-routing knobs, and whom to tell that a node may take runs it could not before.
+routing knobs (its picker's, `edge.fleet.picker`), and whom to tell that a node
+may take runs it could not before.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from edge.contract.prefix import BLOCK_TOKENS
 from edge.fleet.health import SILENCE_HEARTBEATS, SILENCE_MIN_S, HealthPolicy
 from edge.fleet.load import NodeLoad
 from edge.fleet.nodestate import NodeState, kv_events, max_runs_of
+from edge.fleet.picker import Picker
 from edge.node.client import NodeDescription, WatchUnsupported
 from edge.observe.logbound import clip, clip_join
 
@@ -42,12 +44,7 @@ class Fed(Protocol):
     nodes: list[NodeState]
     policy: HealthPolicy
     watch_heartbeat_s: float
-    cache_aware: bool
-    cache_blocks: int
-
-    @property
-    def dispatches(self) -> int:
-        """The runs this edge routed by cache so far (the clock of the nodes' live demand)."""
+    picker: Picker
 
     def available(self) -> None:
         """A node may take runs it could not before (up, a higher max_runs, new models)."""
@@ -193,8 +190,8 @@ class NodeFeed:
         self._learned(state, description, came_up)
         state.load = NodeLoad.of(description)
         state.at_report = state.in_flight
-        if self.pool.cache_aware:
-            kv_events(state.cache, description, self.pool.dispatches)
+        if self.pool.picker.cache_aware:
+            kv_events(state.cache, description, self.pool.picker.dispatches)
 
     async def _refresh_one(self, state: NodeState) -> None:
         state.describing = True
@@ -236,11 +233,11 @@ class NodeFeed:
         state.continuation_models = description.continuation_models
         state.description = description
         state.max_runs = max_runs_of(state.configured_max_runs, description)
-        if self.pool.cache_aware:
+        if self.pool.picker.cache_aware:
             tokens = description.kv_cache_tokens
             if tokens:
                 state.cache.resize(tokens // BLOCK_TOKENS)
             elif not state.cache.exact:
-                state.cache.resize(self.pool.cache_blocks)
+                state.cache.resize(self.pool.picker.cache_blocks)
         if came_up or state.max_runs > old_cap or set(state.models) - set(old_models):
             self.pool.available()

@@ -18,17 +18,12 @@ Two parts, one state shown (`state`):
   Describe (`watch_failed`), so it is suspect at once and subscribed to again
   on the probes' schedule (`next_check`). Its silence is bounded: a report
   is due within `silence_bound` of the last one (or of the subscription),
-  SILENCE_HEARTBEATS heartbeats and at least SILENCE_MIN_S; past it (`silent`)
-  the watch has failed.
-- The breaker, from runs: `breaker_failures` run failures in a row open it
-  (no new runs); `cooldown_s` later it is half-open: one probe run may start;
-  a run that succeeds closes it, one that fails opens it again. A probe whose
-  verdict never comes (its caller left before the first event) frees the
-  probe after another `cooldown_s`; one the node refused (4xx) or was too
-  busy for (429) frees it at once (neither counts either way). A node that
-  comes back up from down has its breaker closed and its count reset: its
-  failures were those of the process that died (its own failures open the
-  breaker again).
+  SILENCE_HEARTBEATS heartbeats and at least SILENCE_MIN_S; past it (`silent_at`,
+  the deadline the feed waits for a report by) the watch has failed.
+- The breaker, from runs (`edge.fleet.breaker`): `breaker_failures` run
+  failures in a row open it, `cooldown_s` later one probe run may start. The
+  health holds it and its numbers: a run that succeeds on a down node brings
+  the node up, and a node that comes back up from down has its breaker closed.
 
 The state shown is `down` when unreachable, else `open`, `half_open` or `up`
 (closed breaker). STATE_VALUES gives the number each has on the
@@ -41,8 +36,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from edge.fleet.breaker import CircuitBreaker
+
 NodeStateName = Literal["up", "down", "open", "half_open"]
-Breaker = Literal["closed", "open", "half_open"]
 
 # The value of each state on the iop_edge_node_state{node} gauge.
 STATE_VALUES: dict[NodeStateName, int] = {"down": 0, "up": 1, "half_open": 2, "open": 3}
@@ -87,15 +83,12 @@ class NodeHealth:
 
     __slots__ = (
         "_backoff",
-        "_opened_at",
-        "_probe_taken_at",
         "breaker",
         "describe_failures",
         "last_failed_at",
         "next_check",
         "policy",
         "reason",
-        "run_failures",
         "silent_at",
         "up",
         "up_since",
@@ -111,11 +104,7 @@ class NodeHealth:
         # When the pool should send the next Describe.
         self.next_check = -math.inf
         self._backoff = policy.probe_first_s
-        # Run failures in a row (any success resets it).
-        self.run_failures = 0
-        self.breaker: Breaker = "closed"
-        self._opened_at = -math.inf
-        self._probe_taken_at: float | None = None
+        self.breaker = CircuitBreaker()
         # The last failure of any kind (panic routing tries the least recent first).
         self.last_failed_at = -math.inf
         # Watched: when the next report is overdue (inf: no subscription open).
@@ -129,16 +118,13 @@ class NodeHealth:
         self.up = True
         if came_up:
             self.up_since = now
+            # The failures that opened its breaker were the process that went down: the
+            # one that answers now starts with a closed breaker (its own failures reopen it).
+            self.breaker.restarted()
         self.reason = None
         self.describe_failures = 0
         self._backoff = self.policy.probe_first_s
         self.next_check = now + self.policy.refresh_s
-        if came_up and self.breaker != "closed":
-            # The failures that opened it were the process that went down: the one
-            # that answers now starts with a closed breaker (its own failures reopen it).
-            self.breaker = "closed"
-            self.run_failures = 0
-            self._probe_taken_at = None
         return came_up
 
     def describe_failed(self, now: float, reason: str) -> bool:
@@ -177,10 +163,6 @@ class NodeHealth:
         self.silent_at = now + silence_bound(heartbeat_s)
         return self.describe_ok(now)
 
-    def silent(self, now: float) -> bool:
-        """Whether the watched node's next report is overdue."""
-        return now >= self.silent_at
-
     def watch_failed(self, now: float, reason: str) -> bool:
         """The Watch stream broke, stayed silent past its bound, or could not be opened: a
         failed Describe (suspect, then down). True when this took the node down."""
@@ -194,7 +176,7 @@ class NodeHealth:
             self.next_check = min(self.next_check, now + self._backoff)
         self._backoff = min(self._backoff * 2, self.policy.probe_cap_s)
 
-    # --- the breaker -------------------------------------------------------------------
+    # --- runs, and the breaker ---------------------------------------------------------
 
     def run_succeeded(self, now: float) -> bool:
         """A run on the node got its first event (or completed).
@@ -204,12 +186,7 @@ class NodeHealth:
         by panic routing worked): it is asked for its models at once. True when
         the node may take runs again.
         """
-        self.run_failures = 0
-        available = False
-        if self.breaker != "closed":
-            self.breaker = "closed"
-            self._probe_taken_at = None
-            available = True
+        available = self.breaker.succeeded()
         if not self.up:
             self.up = True
             self.up_since = now
@@ -222,78 +199,36 @@ class NodeHealth:
 
     def run_failed(self, now: float) -> bool:
         """A run could not start, broke, or failed before output. True when the breaker opened."""
-        self.run_failures += 1
         self.last_failed_at = now
-        if self.breaker == "half_open" or (
-            self.breaker == "closed" and self.run_failures >= self.policy.breaker_failures
-        ):
-            self.breaker = "open"
-            self._opened_at = now
-            self._probe_taken_at = None
-            return True
-        return False
+        return self.breaker.failed(now, self.policy.breaker_failures)
 
     def run_refused(self, now: float) -> bool:
         """A run the node refused (4xx: the request's fault) or was too busy for (429):
         neither a success nor a failure, so the count stands. A half-open probe is freed
         at once (the node's health is still unknown: the next run probes it) rather than
         held for a cooldown. True when that frees the probe of a reachable node."""
-        if self.breaker == "half_open" and self._probe_taken_at is not None:
-            self._probe_taken_at = None
-            return self.up
-        return False
+        return self.breaker.refused() and self.up
 
     def advance(self, now: float) -> bool:
         """Let time pass: an open breaker past its cooldown half-opens, a probe lease that
         ran out frees the probe. True when the node may take a run it could not before."""
-        if self.breaker == "open" and now >= self._opened_at + self.policy.cooldown_s:
-            self.breaker = "half_open"
-            self._probe_taken_at = None
-            return self.up
-        taken = self._probe_taken_at
-        lease_over = taken is not None and now >= taken + self.policy.cooldown_s
-        if self.breaker == "half_open" and lease_over:
-            self._probe_taken_at = None
-            return self.up
-        return False
+        return self.breaker.advance(now, self.policy.cooldown_s) and self.up
 
     def admits(self, now: float) -> bool:
-        """Whether a new run may go to the node now (not changing anything)."""
-        if not self.up:
-            return False
-        breaker = self._breaker_at(now)
-        if breaker == "closed":
-            return True
-        if breaker == "half_open":
-            taken = self._probe_taken_at if self.breaker == "half_open" else None
-            return taken is None or now >= taken + self.policy.cooldown_s
-        return False
-
-    def take(self, now: float) -> None:
-        """A run was given to the node: when half-open, that run is its one probe."""
-        if self._breaker_at(now) == "half_open":
-            self.breaker = "half_open"
-            self._probe_taken_at = now
-
-    def _breaker_at(self, now: float) -> Breaker:
-        if self.breaker == "open" and now >= self._opened_at + self.policy.cooldown_s:
-            return "half_open"
-        return self.breaker
+        """Whether a new run may go to the node now (not changing anything); the run given
+        to it is the breaker's to `take`."""
+        return self.up and self.breaker.admits(now, self.policy.cooldown_s)
 
     # --- what the pool shows and when it wakes -------------------------------------------
 
     def state(self, now: float) -> NodeStateName:
         if not self.up:
             return "down"
-        breaker = self._breaker_at(now)
+        breaker = self.breaker.at(now, self.policy.cooldown_s)
         return "up" if breaker == "closed" else breaker
 
     def wake_at(self, *, describing: bool) -> float:
         """When the pool has something to do for this node: its next Describe (unless one
         is under way), its breaker's half-opening, its probe lease running out."""
         at = math.inf if describing else self.next_check
-        if self.breaker == "open":
-            at = min(at, self._opened_at + self.policy.cooldown_s)
-        elif self.breaker == "half_open" and self._probe_taken_at is not None:
-            at = min(at, self._probe_taken_at + self.policy.cooldown_s)
-        return at
+        return min(at, self.breaker.wake_at(self.policy.cooldown_s))

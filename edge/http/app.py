@@ -67,6 +67,7 @@ from edge.errors import (
     RequestError,
     ShuttingDownError,
 )
+from edge.fleet import readiness
 from edge.http import endpoints
 from edge.http.chat import ChatService
 from edge.http.live import CURRENT as CURRENT_SNAPSHOT
@@ -409,22 +410,8 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        draining = state["draining"]
-        ready = chat.pool.ready and not draining
-        body: dict[str, object] = {
-            "status": "ready" if ready else "not ready",
-            "nodes": chat.pool.status(),
-        }
-        if draining:
-            body["reason"] = "draining"
-        elif not ready:
-            reachable = any(node.healthy for node in chat.pool.nodes)
-            body["reason"] = (
-                "every reachable node's circuit breaker is open"
-                if reachable
-                else "no node answers its Describe RPC"
-            )
-        return _json_response(body, 200 if ready else 503)
+        shown = readiness.report(chat.pool, draining=state["draining"])
+        return _json_response(shown.body, 200 if shown.ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

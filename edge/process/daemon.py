@@ -246,8 +246,8 @@ async def _open_pool(config: Config, nodes: NodeSet, metrics: EdgeMetrics) -> No
     )  # fmt: skip
     for node, state in zip(opened, pool.nodes, strict=True):
         nodes.watch(pool, node, state)
-    pool.on_routed = metrics.cache_routed
-    await pool.refresh()
+    pool.picker.on_routed = metrics.cache_routed
+    await pool.feed.refresh()
     for state in pool.nodes:
         if not state.healthy:
             logger.warning(
@@ -271,7 +271,7 @@ def _start_background(
 ) -> None:
     """The tasks that run as long as the edge: node refresh, the scheduler's turns,
     systemd's watchdog, and (a worker) the metrics other workers' scrapes read."""
-    root.start_soon(fleet.pool.run_refresh)
+    root.start_soon(fleet.pool.feed.run_refresh)
     interval = systemd.watchdog_interval()
     if interval is not None:
         root.start_soon(systemd.watchdog_loop, interval)

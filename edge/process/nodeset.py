@@ -38,6 +38,7 @@ from loguru import logger
 
 from edge.config import ConfigError, NodeConfig, split_address, upstream_url
 from edge.config.address import is_loopback
+from edge.fleet import readiness
 from edge.fleet.migration import CANCEL_WAIT_S
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
@@ -139,8 +140,8 @@ class NodeSet:
         """`state` is `opened`'s node in the pool: its gauges read from there."""
         opened.state = state
         name = opened.config.name
-        self.metrics.watch_nodes([(name, partial(pool.state_value, state))])
-        self.metrics.watch_node_load([(name, partial(pool.load_values, state))])
+        self.metrics.watch_nodes([(name, partial(readiness.state_value, pool, state))])
+        self.metrics.watch_node_load([(name, partial(readiness.load_values, state))])
 
     async def changed(self, nodes: Sequence[NodeConfig]) -> tuple[list[OpenNode], list[str]]:
         """The first half of `apply`, the one that may fail: the nodes of `nodes` to add,

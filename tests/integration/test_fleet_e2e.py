@@ -126,7 +126,7 @@ async def pool(sim: SimProcess) -> AsyncIterator[NodePool]:
             [GrpcNodeClient("sim", NodeSocket.tcp(host, int(port)))], routing=routing, refresh_s=30
         )
         try:
-            await nodes.refresh()
+            await nodes.feed.refresh()
             yield nodes
         finally:
             await nodes.aclose()
@@ -142,7 +142,7 @@ async def test_the_breaker_opens_after_failed_runs_and_half_opens_for_one_probe(
     available = trio.Event()
     pool.on_available = available.set
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(pool.run_refresh)
+        nursery.start_soon(pool.feed.run_refresh)
         for i in range(3):
             state = pool.pick("sim-script")
             assert state is not None
@@ -173,7 +173,7 @@ async def test_a_failed_probe_opens_the_breaker_again(pool: NodePool) -> None:
     """Half-open, the probe run fails on the node: open again, then half-open again after
     another cooldown."""
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(pool.run_refresh)
+        nursery.start_soon(pool.feed.run_refresh)
         state = pool.nodes[0]
         for _ in range(3):
             pool.run_failed(state, "error_event")

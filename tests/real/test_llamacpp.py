@@ -202,7 +202,7 @@ async def test_context_overflow_is_a_refusal(edge: RunningEdge) -> None:
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"
-    assert edge.node("llama").health.run_failures == 0
+    assert edge.node("llama").health.breaker.failures == 0
 
 
 async def test_load_is_read_and_an_unreported_kv_cache_is_unknown(

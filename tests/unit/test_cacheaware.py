@@ -21,7 +21,7 @@ from edge.config import RoutingConfig
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.prefix import BLOCK_TOKENS, MAX_KV_BLOCKS_PER_REPORT
 from edge.errors import NodeFailedError
-from edge.fleet import affinity, cacheaware, cacheindex
+from edge.fleet import affinity, cacheaware, cacheindex, readiness
 from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Route
 from edge.fleet.nodestate import NodeState
@@ -82,7 +82,7 @@ def test_a_new_prefix_goes_where_rendezvous_says_then_stays_there() -> None:
     loaded); the next request of that prefix, longer, is a hit there."""
     pool, _, nodes = make_pool("a", "b", "c", routing=CACHE_AWARE)
     seen: list[tuple[str, str, int]] = []
-    pool.on_routed = lambda outcome, node, tokens: seen.append((outcome, node, tokens))
+    pool.picker.on_routed = lambda outcome, node, tokens: seen.append((outcome, node, tokens))
     first = blocks(7, 3)
     expected = affinity.order(cacheaware.rendezvous_key(7), ["a", "b", "c"])[0]
     chosen = take(pool, Route(first))
@@ -214,7 +214,7 @@ def test_readyz_shows_each_nodes_cache_as_the_policy_sees_it() -> None:
     session = _pinned_to(0, ["a", "b"])
     assert take(pool, Route(blocks(10, 7)), session) is a
     a.in_flight = 0
-    entries = {entry["name"]: entry for entry in pool.status()}
+    entries = {entry["name"]: entry for entry in readiness.status(pool)}
     assert entries["a"]["cache"] == {
         "index": "exact", "capacity_blocks": 1_000, "held_blocks": 5, "live_blocks": 7,
     }  # fmt: skip
@@ -225,9 +225,10 @@ def test_readyz_shows_each_nodes_cache_as_the_policy_sees_it() -> None:
     to_b = _pinned_to(1, ["a", "b"])
     for k in range(cacheindex.LIVE_WINDOW):
         take(pool, Route(blocks(2_000 + 10 * k, 1)), to_b).in_flight = 0
-    assert {e["name"]: e["cache"]["live_blocks"] for e in pool.status()} == {"a": 0, "b": 64}
+    live = {e["name"]: e["cache"]["live_blocks"] for e in readiness.status(pool)}
+    assert live == {"a": 0, "b": 64}
     plain, _, _ = make_pool("a")
-    assert "cache" not in plain.status()[0]
+    assert "cache" not in readiness.status(plain)[0]
 
 
 def test_a_new_prefix_goes_to_the_emptier_of_two_nodes_when_the_indexes_are_approximate() -> None:
@@ -267,7 +268,7 @@ def test_the_load_bound_passes_a_hot_prefix_on_and_it_spreads() -> None:
     hot = blocks(1, 6)
     home = take(pool, Route(hot))
     seen: list[str] = []
-    pool.on_routed = lambda outcome, node, tokens: seen.append(outcome)
+    pool.picker.on_routed = lambda outcome, node, tokens: seen.append(outcome)
     assert take(pool, Route(hot)) is home  # runs (1, 0, 0): the bound is 1.42
     assert home.in_flight == 2  # runs (2, 0, 0): the bound is 1.83
     overflow = take(pool, Route(hot))
@@ -434,14 +435,14 @@ def test_short_runs_of_a_hot_prefix_spread_by_share() -> None:
     it past, and the nodes it spilled to then hold the prefix (hits there)."""
     pool, _, nodes = make_pool("a", "b", "c", "d", routing=CACHE_AWARE)
     outcomes: list[str] = []
-    pool.on_routed = lambda outcome, node, tokens: outcomes.append(outcome)
+    pool.picker.on_routed = lambda outcome, node, tokens: outcomes.append(outcome)
     hot = blocks(1, 6)
     counts = {state.client.name: 0 for state in nodes}
     for _ in range(40):
         state = take(pool, Route(hot))
         state.in_flight -= 1  # over before the next one starts
         counts[state.client.name] += 1
-        shares = [pool.shares[s.client.name] for s in nodes]
+        shares = [pool.picker.shares[s.client.name] for s in nodes]
         assert max(shares) <= 1.4 * sum(shares) / len(shares) + 2 + 1e-9
     assert sorted(counts.values())[-2] > 0  # spilled
     assert outcomes.count("hit") > 20  # and the nodes it spilled to hit
@@ -465,7 +466,7 @@ def test_a_node_past_the_share_bound_is_chosen_only_when_the_others_are_past_the
     for busy, held in picks:
         for i, state in enumerate(nodes):
             state.in_flight = busy if i == held % count else 0
-        shares = [pool.shares[name] for name in names]
+        shares = [pool.picker.shares[name] for name in names]
         runs = [state.in_flight for state in nodes]
         share_bound = 1.4 * sum(shares) / count + 1
         load_bound = 1.25 * sum(runs) / count + 1
@@ -507,7 +508,7 @@ def test_a_prefix_not_yet_reported_goes_where_it_was_placed() -> None:
     nodes[first].in_flight = 0
     nodes[second].in_flight = 0
     assert take(pool, Route(prefix)) is nodes[second]  # not back to `first`
-    assert len(pool.placements) == 1
+    assert len(pool.picker.placements) == 1
 
 
 def test_none_within_both_bounds_goes_to_the_lightest() -> None:

@@ -258,7 +258,7 @@ async def test_a_refusal_is_not_retried_an_overload_is_and_no_breaker_counts_the
     each refusal is counted by node and status."""
     pool = _pool(starts)
     for state in pool.nodes:
-        state.health.run_failures = 2  # failures in a row before: a success would reset them
+        state.health.breaker.failures = 2  # failures in a row before: a success would reset them
     metrics = EdgeMetrics()
     admission = Admission(pool, AdmissionConfig(), metrics)
     timeouts = TimeoutsConfig(first_event_s=1000, idle_s=1000, total_s=10_000)
@@ -271,8 +271,8 @@ async def test_a_refusal_is_not_retried_an_overload_is_and_no_breaker_counts_the
     assert committed.answer.run is not None
     assert committed.answer.run.info.node == f"n{answered_by}"
     assert committed.error == terminal
-    assert [state.health.run_failures for state in pool.nodes] == [2, 2 if terminal else 0]
-    assert [state.health.breaker for state in pool.nodes] == ["closed", "closed"]
+    assert [state.health.breaker.failures for state in pool.nodes] == [2, 2 if terminal else 0]
+    assert [state.health.breaker.state for state in pool.nodes] == ["closed", "closed"]
     assert [state.in_flight for state in pool.nodes] == [0, 0]
     refusals = metrics.registry.get_sample_value
     first = 400 if terminal is not None and terminal.status == 400 else 429

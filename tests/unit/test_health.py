@@ -92,7 +92,7 @@ def test_the_breaker_opens_after_n_failures_in_a_row_and_half_opens_after_the_co
     assert health.state(6.4) == "open"
     assert health.state(6.5) == "half_open"
     assert health.admits(6.5)
-    health.take(6.5)
+    health.breaker.take(6.5, POLICY.cooldown_s)
     assert not health.admits(6.6)  # the one probe is out
     assert health.state(6.6) == "half_open"
 
@@ -103,15 +103,15 @@ def test_the_probe_run_decides() -> None:
     health = up_node()
     for i in range(3):
         health.run_failed(float(i))
-    health.take(7.0)
+    health.breaker.take(7.0, POLICY.cooldown_s)
     assert health.run_failed(7.5)
     assert health.state(7.5) == "open"
     assert health.state(12.4) == "open"
     assert health.admits(12.5)
-    health.take(12.5)
+    health.breaker.take(12.5, POLICY.cooldown_s)
     assert health.run_succeeded(12.6)
     assert health.state(12.6) == "up"
-    assert health.run_failures == 0
+    assert health.breaker.failures == 0
     assert health.admits(12.6)
 
 
@@ -124,15 +124,15 @@ def test_a_refused_run_counts_neither_way_and_frees_the_probe_at_once() -> None:
     health.run_failed(1.0)
     health.run_failed(2.0)
     assert not health.run_refused(2.5)
-    assert (health.run_failures, health.state(2.5)) == (2, "up")
+    assert (health.breaker.failures, health.state(2.5)) == (2, "up")
     assert health.run_failed(3.0)  # the third in a row: the refusal did not reset the count
-    health.take(8.0)
+    health.breaker.take(8.0, POLICY.cooldown_s)
     assert not health.admits(8.1)
     assert health.run_refused(8.1)
     assert health.state(8.1) == "half_open"
     assert health.admits(8.1)
     assert health.wake_at(describing=True) == math.inf
-    health.take(8.2)
+    health.breaker.take(8.2, POLICY.cooldown_s)
     assert health.run_succeeded(8.3)
     assert health.state(8.3) == "up"
 
@@ -146,7 +146,7 @@ def test_advance_half_opens_on_time_and_says_so_once() -> None:
     assert not health.advance(6.9)
     assert health.advance(7.0)
     assert not health.advance(7.0)
-    health.take(7.0)
+    health.breaker.take(7.0, POLICY.cooldown_s)
     assert health.wake_at(describing=True) == 12.0
     assert not health.advance(11.9)
     assert health.advance(12.0)
@@ -166,7 +166,7 @@ def test_a_node_back_from_down_with_an_open_breaker_has_it_closed() -> None:
     assert health.describe_ok(2.5)
     assert health.state(2.5) == "up"
     assert health.admits(2.5)
-    assert health.run_failures == 0
+    assert health.breaker.failures == 0
 
 
 def test_a_run_that_succeeds_on_a_down_node_brings_it_up() -> None:
@@ -225,7 +225,7 @@ def test_any_sequence_keeps_the_invariants(steps: list[tuple[str, float]]) -> No
         elif action == "refused":
             health.run_refused(now)
         elif action == "take" and health.admits(now):
-            health.take(now)
+            health.breaker.take(now, POLICY.cooldown_s)
         else:
             health.advance(now)
         state = health.state(now)

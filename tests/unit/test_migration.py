@@ -343,7 +343,7 @@ async def test_a_stream_broken_after_output_goes_on_on_a_node_that_can_continue(
     assert _node_of(committed) == continued_on
     assert _migrations(metrics, reason, "migrated") == 1
     assert metrics.registry.get_sample_value("iop_edge_migration_gap_seconds_count") == 1
-    assert [state.health.run_failures for state in pool.nodes] == [0, 0]
+    assert [state.health.breaker.failures for state in pool.nodes] == [0, 0]
 
 
 async def test_reasoning_and_text_so_far_both_continue() -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from edge.config import RoutingConfig
 from edge.errors import NodeUnavailableError, NotFoundError, RequestError
-from edge.fleet import affinity
+from edge.fleet import affinity, readiness
 from edge.fleet.affinity import SessionKey
 from edge.fleet.nodestate import NodeState, Tried
 from edge.fleet.pool import NodePool
@@ -188,7 +188,7 @@ def test_max_runs_comes_from_the_config_else_describe_else_unlimited(
     caps = {} if configured is None else {"a": configured}
     pool, _, (a,) = make_pool("a", max_runs=caps, describe_max_runs=described)
     assert a.max_runs == expected
-    assert pool.status()[0]["max_runs"] == (None if math.isinf(expected) else expected)
+    assert readiness.status(pool)[0]["max_runs"] == (None if math.isinf(expected) else expected)
 
 
 def test_unknown_model_logprobs_and_never_contacted() -> None:
@@ -225,7 +225,7 @@ def test_panic_routing_tries_the_least_recently_failed_down_node() -> None:
     pool.mark_down(a, "refused")
     clock.now += 1
     pool.mark_down(c, "refused")
-    assert not pool.ready
+    assert not readiness.ready(pool)
     assert pool.pick("m") is b
     assert pool.pick("m", exclude=[b]) is a
     with pytest.raises(NodeUnavailableError):
@@ -298,14 +298,14 @@ def test_ready_and_status_show_each_state() -> None:
     pool, clock, (a, b) = make_pool("a", "b", routing=routing)
     pool.mark_down(b, "refused")
     pool.run_failed(a, "error_event")
-    assert [s["state"] for s in pool.status()] == ["open", "down"]
-    assert [pool.state_value(s) for s in (a, b)] == [3, 0]
-    assert not pool.ready
+    assert [s["state"] for s in readiness.status(pool)] == ["open", "down"]
+    assert [readiness.state_value(pool, s) for s in (a, b)] == [3, 0]
+    assert not readiness.ready(pool)
     clock.now += 5
-    assert [s["state"] for s in pool.status()] == ["half_open", "down"]
-    assert pool.state_value(a) == 2
-    assert pool.ready
-    status = pool.status()[0]
+    assert [s["state"] for s in readiness.status(pool)] == ["half_open", "down"]
+    assert readiness.state_value(pool, a) == 2
+    assert readiness.ready(pool)
+    status = readiness.status(pool)[0]
     assert status["failed_runs_in_a_row"] == 1
     assert status["healthy"] is True
 

@@ -14,6 +14,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge.fleet import readiness
 from edge.fleet.load import NodeLoad, rank, runs
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
@@ -191,15 +192,15 @@ def test_the_edges_own_cap_still_bounds_a_reported_node() -> None:
 def test_a_report_gives_the_load_gauges_and_status() -> None:
     """The gauges' values and /readyz's node entry carry the reported load."""
     pool, _, (a,) = make_pool("a")
-    assert pool.load_values(a) == (0.0, 0.0, None, True)
+    assert readiness.load_values(a) == (0.0, 0.0, None, True)
     report(pool, a, active=3, waiting=1, kv=(200, 50))
-    assert pool.load_values(a) == (1, 3, 0.25, True)
-    (entry,) = pool.status()
+    assert readiness.load_values(a) == (1, 3, 0.25, True)
+    (entry,) = readiness.status(pool)
     assert entry["watched"] is True
     assert entry["load"] == {"active_runs": 3, "waiting_runs": 1, "kv_cache_usage": 0.25}
     a.polled = True
     a.load = None
-    assert pool.load_values(a) == (0.0, 0.0, None, False)
+    assert readiness.load_values(a) == (0.0, 0.0, None, False)
 
 
 def test_a_node_that_says_no_kv_figure_is_unknown_not_empty() -> None:
@@ -210,8 +211,8 @@ def test_a_node_that_says_no_kv_figure_is_unknown_not_empty() -> None:
     pool, _, (a, b) = make_pool("a", "b")
     report(pool, a, active=1)
     report(pool, b, active=0, kv=(100, 95))
-    assert pool.load_values(a) == (0, 1, None, True)
-    entry = next(e for e in pool.status() if e["name"] == "a")
+    assert readiness.load_values(a) == (0, 1, None, True)
+    entry = next(e for e in readiness.status(pool) if e["name"] == "a")
     assert entry["load"]["kv_cache_usage"] is None
     assert pool.pick("m") is b
     report(pool, b, active=2, kv=(100, 0))

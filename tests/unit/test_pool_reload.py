@@ -63,14 +63,14 @@ def test_new_routing_applies_to_the_nodes_that_stay() -> None:
     a, _ = pool.nodes
     for _ in range(2):
         pool.run_failed(a, "stream_broken")
-    assert a.health.breaker == "closed"  # 5 failures open it by default
+    assert a.health.breaker.state == "closed"  # 5 failures open it by default
     pool.configure(RoutingConfig(policy="cache_aware", breaker_failures=3), refresh_s=1.0)
-    assert pool.cache_aware
+    assert pool.picker.cache_aware
     assert a.health.policy.breaker_failures == 3
     assert a.cache.capacity == RoutingConfig().cache_blocks
     pool.run_failed(a, "stream_broken")
-    assert a.health.breaker == "open"
-    assert a.health.run_failures == 3
+    assert a.health.breaker.state == "open"
+    assert a.health.breaker.failures == 3
     with pytest.raises(NodeUnavailableError):
         pool.pick("m", exclude=[pool.nodes[1]])
 
