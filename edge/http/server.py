@@ -182,8 +182,7 @@ class HttpServer:
                 await self.context.terminated.set()
                 self.write_deadline = trio.current_time() + self.config.graceful_timeout
                 for connection in list(self._connections):
-                    connection.close_if_idle()
-                    connection.bound_write(self.write_deadline)
+                    connection.drain(self.write_deadline)
                 connections.cancel_scope.deadline = self.write_deadline
             await lifespan.wait_for_shutdown()
             lifespan_nursery.cancel_scope.cancel()
