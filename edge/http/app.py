@@ -226,14 +226,39 @@ class EdgeApp:
     """The app the server serves, and the one switch the daemon pulls on it."""
 
     app: QuartTrio
-    # From now on chat requests are answered 503 and /readyz says "draining".
+    # From then on chat requests are answered 503 and /readyz says "draining".
     start_draining: Callable[[], None]
+
+
+class _Drain:
+    """Whether the edge drains (the daemon's `EdgeApp.start_draining` turns it on)."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def start(self) -> None:
+        self.on = True
 
 
 def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) -> EdgeApp:
     """The app of `chat`: each request's snapshot of `snapshots` (taken when it arrives)
     tells its key, its limiter (None: no key has limits) counts it, and its CORS policy
     answers its origin."""
+    app = _quart_app(chat, snapshots, max_body_bytes)
+    drain = _Drain()
+    _request_hooks(app, snapshots)
+    _error_handlers(app)
+    _api_routes(app, chat, drain)
+    _stored_routes(app, chat)
+    _no_run_routes(app, chat)
+    _probe_routes(app, chat, drain)
+    return EdgeApp(app, drain.start)
+
+
+def _quart_app(chat: ChatService, snapshots: Snapshots, max_body_bytes: int) -> QuartTrio:
+    """The quart-trio app, its HTTP cycle the edge's (`_HTTPConnection`), with no route yet."""
     app = QuartTrio("iop-edge")
     app.asgi_http_class = _HTTPConnection
     app.extensions["chat"] = chat
@@ -244,7 +269,12 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
     # Routes match as written: `//` is not merged into `/` by a redirect.
     app.url_map.merge_slashes = False
     app.extensions["snapshots"] = snapshots
-    state = {"draining": False}
+    return app
+
+
+def _request_hooks(app: QuartTrio, snapshots: Snapshots) -> None:
+    """Before each request: its id, the path guard, a CORS preflight, its API key.
+    After: its id, CORS and rate-limit headers on the answer, and its log line."""
 
     @app.before_request
     async def before() -> Response | None:
@@ -296,6 +326,11 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
             ).info("{} {} {}", request.method, request.path, response.status_code)
         return response
 
+
+def _error_handlers(app: QuartTrio) -> None:
+    """Every error a caller sees, through `_error_response`: an EdgeError, an HTTP
+    error, and anything else as a logged 500."""
+
     @app.errorhandler(EdgeError)
     async def on_edge_error(error: EdgeError) -> Response:
         if (chat_scope := CURRENT_SCOPE.get()) is not None and chat_scope.trace is not None:
@@ -312,8 +347,12 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
         logger.opt(exception=exc).error("unhandled error in {} {}", request.method, request.path)
         return _error_response(EdgeError("The server had an error while processing your request."))
 
+
+def _api_routes(app: QuartTrio, chat: ChatService, drain: _Drain) -> None:
+    """The four APIs, each a run through `chat` (`edge.http.chat`); 503 while draining."""
+
     async def answer(api: Api) -> Response:
-        if state["draining"]:
+        if drain.on:
             raise ShuttingDownError("The server is shutting down; retry on another instance.")
         scope = CURRENT_SCOPE.get()
         assert scope is not None  # the API routes always run in their scope
@@ -346,48 +385,55 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
     async def messages() -> Response:
         return await answer(MESSAGES)
 
-    # --- stored responses (edge.http.stored): read, delete, input items ---------------
+    @app.post(COMPLETIONS.path)  # the legacy completions API
+    async def completions() -> Response:
+        return await answer(COMPLETIONS)
 
-    def _stored() -> tuple[ResponseStates, str]:
-        """The response store and the owner of what this request may read (its key's)."""
-        if chat.responses is None:
-            raise NotFoundError(
-                'This edge keeps no responses ([responses] store = "off").',
-                code="response_not_found",
-            )
-        key = g.get("key")
-        return chat.responses, key.name if key is not None else ""
 
-    @asynccontextmanager
-    async def admitted() -> AsyncIterator[Gate]:
-        """A request that reads a body or stored items, admitted by its key's limits
-        first (edge.http.endpoints.admitted); its rate-limit headers go on its answer."""
-        async with endpoints.admitted(chat, g.get("key")) as gate:
-            g.gate = gate
-            yield gate
+def _stored(chat: ChatService) -> tuple[ResponseStates, str]:
+    """The response store and the owner of what this request may read (its key's)."""
+    if chat.responses is None:
+        raise NotFoundError(
+            'This edge keeps no responses ([responses] store = "off").',
+            code="response_not_found",
+        )
+    key = g.get("key")
+    return chat.responses, key.name if key is not None else ""
+
+
+@asynccontextmanager
+async def _admitted(chat: ChatService) -> AsyncIterator[Gate]:
+    """A request that reads a body or stored items, admitted by its key's limits
+    first (edge.http.endpoints.admitted); its rate-limit headers go on its answer."""
+    async with endpoints.admitted(chat, g.get("key")) as gate:
+        g.gate = gate
+        yield gate
+
+
+def _stored_routes(app: QuartTrio, chat: ChatService) -> None:
+    """Stored responses (`edge.http.stored`): read, delete, input items."""
 
     @app.get("/v1/responses/<response_id>")
     async def get_response(response_id: str) -> Response:
-        states, owner = _stored()
-        async with admitted():
+        states, owner = _stored(chat)
+        async with _admitted(chat):
             return await endpoints.stored_response(chat, states, owner, response_id)
 
     @app.delete("/v1/responses/<response_id>")
     async def delete_response(response_id: str) -> Response:
-        states, owner = _stored()
+        states, owner = _stored(chat)
         body = await states.delete(owner, response_id)
         return Response(body, status=200, content_type="application/json")
 
     @app.get("/v1/responses/<response_id>/input_items")
     async def response_input_items(response_id: str) -> Response:
-        states, owner = _stored()
-        async with admitted():
+        states, owner = _stored(chat)
+        async with _admitted(chat):
             return await endpoints.input_items(chat, states, owner, response_id, request.args)
 
-    # --- the legacy completions API, and the endpoints that start no run ---
-    @app.post(COMPLETIONS.path)
-    async def completions() -> Response:
-        return await answer(COMPLETIONS)
+
+def _no_run_routes(app: QuartTrio, chat: ChatService) -> None:
+    """The `/v1/` endpoints that start no run (`edge.http.endpoints`)."""
 
     @app.get(endpoints.MODELS_PATH)
     async def models() -> Response:
@@ -399,9 +445,13 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
 
     @app.post(endpoints.COUNT_TOKENS_PATH)
     async def count_tokens() -> Response:
-        async with admitted() as gate:  # a key over its limits: 429, its body not read
+        async with _admitted(chat) as gate:  # a key over its limits: 429, its body not read
             body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
             return await endpoints.count_tokens(chat, body, gate)
+
+
+def _probe_routes(app: QuartTrio, chat: ChatService, drain: _Drain) -> None:
+    """What probes and scrapers ask: liveness, readiness, metrics."""
 
     @app.get("/healthz")
     @app.get("/health")  # vLLM's and SGLang's path, which their gateways and probes ask
@@ -410,14 +460,14 @@ def create_app(chat: ChatService, *, snapshots: Snapshots, max_body_bytes: int) 
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        shown = readiness.report(chat.pool, draining=state["draining"])
-        return _json_response(shown.body, 200 if shown.ready else 503)
+        return _readiness(chat, drain.on)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(chat.metrics.render(), status=200, content_type=CONTENT_TYPE)
 
-    def start_draining() -> None:
-        state["draining"] = True
 
-    return EdgeApp(app, start_draining)
+def _readiness(chat: ChatService, draining: bool) -> Response:
+    """/readyz: ready while some node can take a run and the edge is not draining."""
+    shown = readiness.report(chat.pool, draining=draining)
+    return _json_response(shown.body, 200 if shown.ready else 503)

@@ -1,13 +1,12 @@
-# One client connection: the bytes between its socket and hypercorn's protocol.
-#
-# Owns what happens on a connection once it has sent something: the read loop
-# (the head checks of `edge.http.headcheck`, HTTP/2 bytes a piece at a time, a
-# turn per new request, shedding), the write path (a deadline per piece), and
-# what ends it (a refused head, a request sent too slowly, a write that cannot
-# progress, an HTTP/2 flood or unread streams: GOAWAY). It does not parse HTTP
-# (hypercorn's protocol classes and h11/h2 do), and knows nothing of the app it
-# serves, of other connections, or of its server beyond `ConnectionHost`.
 """Serve one connection: its bytes to hypercorn's protocol and back, within time limits.
+
+Owns what happens on a connection once it has sent something: the read loop
+(the head checks of `edge.http.headcheck`, HTTP/2 bytes a piece at a time, a
+turn per new request, shedding), the write path (`edge.http.writer`: a deadline
+per piece), and what ends it (a refused head, a request sent too slowly, a write
+that cannot progress, an HTTP/2 flood or unread streams: GOAWAY). It does not
+parse HTTP (hypercorn's protocol classes and h11/h2 do), and knows nothing of the
+app it serves, of other connections, or of its server beyond `ConnectionHost`.
 
 Time limits on what a client sends (hypercorn's `read_timeout` is one
 deadline per read, so a client sending a byte just before each deadline
@@ -24,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -48,17 +46,16 @@ from edge.http.headcheck import (
 )
 from edge.http.refusals import REASONS, ConnectionErrors, error_response, goaway_frame
 from edge.http.stalls import StallCount, Stalls, Unwritten
+from edge.http.writer import Writer
 
 MAX_RECV = 2**16
-# A write is cut into pieces this big; each must go out within slow_client_s.
-_WRITE_PIECE = 2**16
 # Once a connection is over, its handlers (told `http.disconnect`) get this long
 # to end before they are cancelled: in hypercorn 0.18.0 an HTTP/2 handler that
 # is sending when its connection closes waits forever for a stream buffer that
 # no task drains any more (its send task has ended), and would hold the
-# connection's slot until shutdown; no upstream fix yet (related: pgjones/hypercorn
-# issue #308, HTTP/2 connections that never finish). A wait inside a shielded
-# scope, as the app's end of response, runs out its own deadline first.
+# connection's slot until shutdown (upstream, related: pgjones/hypercorn #308,
+# HTTP/2 connections that never finish). A wait inside a shielded scope, as the
+# app's end of response, runs out its own deadline first.
 _HANDLER_GRACE_S = 1.0
 # A request answered before it all came (shed, or refused by the app from its head):
 # how long, and how much of the rest of it, is read and dropped after the answer
@@ -106,6 +103,90 @@ class ConnectionHost(Protocol):
     write_deadline: float  # past it (the end of a drain) no write waits on its client
 
 
+class ReadDeadlines:
+    """How long a connection waits on its client, by whether a request is in progress.
+
+    Idle (between requests): until `idle_timeout_s` after it went idle, whatever
+    arrives meanwhile. A request body: `body_timeout_s` of receives in all. Each
+    receive runs in `scope`, whose deadline is the nearer of the two.
+    """
+
+    __slots__ = (
+        "_body_left", "_draining", "_idle_deadline", "_limits", "_started",
+        "body_deadline", "idle", "idle_again", "scope", "served_any",
+    )  # fmt: skip
+
+    def __init__(self, limits: ServerLimits, draining: Callable[[], bool]) -> None:
+        self._limits = limits
+        self._draining = draining
+        self.idle = True
+        # A request on this connection reached the app (hypercorn said "busy" once).
+        self.served_any = False
+        self.idle_again = trio.Event()  # set when the answer in flight is done
+        # When an idle connection closes (inf while a request is in progress).
+        self._idle_deadline = math.inf
+        # What is left of the time the edge waits on the current request body.
+        self._body_left = limits.body_timeout_s
+        # The receive in progress: when it began, and when its body time runs out.
+        self.scope = trio.CancelScope()
+        self._started = 0.0
+        self.body_deadline = math.inf
+
+    def first(self) -> trio.CancelScope:
+        """The wait for a new connection's first bytes: `idle_timeout_s` from now."""
+        self.scope = trio.CancelScope(deadline=trio.current_time() + self._limits.idle_timeout_s)
+        return self.scope
+
+    def set_idle(self, idle: bool) -> None:
+        """hypercorn's word: a request is in progress (`idle` False), or none is."""
+        self.idle = idle
+        if not idle:
+            self.served_any = True
+            if self.idle_again.is_set():
+                self.idle_again = trio.Event()
+            self._idle_deadline = math.inf
+            return  # the read loop sets the next receive's deadline itself
+        self.idle_again.set()
+        if self._draining():
+            self._idle_deadline = -math.inf
+        else:
+            self._idle_deadline = trio.current_time() + self._limits.idle_timeout_s
+        self.scope.deadline = self._idle_deadline
+
+    def close_if_idle(self) -> None:
+        """Shutdown: a connection between requests closes now; a busy one after its answer."""
+        if self.idle:
+            self._idle_deadline = -math.inf
+            self.scope.deadline = -math.inf
+
+    def receive(self, in_body: bool) -> trio.CancelScope:
+        """The scope of the next receive (a cancel scope enters once: each gets a fresh
+        one); `in_body`: it waits on a request body, and only time spent in it counts."""
+        self._started = trio.current_time()
+        self.body_deadline = self._started + self._body_left if in_body else math.inf
+        self.scope = trio.CancelScope(deadline=min(self._idle_deadline, self.body_deadline))
+        return self.scope
+
+    def received(self, now: float) -> None:
+        """The receive ended at `now`: the wait is taken off the body's time."""
+        if self.body_deadline != math.inf:
+            self._body_left -= now - self._started
+
+    def body_done(self) -> None:
+        """No body is owed: the next one gets `body_timeout_s` whole."""
+        self._body_left = self._limits.body_timeout_s
+
+    def overdue(self, mid_head: bool) -> str | None:
+        """The receive's deadline passed: why, when the client sent a request too slowly
+        (`mid_head`: part of a head had arrived); None: a normal idle close."""
+        limits = self._limits
+        if trio.current_time() >= self.body_deadline:
+            return f"request body not received within {limits.body_timeout_s:g}s"
+        if self.idle and mid_head:
+            return f"request head not received within {limits.idle_timeout_s:g}s"
+        return None  # idle past idle_timeout_s
+
+
 class Connection:
     """One client connection: socket bytes in and out of hypercorn's protocol."""
 
@@ -126,36 +207,28 @@ class Connection:
         self._unwritten = Unwritten()
         # What the client sent before the connection's task began (read by the host).
         self._first = first
-        self._send_lock = trio.Lock()
+        self._out = Writer(host, stream, host.limits.slow_client_s, self._close)
         self._scanner = HeadScanner(host.config.h11_max_incomplete_size, _H2_LIMITS)
         self._protocol: ProtocolWrapper | None = None
-        self._idle = True
-        # A request on this connection reached the app (hypercorn said "busy" once).
-        self.served_any = False
-        self._idle_again = trio.Event()  # set when the answer in flight is done
-        # When an idle connection closes (inf while a request is in progress).
-        self._idle_deadline = math.inf
-        # What is left of the time the edge waits on the current request body.
-        self._body_left = host.limits.body_timeout_s
-        self._answer_bytes = 0  # written since the request in progress began
-        self._read_scope = trio.CancelScope()
-        self._closed = False
+        self._reads = ReadDeadlines(host.limits, host.context.terminated.is_set)
         # Answered before its request all came: the read loop lingers, then closes.
         self._lingering = False
-        self._write_scope: trio.CancelScope | None = None
+
+    @property
+    def served_any(self) -> bool:
+        """A request on this connection reached the app."""
+        return self._reads.served_any
 
     async def run(self, wait: bool = True) -> None:
         """Serve the connection; `wait`: until it sends something first (else it has)."""
         sock = self.stream.socket
         # Nothing of hypercorn's is built for a connection until it sends something:
         # a flood of idle connections costs an accept and a wait each.
-        self._read_scope = trio.CancelScope(
-            deadline=trio.current_time() + self.host.limits.idle_timeout_s
-        )
+        scope = self._reads.first()
         if wait:
-            with self._read_scope:
+            with scope:
                 await trio.lowlevel.wait_readable(sock)
-            if self._read_scope.cancelled_caught:
+            if scope.cancelled_caught:
                 return  # idle past idle_timeout_s, or the edge is draining
         try:
             client = parse_socket_addr(sock.family, sock.getpeername())
@@ -164,31 +237,26 @@ class Connection:
             return  # the client left before we looked
         with trio.CancelScope() as handlers:
             async with TaskGroup() as task_group:
-                await self._serve(task_group, client, server)
+                config = self.host.config
+                app, self.stall_count = self.host.stalls.watch(self.host.app, self)
+                self._protocol = ProtocolWrapper(
+                    app, config, self.host.context, task_group,
+                    ConnectionState(dict(self.host.lifespan_state)), False, client, server,
+                    self._protocol_send, "http/1.1",
+                )  # fmt: skip
+                await self._protocol.initiate()
+                self._reads.set_idle(True)
+                await self._read_loop(self._protocol)
                 handlers.deadline = trio.current_time() + _HANDLER_GRACE_S
-
-    async def _serve(
-        self, task_group: TaskGroup, client: tuple[str, int] | None, server: tuple[str, int] | None
-    ) -> None:
-        config = self.host.config
-        app, self.stall_count = self.host.stalls.watch(self.host.app, self)
-        self._protocol = ProtocolWrapper(
-            app, config, self.host.context, task_group,
-            ConnectionState(dict(self.host.lifespan_state)), False, client, server,
-            self._protocol_send, "http/1.1",
-        )  # fmt: skip
-        await self._protocol.initiate()
-        self._set_idle(True)
-        await self._read_loop(self._protocol)
 
     @property
     def open(self) -> bool:
-        return not self._closed
+        return not self._out.closed
 
     def calm_down(self, why: str) -> None:
         """Close the connection with GOAWAY (ENHANCE_YOUR_CALM): too many of its HTTP/2
         streams, or one for too long, are left unread (`edge.http.stalls`)."""
-        if self._closed or self._calming:
+        if self._out.closed or self._calming:
             return
         self._calming = True
         self.host.errors.record("h2_stalled_streams", why)
@@ -199,82 +267,55 @@ class Connection:
         more than H2_MAX_UNWRITTEN unwritten (see `edge.http.stalls`)."""
         await self._unwritten.handed(nbytes)
 
-    def bound_write(self, deadline: float) -> None:
-        """Drain: a write in progress gives up at `deadline` at the latest."""
-        scope = self._write_scope
-        if scope is not None:
-            scope.deadline = min(scope.deadline, deadline)
-
-    def close_if_idle(self) -> None:
-        """Shutdown: a connection between requests closes now; a busy one after its answer."""
-        if self._idle:
-            self._idle_deadline = -math.inf
-            self._read_scope.deadline = -math.inf
-
-    def _set_idle(self, idle: bool) -> None:
-        self._idle = idle
-        if not idle:
-            self.served_any = True
-            self._answer_bytes = 0
-            if self._idle_again.is_set():
-                self._idle_again = trio.Event()
-            self._idle_deadline = math.inf
-            return  # the read loop sets the next receive's deadline itself
-        self._idle_again.set()
-        if self.host.context.terminated.is_set():
-            self._idle_deadline = -math.inf
-        else:
-            self._idle_deadline = trio.current_time() + self.host.limits.idle_timeout_s
-        self._read_scope.deadline = self._idle_deadline
+    def drain(self, write_deadline: float) -> None:
+        """Shutdown: a connection between requests closes now, a busy one after its
+        answer; a write in progress gives up at `write_deadline` at the latest."""
+        self._reads.close_if_idle()
+        self._out.bound(write_deadline)
 
     async def _read_loop(self, protocol: ProtocolWrapper) -> None:
-        body_timeout_s = self.host.limits.body_timeout_s
+        reads = self._reads
         bodies = 0
-        while not self._closed and not self._lingering:
-            started = trio.current_time()
-            # Only time spent here, waiting on the client, counts against a body.
-            body_deadline = started + self._body_left if self._scanner.in_body else math.inf
-            # A cancel scope enters once: each receive gets a fresh one.
-            self._read_scope = trio.CancelScope(deadline=min(self._idle_deadline, body_deadline))
+        while not self._out.closed and not self._lingering:
+            scope = reads.receive(self._scanner.in_body)
             # The last read is let go before the next wait: a connection whose client
             # then sends nothing (it streams an answer, or stalls) holds no read of it.
             forward = b""
             data, self._first = self._first, b""
             if not data:
-                with self._read_scope:
+                with scope:
                     try:
                         data = await self.stream.receive_some(MAX_RECV)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         break
-            if self._read_scope.cancelled_caught or self._lingering:
-                await self._timed_out(body_deadline)
+            if scope.cancelled_caught or self._lingering:
+                await self._timed_out()
                 break
             now = trio.current_time()
-            if body_deadline != math.inf:
-                self._body_left -= now - started
+            reads.received(now)
             if not data:
                 await protocol.handle(RawData(b""))
                 break
             if self._scanner.checking:
                 forward, rejection = self._scanner.feed(data, now)
                 if not self._scanner.in_body:
-                    self._body_left = body_timeout_s
+                    reads.body_done()
             else:
                 forward, rejection = data, None
             if forward:
                 if self._scanner.bodies != bodies:  # a new request that costs
                     bodies = self._scanner.bodies
-                    shed = self._shed(forward)
+                    shed = _shed(self.host.shed, reads.idle, self._scanner, forward)
                     if shed is not None:
                         answer, whole = shed
                         if whole:  # the request ended in this read: the connection goes on
-                            async with self._send_lock:
-                                try:
-                                    await self._write(answer)
-                                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                                    break
+                            try:
+                                await self._out.write(answer)
+                            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                                break
                             continue
-                        await self._answer_and_close(answer)
+                        await self._out.last(answer)  # then linger and close
+                        await self._linger_and_close()
                         break
                     await self.host.turn()
                 if len(forward) > _H2_PIECE and self._scanner.http2 is not None:
@@ -296,36 +337,9 @@ class Connection:
         for start in range(0, len(view), _H2_PIECE):
             if start:
                 await trio.lowlevel.checkpoint()
-                if self._closed:
+                if self._out.closed:
                     return
             await protocol.handle(RawData(bytes(view[start : start + _H2_PIECE])))
-
-    def _shed(self, forward: bytes) -> tuple[bytes, bool] | None:
-        """The host's own answer to the request whose head starts `forward` if the app
-        sheds it now (only on a connection with nothing else in progress), and whether
-        `forward` is that whole request and nothing more (then the connection is kept:
-        the answer is written and the request dropped; else it closes after it)."""
-        shed = self.host.shed
-        scanner = self._scanner
-        line = scanner.body_request_line
-        if shed is None or not self._idle or not forward.startswith(line):
-            return None
-        head_end = forward.find(b"\r\n\r\n") + 4
-        whole = (
-            scanner.body_length > 0
-            and head_end >= 4
-            and len(forward) == head_end + scanner.body_length
-            and not scanner.in_body
-        )
-        answer = shed(line, close=not whole)
-        return None if answer is None else (answer, whole)
-
-    async def _answer_and_close(self, answer: bytes) -> None:
-        """Write `answer` to a request not all read, then linger and close."""
-        async with self._send_lock:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await self._write(answer)
-        await self._linger_and_close()
 
     async def _linger_and_close(self) -> None:
         """Close without a reset after an answer to a request not all read: the write
@@ -340,26 +354,20 @@ class Connection:
                     left -= len(data)
         await self._close()
 
-    async def _timed_out(self, body_deadline: float) -> None:
+    async def _timed_out(self) -> None:
         """A receive's deadline passed: a normal idle close, or a request sent too slowly."""
-        limits = self.host.limits
-        if self._closed or self._lingering or self.host.context.terminated.is_set():
+        if self._out.closed or self._lingering or self.host.context.terminated.is_set():
             return
-        if trio.current_time() >= body_deadline:
-            what = f"request body not received within {limits.body_timeout_s:g}s"
-        elif self._idle and self._scanner.mid_head:
-            what = f"request head not received within {limits.idle_timeout_s:g}s"
-        else:
-            return  # idle past idle_timeout_s
+        what = self._reads.overdue(self._scanner.mid_head)
+        if what is None:
+            return
         self.host.errors.record("slow_request", what)
-        async with self._send_lock:
-            # A 408 unless part of an answer went out already (then only the close).
-            if self._answer_bytes == 0 and self._scanner.http2 is None:
-                answer = error_response(
-                    408, REASONS[408], what, "request_timeout", "invalid_request_error"
-                )
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._write(answer)
+        # A 408 unless part of an answer went out already (then only the close).
+        if self._scanner.http2 is None:
+            answer = error_response(
+                408, REASONS[408], what, "request_timeout", "invalid_request_error"
+            )
+            await self._out.last(answer, unanswered=True)
         await self._close()
 
     async def _reject(self, rejection: Rejection) -> None:
@@ -370,15 +378,13 @@ class Connection:
             await self._goaway(rejection.message.encode())
             return
         # A request before it in the same packet (pipelining) is answered first.
-        await self._idle_again.wait()
-        if not self._closed:
+        await self._reads.idle_again.wait()
+        if not self._out.closed:
             answer = error_response(
                 rejection.status, REASONS.get(rejection.status, "Bad Request"),
                 rejection.message, rejection.code, "invalid_request_error",
             )  # fmt: skip
-            async with self._send_lock:
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._write(answer)
+            await self._out.last(answer)
         await self._close()
 
     async def _goaway(self, debug: bytes) -> None:
@@ -389,108 +395,39 @@ class Connection:
             watch.last_stream_id if watch is not None else 0, _ENHANCE_YOUR_CALM, debug
         )
         with trio.move_on_after(_GOAWAY_WAIT_S):  # the frame goes out between two others
-            async with self._send_lock:
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._write(frame)
+            await self._out.last(frame)
         await self._close()
 
     async def _protocol_send(self, event: Event) -> None:
         assert self._protocol is not None
         if isinstance(event, RawData):
             data: bytes | memoryview = event.data
-            self._answer_bytes += len(data)
             if self._scanner.http2 is not None:  # its first bytes then begin a frame
                 self._unwritten.wrote(data)
-            lock = self._send_lock
-            if not lock.locked() and not self._closed:
-                # The common case, one SSE frame: the kernel takes it whole at once, with
-                # no lock, deadline or scheduler pass (each costs more than the syscall).
-                sent = self._write_now(data)
-                if sent == len(data):
-                    return
-                if sent < 0:
-                    await self._protocol.handle(Closed())
-                    return
-                if sent:
-                    # Part of it went out: the rest follows before anything else
-                    # (nothing ran in between, so the lock is free), whatever happens.
-                    lock.acquire_nowait()
-                    try:
-                        await self._write(memoryview(data)[sent:])
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        await self._protocol.handle(Closed())
-                    finally:
-                        lock.release()
-                    return
-            async with lock:
-                try:
-                    await self._write(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._protocol.handle(Closed())
+            try:
+                await self._out.send(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self._protocol.handle(Closed())
         elif isinstance(event, Closed):
-            if self._scanner.in_body and not self._closed:
+            if self._scanner.in_body and not self._out.closed:
                 # Answered before the body all came (an API key's 429 from its head).
                 self._lingering = True
-                self._read_scope.cancel()
+                self._reads.scope.cancel()
             else:
                 await self._close()
             await self._protocol.handle(Closed())
         elif isinstance(event, Updated):
-            self._set_idle(event.idle)
-
-    def _write_now(self, data: bytes | memoryview) -> int:
-        """Write what the socket takes without waiting: the bytes sent, -1 if it broke.
-
-        trio's socket is non-blocking, so os.write returns what the kernel took (or
-        BlockingIOError). The descriptor is asked for each time: a closed socket says -1,
-        never a number the kernel may have given to another connection since.
-        """
-        fd = self.stream.socket.fileno()
-        if fd < 0:
-            return -1
-        try:
-            return os.write(fd, data)
-        except BlockingIOError:
-            return 0
-        except OSError:
-            return -1
-
-    async def _write(self, data: bytes | memoryview) -> None:
-        """Send `data`; a piece that cannot go out within slow_client_s closes the connection.
-
-        The send is shielded from outside cancellation (as hypercorn does: a
-        half-written HTTP/2 frame would corrupt every other stream), but not
-        from its own deadline.
-        """
-        if self._closed:
-            raise trio.ClosedResourceError
-        host = self.host
-        limit = host.limits.slow_client_s
-        view = memoryview(data)
-        for start in range(0, len(view), _WRITE_PIECE):
-            # One scope: shielded from outside, yet cancelled by its own deadline
-            # (never later than the end of a drain).
-            deadline = min(trio.current_time() + limit, host.write_deadline)
-            with trio.CancelScope(shield=True, deadline=deadline) as scope:
-                self._write_scope = scope
-                await self.stream.send_all(view[start : start + _WRITE_PIECE])
-            self._write_scope = None
-            if scope.cancelled_caught:
-                # Past the end of a drain it is not the client's doing.
-                if trio.current_time() < host.write_deadline:
-                    host.errors.record(
-                        "slow_client", f"client read nothing for {limit:g}s: connection closed"
-                    )
-                await self._close()
-                raise trio.ClosedResourceError
+            if not event.idle:
+                self._out.answered = 0
+            self._reads.set_idle(event.idle)
 
     async def _close(self) -> None:
-        if self._closed:
+        if self._out.closed:
             return
-        self._closed = True
+        self._out.closed = True
         self._unwritten.end()  # no more waiting on a window
-        self._idle_again.set()
-        self._read_scope.cancel()
+        self._reads.idle_again.set()
+        self._reads.scope.cancel()
         try:
             await self.stream.send_eof()
         except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError):
@@ -498,3 +435,24 @@ class Connection:
         except OSError:
             pass
         await self.stream.aclose()
+
+
+def _shed(
+    shed: Shed | None, idle: bool, scanner: HeadScanner, forward: bytes
+) -> tuple[bytes, bool] | None:
+    """`shed`'s own answer to the request whose head starts `forward` if it sheds it
+    now (only on a connection with nothing else in progress, `idle`), and whether
+    `forward` is that whole request and nothing more (then the connection is kept:
+    the answer is written and the request dropped; else it closes after it)."""
+    line = scanner.body_request_line
+    if shed is None or not idle or not forward.startswith(line):
+        return None
+    head_end = forward.find(b"\r\n\r\n") + 4
+    whole = (
+        scanner.body_length > 0
+        and head_end >= 4
+        and len(forward) == head_end + scanner.body_length
+        and not scanner.in_body
+    )
+    answer = shed(line, close=not whole)
+    return None if answer is None else (answer, whole)

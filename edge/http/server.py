@@ -1,17 +1,17 @@
-# The edge's own HTTP serving loop: listeners, the accept loop, and one task
-# per connection that has sent something (`edge.http.connection`).
-#
-# Owns: which connections exist (and how many may: past the limit one is
-# answered 503 and closed), the wait of those that sent nothing yet (the set
-# of `edge.http.waiting`), the HTTP/2 settings and the unread-stream watch
-# shared by every connection, the lifespan of the ASGI app, and the drain (stop
-# accepting, close idle connections, let busy ones finish within
-# `graceful_timeout`). What ends one connection is that connection's own
-# business. It does not parse HTTP (hypercorn's protocol classes and h11/h2
-# do) and knows nothing of the app it serves.
 """Serve an ASGI app with hypercorn's protocol classes, one connection contained at a time.
 
-Why not `hypercorn.trio.serve`: in hypercorn 0.18.0 (the newest release) an
+The edge's own HTTP serving loop: listeners, the accept loop, and one task per
+connection that has sent something (`edge.http.connection`). Owns which
+connections exist (and how many may: past the limit one is answered 503 and
+closed), the wait of those that sent nothing yet (the set of
+`edge.http.waiting`), the HTTP/2 settings and the unread-stream watch shared by
+every connection, the lifespan of the ASGI app, and the drain (stop accepting,
+close idle connections, let busy ones finish within `graceful_timeout`). What
+ends one connection is that connection's own business. It does not parse HTTP
+(hypercorn's protocol classes and h11/h2 do) and knows nothing of the app it
+serves.
+
+Why not `hypercorn.trio.serve`: in hypercorn 0.18.0 (the version the edge pins) an
 exception raised while serving one connection escapes `trio.serve_listeners`
 and ends `trio.run`. One packet does it: a malformed h2c upgrade, HTTP/2 DATA
 on an answered stream, a PRIORITY flood, a WebSocket upgrade with a trailing
@@ -182,8 +182,7 @@ class HttpServer:
                 await self.context.terminated.set()
                 self.write_deadline = trio.current_time() + self.config.graceful_timeout
                 for connection in list(self._connections):
-                    connection.close_if_idle()
-                    connection.bound_write(self.write_deadline)
+                    connection.drain(self.write_deadline)
                 connections.cancel_scope.deadline = self.write_deadline
             await lifespan.wait_for_shutdown()
             lifespan_nursery.cancel_scope.cancel()

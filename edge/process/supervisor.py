@@ -1,10 +1,12 @@
 """The supervisor of worker processes: `iop-edge --workers N` (`[server] workers`).
 
 Owns: the listening sockets (bound once here, inherited by every worker), the
-worker processes (started, watched, restarted with backoff when one dies),
-the signals of the edge (SIGTERM and SIGINT drain every worker; a second one
-ends them at once; SIGHUP reloads), sd_notify for the whole edge, and the edge's
-shared directory (`IOP_EDGE_SHARED_DIR`, with the metrics of every process in it).
+worker slots (`edge.process.workers`: each one's process, started, watched,
+restarted with backoff when it dies), the signals of the edge (SIGTERM and SIGINT
+drain every worker; a second one ends them at once; SIGHUP reloads), sd_notify
+for the whole edge (ready once every slot is, alive while every worker pings),
+and the edge's shared directory (`IOP_EDGE_SHARED_DIR`, with the metrics of every
+process in it).
 It serves no HTTP, opens no node connection, and knows nothing of requests.
 
 A worker is `python -m edge <the same arguments> --worker-id I ...`: a fresh
@@ -47,11 +49,8 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,7 +64,7 @@ from edge.config.toml import read_bytes
 from edge.observe.log import count_dropped_lines
 from edge.observe.logbound import clip
 from edge.process import systemd
-from edge.process.listeners import Address, addresses, bind_listeners, listen_mode, rebind, url_of
+from edge.process.listeners import bind_listeners, listen_mode, url_of
 from edge.process.signals import (
     IGNORED_SIGNALS,
     RELOAD_MESSAGE,
@@ -74,6 +73,7 @@ from edge.process.signals import (
     drain_then_stop,
     exit_now,
 )
+from edge.process.workers import Slot
 
 if TYPE_CHECKING:
     from edge.observe.metrics import SupervisorMetrics
@@ -83,14 +83,8 @@ if TYPE_CHECKING:
 # metrics directory in it (prometheus-client's variable: it reads it itself at import).
 SHARED_DIR_ENV = "IOP_EDGE_SHARED_DIR"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
-# A worker that died is started again after base * 2**(deaths in a row), at most cap.
-RESTART_BACKOFF_S = (0.1, 30.0)
-# A worker that served this long since it was ready resets its deaths in a row.
-STABLE_S = 30.0
 # After the drain deadline and the workers' own hard stop: then they are killed.
 _KILL_MARGIN_S = 5.0
-# Environment a worker must not see: systemd speaks to the supervisor only.
-_SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 
 
 def config_copy(shared: Path, digest: str) -> Path:
@@ -131,27 +125,6 @@ class WorkerStartError(Exception):
     """A worker ended before the edge was serving: the edge does not start."""
 
 
-@dataclass
-class _Slot:
-    """Worker I: its sockets, its current process, and how it has fared."""
-
-    index: int
-    sockets: list[socket.socket]
-    # reuseport: the slot's own sockets, closed while it has no worker (so the kernel
-    # sends new connections to the live workers), bound again for the next one.
-    own: bool = False
-    addresses: list[Address] = field(default_factory=list)
-    process: trio.Process | None = None
-    # Its current process said READY=1 (and has not ended).
-    serving: bool = False
-    # Some process of this slot has been ready once (the edge started).
-    started: bool = False
-    last_seen: float = 0.0
-    deaths: int = 0  # in a row, without STABLE_S of service between them
-    # The supervisor's end of its current process's socket (None: no process).
-    control: trio.socket.SocketType | None = None
-
-
 class Supervisor:
     """Runs `workers` worker processes of one edge until told to stop."""
 
@@ -174,12 +147,14 @@ class Supervisor:
         self.worker_argv = list(worker_argv)
         self.listen_mode = listen_mode
         self.stopping = trio.Event()
-        self.slots: list[_Slot] = []
+        self.slots: list[Slot] = []
         self.failed = False
-        self._heartbeat_s: float | None = None
+        # How often a worker says WATCHDOG=1 (None: systemd watches no process here).
+        self.heartbeat_s: float | None = None
         self._metrics: SupervisorMetrics | None = None
         self._shared: Path | None = None
-        self._all_sockets: list[socket.socket] = []
+        # The sockets bound here (a reuseport slot's own, bound again, are its own).
+        self._bound: list[socket.socket] = []
         self._nursery: trio.Nursery | None = None
         self._url = ""
 
@@ -198,16 +173,15 @@ class Supervisor:
         self._keep_copy(self.loaded)
         copies = self.workers if self.listen_mode == "reuseport" else 1
         groups, holders = bind_listeners(self.config.server.listen, copies)
-        self._all_sockets = [*holders, *(s for g in groups for s in g)]
-        own = copies > 1
-        self.slots = [
-            _Slot(i + 1, groups[i % len(groups)], own, addresses(groups[i % len(groups)]))
-            for i in range(self.workers)
-        ]
+        self._bound = [*holders, *(s for g in groups for s in g)]
         from edge.observe.metrics import SupervisorMetrics
 
         self._metrics = SupervisorMetrics()
         count_dropped_lines(self._metrics.log_lines_dropped.inc)
+        self.slots = [
+            Slot(self, self._metrics, i + 1, groups[i % len(groups)], copies > 1)
+            for i in range(self.workers)
+        ]
         return url_of(groups[0][0])
 
     def _keep_copy(self, loaded: LoadedConfig) -> None:
@@ -224,26 +198,26 @@ class Supervisor:
             shutil.rmtree(self._shared, ignore_errors=True)
 
     def _close_sockets(self) -> None:
-        for sock in self._all_sockets:
-            sock.close()
+        for sock in [*self._bound, *(s for slot in self.slots for s in slot.sockets)]:
+            sock.close()  # (a socket closed already: nothing happens)
 
     async def run(self, url: str, hard_stop_s: float) -> int:
         """Serve with every worker until a stop signal, then drain them; the exit code."""
         self._url = url
         interval = systemd.watchdog_interval()
         if interval is not None:
-            self._heartbeat_s = interval / 2
+            self.heartbeat_s = interval / 2
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._signals, hard_stop_s)
             async with trio.open_nursery() as running:
                 for slot in self.slots:
-                    running.start_soon(self._keep, slot)
+                    running.start_soon(slot.keep)
             nursery.cancel_scope.cancel()
         logger.info("iop-edge stopped ({} workers)", self.workers)
         return 1 if self.failed else 0
 
-    def _started(self, slot: _Slot) -> None:
+    def slot_ready(self, slot: Slot) -> None:
         """Slot's first READY=1; once every slot has said it, the edge is ready."""
         slot.started = True
         if self.stopping.is_set() or not all(s.started for s in self.slots):
@@ -253,121 +227,6 @@ class Supervisor:
         interval = systemd.watchdog_interval()
         if interval is not None and self._nursery is not None:
             self._nursery.start_soon(self._watchdog, interval)
-
-    # --- one worker slot --------------------------------------------------------------
-
-    async def _keep(self, slot: _Slot) -> None:
-        """Run slot's worker, and again after it dies (with backoff), until stopping."""
-        while not self.stopping.is_set():
-            code, lived_s = await self._run_once(slot)
-            if self.stopping.is_set():
-                if code != 0:
-                    self.failed = True
-                    logger.warning("worker {} exited with {}", slot.index, _describe(code))
-                return
-            if not slot.started:
-                logger.error(
-                    "worker {} exited with {} before it was ready: stopping",
-                    slot.index, _describe(code),
-                )  # fmt: skip
-                self.failed = True
-                self.stop()
-                return
-            slot.deaths = 0 if lived_s >= STABLE_S else slot.deaths + 1
-            delay = min(RESTART_BACKOFF_S[0] * 2 ** max(0, slot.deaths - 1), RESTART_BACKOFF_S[1])
-            assert self._metrics is not None
-            self._metrics.restarts.inc()
-            logger.error(
-                "worker {} exited with {}: restarting it in {:g}s",
-                slot.index, _describe(code), delay,
-            )  # fmt: skip
-            with trio.move_on_after(delay):
-                await self.stopping.wait()
-
-    async def _run_once(self, slot: _Slot) -> tuple[int, float]:
-        """One process of the slot, from start to exit: (exit code, seconds served)."""
-        if slot.own and not slot.sockets:
-            try:
-                slot.sockets = rebind(slot.addresses)
-            except OSError as exc:  # the fd limit, say: try again after the backoff
-                logger.error("worker {}: cannot listen again: {}", slot.index, exc)
-                return 255, 0.0
-            self._all_sockets += slot.sockets
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        fds = [s.fileno() for s in slot.sockets]
-        argv = [
-            sys.executable, "-m", "edge", *self.worker_argv,
-            "--worker-id", str(slot.index),
-            "--worker-fds", ",".join(map(str, fds)),
-            "--worker-control", str(theirs.fileno()),
-            "--worker-config-digest", self.loaded.digest,
-        ]  # fmt: skip
-        if self._heartbeat_s is not None:
-            argv += ["--worker-heartbeat-s", f"{self._heartbeat_s:g}"]
-        env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_ENV}
-        try:
-            process = await trio.lowlevel.open_process(
-                argv, pass_fds=[*fds, theirs.fileno()], env=env,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        except OSError as exc:
-            logger.error("worker {}: cannot start: {}", slot.index, exc)
-            mine.close()
-            return 255, 0.0
-        finally:
-            theirs.close()
-        slot.process = process
-        if self.stopping.is_set():  # stopped while it was being started
-            process.send_signal(signal.SIGTERM)
-        assert self._metrics is not None
-        self._metrics.workers.inc()
-        ready_at: list[float] = []
-        control = trio.socket.from_stdlib_socket(mine)
-        slot.control = control
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._listen, slot, control, ready_at)
-                code = await process.wait()
-                nursery.cancel_scope.cancel()
-        finally:
-            slot.control = None
-            control.close()
-            self._metrics.workers.dec()
-            slot.serving = False
-            if slot.own:  # what its queue holds is lost with it; new connections go on
-                for sock in slot.sockets:
-                    self._all_sockets.remove(sock)
-                    sock.close()
-                slot.sockets = []
-            from prometheus_client import multiprocess
-
-            multiprocess.mark_process_dead(process.pid)  # type: ignore[no-untyped-call]
-        lived_s = trio.current_time() - ready_at[0] if ready_at else 0.0
-        return code, lived_s
-
-    async def _listen(
-        self, slot: _Slot, control: trio.socket.SocketType, ready_at: list[float]
-    ) -> None:
-        """The worker's sd_notify lines: READY=1 (once), WATCHDOG=1 (each heartbeat)."""
-        while True:
-            try:
-                data = await control.recv(4096)
-            except OSError:
-                return
-            if not data:
-                return
-            now = trio.current_time()
-            lines = data.decode(errors="replace").splitlines()
-            if "READY=1" in lines and not ready_at:
-                ready_at.append(now)
-                slot.last_seen = now
-                slot.serving = True
-                if slot.started:
-                    logger.info("worker {} is serving again", slot.index)
-                else:
-                    self._started(slot)
-            if "WATCHDOG=1" in lines:
-                slot.last_seen = now
 
     # --- the edge as a whole ------------------------------------------------------------
 
@@ -462,15 +321,6 @@ class Supervisor:
         self._send(signal.SIGKILL)
         self.cleanup()
         exit_now(1)
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"code {code}"
 
 
 def serve_workers(
