@@ -1,8 +1,9 @@
-# What a parsed request holds in memory, estimated in bytes: one walk over its values.
-#
-# Owns the estimate the memory budget (`edge.fleet.admission.Admission.hold`) charges a request
-# for while it is queued and running. Knows nothing of HTTP, nodes or the budget.
 """The bytes a parsed request holds: its objects, counted one by one, as CPython sizes them.
+
+What a parsed request holds in memory, estimated in bytes: one walk over its values.
+
+Owns the estimate the memory budget (`edge.fleet.admission.Admission.hold`) charges a request
+for while it is queued and running. Knows nothing of HTTP, nodes or the budget.
 
 A request body's bytes are a poor measure of what it costs once parsed: a 4 MB body
 of tiny content parts or empty JSON containers holds 10-25 times its size as Python

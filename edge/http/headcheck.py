@@ -1,13 +1,14 @@
-# The request-head checks of one connection, as a pure state machine.
-#
-# Everything here is about bytes a client sent; no I/O, no trio (the time is
-# passed in). The serving loop feeds each received chunk to `HeadScanner.feed`
-# and hands what comes back to hypercorn. On HTTP/1.1 the scanner follows the
-# request framing (heads, Content-Length bodies, chunked bodies) only to know
-# where each head starts: it looks at heads and never at a body's bytes. On
-# HTTP/2 it reads frame headers only (`H2FrameWatch`). Work is linear in the
-# bytes fed, and a head is buffered up to `max_head_bytes` at most.
 """Checks h11 does not make on request heads, done before hypercorn sees them.
+
+The request-head checks of one connection, as a pure state machine.
+
+Everything here is about bytes a client sent; no I/O, no trio (the time is
+passed in). The serving loop feeds each received chunk to `HeadScanner.feed`
+and hands what comes back to hypercorn. On HTTP/1.1 the scanner follows the
+request framing (heads, Content-Length bodies, chunked bodies) only to know
+where each head starts: it looks at heads and never at a body's bytes. On
+HTTP/2 it reads frame headers only (`H2FrameWatch`). Work is linear in the
+bytes fed, and a head is buffered up to `max_head_bytes` at most.
 
 h11 0.16 accepts a request carrying both Content-Length and
 Transfer-Encoding, and unfolds obsolete line folding; RFC 9112 (6.1, 5.2)

@@ -1,10 +1,12 @@
-# How the HTTP server says no: the answers it writes itself, without hypercorn
-# (OpenAI-shaped HTTP/1.1 errors, the `overloaded` answer of a request shed
-# before it is parsed, an HTTP/2 GOAWAY), and the count and rate-limited log
-# line of each connection it closes. Every whole HTTP/1.1 answer is built by
-# `http_answer`. No I/O but logging; knows nothing of connections, nor of the
-# app beyond the APIs' paths and error shapes (`edge.api.surfaces`).
-"""Error answers written on the socket directly; connection errors counted without a storm."""
+"""Error answers written on the socket directly; connection errors counted without a storm.
+
+How the HTTP server says no: the answers it writes itself, without hypercorn
+(OpenAI-shaped HTTP/1.1 errors, the `overloaded` answer of a request shed
+before it is parsed, an HTTP/2 GOAWAY), and the count and rate-limited log
+line of each connection it closes. Every whole HTTP/1.1 answer is built by
+`http_answer`. No I/O but logging; knows nothing of connections, nor of the
+app beyond the APIs' paths and error shapes (`edge.api.surfaces`).
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-# HTTP/2 streams whose answer cannot be written: which they are, how many, for how long.
-#
-# Owns the watch over the body sends of HTTP/2 requests (an ASGI wrapper between
-# hypercorn and the app, one per connection) and the one deadline-driven task that
-# counts the stalled ones; and `DataWritten`, which reads the headers of the frames
-# the server writes, and `Unwritten`, the answer bytes one connection may hold
-# unwritten. Knows nothing of sockets: what to do with a connection past a limit
-# is the connection's (`Stalls` calls `Watched.calm_down`).
 """Bounds on HTTP/2 streams a client opens and never reads, per connection and in all.
+
+HTTP/2 streams whose answer cannot be written: which they are, how many, for how long.
+
+Owns the watch over the body sends of HTTP/2 requests (an ASGI wrapper between
+hypercorn and the app, one per connection) and the one deadline-driven task that
+counts the stalled ones; and `DataWritten`, which reads the headers of the frames
+the server writes, and `Unwritten`, the answer bytes one connection may hold
+unwritten. Knows nothing of sockets: what to do with a connection past a limit
+is the connection's (`Stalls` calls `Watched.calm_down`).
 
 A client that leaves a stream's flow-control window closed (never a WINDOW_UPDATE,
 or SETTINGS_INITIAL_WINDOW_SIZE 0) keeps its answer from being written while the

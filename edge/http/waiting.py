@@ -1,11 +1,13 @@
-# The waiting set: accepted connections that have sent nothing yet.
-#
-# Owns their sockets until each sends something, ends, or reaches its
-# deadline, watched through a selector of its own (one descriptor for the whole
-# set). It does not read a byte, close a socket or make a task: the server
-# takes each one out (`take_ready`, `take_expired`, `take_all`) and decides.
-# No HTTP, no hypercorn: sockets, deadlines and a selector only.
-"""Accepted connections that wait, without a task or an object each, for their first bytes."""
+"""Accepted connections that wait, without a task or an object each, for their first bytes.
+
+The waiting set: accepted connections that have sent nothing yet.
+
+Owns their sockets until each sends something, ends, or reaches its
+deadline, watched through a selector of its own (one descriptor for the whole
+set). It does not read a byte, close a socket or make a task: the server
+takes each one out (`take_ready`, `take_expired`, `take_all`) and decides.
+No HTTP, no hypercorn: sockets, deadlines and a selector only.
+"""
 
 from __future__ import annotations
 

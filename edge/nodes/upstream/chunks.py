@@ -49,7 +49,7 @@ __all__ = ["ChunkMapper", "coalesced"]
 _UINT32_MAX: Final = 2**32 - 1
 # Logprobs of chunks without content waiting for the next content, at most (then dropped).
 MAX_WAITING_LOGPROBS: Final = 4096
-# The longest stop string passed on as the one that matched (the edge takes no longer one).
+# The longest stop string passed on as the one that matched (the edge takes nothing longer).
 MAX_STOP_SEQUENCE_CHARS: Final = 1024
 
 
