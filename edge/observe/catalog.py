@@ -66,6 +66,8 @@ _DURATION_BUCKETS = (
 _TOKEN_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5,
 )  # fmt: skip
+# A collection's pause: a young one takes about a millisecond, a full one grows with the heap.
+_GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 _FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
 
 # Why the HTTP server closed a connection (or refused to open one).
@@ -162,6 +164,12 @@ _RUNS = (
         Histogram, "added_latency", "iop_edge_added_latency_seconds",
         "From a node event's arrival to its bytes handed to the HTTP server.",
         buckets=_FAST_BUCKETS,
+    ),
+    MetricSpec(
+        Histogram, "gc_pause", "iop_edge_gc_pause_seconds",
+        "The event loop's pauses for Python's garbage collector, by generation (0-2): a"
+        " pause holds every stream of the process.",
+        ("generation",), buckets=_GC_BUCKETS,
     ),
     MetricSpec(
         Counter, "deferred_steps", "iop_edge_deferred_steps",

@@ -65,6 +65,7 @@ class EdgeMetrics:
     tracing: Gauge
     inter_chunk: Histogram
     added_latency: Histogram
+    gc_pause: Histogram
     deferred_steps: Counter
     active_streams: Gauge
     backlog_chars: Gauge
