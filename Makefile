@@ -16,7 +16,7 @@ PROTO_OUT := edge/contract/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 CONFIG_REF := docs/config-reference.md
 
-.PHONY: help setup redis-server real-tools real proto proto-check config-ref config-ref-check run sim test clients-js agents chaos hostile bench lint imports format typecheck check clean
+.PHONY: help setup redis-server real-tools real proto proto-check config-ref config-ref-check run sim test clients-js agents chaos chaos-suite hostile bench lint imports format typecheck check clean
 
 setup: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP) redis-server ## the virtualenv, the pinned dependencies and redis-server
 
@@ -131,19 +131,21 @@ agents: $(STAMP) ## Codex CLI and Claude Code against a real edge
 	cd tests/agents && npm ci --no-audit --no-fund
 	$(BIN)/python -m tests.agents.run_agents $(AGENTS_ARGS)
 
-# The chaos suite, then the hostile mix; fails if either failed (both always run).
+# The programs below stop what they started on a SIGTERM or SIGINT, and make passes a
+# SIGTERM on to its own child only: each runs as that child (`exec`, or a make of its own).
+# The chaos suite, then the hostile mix; fails if either failed (both always run: -k).
 chaos: $(STAMP) ## the chaos suite, then the hostile mix
-	@status=0; \
-	$(BIN)/python -m tests.chaos $(CHAOS_ARGS) || status=1; \
-	$(BIN)/python -m tests.chaos.hostile $(HOSTILE_ARGS) || status=1; \
-	exit $$status
+	$(MAKE) --no-print-directory -j1 -k chaos-suite hostile
+
+chaos-suite: $(STAMP)
+	exec $(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 # Hostile input beside normal traffic, one bounded phase per attack (HOSTILE_ARGS="--phase-s 8").
 hostile: $(STAMP) ## the hostile mix beside normal traffic
-	$(BIN)/python -m tests.chaos.hostile $(HOSTILE_ARGS)
+	exec $(BIN)/python -m tests.chaos.hostile $(HOSTILE_ARGS)
 
 bench: $(STAMP) ## the benchmarks (BENCH_ARGS=--help for the options)
-	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+	exec $(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 lint: $(STAMP) ## ruff check and format --check
 	$(BIN)/ruff check .

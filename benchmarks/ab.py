@@ -65,11 +65,20 @@ def checkout(rev: str, tmp: Path) -> tuple[str, Path, EdgeSource]:
     sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
     where = tmp / "rev"
     _git("worktree", "add", "--detach", str(where), sha)
+    try:
+        return sha, where, _source(rev, sha, where, tmp)
+    except BaseException:  # stopped while its venv was built: no worktree is left behind
+        remove_checkout(where)
+        raise
+
+
+def _source(rev: str, sha: str, where: Path, tmp: Path) -> EdgeSource:
+    """How to run the edge of the checkout at `where`: on this venv, or one of its own."""
     label = f"{rev} ({sha[:10]})"
     ours = _dependencies((ROOT / "pyproject.toml").read_text())
     theirs = _dependencies((where / "pyproject.toml").read_text())
     if ours == theirs:
-        return sha, where, EdgeSource(label=label, env=(("PYTHONPATH", str(where)),))
+        return EdgeSource(label=label, env=(("PYTHONPATH", str(where)),))
     venv = tmp / "rev-venv"
     print(f"{rev}: other dependencies; building a venv for it in {venv}", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
@@ -78,7 +87,7 @@ def checkout(rev: str, tmp: Path) -> tuple[str, Path, EdgeSource]:
          "--disable-pip-version-check", str(where)],
         check=True, timeout=VENV_TIMEOUT_S,
     )  # fmt: skip
-    return sha, where, EdgeSource(label=label, command=(str(venv / "bin" / "iop-edge"),))
+    return EdgeSource(label=label, command=(str(venv / "bin" / "iop-edge"),))
 
 
 def remove_checkout(where: Path) -> None:

@@ -14,16 +14,15 @@ import importlib.metadata
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cleanup import remove_dir, temp_dir
 from benchmarks.flags import build_parser, settings_from
 from benchmarks.harness import Settings
 from benchmarks.jobs.base import raise_nofile
@@ -114,14 +113,14 @@ def peers(args: argparse.Namespace, settings: Settings, tmp: Path) -> dict[str, 
 @contextmanager
 def _workdir(prefix: str, keep: bool) -> Iterator[Path]:
     """A temporary directory for one bench command: removed after, unless `keep`."""
-    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    tmp = temp_dir(prefix, keep)
     try:
         yield tmp
     finally:
         if keep:
             print(f"logs kept in {tmp}", file=sys.stderr)
         else:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_dir(tmp)
 
 
 def _write(out: Path, result: dict[str, Any], started: float) -> None:

@@ -32,6 +32,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cleanup import stop
 from benchmarks.fleet import (
     PORT_TRIES,
     STARTUP_TIMEOUT_S,
@@ -74,8 +75,8 @@ def smg_gateway(smg: Path, where: Path, workers: list[str]) -> Iterator[tuple[in
     """SMG (cache_aware) in front of `workers`, once it lists the model; yields (port, pid).
 
     Its periodic health probe is off (the workers do not fail here; a probe is only
-    traffic beside the workload's). Stopped by PID with SIGKILL: its drain on SIGTERM
-    waits seconds for nothing here.
+    traffic beside the workload's). Stopped with SIGKILL (its process group too): its
+    drain on SIGTERM waits seconds for nothing here.
     """
 
     def start() -> tuple[subprocess.Popen[bytes], int]:
@@ -103,9 +104,7 @@ def smg_gateway(smg: Path, where: Path, workers: list[str]) -> Iterator[tuple[in
             time.sleep(0.2)
         yield port, proc.pid
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop(proc, signal.SIGKILL)
 
 
 def _cell(

@@ -16,16 +16,22 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import signal
 import time
 import traceback
 from typing import Any
 
+from benchmarks.cleanup import die_with_parent
 from benchmarks.jobs.base import Ctl, JobFn, raise_nofile
 
 mono = time.monotonic
 
 
 def _worker(conn: multiprocessing.connection.Connection) -> None:
+    # The orchestrator stops its workers (`Pool.close`): a Ctrl-C at the terminal is its
+    # to handle, and its death, even by SIGKILL, ends them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
     raise_nofile()
     from benchmarks.jobs import JOBS
 

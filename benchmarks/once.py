@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.cleanup import child_options
 from benchmarks.harness import START_DELAY_S, Bench, mono
 from benchmarks.httpclient import build_post
 from benchmarks.report import pct
@@ -29,7 +30,7 @@ def client_alone(bench: Bench, chunks: int, conc: tuple[int, int] | None) -> dic
             [sys.executable, "-m", "benchmarks.replay", str(n)],
             stdout=subprocess.PIPE,
             text=True,
-            start_new_session=True,
+            **child_options(),
         )
         try:
             assert proc.stdout is not None
@@ -53,7 +54,7 @@ def client_alone(bench: Bench, chunks: int, conc: tuple[int, int] | None) -> dic
             )
             parts = [bench.pool.result(i, 90.0) for i in range(workers)]
         finally:
-            stop_process(proc)  # type: ignore[arg-type]
+            stop_process(proc)
         wall = max(p["t_end"] for p in parts) - min(p["t_start"] for p in parts)
         total = sum(p["chunks"] for p in parts)
         out[f"{label}_{count}x{n}"] = {

@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from benchmarks.ab import checkout, edge_module_path, remove_checkout, tree_label
+from benchmarks.cleanup import remove_dir, run_program, temp_dir
 from benchmarks.harness import Bench, Settings
 from benchmarks.loadgen import Pool
 from benchmarks.paced import (
@@ -106,9 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     count_s, rate_s, seconds_s = args.paced.split("x")
     count, rate, seconds = int(count_s), float(rate_s), float(seconds_s)
-    tmp = Path(tempfile.mkdtemp(prefix="iop-pair-"))
+    tmp = temp_dir("iop-pair-")
     where: Path | None = None
     with ExitStack() as cleanup:
+        cleanup.callback(remove_dir, tmp)
         extra = ""
         if args.tracing:
             sink = cleanup.enter_context(otlp_sink())
@@ -189,4 +190,4 @@ def render(labels: list[str], shape: str, rounds: list[list[dict[str, Any]]]) ->
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_program(main, "benchmarks.pair"))

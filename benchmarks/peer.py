@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cleanup import child_options, stop
 from benchmarks.harness import Settings
 from benchmarks.report import dig, fmt, med
 from benchmarks.stack import (
@@ -44,6 +46,8 @@ from benchmarks.stack import (
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TOOL = ROOT.parent / "shared" / "tools" / "peer-bench"
 PEER_TIMEOUT_S = 45 * 60
+# The tool stops each gateway it started within 20 s (SIGTERM, then SIGKILL).
+PEER_STOP_S = 60.0
 # SGLang's model gateway, pinned: its CLI and its startup (/v1/models) are what the peer
 # tool drives. A venv of its own: it must not touch the project's dependencies.
 SMG_SPEC = "smg==1.13.0"
@@ -56,9 +60,10 @@ EDGE_TARGET = "iop-edge"
 
 
 def _start_edge_for_mock(
-    mock_port: int, log_dir: Path
-) -> tuple[list[subprocess.Popen[bytes]], str, int]:
-    """iop-node (model `mock`, upstream the tool's mock) and an iop-edge in front of it."""
+    mock_port: int, log_dir: Path, procs: list[subprocess.Popen[bytes]]
+) -> tuple[str, int]:
+    """iop-node (model `mock`, upstream the tool's mock) and an iop-edge in front of it,
+    added to `procs` (the edge, then the node) as they start; the edge's URL and pid."""
     node_port, edge_port = free_port(), free_port()
     node = spawn(
         [venv_script("iop-node"), "--listen", f"127.0.0.1:{node_port}",
@@ -69,17 +74,19 @@ def _start_edge_for_mock(
     config.write_text(
         EDGE_CONFIG.format(port=edge_port, name="mock", node=f"127.0.0.1:{node_port}")
     )
+    procs.append(node)
     edge = spawn(
         [venv_script("iop-edge"), "--config", str(config), "--log-level", "WARNING"],
         log_dir / "peer-edge.log",
     )
+    procs.insert(0, edge)
     url = f"http://127.0.0.1:{edge_port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and get_status(url + "/healthz") != 200:
         if edge.poll() is not None or node.poll() is not None:
             break
         time.sleep(0.1)
-    return [edge, node], url, edge.pid
+    return url, edge.pid
 
 
 def smg_binary(venv: Path = SMG_VENV) -> Path:
@@ -113,10 +120,11 @@ def run_peer(
         return {"error": f"{tool} not found (the peer tool lives in ../shared/tools)"}
     rates = sorted({20.0, 50.0, *settings.rates})
     mock_port = free_port()
-    procs, edge_url, edge_pid = _start_edge_for_mock(mock_port, log_dir)
-    node_probe = Probe(procs[1].pid)
-    node_cpu_start = node_probe.cpu()
+    procs: list[subprocess.Popen[bytes]] = []
     try:
+        edge_url, edge_pid = _start_edge_for_mock(mock_port, log_dir, procs)
+        node_probe = Probe(procs[1].pid)
+        node_cpu_start = node_probe.cpu()
         result = _run_tool(
             tool, settings, quick, log_dir, rates, mock_port, edge_url, edge_pid, smg
         )
@@ -162,14 +170,16 @@ def _run_tool(
             f"{settings.rate_seconds:g}",
         ]
     log = log_dir / "peer-bench.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, **child_options())
     try:
-        with log.open("wb") as err:
-            proc = subprocess.run(
-                cmd, stdout=subprocess.PIPE, stderr=err, timeout=PEER_TIMEOUT_S, check=False
-            )
+        stdout, _ = proc.communicate(timeout=PEER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {PEER_TIMEOUT_S} s; log: {log}"}
-    lines = [ln for ln in proc.stdout.decode(errors="replace").splitlines() if ln.strip()]
+    finally:
+        # On a Ctrl-C the tool stops its gateways and removes its directory itself.
+        stop(proc, signal.SIGINT, PEER_STOP_S)
+    lines = [ln for ln in stdout.decode(errors="replace").splitlines() if ln.strip()]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit {proc.returncode}; log: {log}"}
     try:

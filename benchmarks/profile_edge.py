@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from benchmarks import paced
+from benchmarks.cleanup import child_options, remove_dir, run_program, temp_dir
 from benchmarks.harness import Bench, Settings
 from benchmarks.loadgen import Pool
 from benchmarks.stack import Stack
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if not spy_bin.exists():
         print("py-spy is not installed: .venv/bin/pip install py-spy", file=sys.stderr)
         return 2
-    tmp = Path(tempfile.mkdtemp(prefix="iop-profile-"))
+    tmp = temp_dir("iop-profile-")
     raw = args.raw or tmp / "profile.raw"
     try:
         with Stack(tmp) as stack:
@@ -113,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                     cmd,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
+                    **child_options(),
                 )
                 try:
                     time.sleep(1.0)
@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                 pool.close()
         print(summarize(raw, args.top))
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_dir(tmp)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_program(main, "benchmarks.profile_edge"))

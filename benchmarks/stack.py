@@ -3,7 +3,8 @@
 `Stack` starts the simulated node (its runs log is a FIFO read by a thread that stamps
 every line with the system-wide monotonic clock, so the time a CancelRun reached the
 node is known per run) and the edge (a temporary config.toml), waits until the edge
-answers /readyz, and stops both by PID (SIGTERM, then SIGKILL) however the run ends.
+answers /readyz, and stops both however the run ends (`benchmarks.cleanup.stop`: SIGTERM,
+then SIGKILL to the process group).
 `Probe` reads one process's CPU time and RSS with psutil; `cpu_s` reads a process's
 CPU to the nanosecond (Linux), `up_nodes` how many nodes an edge has up; `cores_apart`
 puts some processes on a CPU of their own for a while (Linux: `can_set_apart`).
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
+
+from benchmarks.cleanup import child_options, stop
 
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -177,31 +180,21 @@ def node_active_runs(port: int, timeout_s: float = 2.0) -> int | None:
 def spawn(
     cmd: list[str], log: Path, env: dict[str, str] | None = None, **kwargs: Any
 ) -> subprocess.Popen[bytes]:
+    """`cmd` with its output to `log`, in a session of its own, ending with this program."""
     with log.open("wb") as out:
         return subprocess.Popen(
             cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            **child_options(),
             **kwargs,
         )
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
-    """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; by PID only."""
-    if proc is None or proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def stop_process(proc: subprocess.Popen[Any] | None) -> None:
+    """SIGTERM, then SIGKILL to its process group after STOP_TIMEOUT_S."""
+    stop(proc, signal.SIGTERM, STOP_TIMEOUT_S)
 
 
 def get_status(url: str, timeout: float = 2.0) -> int:

@@ -4,17 +4,16 @@
 
 Prints a summary table; on failure, every broken invariant with the request
 and run ids involved, the command that replays the seed, and the directory
-holding the edge's log and the nodes' runs logs.
+holding the edge's log and the nodes' runs logs. A SIGTERM or SIGINT stops the
+run: its processes, then its directory (`benchmarks.cleanup`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from functools import partial
 
-import trio
-
+from benchmarks.cleanup import run_program, run_trio
 from tests.chaos.procs import ProcessError
 from tests.chaos.report import Options, summary
 from tests.chaos.suite import run_suite
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         migrations=0 if args.no_migration else args.migrations,
     )
     try:
-        report = trio.run(partial(run_suite, options))
+        report = run_trio(run_suite, options)
     except ProcessError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         print(f"replay: {options.replay()}", file=sys.stderr)
@@ -107,4 +106,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_program(main, "chaos"))

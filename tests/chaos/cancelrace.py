@@ -40,9 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +48,7 @@ from typing import Any
 
 import trio
 
+from benchmarks.cleanup import remove_dir, run_program, run_trio, temp_dir
 from tests.chaos.client import StreamResult, run_stream
 from tests.chaos.plan import Cut, Expect, Plan
 from tests.chaos.procs import EdgeProcess, ProcessError, SimNode
@@ -214,12 +213,12 @@ async def run_rounds(args: argparse.Namespace, source: Path | None) -> list[Tall
     rng = random.Random(args.seed)
     tallies = []
     for n in range(args.rounds):
-        workdir = Path(tempfile.mkdtemp(prefix=f"cancelrace-{n}-"))
+        workdir = temp_dir(f"cancelrace-{n}-", keep=args.keep_logs)
         try:
             tally = await one_round(workdir, rng, args, source)
         finally:
             if not args.keep_logs:
-                shutil.rmtree(workdir, ignore_errors=True)
+                remove_dir(workdir)
         print(tally.line(f"round {n + 1}"), flush=True)
         tallies.append(tally)
     return tallies
@@ -249,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         source = Path(args.edge_src).resolve() if args.edge_src else None
-        tallies = trio.run(run_rounds, args, source)
+        tallies = run_trio(run_rounds, args, source)
     except ProcessError as exc:
         print(f"cancelrace: {exc}", file=sys.stderr)
         return 2
@@ -270,4 +269,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_program(main, "cancelrace"))

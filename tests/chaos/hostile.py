@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import signal
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Any
 import httpx
 import trio
 
+from benchmarks.cleanup import keep_dir, remove_dir, run_program, run_trio, temp_dir
 from tests.chaos.attacks import (
     ATTACKS,
     ENDED_THE_EDGE,
@@ -245,7 +244,7 @@ def report(phases: list[Phase], sizes: Sizes, seconds: float) -> str:
 async def run_mix(
     phases: tuple[str, ...], sizes: Sizes, seconds: float, cap_mib: float, keep: bool
 ) -> tuple[list[Phase], Path]:
-    workdir = Path(tempfile.mkdtemp(prefix=f"iop-hostile-{sizes.seed}-"))
+    workdir = temp_dir(f"iop-hostile-{sizes.seed}-", keep=keep)
     node = SimNode("n0", workdir)
     done: list[Phase] = []
     try:
@@ -257,7 +256,9 @@ async def run_mix(
     finally:
         await stop_process(node.process, signal.SIGTERM)
     if not keep and done and _figures(done)["ok"]:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_dir(workdir)
+    else:
+        keep_dir(workdir)
     return done, workdir
 
 
@@ -301,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = Sizes(**{f.name: getattr(args, f.name) for f in fields(Sizes)})
     try:
-        done, workdir = trio.run(
-            partial(run_mix, phases, sizes, args.phase_s, args.rss_cap_mib, args.keep_logs)
+        done, workdir = run_trio(
+            run_mix, phases, sizes, args.phase_s, args.rss_cap_mib, args.keep_logs
         )
     except ProcessError as exc:
         print(f"hostile: {exc}", file=sys.stderr)
@@ -328,4 +329,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_program(main, "hostile"))

@@ -24,6 +24,7 @@ import httpx
 import psutil  # type: ignore[import-untyped]
 import trio
 
+from benchmarks.cleanup import kill_group, kill_left
 from tests.chaos.plan import FIRST_EVENT_S, IDLE_S, KEEPALIVE_S, TOTAL_S
 from tests.chaos.probe import EVERY_S, HEALTHZ_REQUEST
 
@@ -40,28 +41,33 @@ class ProcessError(RuntimeError):
 
 
 async def _open(argv: list[str], out: Path, source: Path | None = None) -> trio.Process:
-    """Start `argv` with its output to `out`; with `source`, its `edge` package is the one
-    in that checkout (its working directory and first on PYTHONPATH: an A/B run)."""
+    """Start `argv` with its output to `out`, in a session (a process group) of its own;
+    with `source`, its `edge` package is the one in that checkout (its working directory
+    and first on PYTHONPATH: an A/B run)."""
     env = None
     if source is not None:
         env = {**os.environ, "PYTHONPATH": str(source)}
     with out.open("ab") as sink:
-        return await trio.lowlevel.open_process(argv, stdout=sink, stderr=sink, env=env, cwd=source)
+        return await trio.lowlevel.open_process(
+            argv, stdout=sink, stderr=sink, env=env, cwd=source, start_new_session=True
+        )
 
 
 async def stop_process(process: trio.Process | None, sig: int = signal.SIGTERM) -> int | None:
-    """Signal `process`, wait up to STOP_TIMEOUT_S, then kill it. Returns its exit code."""
-    if process is None:
-        return None
+    """Signal `process`, wait up to STOP_TIMEOUT_S, then kill its process group; then what
+    it left in its group is killed. Returns its exit code."""
+    if process is None or process.returncode is not None:
+        return None if process is None else process.returncode
     with trio.CancelScope(shield=True):
+        process.send_signal(sig)
+        with trio.move_on_after(STOP_TIMEOUT_S):
+            await process.wait()
         if process.returncode is None:
-            process.send_signal(sig)
-            with trio.move_on_after(STOP_TIMEOUT_S):
-                await process.wait()
-        if process.returncode is None:
+            kill_group(process.pid)
             process.kill()
             with trio.move_on_after(STOP_TIMEOUT_S):
                 await process.wait()
+        kill_left(process.pid)
     return process.returncode
 
 
@@ -101,16 +107,21 @@ class SimNode:
         ]
         self.runs_logs.append(runs_log)
         self.process = await _open(argv, out)
-        with trio.move_on_after(START_TIMEOUT_S):
-            while True:
-                text = out.read_text(errors="replace") if out.exists() else ""
-                if "listening on" in text:
-                    self.port = int(text.split("listening on", 1)[1].split()[0].rsplit(":", 1)[1])
-                    self.listening_at.append(time.time())
-                    return
-                if self.process.returncode is not None or self.process.poll() is not None:
-                    break
-                await trio.sleep(0.02)
+        try:
+            with trio.move_on_after(START_TIMEOUT_S):
+                while True:
+                    text = out.read_text(errors="replace") if out.exists() else ""
+                    if "listening on" in text:
+                        port = text.split("listening on", 1)[1].split()[0]
+                        self.port = int(port.rsplit(":", 1)[1])
+                        self.listening_at.append(time.time())
+                        return
+                    if self.process.returncode is not None or self.process.poll() is not None:
+                        break
+                    await trio.sleep(0.02)
+        except BaseException:  # cancelled while it started: it does not outlive the run
+            await stop_process(self.process, signal.SIGKILL)
+            raise
         await stop_process(self.process, signal.SIGKILL)
         raise ProcessError(f"{self.name} did not start on port {self.port}: {out.read_text()!r}")
 
@@ -213,8 +224,12 @@ class EdgeProcess:
             )
             argv = [sys.executable, "-m", "edge", "--config", str(config)]
             self.process = await _open(argv, self.log, self.source)
-            if await self._ready():
-                return
+            try:
+                if await self._ready():
+                    return
+            except BaseException:  # cancelled while it started: it does not outlive the run
+                await stop_process(self.process, signal.SIGKILL)
+                raise
             await stop_process(self.process, signal.SIGKILL)
         raise ProcessError(f"the edge did not become ready; see {self.log}")
 
@@ -317,7 +332,13 @@ async def probe_healthz(edge: EdgeProcess, out_ms: list[float], errors: list[str
     argv = [sys.executable, "-m", "tests.chaos.probe", str(edge.port)]
     async with trio.open_nursery() as nursery:
         process = await nursery.start(
-            partial(trio.run_process, argv, stdout=subprocess.PIPE, check=False)
+            partial(
+                trio.run_process,
+                argv,
+                stdout=subprocess.PIPE,
+                check=False,
+                start_new_session=True,  # a Ctrl-C is the run's to handle: it kills this
+            )
         )
         try:
             assert process.stdout is not None

@@ -14,15 +14,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil  # type: ignore[import-untyped]
 import trio
 
+from benchmarks.cleanup import keep_dir, remove_dir, temp_dir
 from tests.chaos.checks import FD_SLACK, THREAD_SLACK, check_all
 from tests.chaos.client import StreamResult, run_stream
 from tests.chaos.plan import Kill, make_scenario, warmup_plans
@@ -186,7 +184,7 @@ def _runs_lines(nodes: list[SimNode]) -> list[tuple[str, dict[str, Any]]]:
 async def run_suite(options: Options) -> Report:
     """One chaos run; the report says which invariants broke (none, if all is well)."""
     started = trio.current_time()
-    workdir = Path(tempfile.mkdtemp(prefix=f"iop-chaos-{options.seed}-"))
+    workdir = temp_dir(f"iop-chaos-{options.seed}-", keep=options.keep_logs)
     report = Report(options, workdir)
     scenario = make_scenario(
         options.seed, options.streams, options.nodes, options.node_kills, options.idle_close
@@ -269,5 +267,7 @@ async def run_suite(options: Options) -> Report:
     report.elapsed_s = trio.current_time() - started
     (workdir / "summary.txt").write_text(summary(report) + "\n")
     if report.ok and not options.keep_logs:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_dir(workdir)
+    else:
+        keep_dir(workdir)
     return report
