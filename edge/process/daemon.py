@@ -384,13 +384,16 @@ def run_forever(
     # the collector's way. A collection's pause grows with what it scans: young
     # collections are kept small and frequent (2,000: pauses of 1-5 ms, where
     # 50,000 paused 30-50 ms), and the middle generation is collected every 5 of
-    # them, before it grows (pauses of 5-11 ms). Requests leave no reference
-    # cycles of their own (tests/integration/test_garbage_e2e.py), so what is
-    # left to collect is mostly libraries' (werkzeug's router, trio's). Measured
-    # on the overload curve (BENCHMARKS.md).
+    # them, before it grows (pauses of 5-11 ms). A full collection scans every
+    # open stream's objects: 50-250 ms with 1,000 streams open, a stall of every
+    # stream at once (iop_edge_gc_pause_seconds{generation="2"}); one every 100
+    # middle ones, not 20, keeps it out of a paced stream's p99 (BENCHMARKS.md).
+    # Requests leave no reference cycles of their own
+    # (tests/integration/test_garbage_e2e.py), so what waits longer for a full
+    # collection is mostly libraries' (werkzeug's router, trio's).
     gc.collect()
     gc.freeze()
-    gc.set_threshold(2_000, 5, 20)
+    gc.set_threshold(2_000, 5, 100)
 
     async def main() -> None:
         shutdown = trio.Event()
