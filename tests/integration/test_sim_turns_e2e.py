@@ -77,7 +77,8 @@ async def test_script_in_system_message_with_framework_text_as_user(
 
 
 async def test_past_the_last_turn_is_an_error_naming_the_turn(http: httpx.AsyncClient) -> None:
-    """A third request of a two-turn loop ends in a run error that says which turn it was."""
+    """A third request of a two-turn loop is refused (400: the request's fault) with the
+    node's words, which say which turn it was."""
     messages = [
         {"role": "user", "content": LOOP},
         ASSISTANT_CALL,
@@ -86,9 +87,9 @@ async def test_past_the_last_turn_is_an_error_naming_the_turn(http: httpx.AsyncC
         {"role": "user", "content": "And tomorrow?"},
     ]
     response = await post(http, messages)
-    assert response.status_code == 502, response.text
+    assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["type"] == "run_error"
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_script")
     assert "turn 2" in error["message"]
     assert "2 turn(s)" in error["message"]
 

@@ -20,7 +20,7 @@ holds the script (so, for a script in the system or first user message, the
 number of assistant messages in the conversation): each answer of the
 model, a tool call included, moves it on. A single-turn script plays its
 events whatever the turn. Asking past the last turn is a ScriptError (the
-node answers with an error event that says so), never a silent replay.
+node refuses the run with an error event that says so), never a silent replay.
 
 Every number a script holds is checked here, before anything plays (`check_item`):
 a JSON number (a bool is not one), finite, within its bound. `sleep_ms` and
@@ -30,8 +30,9 @@ MAX_DELTA_CHARS; `usage` counts integers that fit their uint32; a logprob a
 finite number; `http_status`, on an error only, 0 or 400 to 599. The turn
 played sends at most MAX_SCRIPT_EVENTS events and MAX_SCRIPT_CHARS characters
 of delta text, repeats counted. A script past any of these is a ScriptError
-naming the item and the bound: the node answers with an error event, its
-timers and the runs beside it untouched.
+naming the item and the bound: the node refuses the run (an error event with
+`http_status` 400: the request's fault), its timers and the runs beside it
+untouched.
 """
 
 from __future__ import annotations
