@@ -5,11 +5,14 @@ multi-turn, `{"turns": [{"events": [...]}, ...]}`. This module finds it in
 a RunRequest's messages and returns the items of the turn to play; playing
 them is the server's (`edge.nodes.sim.server`). Pure: no asyncio, no gRPC stream.
 
-Lookup, the first text that is a script winning (a text is a message's
-string content, its text parts joined, or any one text part; it "is a
-script" when it is a JSON object with an `events` or `turns` key):
+Lookup, the first text that holds a script winning (a text is a message's
+string content, its text parts joined, or any one text part; it "holds a
+script" when one of its JSON objects has an `events` or `turns` key, the
+object all of the text or inside words around it; `edge.nodes.sim.jsonscan`
+says which objects a text holds, and the first script among them is the
+text's):
 
-1. the last user message (the old rule: a new script there always wins);
+1. the last user message (a new script there always wins);
 2. system and developer messages, first to last (frameworks that append
    their own instructions to the last user message leave these alone);
 3. user messages, first to last (the first user message of an agent loop,
@@ -43,6 +46,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.sim.jsonscan import json_objects
 
 Items = list[dict[str, Any]]
 
@@ -65,6 +69,10 @@ _USAGE_FIELDS = frozenset(
 _UINT32 = 2**32 - 1
 
 
+# The keys that make a JSON object a script.
+SCRIPT_KEYS = ("events", "turns")
+
+
 class ScriptError(ValueError):
     """The sim-script conversation holds no valid script, or not for this turn."""
 
@@ -84,15 +92,11 @@ def _texts(message: pb.Message) -> Iterator[str]:
 
 
 def _as_script(text: str) -> dict[str, Any] | None:
-    """The JSON object `text` holds when it is a script (has events or turns), else None."""
-    if "{" not in text:
-        return None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if isinstance(doc, dict) and ("events" in doc or "turns" in doc):
-        return doc
+    """The first JSON object `text` holds that is a script (has events or turns), else None."""
+    for found in json_objects(text, SCRIPT_KEYS):
+        doc = found.value
+        if isinstance(doc, dict) and ("events" in doc or "turns" in doc):
+            return doc
     return None
 
 
@@ -251,13 +255,22 @@ def find_script(messages: Sequence[pb.Message]) -> tuple[dict[str, Any], int]:
 
 
 def _no_script(messages: Sequence[pb.Message]) -> str:
+    """Why no script was found, as the refusal says it: of the last user message, the
+    first object that names events or turns but is not JSON, else whether it is JSON."""
     users = [m for m in messages if m.role == "user"]
+    none = 'no message holds a script ({"events": [...]} or {"turns": [...]}, alone or in text)'
     if not users:
-        return 'sim-script: no message holds a script ({"events": [...]} or {"turns": [...]})'
+        return f"sim-script: {none}"
+    text = message_text(users[-1])
+    for found in json_objects(text, SCRIPT_KEYS):
+        if found.error is not None:
+            return (
+                f"sim-script: the last user message holds a script that is not JSON ({found.error})"
+            )
     try:
-        json.loads(message_text(users[-1]))
-    except json.JSONDecodeError as exc:
-        return f"sim-script: the last user message is not JSON ({exc}); no message holds a script"
+        json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return f"sim-script: the last user message is not JSON ({exc}); {none}"
     return 'sim-script: expected {"events": [...]} or {"turns": [...]}; no message holds one'
 
 
