@@ -6,7 +6,11 @@ input streams as one `input_json_delta`. A block stays open while its kind
 of text keeps coming. The stream opens with `message_start` and ends with
 `message_delta` (`stop_reason`, `stop_sequence`, usage) and `message_stop`, or
 with one `event: error` carrying Anthropic's error object. Usage is counted as
-Anthropic counts it: `input_tokens` without the cached ones. Errors before the first
+Anthropic counts it: `input_tokens` without the cached ones. A node reports usage
+only when its run ends, so `message_start` carries the prompt's tokens as the edge
+estimates them (`prompt_tokens`, `edge.api.tokencount`), as Anthropic's own stream
+gives the prompt's count there (clients that read input tokens only from it, such
+as LangChain's, count them); `message_delta` carries the node's. Errors before the first
 byte are HTTP errors in Anthropic's shape (`anthropic_error`), with the
 status Anthropic gives their type.
 
@@ -98,12 +102,13 @@ class MessagesRenderer:
 
     def __init__(
         self, run_id: str, model: str, *, status_of: Callable[[str], int],
-        stop_sequences: tuple[str, ...] = (),
+        stop_sequences: tuple[str, ...] = (), prompt_tokens: int = 0,
     ) -> None:  # fmt: skip
         self.message_id = f"msg_{run_id}"
         self._model = model
         self._status_of = status_of  # error type -> the edge's HTTP status
         self._stop_sequences = stop_sequences  # the request's
+        self._prompt_tokens = prompt_tokens  # the edge's estimate, for message_start
         self._blocks: list[dict[str, Any]] = []
         self._open: str | None = None  # "text" | "thinking" while a block is open
         self._text: list[str] = []
@@ -122,7 +127,8 @@ class MessagesRenderer:
         for event in events:
             if not self._started:
                 self._started = True
-                start = self._message(stop_reason=None, usage=messages_usage(None))
+                usage = messages_usage(Usage(input_tokens=self._prompt_tokens))
+                start = self._message(stop_reason=None, usage=usage)
                 self._emit("message_start", message=start)
             if isinstance(event, ContentOut):
                 if event.text:

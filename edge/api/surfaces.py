@@ -76,6 +76,9 @@ class Heading:
     run_id: str
     created: int
     model: str
+    # The prompt's tokens as the edge estimates them (`edge.api.tokencount`); 0: not
+    # counted. What a stream says of its input before the node reports its usage.
+    prompt_tokens: int = 0
 
 
 class Api:
@@ -177,7 +180,8 @@ class MessagesApi(Api):
 
     def streamer(self, request: ApiRequest, answer: Heading) -> Streamer:
         return _MessagesOut(answer.run_id, answer.model, status_of=status_of,
-                            stop_sequences=request.chat.stop)  # fmt: skip
+                            stop_sequences=request.chat.stop,
+                            prompt_tokens=answer.prompt_tokens)  # fmt: skip
 
     def folder(self, request: ApiRequest, answer: Heading) -> Folder:
         return _MessagesOut(answer.run_id, answer.model, status_of=status_of,

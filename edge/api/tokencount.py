@@ -11,6 +11,10 @@ the same number as the run's input tokens; a real model's tokenizer differs,
 by a margin that depends on the text (English prose is near 4 characters a
 token; code, other scripts and JSON schemas differ).
 
+The same estimate is what a Messages stream's `message_start` says of the
+prompt (`tokens_of`, from the length of the request's prefix fingerprint):
+a node reports its count only when the run ends.
+
 The body is a Messages request without `max_tokens`, parsed by the Messages
 parser (`edge.api.messages`): what /v1/messages would refuse, this refuses,
 with the same 400.
@@ -38,5 +42,11 @@ def parse_count_request(body: bytes) -> MessagesRequest:
 def estimate_input_tokens(request: ChatRequest, *, chars_per_token: int) -> int:
     """The prompt's tokens, estimated: its rendering's characters per `chars_per_token`,
     at least 1. Linear in the request's size: run it off the event loop."""
-    chars = sum(map(len, render(request, request.model)))
+    return tokens_of(sum(map(len, render(request, request.model))), chars_per_token=chars_per_token)
+
+
+def tokens_of(chars: int, *, chars_per_token: int) -> int:
+    """The tokens of a prompt whose rendering is `chars` characters long, estimated (at
+    least 1): a request's prefix fingerprint has its length (`Fingerprint.chars`), so a
+    run's prompt is counted without rendering it again."""
     return max(1, chars // chars_per_token)

@@ -3,7 +3,8 @@
 Owns the pool of nodes (health, Watch or Describe: `feed`, circuit breaker:
 `breaker`, panic routing, affinity, the rank of a node by its load: `load`; cache-aware routing:
 `cacheaware`, over each node's `cacheindex`; the choice among the candidates:
-`picker`; what `/readyz` and the node gauges show: `readiness`),
+`picker`; what `/readyz` and the node gauges show: `readiness`; why no node
+can take a run, as the 503 says it: `unavailable`),
 admission (node slots, the queue, the memory budget), a request's answer
 (`answer`: its nursery, its attempts by `failover` and `migration`, the run
 whose outcome is the request's, its journal), the run (`run`: its phases as

@@ -23,7 +23,8 @@ outright would turn a blip into an outage. An open breaker is not stale: a
 node behind one gets no run, panic or not. `pick` raises the edge's errors:
 NotFoundError for a model no node serves, NodeUnavailableError when the
 nodes that could serve it are excluded, down or behind an open breaker and
-none is left to try.
+none is left to try, its message saying why, node by node
+(`edge.fleet.unavailable`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from edge.fleet.feed import NodeFeed
 from edge.fleet.health import HealthPolicy, NodeHealth, NodeStateName
 from edge.fleet.nodestate import NodeState, max_runs_of
 from edge.fleet.picker import Picker
+from edge.fleet.unavailable import unavailable_words
 from edge.node.client import NodeClient
 from edge.observe.logbound import clip
 from edge.stream.events import Usage
@@ -81,21 +83,18 @@ def _panic(model: str, down: list[NodeState]) -> NodeState | None:
 
 
 def _no_node(
-    model: str, nodes: list[NodeState], *, known: bool, capable: bool, blocked: bool
+    model: str, nodes: list[NodeState], *, known: bool, capable: bool, why: Callable[[], str]
 ) -> EdgeError:
-    """Why no node can take a run of `model`, as the error the request gets."""
+    """Why no node can take a run of `model`, as the error the request gets (`why`: the
+    words of a 503, `edge.fleet.unavailable`)."""
     if known and not capable:
         return RequestError(
             f"The model {model!r} is served by nodes that do not give logprobs;"
             " send the request without 'logprobs' and 'top_logprobs'.",
             param="logprobs",
         )
-    if blocked:
-        return NodeUnavailableError(
-            f"no node is available for model {model!r} (circuit breaker open); retry later"
-        )
     if known or any(not s.healthy for s in nodes):
-        return NodeUnavailableError(f"no node is available for model {model!r}; retry later")
+        return NodeUnavailableError(why())
     return NotFoundError(
         f"The model {model!r} does not exist or is not served here.",
         param="model",
@@ -284,7 +283,13 @@ class NodePool:
             return chosen
         if down and not blocked:
             return _panic(model, down)
-        raise _no_node(model, self.nodes, known=known, capable=capable, blocked=blocked)
+        raise _no_node(
+            model, self.nodes, known=known, capable=capable,
+            why=lambda: unavailable_words(
+                model, self.nodes, now=now, cooldown_s=self.policy.cooldown_s,
+                logprobs=logprobs, exclude=exclude,
+            ),
+        )  # fmt: skip
 
     # --- what the edge shows (edge.fleet.readiness) -------------------------------------
 

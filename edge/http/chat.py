@@ -41,7 +41,9 @@ from edge.api.request import ChatRequest
 from edge.api.responses_out import ResponsesRenderer
 from edge.api.responses_state import Resolved
 from edge.api.surfaces import CHAT, Api, ApiRequest, Folder, Heading, Streamer
+from edge.api.tokencount import tokens_of
 from edge.config import Config
+from edge.contract.prefix import CHARS_PER_TOKEN
 from edge.errors import NodeRateLimitedError, RequestError
 from edge.fleet.admission import RETRY_AFTER_S
 from edge.fleet.affinity import session_key
@@ -166,7 +168,9 @@ class ChatService:
             committed = await failover.start(scope.answer, plan, new_session)
         finally:
             scope.settled()  # an answer that failed before any byte is counted now
-        heading = Heading(run_id, created, request.model)
+        prefix = payload.prefix
+        prompt = 0 if prefix is None else tokens_of(prefix.chars, chars_per_token=CHARS_PER_TOKEN)
+        heading = Heading(run_id, created, request.model, prompt_tokens=prompt)
         if not request.stream:
             return await self._whole(committed, scope, api, parsed, heading, gate, owner)
         return await self._streamed(committed, scope, api, parsed, heading, gate, owner)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -77,6 +78,47 @@ async def test_sdk_non_streaming_with_usage(edge: RunningEdge) -> None:
     assert completion.usage.prompt_tokens == 3
     assert completion.usage.completion_tokens == 3
     assert completion.usage.total_tokens == 6
+
+
+async def test_sim_echo_counts_text_sent_as_parts(edge: RunningEdge) -> None:
+    """sim-echo counts a prompt's words the same whether its text is a string or content
+    parts (smolagents' chat parts, the Responses API's `input_text` as DSPy's and
+    Haystack's Responses clients send it, Messages' text blocks), through the SDKs."""
+    words = "what is the weather in Paris"
+    parts = [{"type": "text", "text": "what is the weather"}, {"type": "text", "text": "in Paris"}]
+
+    def chat(client: openai.OpenAI, content: Any) -> int:
+        messages = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                    {"role": "user", "content": content}]  # fmt: skip
+        answer = client.chat.completions.create(model="sim-echo", messages=messages)
+        return answer.usage.prompt_tokens
+
+    def responses(client: openai.OpenAI, content: Any) -> int:
+        if not isinstance(content, str):
+            content = [{"type": "input_text", "text": p["text"]} for p in content]
+        item = {"role": "user", "content": content}
+        answer = client.responses.create(model="sim-echo", input=[item], store=False)
+        return answer.usage.input_tokens
+
+    def call() -> list[tuple[int, int]]:
+        with _sdk(edge) as client:
+            return [(ask(client, words), ask(client, parts)) for ask in (chat, responses)]
+
+    (chat_counts, responses_counts) = await trio.to_thread.run_sync(call)
+    assert chat_counts == (8, 8)  # "Be brief." and the question's six words
+    assert responses_counts == (6, 6)
+
+    def messages() -> tuple[int, int]:
+        with anthropic.Anthropic(base_url=edge.url, api_key="x", max_retries=0) as client:
+            counts = []
+            for content in (words, parts):
+                answer = client.messages.create(
+                    model="sim-echo", max_tokens=16, messages=[{"role": "user", "content": content}]
+                )
+                counts.append(answer.usage.input_tokens)
+        return counts[0], counts[1]
+
+    assert await trio.to_thread.run_sync(messages) == (6, 6)
 
 
 async def test_async_sdk_streaming_include_usage(edge: RunningEdge) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 import trio
 
-from edge.config import Config, NodeConfig, ServerConfig
-from tests.integration.conftest import start_edge, stop_edge
+from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
+from tests.integration.conftest import SimProcess, chat_body, script, start_edge, stop_edge
+from tests.integration.edgeproc import free_port
 
 CHAT = "/v1/chat/completions"
 
@@ -109,4 +112,43 @@ async def test_no_node_reachable_is_503_before_any_byte(nursery: trio.Nursery) -
         ready = await client.get("/readyz")
         assert ready.status_code == 503
         assert "reason" in ready.json()
+    await stop_edge(running)
+
+
+async def test_the_503_says_why_no_node_could_take_the_model(
+    nursery: trio.Nursery, sim: SimProcess
+) -> None:
+    """The 503's message says why: a model server that does not answer (`--node
+    openai+http://...` pointing at nothing) is a node down and the reason it gave, in the
+    request's error, not only in /readyz and the log; a node up that serves other models
+    is named as such; a node whose breaker opened, for how long yet."""
+    nowhere = f"openai+http://127.0.0.1:{free_port()}/v1"
+    config = Config(
+        server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0),
+        routing=RoutingConfig(retries=0, breaker_failures=1, breaker_cooldown_s=60.0),
+        nodes=(NodeConfig("upstream", nowhere), NodeConfig("sim", sim.address)),
+    )
+    running = await start_edge(nursery, config)
+    async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
+        body = {"model": "qwen3-8b", "messages": [{"role": "user", "content": "x"}]}
+        for stream in (False, True):
+            response = await client.post(CHAT, json={**body, "stream": stream})
+            error = _assert_error(response, 503, "node_unavailable")
+            assert error["message"] == (
+                "no node is available for model 'qwen3-8b': node 'upstream' is down (node"
+                f" {nowhere} is unavailable: UNAVAILABLE: upstream {nowhere[7:]}/models is"
+                " unreachable: All connection attempts failed); up but not serving it:"
+                " node 'sim'; retry later"
+            )
+        failing = {"type": "error", "error": "GPU fell over"}
+        failed = await client.post(CHAT, json=chat_body("sim-script", script(failing)))
+        _assert_error(failed, 502, "run_error")
+        response = await client.post(CHAT, json=chat_body("sim-echo", "hi"))
+        message = _assert_error(response, 503, "node_unavailable")["message"]
+        assert isinstance(message, str)
+        opened = re.search(r"node 'sim' has its circuit breaker open for ([\d.]+)s more", message)
+        assert opened is not None, message
+        assert 30 < float(opened.group(1)) <= 60  # the cooldown, less the moments since
+        assert "(after 1 failed run(s) in a row)" in message
+        assert "node 'upstream' is down" in message
     await stop_edge(running)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -24,7 +25,9 @@ from tests.integration.conftest import (
     edge_config,
     script,
     start_edge,
+    start_sim,
     stop_edge,
+    stop_process,
 )
 from tests.integration.test_admission_e2e import WAIT_S, _full
 
@@ -416,3 +419,78 @@ async def test_shed_in_each_apis_shape(nursery: trio.Nursery, node: SimProcess) 
         holders.cancel_scope.cancel()
         waiting.cancel_scope.cancel()
     await stop_edge(edge)
+
+
+# --- message_start's input tokens ---------------------------------------------------------
+
+
+def _frames(raw: str) -> dict[str, dict[str, Any]]:
+    """The data of each kind of SSE event in `raw`, the last one of each kind."""
+    frames: dict[str, dict[str, Any]] = {}
+    for frame in (f for f in raw.split("\n\n") if f.startswith("event: ")):
+        event_line, data_line = frame.split("\n")
+        frames[event_line.removeprefix("event: ")] = json.loads(data_line.removeprefix("data: "))
+    return frames
+
+
+async def test_message_start_carries_the_prompts_input_tokens(
+    edge: RunningEdge, http: httpx.AsyncClient
+) -> None:
+    """A stream's `message_start` carries the prompt's input tokens, as Anthropic's does
+    (LangChain's `@langchain/anthropic` reads them there only): the edge's estimate, the
+    count `count_tokens` gives for the same request; `message_delta` keeps the node's
+    count (sim-echo's: the prompt's words)."""
+    prompt = {
+        "model": "sim-echo", "system": "You answer in the words you were given.",
+        "messages": _user("the quick brown fox jumps over the lazy dog " * 4),
+    }  # fmt: skip
+    counted = (await http.post(MESSAGES + "/count_tokens", json=prompt)).json()["input_tokens"]
+    assert counted > 20
+    body = {**prompt, "max_tokens": 64, "stream": True}
+    raw = (await http.post(MESSAGES, json=body)).text
+    frames = _frames(raw)
+    start = frames["message_start"]["message"]["usage"]
+    assert start == {
+        "input_tokens": counted, "output_tokens": 0,
+        "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
+    }  # fmt: skip
+    # The node's own count, at the end: sim-echo counts the messages' words.
+    assert frames["message_delta"]["usage"]["input_tokens"] == 8 + 9 * 4
+
+    def sdk_events(client: anthropic.Anthropic) -> tuple[int, int]:
+        with client.messages.stream(max_tokens=64, **prompt) as stream:
+            started = next(e for e in stream if e.type == "message_start")
+            final = stream.get_final_message()
+        return started.message.usage.input_tokens, final.usage.input_tokens
+
+    started, final = await _in_thread(edge, sdk_events)
+    assert (started, final) == (counted, 8 + 9 * 4)
+
+
+async def test_message_start_matches_a_cache_models_count(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """On a node whose cache model counts the prompt as the edge does (characters / 4),
+    `message_start`'s input tokens are the node's prompt tokens, the final message's
+    input plus cache-read tokens, cold or warm (the SDK's streaming helper)."""
+    node = await trio.to_thread.run_sync(
+        lambda: start_sim(tmp_path, "kv", "--kv-tokens", "65536", "--prefill-us-per-token", "0")
+    )
+    try:
+        running = await start_edge(nursery, edge_config(node))
+        system = "You are a helpful assistant. " * 40  # several of the node's cache blocks
+
+        def streamed(client: anthropic.Anthropic) -> tuple[int, Any]:
+            with client.messages.stream(
+                model="sim-echo", max_tokens=32, system=system, messages=_user("hi there")
+            ) as stream:
+                started = next(e for e in stream if e.type == "message_start")
+                return started.message.usage.input_tokens, stream.get_final_message().usage
+
+        for _ in range(2):  # cold, then most of the prompt cached
+            started, usage = await _in_thread(running, streamed)
+            assert started == usage.input_tokens + usage.cache_read_input_tokens > 256
+        assert usage.cache_read_input_tokens > 0
+        await stop_edge(running)
+    finally:
+        await trio.to_thread.run_sync(stop_process, node.process)

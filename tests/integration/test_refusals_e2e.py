@@ -39,6 +39,7 @@ from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
 from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
+    named_sims,
     poll,
     script,
     sse_frames,
@@ -335,3 +336,59 @@ async def test_a_refusal_after_output_is_an_error_frame(edge: RunningEdge, path:
         assert whole.status_code == 400, whole.text
         assert whole.json() == _refusal_body(path, 400)
         await _all_healthy(http, 1)
+
+
+# --- a script the simulated node cannot play ----------------------------------------------
+
+# What the node cannot play: no script at all, a script that does not parse, a number past
+# its bound, a turn past the script's last.
+BAD_SCRIPTS = (
+    ("Please answer this.", "no message holds a script"),
+    ('Run {"events": [{"type": "delta", "delta": "x"},, {"type": "complete"}]} now', "not JSON"),
+    (script({"sleep_ms": -1}, {"type": "complete"}), "events[0].sleep_ms must be a number"),
+)
+
+
+async def test_a_script_the_node_cannot_play_is_refused_and_counts_on_no_breaker(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Scripts the simulated node cannot find, parse or play, more of them than the breaker
+    takes (CrewAI's retries, a few curls): each is the node's refusal, a 400 with its
+    words and code `invalid_script` on chat and Messages, streamed or not, run once on one
+    node (no failover); no breaker opens, and `sim-echo` answers right after."""
+    with named_sims(tmp_path, "a", "b") as nodes:
+        config = Config(
+            server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0),
+            routing=RoutingConfig(retries=2, retry_backoff_s=0.01, breaker_failures=2),
+            nodes=tuple(NodeConfig(n, node.address) for n, node in zip("ab", nodes, strict=True)),
+        )
+        edge = await start_edge(nursery, config)
+        async with httpx.AsyncClient(base_url=edge.url, timeout=WAIT_S) as http:
+            sent = 0
+            for path in (CHAT, MESSAGES):
+                for stream in (False, True):
+                    for content, words in BAD_SCRIPTS:
+                        body = _body(path, "sim-script", content, stream)
+                        response = await http.post(path, json=body)
+                        sent += 1
+                        assert response.status_code == 400, response.text
+                        error = response.json()["error"]
+                        assert error["type"] == "invalid_request_error"
+                        assert words in error["message"]
+                        if path == CHAT:
+                            assert error["code"] == "invalid_script"
+            await edge.wait_idle()
+            assert edge.counted("iop_edge_run_refusals_total") == sent
+            assert edge.counted("iop_edge_retries_total") == 0
+            assert edge.counted("iop_edge_node_errors_total") == 0
+            await _all_healthy(http, 2)
+
+            def logged() -> int:
+                return sum(1 for node in nodes for r in node.runs() if "outcome" in r)
+
+            await poll(lambda: logged() >= sent)
+            assert logged() == sent  # each run once: nothing tried on the other node
+            echo = await http.post(CHAT, json=_body(CHAT, "sim-echo", "still here", False))
+            assert echo.status_code == 200, echo.text
+            assert echo.json()["choices"][0]["message"]["content"] == "still here"
+        await stop_edge(edge)

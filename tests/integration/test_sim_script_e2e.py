@@ -1,11 +1,11 @@
-"""End to end: a sim-script whose numbers are hostile is an error answer, and the node serves on.
+"""End to end: a sim-script whose numbers are hostile is refused, and the node serves on.
 
 `{"sleep_ms": NaN}` once reached asyncio's timers: a standalone `iop-sim-node`
 lost its timers until restart, an embedded node (on the loop the edge hosts)
 raised an AssertionError inside the edge. Here each hostile pause goes through
 a real edge to a real node, the `iop-sim-node` process and an embedded one: the
-answer is the node's clear error, and the next script, which sleeps, completes
-(the node's timers still work).
+answer is the node's clear refusal (a 400), and the next script, which sleeps,
+completes (the node's timers still work).
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ async def _serves_on(http: httpx.AsyncClient) -> None:
 
 
 async def _refused(http: httpx.AsyncClient, script: str, key: str) -> None:
-    """Streamed or not (the error comes before any output): a 502 naming the item and
-    the bound."""
+    """Streamed or not (the error comes before any output): the node's refusal, a 400
+    naming the item and the bound (the request's fault)."""
     for stream in (False, True):
         answer = await http.post(CHAT, json=chat_body("sim-script", script, stream=stream))
-        assert answer.status_code == 502, answer.text
+        assert answer.status_code == 400, answer.text
         error: dict[str, Any] = answer.json()["error"]
-        assert error["type"] == "run_error"
+        assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_script")
         assert f"events[0].{key} must be a number from 0 to 600000" in error["message"]
 
 
@@ -68,7 +68,7 @@ async def _check_node(http: httpx.AsyncClient) -> None:
 
 async def test_hostile_pauses_on_the_sim_process(http: httpx.AsyncClient) -> None:
     """sleep_ms / accept_after_ms of "nan", NaN, Infinity, 1e308, negative or a bool: each
-    is an error answer naming the bound, and the `iop-sim-node` process keeps serving
+    is a refusal naming the bound, and the `iop-sim-node` process keeps serving
     scripts that sleep."""
     await _check_node(http)
 
@@ -86,6 +86,6 @@ async def embedded_http(nursery: trio.Nursery) -> Any:
 
 
 async def test_hostile_pauses_on_an_embedded_node(embedded_http: httpx.AsyncClient) -> None:
-    """The same on a node embedded in the edge (its loop is the edge's): an error answer,
+    """The same on a node embedded in the edge (its loop is the edge's): a refusal,
     no exception in the edge, and the node keeps serving scripts that sleep."""
     await _check_node(embedded_http)

@@ -10,8 +10,10 @@ import json
 from typing import Any
 
 import httpx
+import openai
+import trio
 
-from tests.integration.conftest import WEATHER_TOOL
+from tests.integration.conftest import WEATHER_TOOL, RunningEdge
 
 CALL = {"id": "call_1", "name": "get_weather", "arguments": {"city": "Paris"}}
 LOOP = json.dumps(
@@ -77,7 +79,8 @@ async def test_script_in_system_message_with_framework_text_as_user(
 
 
 async def test_past_the_last_turn_is_an_error_naming_the_turn(http: httpx.AsyncClient) -> None:
-    """A third request of a two-turn loop ends in a run error that says which turn it was."""
+    """A third request of a two-turn loop is refused (400: the request's fault) with the
+    node's words, which say which turn it was."""
     messages = [
         {"role": "user", "content": LOOP},
         ASSISTANT_CALL,
@@ -86,9 +89,9 @@ async def test_past_the_last_turn_is_an_error_naming_the_turn(http: httpx.AsyncC
         {"role": "user", "content": "And tomorrow?"},
     ]
     response = await post(http, messages)
-    assert response.status_code == 502, response.text
+    assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["type"] == "run_error"
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_script")
     assert "turn 2" in error["message"]
     assert "2 turn(s)" in error["message"]
 
@@ -124,3 +127,48 @@ async def test_streamed_turn_ends_with_its_terminal(http: httpx.AsyncClient) -> 
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert text == "Sunny in Paris."
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+# CrewAI's task prompt around the user's text (its words, as its agents send them), and the
+# system prompt of its tool-using agent (braces and JSON examples of its own).
+CREWAI_SYSTEM = (
+    "You are Weather reporter. You report the weather.\nYour personal goal is: Answer"
+    " weather questions\nYou ONLY have access to the following tools: get_weather\n"
+    "Action Input: the input to the action, just a simple JSON object, enclosed in curly"
+    ' braces, using " to wrap keys and values, e.g. {"city": "Paris"}\n'
+)
+CREWAI_TASK = (
+    "\nCurrent Task: {}\n\nThis is the expected criteria for your final answer: A short"
+    " weather report.\nyou MUST return the actual complete content as the final answer, not"
+    " a summary.\n\nBegin! This is VERY important to you, use the tools available and give"
+    " your best Final Answer, your job depends on it!\n\nThought:"
+)
+
+
+async def test_a_script_inside_a_frameworks_prompt_plays_its_turns(edge: RunningEdge) -> None:
+    """CrewAI wraps the user's text in its task prompt (and DSPy, ADK in theirs): the script
+    inside it is found (`"Extra data"` no more), through the `openai` SDK, both turns of
+    the loop, streamed and not; the system prompt's JSON example is not taken for one."""
+    tools = [WEATHER_TOOL]
+    task = {"role": "user", "content": CREWAI_TASK.format(LOOP)}
+
+    def loop(client: openai.OpenAI) -> tuple[Any, str]:
+        messages: list[Any] = [{"role": "system", "content": CREWAI_SYSTEM}, task]
+        first = client.chat.completions.create(model="sim-script", messages=messages, tools=tools)
+        call = first.choices[0].message.tool_calls[0]
+        messages += [first.choices[0].message, {**TOOL_RESULT, "tool_call_id": call.id}]
+        streamed = client.chat.completions.create(
+            model="sim-script", messages=messages, tools=tools, stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        return call, text
+
+    def run() -> tuple[Any, str]:
+        with openai.OpenAI(base_url=f"{edge.url}/v1", api_key="x", max_retries=0) as client:
+            return loop(client)
+
+    call, text = await trio.to_thread.run_sync(run)
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather", {"city": "Paris"},
+    )  # fmt: skip
+    assert text == "Sunny in Paris."

@@ -202,6 +202,24 @@ def test_usage_as_anthropic_counts_it(usage: Usage | None, expected: tuple[int, 
         assert counted["output_tokens"] == (usage.output_tokens if usage else 0)
 
 
+def test_message_start_carries_the_prompt_tokens_given() -> None:
+    """`message_start`'s usage: the prompt tokens the renderer was given (the edge's
+    estimate), nothing output or cached yet; the Message and `message_delta` keep the
+    node's count."""
+    streamed = MessagesRenderer("r1", "m", status_of=status_of, prompt_tokens=42)
+    raw = streamed.encode([RoleOut(), ContentOut("hi"), FinishOut("stop", Usage(40, 1, 0, 8))])
+    frames = {f.split("\n")[0]: json.loads(f.split("\ndata: ")[1]) for f in raw.decode().split(
+        "\n\n") if f}  # fmt: skip
+    assert frames["event: message_start"]["message"]["usage"] == {
+        "input_tokens": 42, "output_tokens": 0,
+        "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
+    }  # fmt: skip
+    assert frames["event: message_delta"]["usage"]["input_tokens"] == 32
+    whole = MessagesRenderer("r2", "m", status_of=status_of, prompt_tokens=42)
+    whole.add([RoleOut(), ContentOut("hi"), FinishOut("stop", Usage(40, 1, 0, 8))])
+    assert whole.response()["usage"]["input_tokens"] == 32
+
+
 @pytest.mark.parametrize(
     ("stops", "node_reason", "named", "expected"),
     [

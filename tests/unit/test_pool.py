@@ -382,3 +382,70 @@ def test_the_breaker_counts_only_the_nodes_failures_of_its_current_life() -> Non
     pool.run_failed(a, "stream_broken", started_at=clock.now)
     pool.run_failed(a, "error_event", started_at=clock.now)
     assert pool.state_of(a) == "open"
+
+
+# --- why no node is available ---------------------------------------------------------------
+
+
+def _unavailable(pool: NodePool, model: str, **pick: object) -> str:
+    with pytest.raises(NodeUnavailableError) as raised:
+        pool.pick(model, **pick)  # type: ignore[arg-type]
+    return raised.value.message
+
+
+def test_the_503_says_why_no_node_could_take_the_model() -> None:
+    """The 503's message names, node by node, why none took the run: down and the reason it
+    gave, the breaker open and for how long yet, tried already, up without the model."""
+    routing = RoutingConfig(breaker_failures=2, breaker_cooldown_s=5.0)
+    pool, clock, (a, b, c, d) = make_pool("a", "b", "c", "d", routing=routing)
+    pool.feed.described(d, NodeDescription("d", ("other",)))
+    pool.mark_down(a, "node a is unavailable: upstream http://127.0.0.1:9/v1 unreachable")
+    for _ in range(2):
+        pool.run_failed(b, "error_event")
+    clock.now += 1.5
+    words = _unavailable(pool, "m", exclude=[c])
+    assert words == (
+        "no node is available for model 'm': node 'a' is down (node a is unavailable:"
+        " upstream http://127.0.0.1:9/v1 unreachable); node 'b' has its circuit breaker open"
+        " for 3.5s more (after 2 failed run(s) in a row); already tried by this request:"
+        " node 'c'; up but not serving it: node 'd'; retry later"
+    )
+    clock.now += 3.5
+    assert pool.pick("m", exclude=[c]) is b  # half-open: the probe
+    assert "half-open, its one probe run under way (another probe in 5.0s at most" in (
+        _unavailable(pool, "m", exclude=[c])
+    )
+
+
+def test_the_503_for_a_model_no_node_up_serves() -> None:
+    """A model no node up serves, while a node is down (it may serve it): 503, saying the
+    node is down and why, and which nodes up serve other models; with logprobs asked,
+    the nodes serving it without them are named."""
+    pool, _, (a, b) = make_pool("a", "b", logprobs=("other",))
+    pool.feed.described(b, NodeDescription("b", ("other",)))
+    assert a.health.describe_failed(0.0, "x") is False  # suspect first
+    a.health.describe_failed(0.0, "node a is unreachable: [Errno 111] Connect call failed")
+    words = _unavailable(pool, "qwen3-8b")
+    assert words == (
+        "no node is available for model 'qwen3-8b': node 'a' is down (node a is unreachable:"
+        " [Errno 111] Connect call failed); up but not serving it: node 'b'; retry later"
+    )
+    pool, _, (a, b) = make_pool("a", "b", logprobs=("m",))
+    pool.feed.described(b, NodeDescription("b", ("m",)))  # b: m, without logprobs
+    assert _unavailable(pool, "m", logprobs=True, exclude=[a]) == (
+        "no node is available for model 'm': already tried by this request: node 'a';"
+        " serving it without logprobs: node 'b'; retry later"
+    )
+
+
+def test_the_503_is_bounded_whatever_the_fleet() -> None:
+    """A hundred nodes down with long reasons and long names: three named per group, the
+    rest counted, each name and reason clipped; the message stays short."""
+    names = [f"node-{i:03d}-" + "x" * 200 for i in range(100)]
+    pool, _, nodes = make_pool(*names)
+    for state in nodes:
+        pool.mark_down(state, "upstream unreachable: " + "y" * 5000)
+    words = _unavailable(pool, "qwen3-8b")  # none up serves it: no panic routing
+    assert "and 97 more" in words
+    assert words.count("is down") == 3
+    assert len(words) < 1500, len(words)

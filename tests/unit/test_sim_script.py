@@ -8,6 +8,7 @@ numbers and shapes a script may hold (anything else is a ScriptError).
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.sim import jsonscan
 from edge.nodes.sim.play import event_from_item
 from edge.nodes.sim.script import (
     MAX_DELTA_CHARS,
@@ -23,6 +25,7 @@ from edge.nodes.sim.script import (
     MAX_SCRIPT_CHARS,
     MAX_SCRIPT_EVENTS,
     MAX_SLEEP_MS,
+    SCRIPT_KEYS,
     ScriptError,
     find_script,
     script_items,
@@ -121,6 +124,95 @@ def test_no_script_anywhere_is_an_error_naming_the_last_user_message() -> None:
         script_items(request(msg("user", "hello")))
     with pytest.raises(ScriptError, match=r"expected \{\"events\""):
         script_items(request(msg("user", {"evnts": []})))
+
+
+# How frameworks wrap the user's text: CrewAI's task, DSPy's fields, an agent's reminder.
+WRAPPERS = (
+    "Current Task: {}\n\nThis is the expected criteria for your final answer: the answer."
+    "\nyou MUST return the actual complete content as the final answer, not a summary.",
+    "[[ ## question ## ]]\n{}\n\nRespond with the corresponding output fields, starting with"
+    " the field `[[ ## answer ## ]]`, and then ending with the marker `[[ ## completed ## ]]`.",
+    "<reminder>Answer in {{format}}; use {{tools}} if needed.</reminder>\n{}\nThanks!",
+)
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS, ids=["crewai", "dspy", "reminder"])
+def test_a_script_inside_a_frameworks_text_is_found(wrapper: str) -> None:
+    """The first JSON object of a text that has `events` or `turns` is its script, whatever
+    words (and prose braces) stand around it; a multi-turn one counts its turns as ever."""
+    assert deltas(script_items(request(msg("user", wrapper.format(json.dumps(ONE)))))) == ["one"]
+    wrapped = wrapper.format(json.dumps(TURNS))
+    second = request(msg("user", wrapped), msg("assistant", "called"), msg("tool", "sunny"))
+    assert deltas(script_items(second)) == ["done"]
+
+
+def test_which_object_of_a_text_is_the_script() -> None:
+    """Objects that are not scripts, and objects that do not parse, are passed over whole:
+    the first script after them wins; one inside another object is not a script of its
+    own; an object that never closes ends the reading."""
+    example = 'Answer as {"answer": "...", "note": "not events"}. '
+    text = example + 'Broken: {"events": [1,,]}. Script: ' + json.dumps(ONE) + " " + json.dumps(TWO)
+    assert deltas(script_items(request(msg("user", text)))) == ["one"]
+    nested = "Input: " + json.dumps({"input": ONE})
+    with pytest.raises(ScriptError, match="no message holds a script"):
+        script_items(request(msg("user", nested)))
+    unclosed = 'Note {"a": "x" and then ' + json.dumps(ONE)
+    with pytest.raises(ScriptError, match="no message holds a script"):
+        script_items(request(msg("user", unclosed)))
+    braces_in_strings = json.dumps(
+        {"events": [{"type": "delta", "delta": '}{ " }'}, {"type": "complete"}]}
+    )
+    assert deltas(script_items(request(msg("user", f"Go: {braces_in_strings} now")))) == ['}{ " }']
+
+
+def test_which_message_wins_with_wrapped_scripts() -> None:
+    """The lookup order holds for scripts inside text: the last user message's wins over a
+    system message's, which wins over an earlier user message's."""
+    system = msg("system", "You are a bot. " + json.dumps(ONE))
+    last = msg("user", WRAPPERS[0].format(json.dumps(TWO)))
+    assert find_script([system, last]) == (TWO, 1)
+    retry = msg("user", "Fix the errors {and} try again.")
+    assert find_script([msg("user", "Task: " + json.dumps(TWO)), system, retry]) == (ONE, 1)
+
+
+def test_a_wrapped_script_that_does_not_parse_is_named() -> None:
+    """A last user message whose object names events but is not JSON says so (the parser's
+    words), rather than that the message is not JSON."""
+    with pytest.raises(ScriptError, match=r"holds a script that is not JSON \(Expecting value"):
+        script_items(request(msg("user", 'Run {"events": [{"type": "complete"},,]} now')))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a":' * 5000 + "x" + "}" * 5000,  # nested past the parser, broken at the bottom
+        '{"events":' * 3000 + "1" + "}" * 3000,  # nested past the parser, naming events
+        '{"events": x} ' * 2000,  # many broken objects, each naming events
+        '{"' * 10000,  # objects that open and never close
+        '{"a": "' + '{\\"' * 5000,  # a string that never closes, full of escaped quotes
+    ],
+    ids=["deep-broken", "deep-events", "many-broken", "never-closed", "open-string"],
+)
+def test_the_scan_parses_each_character_at_most_once(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hostile text is read in one pass: the objects handed to the JSON parser never
+    overlap, so it parses at most as many characters as the text has, and the lookup
+    ends in a ScriptError (never another exception)."""
+    parsed: list[int] = []
+    loads = jsonscan.json.loads
+
+    def counting(doc: str) -> Any:
+        parsed.append(len(doc))
+        return loads(doc)
+
+    monkeypatch.setattr(jsonscan.json, "loads", counting)
+    found = list(jsonscan.json_objects(text, SCRIPT_KEYS))
+    assert sum(parsed) <= len(text)
+    assert all(f.end <= g.start for f, g in itertools.pairwise(found))
+    monkeypatch.undo()
+    with pytest.raises(ScriptError):
+        script_items(request(msg("user", text)))
 
 
 def test_a_script_that_is_found_but_broken_is_reported_not_skipped() -> None:

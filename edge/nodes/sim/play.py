@@ -89,6 +89,14 @@ def _last_user_text(request: pb.RunRequest) -> str:
     return ""
 
 
+def _words(message: pb.Message) -> int:
+    """sim-echo's count of a message's tokens: its words, in its string content or in each
+    of its text parts (a text sent as parts counts as the same text sent as a string)."""
+    if message.content is not None:
+        return len(message.content.split())
+    return sum(len(p.text.split()) for p in message.parts if p.type == "text")
+
+
 def _json_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
@@ -266,7 +274,8 @@ def echo_steps(
 ) -> Iterator[Step]:
     """sim-echo's answer: the last user message word by word (each word one token when
     logprobs are asked), then complete; with `cut`, what the continuation holds is skipped.
-    Its usage: `usage` (the cache model's) or the messages' words, and the words echoed."""
+    Its usage: `usage` (the cache model's) or the messages' words (`_words`), and the words
+    echoed."""
     words = _last_user_text(request).split(" ")
     top = _logprobs_asked(request)
     try:
@@ -281,8 +290,7 @@ def echo_steps(
         yield from _refused(exc)
         return
     if usage is None:
-        prompt_tokens = sum(len((m.content or "").split()) for m in request.messages)
-        usage = pb.Usage(input_tokens=prompt_tokens)
+        usage = pb.Usage(input_tokens=sum(map(_words, request.messages)))
     usage.output_tokens = len(words)
     yield Send(pb.RunEvent(type="complete", usage=usage, metadata={"finish_reason": "stop"}))
     yield End("complete")

@@ -5,11 +5,14 @@ multi-turn, `{"turns": [{"events": [...]}, ...]}`. This module finds it in
 a RunRequest's messages and returns the items of the turn to play; playing
 them is the server's (`edge.nodes.sim.server`). Pure: no asyncio, no gRPC stream.
 
-Lookup, the first text that is a script winning (a text is a message's
-string content, its text parts joined, or any one text part; it "is a
-script" when it is a JSON object with an `events` or `turns` key):
+Lookup, the first text that holds a script winning (a text is a message's
+string content, its text parts joined, or any one text part; it "holds a
+script" when one of its JSON objects has an `events` or `turns` key, the
+object all of the text or inside words around it; `edge.nodes.sim.jsonscan`
+says which objects a text holds, and the first script among them is the
+text's):
 
-1. the last user message (the old rule: a new script there always wins);
+1. the last user message (a new script there always wins);
 2. system and developer messages, first to last (frameworks that append
    their own instructions to the last user message leave these alone);
 3. user messages, first to last (the first user message of an agent loop,
@@ -20,7 +23,7 @@ holds the script (so, for a script in the system or first user message, the
 number of assistant messages in the conversation): each answer of the
 model, a tool call included, moves it on. A single-turn script plays its
 events whatever the turn. Asking past the last turn is a ScriptError (the
-node answers with an error event that says so), never a silent replay.
+node refuses the run with an error event that says so), never a silent replay.
 
 Every number a script holds is checked here, before anything plays (`check_item`):
 a JSON number (a bool is not one), finite, within its bound. `sleep_ms` and
@@ -30,8 +33,9 @@ MAX_DELTA_CHARS; `usage` counts integers that fit their uint32; a logprob a
 finite number; `http_status`, on an error only, 0 or 400 to 599. The turn
 played sends at most MAX_SCRIPT_EVENTS events and MAX_SCRIPT_CHARS characters
 of delta text, repeats counted. A script past any of these is a ScriptError
-naming the item and the bound: the node answers with an error event, its
-timers and the runs beside it untouched.
+naming the item and the bound: the node refuses the run (an error event with
+`http_status` 400: the request's fault), its timers and the runs beside it
+untouched.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from edge.contract._proto.iop.node import v1 as pb
+from edge.nodes.sim.jsonscan import json_objects
 
 Items = list[dict[str, Any]]
 
@@ -64,6 +69,10 @@ _USAGE_FIELDS = frozenset(
 _UINT32 = 2**32 - 1
 
 
+# The keys that make a JSON object a script.
+SCRIPT_KEYS = ("events", "turns")
+
+
 class ScriptError(ValueError):
     """The sim-script conversation holds no valid script, or not for this turn."""
 
@@ -83,15 +92,11 @@ def _texts(message: pb.Message) -> Iterator[str]:
 
 
 def _as_script(text: str) -> dict[str, Any] | None:
-    """The JSON object `text` holds when it is a script (has events or turns), else None."""
-    if "{" not in text:
-        return None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if isinstance(doc, dict) and ("events" in doc or "turns" in doc):
-        return doc
+    """The first JSON object `text` holds that is a script (has events or turns), else None."""
+    for found in json_objects(text, SCRIPT_KEYS):
+        doc = found.value
+        if isinstance(doc, dict) and ("events" in doc or "turns" in doc):
+            return doc
     return None
 
 
@@ -250,13 +255,22 @@ def find_script(messages: Sequence[pb.Message]) -> tuple[dict[str, Any], int]:
 
 
 def _no_script(messages: Sequence[pb.Message]) -> str:
+    """Why no script was found, as the refusal says it: of the last user message, the
+    first object that names events or turns but is not JSON, else whether it is JSON."""
     users = [m for m in messages if m.role == "user"]
+    none = 'no message holds a script ({"events": [...]} or {"turns": [...]}, alone or in text)'
     if not users:
-        return 'sim-script: no message holds a script ({"events": [...]} or {"turns": [...]})'
+        return f"sim-script: {none}"
+    text = message_text(users[-1])
+    for found in json_objects(text, SCRIPT_KEYS):
+        if found.error is not None:
+            return (
+                f"sim-script: the last user message holds a script that is not JSON ({found.error})"
+            )
     try:
-        json.loads(message_text(users[-1]))
-    except json.JSONDecodeError as exc:
-        return f"sim-script: the last user message is not JSON ({exc}); no message holds a script"
+        json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return f"sim-script: the last user message is not JSON ({exc}); {none}"
     return 'sim-script: expected {"events": [...]} or {"turns": [...]}; no message holds one'
 
 

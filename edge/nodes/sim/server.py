@@ -35,7 +35,11 @@ edge hosts (a node whose address is "embedded"). Models:
   Every number and shape of a script is checked before it plays
   (`edge.nodes.sim.script.check_item`, and its bounds: sleeps, repeats, delta
   sizes, what one turn sends): a script past one is answered with an error
-  event naming it, never an exception in the node's loop.
+  event naming it, never an exception in the node's loop. That error, as every
+  script the node cannot find, parse or play, is a refusal (`script_refusal`:
+  `http_status` 400, code `invalid_script`, the node's words): the request's
+  fault, so the edge answers 400 and neither tries another node nor counts it
+  on this node's breaker.
   The steps a run plays are built by `edge.nodes.sim.play` (pure); this
   module plays them.
 
@@ -103,6 +107,17 @@ from edge.observe.tracing import Tracing
 MODELS = ("sim-echo", "sim-script")
 # A repeated event yields to the loop every this many messages.
 YIELD_EVERY = 8
+
+
+# The code of a script the node cannot play, on its refusal (the message says why).
+INVALID_SCRIPT = "invalid_script"
+
+
+def script_refusal(exc: ScriptError) -> pb.RunEvent:
+    """A script the node cannot play (not found, not parseable, past a bound, past its
+    last turn) is the request's fault: a refusal, 400 with the node's words, which the
+    edge neither tries on another node nor counts on the node's breaker."""
+    return pb.RunEvent(type="error", error=INVALID_SCRIPT, message=str(exc), http_status=400)
 
 
 def _node_items(request: pb.RunRequest, node: str) -> list[dict[str, Any]]:
@@ -311,9 +326,11 @@ class SimNode(NodeService):
         bound ends in an error event naming it. A continuation (`RunRequest.continuation`)
         plays the same answer less what it holds (`edge.nodes.sim.play`)."""
         cut = Cut.of(request)
+        if cut is not None and not self.continuation:
+            error = "this node does not continue answers (--no-continuation)"
+            await run.send(pb.RunEvent(type="error", error=error))
+            return "error"
         try:
-            if cut is not None and not self.continuation:
-                raise ScriptError("this node does not continue answers (--no-continuation)")
             if request.model == "sim-echo":
                 usage = await self._prefill(run, request)
                 return await self._play(run, echo_steps(request, usage=usage, cut=cut))
@@ -322,7 +339,7 @@ class SimNode(NodeService):
                 usage = await self._prefill(run, request)
                 return await self._play(run, script_steps(items, request, usage=usage, cut=cut))
         except ScriptError as exc:
-            await run.send(pb.RunEvent(type="error", error=str(exc)))
+            await run.send(script_refusal(exc))
             return "error"
         finally:
             if self._kv_in_use.pop(id(run), None) is not None:

@@ -335,6 +335,28 @@ describe("Anthropic SDK (@anthropic-ai/sdk)", () => {
     assert.ok(more.input_tokens > plain.input_tokens, JSON.stringify(more));
   });
 
+  test("a stream's message_start carries the prompt's input tokens (as LangChain reads them)", async () => {
+    // @langchain/anthropic takes a stream's input tokens from message_start only; the
+    // node's cache model counts the prompt as the edge estimates it (characters / 4), so
+    // message_start's count is the prompt's as message_delta gives it (input + cached).
+    const stream = await client.messages.create({
+      model: "sim-echo",
+      max_tokens: 64,
+      system: `${randomUUID()} ${"You are a helpful assistant. ".repeat(20)}`,
+      messages,
+      stream: true,
+    });
+    let started = null;
+    let final = null;
+    for await (const event of stream) {
+      if (event.type === "message_start") started = event.message.usage;
+      if (event.type === "message_delta") final = event.usage;
+    }
+    assert.ok(started.input_tokens > 100, JSON.stringify(started));
+    assert.equal(started.output_tokens, 0);
+    assert.equal(started.input_tokens, final.input_tokens + final.cache_read_input_tokens);
+  });
+
   test("models.retrieve gives the model; an unknown one is NotFoundError", async () => {
     const model = await client.models.retrieve("sim-echo");
     assert.equal(model.type, "model");
