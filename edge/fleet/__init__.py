@@ -4,7 +4,8 @@ Owns the pool of nodes (health, Watch or Describe: `feed`, circuit breaker:
 `breaker`, panic routing, affinity, the rank of a node by its load: `load`; cache-aware routing:
 `cacheaware`, over each node's `cacheindex`; the choice among the candidates:
 `picker`; what `/readyz` and the node gauges show: `readiness`),
-admission (node slots, the queue, the memory budget), a request's answer
+admission (node slots, the queue, the memory budget), the tenants and service
+tiers it shares the slots by (`tenants`), a request's answer
 (`answer`: its nursery, its attempts by `failover` and `migration`, the run
 whose outcome is the request's, its journal), the run (`run`: its phases as
 one table, `phase`; accept, the one CancelRun, the outcome; its output under
