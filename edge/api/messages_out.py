@@ -98,10 +98,11 @@ class MessagesRenderer:
 
     def __init__(
         self, run_id: str, model: str, *, status_of: Callable[[str], int],
-        stop_sequences: tuple[str, ...] = (),
+        stop_sequences: tuple[str, ...] = (), service_tier: str | None = None,
     ) -> None:  # fmt: skip
         self.message_id = f"msg_{run_id}"
         self._model = model
+        self._service_tier = service_tier  # its usage's (None: not said)
         self._status_of = status_of  # error type -> the edge's HTTP status
         self._stop_sequences = stop_sequences  # the request's
         self._blocks: list[dict[str, Any]] = []
@@ -196,8 +197,10 @@ class MessagesRenderer:
             "content": content or [],
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": usage,
-        }
+            "usage": usage if self._service_tier is None else {
+                **usage, "service_tier": self._service_tier,
+            },
+        }  # fmt: skip
 
     def _delta(self, kind: str, text: str) -> None:
         if self._open != kind:

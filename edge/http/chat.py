@@ -150,7 +150,7 @@ class ChatService:
         if gate is not None:
             await gate.check_model(request.model)
             await gate.admit()
-        scope.tier = tier = tenant.tier_for(None)
+        scope.tier = tier = tenant.tier_for(request.service_tier)
         if request.model in self.pool.models():  # metric labels: only models nodes serve
             scope.model = request.model
         request, payload = prepared.forwarded()
@@ -173,7 +173,7 @@ class ChatService:
             committed = await failover.start(scope.answer, plan, new_session)
         finally:
             scope.settled()  # an answer that failed before any byte is counted now
-        heading = Heading(run_id, created, request.model)
+        heading = Heading(run_id, created, request.model, tier)
         if not request.stream:
             return await self._whole(committed, scope, api, parsed, heading, gate, owner)
         return await self._streamed(committed, scope, api, parsed, heading, gate, owner)
