@@ -119,6 +119,18 @@ class OverloadedError(EdgeError):
         self.retry_after_s = retry_after_s
 
 
+class FlexUnavailableError(OverloadedError):
+    """A flex request shed for want of capacity: 429 `rate_limit_exceeded` with
+    Retry-After, as OpenAI answers flex processing when capacity is short."""
+
+    status = 429
+    type = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.code = "rate_limit_exceeded"
+
+
 class NodeRateLimitedError(EdgeError):
     """Every node tried for the run was overloaded (its model server answered 429): the
     caller should retry after a moment (the Retry-After header)."""

@@ -96,6 +96,7 @@ class WireRequest(_Wire):
     metadata: dict[str, str] | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    service_tier: str | None = None
     include_reasoning: bool | None = None
     reasoning: WireReasoning | None = None
     reasoning_effort: str | None = None

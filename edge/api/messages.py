@@ -6,10 +6,11 @@ tool calls, `tool_result` blocks -> tool messages (`is_error: true`: its
 content after `Error: `), `input_schema` ->
 `parameters`, `thinking` -> whether reasoning is exposed), which
 `chat_request_from` validates: every rule and limit of a chat request holds
-here too. `max_tokens` is required, as Anthropic requires it.
+here too. `max_tokens` is required, as Anthropic requires it. `service_tier`:
+"auto" is the key's default tier, "standard_only" the default tier.
 
 Accepted and ignored, as the agents send them: `cache_control`,
-`context_management`, `defer_loading`, `container`, `service_tier`; server
+`context_management`, `defer_loading`, `container`; server
 tools (a `type` other than `custom`) are dropped (`dropped` says which).
 
 Pure: bytes in, values out (or a `RequestError`). No HTTP, no trio.
@@ -26,6 +27,7 @@ from edge.errors import RequestError
 from edge.observe.logbound import Mentions, clip_repr
 
 _ROLES: Final = frozenset({"user", "assistant", "system"})
+_SERVICE_TIERS: Final = {"auto": "auto", "standard_only": "default"}
 # output_config.effort -> reasoning effort.
 _EFFORTS: Final = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
 # Blocks carried as they are to the node (a part of the message's content).
@@ -87,6 +89,8 @@ def messages_request_from(obj: dict[str, Any], *, counting: bool = False) -> Mes
     for name in ("stream", "temperature", "top_p", "top_k"):
         if obj.get(name) is not None:
             chat[name] = obj[name]
+    if obj.get("service_tier") is not None:
+        chat["service_tier"] = _service_tier(obj["service_tier"])
     if obj.get("stop_sequences") is not None:
         chat["stop"] = obj["stop_sequences"]
     metadata = obj.get("metadata")
@@ -132,6 +136,16 @@ def _thinking(value: object) -> bool:
         f"thinking.type: {kind!r} is not one of 'enabled', 'adaptive', 'disabled'",
         param="thinking.type",
     )
+
+
+def _service_tier(tier: object) -> str:
+    """Anthropic's `service_tier` as the chat request's: "auto" is the key's default,
+    "standard_only" the default tier."""
+    if not isinstance(tier, str) or tier not in _SERVICE_TIERS:
+        raise RequestError(
+            f"service_tier: {tier!r} is not one of 'auto', 'standard_only'", param="service_tier"
+        )
+    return _SERVICE_TIERS[tier]
 
 
 def _system_text(value: object, at: str) -> str:

@@ -103,9 +103,11 @@ class MessagesRenderer:
     def __init__(
         self, run_id: str, model: str, *, status_of: Callable[[str], int],
         stop_sequences: tuple[str, ...] = (), prompt_tokens: int = 0,
+        service_tier: str | None = None,
     ) -> None:  # fmt: skip
         self.message_id = f"msg_{run_id}"
         self._model = model
+        self._service_tier = service_tier  # its usage's (None: not said)
         self._status_of = status_of  # error type -> the edge's HTTP status
         self._stop_sequences = stop_sequences  # the request's
         self._prompt_tokens = prompt_tokens  # the edge's estimate, for message_start
@@ -202,8 +204,10 @@ class MessagesRenderer:
             "content": content or [],
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": usage,
-        }
+            "usage": usage if self._service_tier is None else {
+                **usage, "service_tier": self._service_tier,
+            },
+        }  # fmt: skip
 
     def _delta(self, kind: str, text: str) -> None:
         if self._open != kind:

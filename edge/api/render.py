@@ -101,7 +101,15 @@ class SSEEncoder:
 
     __slots__ = ("_end", "_head", "_include_usage", "_tail", "_usage_head")
 
-    def __init__(self, response_id: str, created: int, model: str, *, include_usage: bool) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        created: int,
+        model: str,
+        *,
+        include_usage: bool,
+        service_tier: str | None = None,
+    ) -> None:
         common = (
             b'{"id":'
             + _encode(response_id)
@@ -110,6 +118,8 @@ class SSEEncoder:
             + b',"model":'
             + _encode(model)
         )
+        if service_tier is not None:  # every chunk says it, as OpenAI's
+            common += b',"service_tier":' + _encode(service_tier)
         self._head = b"data: " + common + b',"choices":[{"index":0,"delta":'
         # With include_usage, every chunk but the last carries "usage": null (as OpenAI's).
         self._end = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
@@ -196,7 +206,9 @@ class ResponseBuilder:
             elif isinstance(event, ErrorOut):
                 self.error = event
 
-    def response(self, response_id: str, created: int, model: str) -> dict[str, Any]:
+    def response(
+        self, response_id: str, created: int, model: str, service_tier: str | None = None
+    ) -> dict[str, Any]:
         assert self.finish is not None
         text = "".join(self.content)
         message: dict[str, Any] = {
@@ -207,11 +219,13 @@ class ResponseBuilder:
             message["reasoning_content"] = "".join(self.reasoning)
         if self.tool_calls:
             message["tool_calls"] = tool_calls_list(self.tool_calls, indexed=False)
+        tier = {} if service_tier is None else {"service_tier": service_tier}
         return {
             "id": response_id,
             "object": "chat.completion",
             "created": created,
             "model": model,
+            **tier,
             "choices": [
                 {
                     "index": 0,

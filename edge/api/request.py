@@ -65,6 +65,8 @@ Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 ROLES: Final = frozenset(get_args(Role))
 REASONING_EFFORTS: Final = frozenset({"minimal", "low", "medium", "high"})
 RESPONSE_FORMATS: Final = frozenset({"text", "json_object", "json_schema"})
+# OpenAI's `service_tier` values the edge runs ("auto": the key's default).
+SERVICE_TIERS: Final = frozenset({"auto", "priority", "default", "flex"})
 _TOOL_VALIDATION: Final = frozenset(TOOL_VALIDATION_MODES)
 _TRUTHY: Final = frozenset({"1", "true", "yes"})
 # The node protocol carries max_tokens as uint32 and seed as int64.
@@ -130,6 +132,9 @@ class ChatRequest:
     # OpenAI's hint for routing to a cache that holds the prompt: names a session
     # (`edge.fleet.affinity.SessionKey`).
     prompt_cache_key: str | None = None
+    # The service tier asked for: "priority", "default" or "flex"; None: none, or "auto"
+    # (the key's default: `edge.fleet.tenants.Tenant.tier_for`).
+    service_tier: str | None = None
     # The caller did not turn reasoning off / asked for it in so many words.
     include_reasoning: bool = True
     reasoning_explicit: bool = False
@@ -236,6 +241,7 @@ def _build(wire: WireRequest) -> ChatRequest:
         metadata=metadata,
         user=wire.user,
         prompt_cache_key=wire.prompt_cache_key or None,
+        service_tier=_service_tier(wire.service_tier),
         include_reasoning=include_reasoning,
         reasoning_explicit=reasoning_explicit,
         # OpenAI's top-level field, else OpenRouter's `reasoning.effort`.
@@ -351,6 +357,12 @@ def _reasoning_flags(wire: WireRequest) -> tuple[bool, bool]:
     include = not (flag is False or exclude is True or enabled is False)
     explicit = flag is True or exclude is False or enabled is True
     return include, explicit
+
+
+def _service_tier(tier: str | None) -> str | None:
+    """The tier asked for, None for none or "auto"; another value is a 400."""
+    check_choice(tier, "service_tier", SERVICE_TIERS)
+    return None if tier == "auto" else tier
 
 
 def _stop(stop: str | list[str] | None) -> tuple[str, ...]:

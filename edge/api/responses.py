@@ -88,6 +88,7 @@ def parse_responses_request(body: bytes, resolved: Resolved | None = None) -> Re
     context, given, chat["messages"] = _messages(obj, resolved)
     for name in (
         "stream", "temperature", "top_p", "metadata", "parallel_tool_calls", "prompt_cache_key",
+        "service_tier",
     ):  # fmt: skip
         if obj.get(name) is not None:
             chat[name] = obj[name]

@@ -71,11 +71,13 @@ class ApiRequest:
 
 @dataclass(frozen=True, slots=True)
 class Heading:
-    """What an answer is about, as its API heads it: its run, when it began, the model it names."""
+    """What an answer is about, as its API heads it: its run, when it began, the model it
+    names, and the service tier it ran on (None: not said)."""
 
     run_id: str
     created: int
     model: str
+    service_tier: str | None = None
     # The prompt's tokens as the edge estimates them (`edge.api.tokencount`); 0: not
     # counted. What a stream says of its input before the node reports its usage.
     prompt_tokens: int = 0
@@ -103,7 +105,7 @@ class Api:
     def streamer(self, request: ApiRequest, answer: Heading) -> Streamer:
         return _ChatStreamer(
             f"chatcmpl-{answer.run_id}", answer.created, answer.model,
-            include_usage=request.chat.include_usage,
+            include_usage=request.chat.include_usage, service_tier=answer.service_tier,
         )  # fmt: skip
 
     def folder(self, request: ApiRequest, answer: Heading) -> Folder:
@@ -141,7 +143,7 @@ class _ChatFolder(ResponseBuilder):
 
     def body(self) -> dict[str, Any]:
         a = self._answer
-        return self.response(f"chatcmpl-{a.run_id}", a.created, a.model)
+        return self.response(f"chatcmpl-{a.run_id}", a.created, a.model, a.service_tier)
 
 
 class ResponsesApi(Api):
@@ -159,10 +161,17 @@ class ResponsesApi(Api):
                           store_context=parsed.store_context)  # fmt: skip
 
     def streamer(self, request: ApiRequest, answer: Heading) -> Streamer:
-        return _ResponsesOut(answer.run_id, answer.created, answer.model, request.echo)
+        return _ResponsesOut(answer.run_id, answer.created, answer.model, _echo(request, answer))
 
     def folder(self, request: ApiRequest, answer: Heading) -> Folder:
-        return _ResponsesOut(answer.run_id, answer.created, answer.model, request.echo)
+        return _ResponsesOut(answer.run_id, answer.created, answer.model, _echo(request, answer))
+
+
+def _echo(request: ApiRequest, answer: Heading) -> dict[str, Any]:
+    """What a Response repeats of its request, and the service tier it ran on."""
+    if answer.service_tier is None:
+        return request.echo
+    return {**request.echo, "service_tier": answer.service_tier}
 
 
 class _ResponsesOut(ResponsesRenderer):
@@ -181,11 +190,13 @@ class MessagesApi(Api):
     def streamer(self, request: ApiRequest, answer: Heading) -> Streamer:
         return _MessagesOut(answer.run_id, answer.model, status_of=status_of,
                             stop_sequences=request.chat.stop,
-                            prompt_tokens=answer.prompt_tokens)  # fmt: skip
+                            prompt_tokens=answer.prompt_tokens,
+                            service_tier=_anthropic_tier(answer))  # fmt: skip
 
     def folder(self, request: ApiRequest, answer: Heading) -> Folder:
         return _MessagesOut(answer.run_id, answer.model, status_of=status_of,
-                            stop_sequences=request.chat.stop)  # fmt: skip
+                            stop_sequences=request.chat.stop,
+                            service_tier=_anthropic_tier(answer))  # fmt: skip
 
     def error(
         self, status: int, error_type: str, message: str, code: str | None = None
@@ -194,6 +205,13 @@ class MessagesApi(Api):
 
     def edge_error(self, error: EdgeError) -> tuple[int, dict[str, Any]]:
         return anthropic_error(error.status, error.type, error.message)
+
+
+def _anthropic_tier(answer: Heading) -> str | None:
+    """The tier as Anthropic's usage names it: "priority", else "standard"."""
+    if answer.service_tier is None:
+        return None
+    return "priority" if answer.service_tier == "priority" else "standard"
 
 
 class _MessagesOut(MessagesRenderer):

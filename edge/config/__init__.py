@@ -36,7 +36,14 @@ if TYPE_CHECKING:
         parse_config,
         parse_workers,
     )
-    from edge.config.routing import ROUTING_POLICIES, AdmissionConfig, NodeConfig, RoutingConfig
+    from edge.config.routing import (
+        ADMISSION_POLICIES,
+        ROUTING_POLICIES,
+        SERVICE_TIERS,
+        AdmissionConfig,
+        NodeConfig,
+        RoutingConfig,
+    )
     from edge.config.schema import (
         DEFAULT_MODEL,
         MAX_WORKERS,
@@ -55,11 +62,13 @@ if TYPE_CHECKING:
     from edge.config.toml import ConfigError, TableReader, read_toml
 
 __all__ = [
+    "ADMISSION_POLICIES",
     "DEFAULT_MODEL",
     "MAX_WORKERS",
     "REASONING_PARSERS",
     "RESPONSE_STORES",
     "ROUTING_POLICIES",
+    "SERVICE_TIERS",
     "SIM_MODEL",
     "AdmissionConfig",
     "Config",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edge.config.files import ConfigFiles
+from edge.config.routing import SERVICE_TIERS
 from edge.config.schema import KeyConfig
 from edge.config.spec import read_key, read_keys
 from edge.config.toml import ConfigError, TableReader
@@ -55,7 +56,9 @@ def _keys(
         secret = _secret(source, r, given[0], sources[given[0]], files)
         if any(not 1 <= ord(c) < 127 or c.isspace() for c in secret):
             raise r.fail(given[0], "the key must be printable ASCII without spaces")
-        settings = read_keys(r, KeyConfig, skip=("name",))
+        settings = read_keys(r, KeyConfig, skip=("name",), checks={"service_tiers": _tiers})
+        if settings["service_tier"] not in settings["service_tiers"]:
+            raise r.fail("service_tier", "must be one of the key's service_tiers")
         r.done()
         if any(k.name == name for k in keys):
             raise ConfigError(f"{source}: keys[{i}].name: duplicate key name {name!r}")
@@ -63,6 +66,16 @@ def _keys(
             raise ConfigError(f"{source}: keys[{i}].{given[0]}: the same key is configured twice")
         keys.append(KeyConfig(name, secret, **settings))
     return tuple(keys)
+
+
+def _tiers(r: TableReader, key: str, tiers: tuple[str, ...]) -> tuple[str, ...]:
+    """A key's `service_tiers`: known tiers, at least one, each once."""
+    unknown = [tier for tier in tiers if tier not in SERVICE_TIERS]
+    if unknown:
+        raise r.fail(key, f"{unknown[0]!r} is not one of {', '.join(SERVICE_TIERS)}")
+    if not tiers:
+        raise r.fail(key, "name at least one tier")
+    return tuple(dict.fromkeys(tiers))
 
 
 def hmac_equal(a: str, b: str) -> bool:

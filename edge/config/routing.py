@@ -1,5 +1,6 @@
 """How runs reach the nodes: the nodes (`[[nodes]]`), how runs are spread over them
-(`[routing]`) and the queue of requests in front of them (`[admission]`).
+(`[routing]`) and the queue of requests in front of them (`[admission]`), with the
+service tiers its bands are (`SERVICE_TIERS`).
 
 Each field that is a key of the file carries its default, meaning and bounds
 (`edge.config.spec`); `edge.config.schema` gathers these tables into `Config`.
@@ -12,6 +13,9 @@ from dataclasses import dataclass, field
 from edge.config.spec import about, setting
 
 ROUTING_POLICIES = ("least_loaded", "affinity", "cache_aware")
+ADMISSION_POLICIES = ("fair", "fifo")
+# The service tiers a request may run on, in the order the queue's bands are served.
+SERVICE_TIERS = ("priority", "default", "flex")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +160,9 @@ class AdmissionConfig:
 
     max_queue: int = setting(
         1000,
-        "Requests waiting at once; one more is answered 503 overloaded (0: no queue).",
+        "Requests waiting at once, for the whole edge (each worker process its own); past"
+        " it one is shed: a flex one first (429), then a default one, a priority one last"
+        " (503 overloaded); 0: no queue.",
         max=1_000_000,
     )
     queue_timeout_s: float = setting(
@@ -172,3 +178,25 @@ class AdmissionConfig:
         min=2**20,
         max=2**50,
     )
+    policy: str = setting(
+        "fair",
+        "fair: one queue per tenant (a key; with no keys, a client address) in strict bands"
+        " by service tier, the tenants of a band served in proportion to their keys' weight"
+        " (docs/fleet.md, When the fleet is full); fifo: one queue in arrival order for"
+        " every request (tiers and tenants aside).",
+        choices=ADMISSION_POLICIES,
+    )
+    max_queue_per_key: int | None = setting(
+        None,
+        "fair: requests one tenant may have waiting; past it, that tenant's newest request"
+        " is shed, not another's. Unset: a quarter of max_queue (at least 1).",
+        min=1,
+        max=1_000_000,
+    )
+
+    @property
+    def key_max_queue(self) -> int:
+        """What one tenant may have waiting (`max_queue_per_key`)."""
+        if self.max_queue_per_key is not None:
+            return self.max_queue_per_key
+        return max(1, self.max_queue // 4)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from edge.api.policy import DEFAULT_MAX_OUTPUT_TOKENS, ForwardPolicy
 from edge.config.address import UPSTREAM_SCHEMES
-from edge.config.routing import AdmissionConfig, NodeConfig, RoutingConfig
+from edge.config.routing import SERVICE_TIERS, AdmissionConfig, NodeConfig, RoutingConfig
 from edge.config.spec import about, setting
 from edge.observe.tracing import TracingConfig
 from edge.stream.sentinel import DEFAULT_SENTINELS
@@ -177,6 +177,23 @@ class KeyConfig:
         ' another key cannot learn a prompt from the cache) or "shared" (those of every'
         " key that shares, e.g. one application's users sharing a system prompt).",
         choices=CACHE_SCOPES,
+    )
+    weight: float = setting(
+        1.0,
+        "Its share of the node slots when the fleet is full: the keys with requests waiting"
+        " are served in proportion to their weights (admission policy fair).",
+        min=0.01,
+        max=1000,
+    )
+    service_tiers: tuple[str, ...] = setting(
+        ("default", "flex"),
+        'The service tiers its requests may ask for (`service_tier`), of "priority",'
+        ' "default" and "flex"; another is answered 400.',
+    )
+    service_tier: str = setting(
+        "default",
+        'The tier of its requests that ask for none (or "auto"); one of its service_tiers.',
+        choices=SERVICE_TIERS,
     )
 
     @property

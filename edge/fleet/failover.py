@@ -56,6 +56,7 @@ from edge.fleet.migration import CANCEL_WAIT_S, Mover
 from edge.fleet.nodestate import NodeState, Tried
 from edge.fleet.run import Run
 from edge.fleet.runs import RunPlan, Runs
+from edge.fleet.tenants import Tenant
 from edge.node.wire import PreparedRunRequest
 from edge.stream.output import ErrorOut, OutEvent
 from edge.stream.session import StreamSession
@@ -113,6 +114,8 @@ class Failover:
         keepalive_s: float = 0.0,
         metadata: Mapping[str, str] | None = None,
         affinity_key: SessionKey | None = None,
+        tenant: Tenant | None = None,
+        tier: str = "default",
     ) -> RunPlan:
         """What every run of `request` starts from: its total deadline counts from now,
         under this configuration's timeouts; its route is its RunRequest's prefix."""
@@ -121,7 +124,8 @@ class Failover:
         return RunPlan(
             request, payload, trio.current_time() + self.timeouts.total_s,
             request_id=request_id, api=api, keepalive_s=keepalive_s, metadata=metadata,
-            affinity_key=affinity_key, route=route, timeouts=self.timeouts,
+            affinity_key=affinity_key, route=route, timeouts=self.timeouts, tenant=tenant,
+            tier=tier,
         )  # fmt: skip
 
     async def start(
@@ -195,7 +199,7 @@ class Failover:
         try:
             return await self.runs.admission.acquire(
                 request.model, logprobs=request.logprobs, affinity_key=plan.affinity_key,
-                route=plan.route, on_queue=queued.append,
+                route=plan.route, on_queue=queued.append, tenant=plan.tenant, tier=plan.tier,
             )  # fmt: skip
         finally:
             answer.queue_s = trio.current_time() - began
@@ -233,6 +237,7 @@ class Failover:
             return await self.runs.admission.acquire(
                 request.model, logprobs=request.logprobs, exclude=tried,
                 affinity_key=plan.affinity_key, route=plan.route, first=True,
+                tenant=plan.tenant, tier=plan.tier,
             )  # fmt: skip
         except EdgeError:
             return None

@@ -290,6 +290,7 @@ class Mover:
                 return await self.runs.admission.acquire(
                     model, logprobs=self.request.logprobs, exclude=excluded,
                     affinity_key=self.plan.affinity_key, route=self.plan.route, first=True,
+                    tenant=self.plan.tenant, tier=self.plan.tier,
                 )  # fmt: skip
             except EdgeError:
                 return None

@@ -3,9 +3,9 @@
 `report` is `/readyz`'s answer: ready when some node may take runs (up, or
 its breaker half-open) and the edge is not draining, with every node's
 state, models, runs in flight and cap, its load as it reports it, and its
-cache under the cache-aware policy. The HTTP endpoint (`edge.http.app`) only
-sends it; the node gauges (`edge.process.nodeset`) read `state_value` and
-`load_values`.
+cache under the cache-aware policy; and the admission queue by service tier.
+The HTTP endpoint (`edge.http.app`) only sends it; the node gauges
+(`edge.process.nodeset`) read `state_value` and `load_values`.
 
 Reads the pool (`edge.fleet.pool`); changes nothing.
 """
@@ -29,13 +29,16 @@ class Readiness:
     body: dict[str, object]
 
 
-def report(pool: NodePool, *, draining: bool) -> Readiness:
-    """The `/readyz` answer: why not ready, when not (draining first)."""
+def report(pool: NodePool, *, draining: bool, queue: dict[str, object] | None = None) -> Readiness:
+    """The `/readyz` answer: why not ready, when not (draining first). `queue`: the
+    admission queue's policy and requests waiting by service tier (`Admission.report`)."""
     is_ready = ready(pool) and not draining
     body: dict[str, object] = {
         "status": "ready" if is_ready else "not ready",
         "nodes": status(pool),
     }
+    if queue is not None:
+        body["queue"] = queue
     if draining:
         body["reason"] = "draining"
     elif not is_ready:

@@ -23,6 +23,7 @@ from edge.fleet.cacheaware import Route
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
 from edge.fleet.run import Run, RunInfo, RunServices, RunStart
+from edge.fleet.tenants import Tenant
 from edge.fleet.turns import Turns
 from edge.node.wire import PreparedRunRequest
 from edge.observe.metrics import EdgeMetrics
@@ -39,6 +40,8 @@ class RunPlan:
     `metadata` goes with each Run call (the trace context). `affinity_key` and
     `route` are the request's session and prefix for picking nodes. `timeouts` are
     the request's (the configuration it arrived under; None: the edge's first).
+    `tenant` and `tier` are whose the request is and the service tier it runs on: its
+    queue and band whenever a run of it waits for a slot (`Admission.acquire`).
     """
 
     request: ChatRequest
@@ -51,6 +54,8 @@ class RunPlan:
     affinity_key: SessionKey | None = None
     route: Route | None = None
     timeouts: TimeoutsConfig | None = None
+    tenant: Tenant | None = None
+    tier: str = "default"
 
     @property
     def predicted(self) -> int:

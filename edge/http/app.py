@@ -69,7 +69,7 @@ from edge.errors import (
 )
 from edge.fleet import readiness
 from edge.http import endpoints
-from edge.http.chat import ChatService
+from edge.http.chat import ChatService, tenant_of
 from edge.http.live import CURRENT as CURRENT_SNAPSHOT
 from edge.http.live import Snapshots
 from edge.http.scope import CURRENT as CURRENT_SCOPE
@@ -356,9 +356,12 @@ def _api_routes(app: QuartTrio, chat: ChatService, drain: _Drain) -> None:
             raise ShuttingDownError("The server is shutting down; retry on another instance.")
         scope = CURRENT_SCOPE.get()
         assert scope is not None  # the API routes always run in their scope
-        if (gate := CURRENT_GATE.get()) is not None:
+        gate = CURRENT_GATE.get()
+        tenant = tenant_of(gate.key if gate is not None else None, request.remote_addr)
+        if gate is not None:
+            scope.key = gate.key.name if gate.key is not None else ""
             # The key's limits before its body is read: a key over them costs no parse.
-            chat.admission.shed_if_full()  # (a shed request is not counted against them)
+            chat.admission.shed_if_full(tenant)  # (a shed request is not counted against them)
             await gate.admit()
         session_id = request.headers.get("X-Session-Id") or None
         # The body goes to the handler without a name here: once parsed, the handler's
@@ -369,6 +372,7 @@ def _api_routes(app: QuartTrio, chat: ChatService, drain: _Drain) -> None:
             session_id=session_id,
             gate=gate,
             api=api,
+            tenant=tenant,
         )
         response.timeout = None
         return response
@@ -469,5 +473,5 @@ def _probe_routes(app: QuartTrio, chat: ChatService, drain: _Drain) -> None:
 
 def _readiness(chat: ChatService, draining: bool) -> Response:
     """/readyz: ready while some node can take a run and the edge is not draining."""
-    shown = readiness.report(chat.pool, draining=draining)
+    shown = readiness.report(chat.pool, draining=draining, queue=chat.admission.report())
     return _json_response(shown.body, 200 if shown.ready else 503)

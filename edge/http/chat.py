@@ -51,6 +51,7 @@ from edge.fleet.failover import Committed
 from edge.fleet.fleet import Fleet
 from edge.fleet.modelpolicy import forwarded_request, session_settings
 from edge.fleet.run import OutcomeHook
+from edge.fleet.tenants import Tenant
 from edge.fleet.turns import Turns
 from edge.http.gil import GilShare
 from edge.http.live import Snapshots
@@ -58,7 +59,7 @@ from edge.http.scope import ChatScope
 from edge.http.spans import RequestTrace
 from edge.http.sse import SSE_HEADERS, SSEBody
 from edge.http.stored import ResponseStates
-from edge.limits.limiter import Gate
+from edge.limits.limiter import Gate, Key
 from edge.node.wire import PreparedRunRequest, prepare_run_request
 from edge.observe.logbound import clip_join
 from edge.observe.metrics import EdgeMetrics
@@ -67,6 +68,8 @@ from edge.stream.output import ErrorOut
 from edge.stream.session import StreamSession
 
 SHUTDOWN_NOTICE = "the edge is shutting down; retry the request"
+# Whom a request is counted for when nothing says (a caller without a client address).
+ANONYMOUS = Tenant("")
 
 
 def _trace(what: str, fields: Mapping[str, Any]) -> None:
@@ -124,6 +127,7 @@ class ChatService:
         session_id: str | None = None,
         gate: Gate | None = None,
         api: Api = CHAT,
+        tenant: Tenant = ANONYMOUS,
     ) -> Response:
         """Answer one request of `api`; errors before the first byte raise an EdgeError.
 
@@ -131,8 +135,9 @@ class ChatService:
         `gate` is the request's API key: its allow-list is checked and its limits
         admit the request once the model is known, before any node is asked; it is
         ended with the run (stream given back, tokens counted) before the last byte.
+        `tenant` is whom it is counted for in the admission queue (`tenant_of`).
         """
-        self.admission.shed_if_full()
+        self.admission.shed_if_full(tenant)
         await self.turns.turn()
         snapshot = self.snapshots.request()
         config = snapshot.config
@@ -147,6 +152,7 @@ class ChatService:
         if gate is not None:
             await gate.check_model(request.model)
             await gate.admit()
+        scope.tier = tier = tenant.tier_for(request.service_tier)
         if request.model in self.pool.models():  # metric labels: only models nodes serve
             scope.model = request.model
         request, payload = prepared.forwarded()
@@ -162,6 +168,7 @@ class ChatService:
             keepalive_s=config.server.keepalive_s if request.stream else 0.0,
             metadata=scope.node_metadata,
             affinity_key=session_key(session_id or request.prompt_cache_key, request.user),
+            tenant=tenant, tier=tier,
         )  # fmt: skip
         created = int(time.time())
         try:
@@ -170,7 +177,7 @@ class ChatService:
             scope.settled()  # an answer that failed before any byte is counted now
         prefix = payload.prefix
         prompt = 0 if prefix is None else tokens_of(prefix.chars, chars_per_token=CHARS_PER_TOKEN)
-        heading = Heading(run_id, created, request.model, prompt_tokens=prompt)
+        heading = Heading(run_id, created, request.model, tier, prompt_tokens=prompt)
         if not request.stream:
             return await self._whole(committed, scope, api, parsed, heading, gate, owner)
         return await self._streamed(committed, scope, api, parsed, heading, gate, owner)
@@ -319,6 +326,14 @@ class ChatService:
     def shutdown_streams(self) -> int:
         """Drain deadline: end every run still in flight, with a notice. Returns how many."""
         return self.runs.shut_down(SHUTDOWN_NOTICE)
+
+
+def tenant_of(key: Key | None, address: str | None) -> Tenant:
+    """Whom a request is counted for in the admission queue: its API key (its weight
+    and service tiers), else (no keys configured) its client's address."""
+    if key is None:
+        return Tenant(address or "") if address else ANONYMOUS
+    return Tenant(key.name, key.weight, key.service_tiers, key.service_tier, named=key.named)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,10 +53,12 @@ class ChatScope:
         "_started",
         "answer",
         "http_status",
+        "key",
         "model",
         "path",
         "request_id",
         "stream",
+        "tier",
         "trace",
     )
 
@@ -74,6 +76,8 @@ class ChatScope:
         self.stream = False
         self.http_status = 0  # the status sent; 0 while none was
         self.trace: RequestTrace | None = None  # its span, when tracing is on
+        self.key = ""  # its API key's name, when it has one
+        self.tier = ""  # its service tier, once known
 
     @property
     def api(self) -> str:
@@ -146,17 +150,19 @@ class ChatScope:
                 node=info.node, stream=info.stream, status=outcome.status,
                 finish_reason=outcome.finish_reason, error_type=outcome.error_type,
                 node_finish_reason=outcome.node_finish_reason, path=self.path,
-                duration_ms=round(duration * 1000, 2),
+                duration_ms=round(duration * 1000, 2), key=self.key, tier=self.tier,
             ).info("chat completion {}", outcome.status)  # fmt: skip
         _log_violations(info.request_id, info.run_id, info.model, outcome)
         if self._on_outcome is not None:
             self._on_outcome(info, outcome)
 
     def _log_request(self, status: int) -> None:
-        """The line of a request that ran nothing: its status (0: the client left first)."""
+        """The line of a request that ran nothing (one shed among them, with its key and
+        tier): its status (0: the client left first)."""
         logger.bind(
             request_id=self.request_id, method="POST", path=self.path, status=status,
-            duration_ms=round((time.perf_counter() - self._started) * 1000, 2),
+            duration_ms=round((time.perf_counter() - self._started) * 1000, 2), key=self.key,
+            tier=self.tier,
         ).info("POST {} {}", self.path, status or "(client left)")  # fmt: skip
 
 

@@ -102,6 +102,13 @@ class Key:
     # Whether its cached prompt prefixes are shared with the other keys that share theirs
     # (`[[keys]] cache_scope = "shared"`); else they are its own.
     shares_cache: bool = False
+    # Its share of the slots when the fleet is full, the service tiers it may ask for and
+    # the one it runs on unless it asks (`[[keys]] weight, service_tiers, service_tier`).
+    weight: float = 1.0
+    service_tiers: tuple[str, ...] = ("default", "flex")
+    service_tier: str = "default"
+    # A `[[keys]]` entry (its name is a metric label), not one of `[server] api_keys`.
+    named: bool = False
 
     @property
     def cache_scope(self) -> str:
@@ -123,6 +130,10 @@ def key_of(config: KeyConfig) -> Key:
         Limits(config.rpm, config.tpm, config.max_streams),
         None if config.models is None else frozenset(config.models),
         shares_cache=config.cache_scope == "shared",
+        weight=config.weight,
+        service_tiers=config.service_tiers,
+        service_tier=config.service_tier,
+        named=True,
     )
 
 

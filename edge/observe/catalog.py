@@ -32,8 +32,9 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()  # histograms only
     merge: MergeMode = "all"  # gauges only
-    # Values of its one label shown (at 0) from the start, before any is counted.
-    preset: tuple[str, ...] = ()
+    # Series shown (at 0) from the start, before any is counted: a value of its one
+    # label, or a value of each of its labels.
+    preset: tuple[str | tuple[str, ...], ...] = ()
 
     def build(self, registry: CollectorRegistry) -> Metric:
         """The metric, registered in `registry`."""
@@ -49,7 +50,7 @@ class MetricSpec:
         else:
             metric = Counter(self.name, self.help, self.labels, registry=registry)
         for value in self.preset:
-            metric.labels(value)
+            metric.labels(*value) if isinstance(value, tuple) else metric.labels(value)
         return metric
 
 
@@ -82,12 +83,24 @@ CONNECTION_ERROR_KINDS = (
     "accept_fd_exhausted",  # accept() failed: EMFILE, ENFILE, ENOBUFS, ENOMEM
     "accept_error",  # accept() failed otherwise
 )
-# Why a request was answered 503 overloaded without a run (admission control).
+# The service tiers of the admission queue's bands (edge.config.SERVICE_TIERS), and the
+# label of a request shed before its tier was known.
+QUEUE_TIERS = ("priority", "default", "flex")
+UNKNOWN_TIER = "unknown"
+# Why a request was shed without a run (admission control): 503 overloaded, 429 for flex.
 SHED_REASONS = (
     "queue_full",  # no free node slot and the queue holds [admission] max_queue already
+    "key_full",  # its tenant has [admission] max_queue_per_key waiting already
     "queue_timeout",  # waited [admission] queue_timeout_s for a slot
     "memory_budget",  # its parsed form would pass [admission] memory_budget_bytes
 )
+# The shed series shown from the start: each reason by each tier it may come with.
+_SHED_SERIES = (
+    *((reason, tier) for reason in ("queue_full", "key_full", "queue_timeout")
+      for tier in QUEUE_TIERS),
+    ("queue_full", UNKNOWN_TIER),
+    ("memory_budget", UNKNOWN_TIER),
+)  # fmt: skip
 # How the cache-aware policy chose a node (edge.fleet.cacheaware).
 CACHE_ROUTING_OUTCOMES = ("hit", "miss", "load_bound", "session", "short")
 # Why a key's request was refused: over rpm, over tpm, at max_streams, a model outside its
@@ -273,8 +286,9 @@ _FLEET = (
         buckets=_LATENCY_BUCKETS,
     ),
     MetricSpec(
-        Gauge, "queue_depth", "iop_edge_queue_depth", "Requests waiting for a free node slot.",
-        merge="livesum",
+        Gauge, "queue_depth", "iop_edge_queue_depth",
+        "Requests waiting for a free node slot, by service tier.",
+        ("tier",), merge="livesum", preset=QUEUE_TIERS,
     ),
     MetricSpec(
         Histogram, "queue_seconds", "iop_edge_queue_seconds",
@@ -282,10 +296,22 @@ _FLEET = (
         buckets=_QUEUE_BUCKETS,
     ),
     MetricSpec(
+        Histogram, "queue_wait", "iop_edge_queue_wait_seconds",
+        "Time requests waited for a free node slot (admitted and shed alike), by service"
+        " tier.",
+        ("tier",), buckets=_QUEUE_BUCKETS,
+    ),
+    MetricSpec(
         Counter, "shed", "iop_edge_shed",
-        "Requests answered 503 overloaded without a run, by reason: "
-        + ", ".join(SHED_REASONS) + ".",
-        ("reason",), preset=SHED_REASONS,
+        "Requests shed without a run (503 overloaded; 429 for flex), by reason: "
+        + ", ".join(SHED_REASONS) + "; and by service tier (" + UNKNOWN_TIER
+        + ": shed before its tier was known).",
+        ("reason", "tier"), preset=_SHED_SERIES,
+    ),
+    MetricSpec(
+        Gauge, "key_queued", "iop_edge_key_queued",
+        "Requests waiting for a free node slot, by API key name ([[keys]] entries only).",
+        ("key",), merge="livesum",
     ),
     MetricSpec(
         Counter, "cache_routing", "iop_edge_cache_routing",

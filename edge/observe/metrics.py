@@ -31,9 +31,11 @@ from edge.observe.catalog import (
     CONNECTION_ERROR_KINDS,
     EDGE_METRICS,
     KEY_REJECTIONS,
+    QUEUE_TIERS,
     RELOAD_RESULTS,
     SHED_REASONS,
     SUPERVISOR_METRICS,
+    UNKNOWN_TIER,
 )
 from edge.stream.output import Outcome
 
@@ -42,8 +44,10 @@ __all__ = [
     "CONNECTION_ERROR_KINDS",
     "CONTENT_TYPE",
     "KEY_REJECTIONS",
+    "QUEUE_TIERS",
     "RELOAD_RESULTS",
     "SHED_REASONS",
+    "UNKNOWN_TIER",
     "EdgeMetrics",
     "SupervisorMetrics",
 ]
@@ -84,7 +88,9 @@ class EdgeMetrics:
     migration_gap: Histogram
     queue_depth: Gauge
     queue_seconds: Histogram
+    queue_wait: Histogram
     shed: Counter
+    key_queued: Gauge
     cache_routing: Counter
     cache_predicted_tokens: Counter
     request_memory: Gauge

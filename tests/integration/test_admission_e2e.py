@@ -1,6 +1,8 @@
 """Admission control over a real edge and a real node process: slots, the queue, shedding.
 
-The node allows `max_runs = 2`; the queue holds 3. Two streams that hang
+The node allows `max_runs = 2`; the queue holds 3 (one client may take them all: these
+tests are of the bound for the whole edge; tests/integration/test_fair_e2e.py has
+the tenants' and tiers'). Two streams that hang
 mid-answer hold both slots; requests beyond them wait in the queue, and
 past the queue's bounds are answered 503 `overloaded` with `Retry-After`,
 before any byte. A queued client that leaves never starts a run. Waits are
@@ -33,10 +35,15 @@ HOLD = chat_body("sim-script", script({"type": "delta", "delta": "x"}, {"type": 
                  stream=True)  # fmt: skip
 
 
-async def _edge(nursery: trio.Nursery, sim: SimProcess, queue_timeout_s: float) -> RunningEdge:
+async def _edge(
+    nursery: trio.Nursery, sim: SimProcess, queue_timeout_s: float, policy: str = "fair"
+) -> RunningEdge:
+    admission = AdmissionConfig(
+        max_queue=3, queue_timeout_s=queue_timeout_s, policy=policy, max_queue_per_key=10
+    )
     config = Config(
         server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0),
-        admission=AdmissionConfig(max_queue=3, queue_timeout_s=queue_timeout_s),
+        admission=admission,
         nodes=(NodeConfig("sim", sim.address, max_runs=2),),
     )
     return await start_edge(nursery, config)
@@ -44,6 +51,12 @@ async def _edge(nursery: trio.Nursery, sim: SimProcess, queue_timeout_s: float) 
 
 def _sample(edge: RunningEdge, name: str, **labels: str) -> float:
     return edge.edge.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def _shed(edge: RunningEdge, reason: str) -> float:
+    """Requests shed for `reason`, whatever their tier (or before it was known)."""
+    tiers = ("priority", "default", "flex", "unknown")
+    return sum(_sample(edge, "iop_edge_shed_total", reason=reason, tier=t) for t in tiers)
 
 
 async def _hold(http: httpx.AsyncClient, held: list[str]) -> None:
@@ -89,13 +102,13 @@ async def test_a_full_queue_answers_503_overloaded_at_once(
         for _ in range(3):
             waiting.start_soon(queued, http)
         await poll(lambda: admission.depth == 3)
-        assert _sample(edge, "iop_edge_queue_depth") == 3
+        assert _sample(edge, "iop_edge_queue_depth", tier="default") == 3
         _assert_overloaded(await http.post(CHAT, json=chat_body("sim-echo", "sixth")))
         assert admission.depth == 3  # answered while the queue was still full
         holders.cancel_scope.cancel()  # the holders leave: their slots free up
     assert [r.status_code for r in answers] == [200, 200, 200]
     assert {r.json()["choices"][0]["message"]["content"] for r in answers} == {"after the wait"}
-    assert _sample(edge, "iop_edge_shed_total", reason="queue_full") == 1
+    assert _shed(edge, "queue_full") == 1
     await edge.wait_idle()
     assert admission.depth == 0
     assert _sample(edge, "iop_edge_queue_seconds_count") == 3
@@ -156,7 +169,7 @@ async def test_a_wait_past_the_queue_timeout_answers_503(
             body: dict[str, Any] = chat_body("sim-echo", "too late", stream=stream)
             _assert_overloaded(await http.post(CHAT, json=body))
         holders.cancel_scope.cancel()
-    assert _sample(edge, "iop_edge_shed_total", reason="queue_timeout") == 2
+    assert _shed(edge, "queue_timeout") == 2
     assert edge.edge.admission.depth == 0
     await stop_edge(edge)
 
@@ -184,8 +197,9 @@ async def _full(
     waiting: trio.Nursery,
     holders: trio.Nursery,
 ) -> RunningEdge:
-    """An edge whose two slots are held and whose queue of three is full."""
-    edge = await _edge(nursery, node, queue_timeout_s=60)
+    """An edge whose two slots are held and whose queue of three is full (policy fifo:
+    the server sheds a request from its head only when whose it is does not matter)."""
+    edge = await _edge(nursery, node, queue_timeout_s=60, policy="fifo")
     held: list[str] = []
     http.base_url = httpx.URL(edge.url)
     for _ in range(2):
@@ -252,7 +266,7 @@ async def test_a_full_queue_sheds_at_the_connection_before_reading_the_body(
             assert response.http_version == "HTTP/2"
             _assert_overloaded(response)
         assert edge.edge.admission.depth == 3
-        assert _sample(edge, "iop_edge_shed_total", reason="queue_full") == 3
+        assert _shed(edge, "queue_full") == 3
         holders.cancel_scope.cancel()
     await edge.wait_idle()
     await stop_edge(edge)

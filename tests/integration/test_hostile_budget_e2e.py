@@ -142,7 +142,7 @@ async def test_a_full_budget_answers_503_overloaded_and_serves_once_given_back(
         assert "memory budget" in error["message"]
         assert "retry after" in error["message"]
         shed = edge.edge.metrics.registry.get_sample_value(
-            "iop_edge_shed_total", {"reason": "memory_budget"}
+            "iop_edge_shed_total", {"reason": "memory_budget", "tier": "unknown"}
         )
         assert shed == 1
 

@@ -15,6 +15,7 @@ from edge.errors import NodeUnavailableError, OverloadedError, PayloadTooLargeEr
 from edge.fleet.admission import SCAN, Admission
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
+from edge.fleet.tenants import Tenant
 from edge.node.client import NodeDescription
 from edge.observe.metrics import EdgeMetrics
 
@@ -98,7 +99,7 @@ async def test_waiters_are_served_in_order_one_per_release(
     async with trio.open_nursery() as nursery:
         for tag in "abc":
             await nursery.start(_queue, admission, "m", got, tag)
-        assert _sample(metrics, "iop_edge_queue_depth") == 3
+        assert _sample(metrics, "iop_edge_queue_depth", tier="default") == 3
         for served in ("a", "b", "c"):
             admission.release(node)
             await trio.testing.wait_all_tasks_blocked()
@@ -106,7 +107,7 @@ async def test_waiters_are_served_in_order_one_per_release(
             assert pool.nodes[0].in_flight == 1  # handed over, not raced for
             node = got[-1][1]
     assert admission.depth == 0
-    assert _sample(metrics, "iop_edge_queue_depth") == 0
+    assert _sample(metrics, "iop_edge_queue_depth", tier="default") == 0
     assert _sample(metrics, "iop_edge_queue_seconds_count") == 3
 
 
@@ -127,24 +128,31 @@ async def test_a_full_queue_sheds_at_once() -> None:
         assert caught.value.retry_after_s >= 1
         assert admission.depth == 2
         nursery.cancel_scope.cancel()
-    assert _sample(metrics, "iop_edge_shed_total", reason="queue_full") == 1
+    assert _sample(metrics, "iop_edge_shed_total", reason="queue_full", tier="default") == 1
 
 
-async def test_a_full_queue_sheds_before_the_parse_only_when_no_slot_is_free() -> None:
+@pytest.mark.parametrize("policy", ["fifo", "fair"])
+async def test_a_full_queue_sheds_before_the_parse_only_when_no_slot_is_free(policy: str) -> None:
     """shed_if_full: with the queue full and every node's slots taken, a request is shed
-    before it is parsed; with a slot free anywhere (another model's node), it is not."""
+    before it is parsed; with a slot free anywhere (another model's node), it is not.
+    Under the fair policy only once its tenant is known: whom a fair queue sheds depends
+    on whose the request is."""
     pool = _pool(("n", ("m",), 1), ("o", ("other",), 1))
-    admission, metrics = _admission(pool, max_queue=1)
+    metrics = EdgeMetrics()
+    admission = Admission(pool, AdmissionConfig(max_queue=1, policy=policy), metrics)
+    tenant = Tenant("t") if policy == "fair" else None
     await admission.acquire("m")
     got: list[tuple[str, NodeState]] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(_queue, admission, "m", got, "a")
-        admission.shed_if_full()  # node "o" has a free slot: a request for "other" may run
+        admission.shed_if_full(tenant)  # node "o" has a free slot: "other" may run
         await admission.acquire("other")
+        if policy == "fair":
+            admission.shed_if_full()  # whose it is unknown: not shed yet
         with pytest.raises(OverloadedError):
-            admission.shed_if_full()
+            admission.shed_if_full(tenant)
         nursery.cancel_scope.cancel()
-    assert _sample(metrics, "iop_edge_shed_total", reason="queue_full") == 1
+    assert _sample(metrics, "iop_edge_shed_total", reason="queue_full", tier="unknown") == 1
 
 
 async def test_a_wait_past_the_timeout_is_shed(autojump_clock: trio.testing.MockClock) -> None:
@@ -158,7 +166,7 @@ async def test_a_wait_past_the_timeout_is_shed(autojump_clock: trio.testing.Mock
         await admission.acquire("m")
     assert trio.current_time() - start == 5
     assert admission.depth == 0
-    assert _sample(metrics, "iop_edge_shed_total", reason="queue_timeout") == 1
+    assert _sample(metrics, "iop_edge_shed_total", reason="queue_timeout", tier="default") == 1
 
 
 async def test_a_waiter_that_leaves_takes_no_slot() -> None:
@@ -344,7 +352,7 @@ async def test_the_memory_budget_sheds_what_would_pass_it_and_takes_back_once() 
     assert shed.value.type == "overloaded"
     assert shed.value.retry_after_s >= 1
     assert "10 MiB of its 10 MiB memory budget" in shed.value.message
-    assert _sample(metrics, "iop_edge_shed_total", reason="memory_budget") == 1
+    assert _sample(metrics, "iop_edge_shed_total", reason="memory_budget", tier="unknown") == 1
     assert admission.held == 10 * MiB
     first()
     first()  # a second call gives nothing back

@@ -52,7 +52,9 @@ def test_every_declared_metric_is_on_the_scrape_with_its_help(
         suffix = "_total" if spec.kind is Counter else ""
         assert f"# HELP {spec.name}{suffix} {spec.help}\n" in fresh
         for value in spec.preset:
-            assert f'{spec.name}{suffix}{{{spec.labels[0]}="{value}"}} 0.0\n' in fresh
+            values = value if isinstance(value, tuple) else (value,)
+            labels = ",".join(f'{n}="{v}"' for n, v in zip(spec.labels, values, strict=True))
+            assert f"{spec.name}{suffix}{{{labels}}} 0.0\n" in fresh
     families = {f.name: f for f in text_string_to_metric_families(_scrape(owner(), specs))}
     for spec in specs:
         family = families[spec.name]
