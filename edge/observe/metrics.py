@@ -37,6 +37,7 @@ from edge.observe.catalog import (
     SUPERVISOR_METRICS,
     UNKNOWN_TIER,
 )
+from edge.observe.gcpause import GcPauses
 from edge.stream.output import Outcome
 
 __all__ = [
@@ -120,6 +121,9 @@ class EdgeMetrics:
         # Gauges whose value may be unknown (None): a series of theirs is there only while
         # its value is known, set when scraped (see `_refresh_optional`).
         self._optional: list[tuple[Gauge, str, Callable[[], float | None]]] = []
+        # The garbage collector's pauses, timed by a callback that takes no lock, and
+        # observed here from the loop (`sync`, `render`): `gc_pauses.start()` to time them.
+        self.gc_pauses = GcPauses()
         self.registry = CollectorRegistry(auto_describe=True)
         for spec in EDGE_METRICS:
             setattr(self, spec.attr, spec.build(self.registry))
@@ -218,7 +222,8 @@ class EdgeMetrics:
 
     def sync(self) -> None:
         """Write the values read from functions (worker processes only, but for those
-        that may be unknown: see `_refresh_optional`)."""
+        that may be unknown: see `_refresh_optional`), and the collector's pauses."""
+        self.gc_pauses.drain(self._gc_paused)
         for gauge, value in self._watched:
             gauge.set(value())
         self._refresh_optional()
@@ -234,8 +239,12 @@ class EdgeMetrics:
             elif self.multiproc_dir is None:
                 gauge.remove(name)
 
+    def _gc_paused(self, generation: int, seconds: float) -> None:
+        self.gc_pause.labels(str(generation)).observe(seconds)
+
     def render(self) -> bytes:
         if self.multiproc_dir is None:
+            self.gc_pauses.drain(self._gc_paused)
             self._refresh_optional()
             return generate_latest(self.registry)
         self.sync()

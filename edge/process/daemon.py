@@ -56,7 +56,6 @@ from edge.http.server import ACCEPT_BURST, HttpServer
 from edge.http.stored import ResponseStates
 from edge.node.backlog import Backlog
 from edge.node.bridge import asyncio_loop
-from edge.observe.gcpause import watch_gc
 from edge.observe.log import count_dropped_lines
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
@@ -151,15 +150,14 @@ async def serve(
         shutdown = trio.Event()
     metrics = EdgeMetrics(metrics_dir)
     count_dropped_lines(metrics.log_lines_dropped.inc)
-    gc_pauses = metrics.gc_pause
-    stop_gc_watch = watch_gc(lambda generation, s: gc_pauses.labels(str(generation)).observe(s))
+    metrics.gc_pauses.start()
     tracing = setup_tracing(config.tracing, service="iop-edge")
     metrics.tracing.set(0 if tracing is None else 1)
     try:
         await _serve(config, metrics, tracing, shutdown, runs_log, on_outcome, listen_sockets,
                      shared_dir, digest, load, reloads, task_status)  # fmt: skip
     finally:
-        stop_gc_watch()
+        metrics.gc_pauses.stop()
         if tracing is not None:  # the spans still queued go out (bounded by the exporter)
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(tracing.shutdown)
