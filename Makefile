@@ -98,8 +98,9 @@ config-ref-check: $(STAMP) ## check docs/config-reference.md is current
 	@$(BIN)/python -m edge.config.reference | cmp -s - $(CONFIG_REF) && echo "the configuration reference is current" || \
 	{ echo "$(CONFIG_REF) is stale: run 'make config-ref'"; exit 1; }
 
-run: $(STAMP) ## start the edge with an embedded simulated node
-	$(BIN)/iop-edge --config config.toml
+# LISTEN=HOST:PORT serves on another address than config.toml's (`make run LISTEN=127.0.0.1:9000`).
+run: $(STAMP) ## start the edge with an embedded simulated node (LISTEN=HOST:PORT: another address)
+	$(BIN)/iop-edge --config config.toml $(if $(LISTEN),--listen $(LISTEN))
 
 sim: $(STAMP) ## start a simulated node (iop-sim-node)
 	$(BIN)/iop-sim-node --listen 127.0.0.1:50051

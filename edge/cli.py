@@ -4,12 +4,14 @@ What its signals do is `edge.process.signals`'s. `--workers N` (`[server] worker
 above 1 runs a supervisor (`edge.process.supervisor`) that owns the edge's signals
 and starts N worker processes: this same command with the hidden `--worker-*`
 arguments. A reload (SIGHUP) reads the configuration as the start did
-(`load_configuration`: the file, then the flags on top).
+(`load_configuration`: the file, then the flags on top). The process to signal
+(the edge, or the supervisor of its workers) logs its pid as it starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 from collections.abc import Mapping
@@ -40,6 +42,8 @@ from edge.process.signals import (
 )
 
 DEFAULT_CONFIG = Path("config.toml")
+# The line that gives the pid to signal, for a reload or a drain without systemd.
+_PID_LINE = "iop-edge pid {0} (kill -HUP {0} reloads the configuration; SIGTERM drains and stops)"
 
 
 def _address(value: str) -> str:
@@ -165,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         queue_bytes=config.log.queue_bytes,
     )  # fmt: skip
     logger.info("allocator: {}", allocator)
+    logger.info(_PID_LINE, os.getpid())
     if config.server.workers > 1:
         return _supervisor_main(argv, args, loaded, hard_stop_s)
     from edge.process.daemon import run_forever

@@ -3,14 +3,18 @@ the node is sent.
 
 `session_settings`: the settings of a request's stream session (strict output,
 buffering, tool validation, reasoning parser, ...): the model's policy, then the
-request's own choices. `forwarded_request`: the request as the model's forwarding
-policy lets it reach the node (`edge.api.policy`). Pure but for a debug line: no
+request's own choices (a json_schema with `strict: true` has its answer checked
+against the schema, `asks_strict`, unless the request sent `strict_output: false`).
+`forwarded_request`: the request as the model's forwarding policy lets it reach
+the node (`edge.api.policy`). Pure but for a debug line: no
 HTTP, no node, no clock; the caller looks up the model's config.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from loguru import logger
 
@@ -52,10 +56,21 @@ def session_settings(
         sentinels=model.sentinels,
         reasoning_parser=model.reasoning_parser,  # type: ignore[arg-type]
         response_format=request.response_format,
+        strict_format=request.strict_output is not False and asks_strict(request.response_format),
         whole_output=not request.stream,
         text_held=request.stream and stream_holds_text,
         logprobs=request.logprobs,
     )
+
+
+def asks_strict(response_format: Mapping[str, Any] | None) -> bool:
+    """Whether a response_format is a json_schema with `strict: true`: OpenAI guarantees
+    such an answer matches the schema, so the edge checks it (a node's constrained
+    decoding makes the check pass; a node without it gets the strict output's error)."""
+    if not response_format or response_format.get("type") != "json_schema":
+        return False
+    schema = response_format.get("json_schema")
+    return isinstance(schema, Mapping) and schema.get("strict") is True
 
 
 def forwarded_request(model: ModelConfig, request: ChatRequest) -> ChatRequest:

@@ -242,7 +242,7 @@ class StreamSession:
             finish_reason = "stop"
         if not tools.native:
             flow.fallback(finish_reason)
-        if settings.strict and not calls:
+        if settings.checks_format and not calls:
             problem = output_format_problem(settings.response_format, flow.emitted)
             if problem is not None:
                 self.fail(OutputValidationError.type, problem)

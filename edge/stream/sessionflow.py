@@ -65,7 +65,7 @@ class TextFlow:
         # Text is kept only for a feature that reads it whole, and never twice
         # without one: the accumulators below are None when nothing needs them.
         tools = bool(settings.tools.tools)
-        strict_json = settings.strict and (settings.response_format or {}).get("type") in (
+        strict_json = settings.checks_format and (settings.response_format or {}).get("type") in (
             "json_object",
             "json_schema",
         )

@@ -58,6 +58,9 @@ class SessionSettings:
     reasoning_parser: ReasoningParser = "none"
     # The request's response_format; checked on strict output.
     response_format: Mapping[str, Any] | None = None
+    # The request's json_schema says `strict: true` (OpenAI's guarantee of the schema): its
+    # check applies as under strict output, the rest of strict output does not.
+    strict_format: bool = False
     # The caller keeps every output event until the end (a non-streaming answer).
     whole_output: bool = False
     # The caller's renderer keeps the answer's text until the end although it streams
@@ -70,6 +73,12 @@ class SessionSettings:
     logprobs: bool = False
     # A longer delta is applied in slices of this many characters (`resume`).
     slice_chars: int = SLICE_CHARS
+
+    @property
+    def checks_format(self) -> bool:
+        """Whether the answer must honour its response_format (`output_format_problem`):
+        under strict output, or when its json_schema asks for `strict: true`."""
+        return self.strict or self.strict_format
 
     @property
     def expose_reasoning(self) -> bool:

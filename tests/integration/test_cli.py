@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -11,6 +16,7 @@ import pytest
 import trio
 
 from tests.integration.conftest import start_node_process, stop_process
+from tests.integration.edgeproc import EdgeProcess, free_port
 
 
 def test_config_mistake_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -98,3 +104,50 @@ async def test_default_config_answers_with_embedded_node(tmp_path: Path) -> None
             process.kill()
             with trio.move_on_after(10):
                 await process.wait()
+
+
+def _make_run(port: int) -> subprocess.Popen[str]:
+    """`make run LISTEN=127.0.0.1:PORT` in the repository, in a session of its own, its
+    stderr a pipe; make's own variables of an outer make left out."""
+    return subprocess.Popen(
+        ["make", "--no-print-directory", "-o", ".venv/.installed", "run",
+         f"LISTEN=127.0.0.1:{port}"],
+        cwd=Path(__file__).parents[2], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MAKE")},
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+async def test_make_run_listens_where_told_and_prints_the_pid_to_signal() -> None:
+    """`make run LISTEN=127.0.0.1:PORT` (the virtualenv taken as set up: `-o` keeps make from
+    installing) serves on that address; its log gives the edge's pid, and `kill -HUP` that
+    pid reloads the configuration, SIGTERM drains and stops it (make exits 0)."""
+    port = free_port()
+    process = _make_run(port)
+    edge = EdgeProcess(process)
+    edge.resume_reading()
+    edge._reader = threading.Thread(target=edge._read, daemon=True)
+    edge._reader.start()
+    try:
+        served = await edge.wait_line(r"serving on http://\S+")
+        assert f"serving on http://127.0.0.1:{port} " in served
+        said = re.search(r"iop-edge pid (\d+) \(kill -HUP (\d+) reloads", edge.stderr)
+        assert said is not None, edge.stderr
+        assert said.group(1) == said.group(2)
+        pid = int(said.group(1))
+        assert pid != process.pid  # the edge, not make
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            assert (await client.get("/healthz")).status_code == 200
+        os.kill(pid, signal.SIGHUP)
+        await edge.wait_line("configuration reloaded")
+        os.kill(pid, signal.SIGTERM)
+        assert await edge.wait_exit() == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # make and the edge it started, ours
+        process.wait(10)
+        edge.resume_reading()
+        edge._reader.join(10)
+        assert process.stderr is not None
+        process.stderr.close()

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import openai
+import pydantic
 import pytest
 import trio
 
@@ -232,6 +233,63 @@ async def test_strict_invalid_json_non_streaming_is_422(edge: RunningEdge) -> No
         )
     assert caught.value.body is not None
     assert caught.value.body["type"] == "output_validation_error"  # type: ignore[index]
+
+
+class City(pydantic.BaseModel):
+    city: str
+
+
+async def test_a_strict_json_schema_is_checked_as_openai_guarantees_it(
+    edge: RunningEdge, http: httpx.AsyncClient
+) -> None:
+    """`response_format` json_schema with `strict: true` (what Outlines, the Agents SDK and
+    the SDK's `parse` send) has the answer checked against the schema, whatever the
+    model's strict policy: `{"city": 5}` is a 422 `output_validation_error` (chat's
+    `parse`, the Responses API's `parse`), an error frame when streamed; a matching
+    answer parses; without `strict: true` the same answer passes as the node gave it."""
+    bad = script(delta('{"city": 5}'), complete())
+    good = script(delta('{"city": "Paris"}'), complete())
+
+    def sdk() -> tuple[Any, ...]:
+        user = [{"role": "user", "content": bad}]
+        with _sdk(edge) as client:
+            with pytest.raises(openai.UnprocessableEntityError) as chat:
+                client.chat.completions.parse(
+                    model="sim-script", messages=user, response_format=City
+                )
+            with pytest.raises(openai.APIStatusError) as responses:
+                client.responses.parse(model="sim-script", input=bad, text_format=City, store=False)
+            parsed = client.chat.completions.parse(
+                model="sim-script",
+                messages=[{"role": "user", "content": good}],
+                response_format=City,
+            )
+        return chat.value, responses.value, parsed.choices[0].message.parsed
+
+    chat, responses, parsed = await trio.to_thread.run_sync(sdk)
+    assert chat.body["type"] == "output_validation_error", chat.body
+    assert "response_format json_schema" in chat.body["message"]
+    assert responses.status_code == 422
+    assert "output_validation_error" in str(responses.body)
+    assert parsed == City(city="Paris")
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    strict_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "c", "schema": schema, "strict": True},
+    }
+    streamed = chat_body("sim-script", bad, stream=True, response_format=strict_format)
+    raw = (await http.post("/v1/chat/completions", json=streamed)).text
+    frames = [f.removeprefix("data: ") for f in raw.split("\n\n") if f]
+    assert json.loads(frames[-1])["error"]["type"] == "output_validation_error"
+    assert "[DONE]" not in frames
+
+    loose = {**strict_format, "json_schema": {"name": "c", "schema": schema}}
+    answer = await http.post(
+        "/v1/chat/completions", json=chat_body("sim-script", bad, response_format=loose)
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == '{"city": 5}'
 
 
 @pytest.mark.parametrize(

@@ -93,3 +93,31 @@ def test_the_node_is_sent_what_the_model_s_forwarding_policy_allows() -> None:
         forwarded_request(ModelConfig(max_output_tokens=10), request(max_tokens=11))
     assert info.value.status == 400
     assert "max_tokens" in info.value.message
+
+
+def _schema(**json_schema: Any) -> dict[str, Any]:
+    body = {"name": "city", "schema": {"type": "object"}, **json_schema}
+    return {"type": "json_schema", "json_schema": body}
+
+
+@pytest.mark.parametrize(
+    ("fields", "model_strict", "strict", "checks"),
+    [
+        ({"response_format": _schema(strict=True)}, False, False, True),  # Outlines, Agents SDK
+        ({"response_format": _schema(strict=False)}, False, False, False),
+        ({"response_format": _schema()}, False, False, False),
+        ({"response_format": {"type": "json_object"}}, False, False, False),
+        ({"response_format": _schema(strict=True), "strict_output": False}, True, False, False),
+        ({"response_format": _schema(strict=False)}, True, True, True),  # the model's policy
+    ],
+)
+def test_a_strict_json_schema_has_its_answer_checked(
+    fields: dict[str, Any], model_strict: bool, strict: bool, checks: bool
+) -> None:
+    """A json_schema with `strict: true` is checked as strict output checks it (OpenAI
+    guarantees the schema), without the rest of strict output (reasoning stays shown);
+    `strict_output: false` turns the check off, as it turns the model's policy off."""
+    settings = session_settings(ModelConfig(strict=model_strict), request(**fields), "r")
+    assert (settings.strict, settings.checks_format) == (strict, checks)
+    if not model_strict:
+        assert settings.expose_reasoning
