@@ -453,6 +453,7 @@ async def test_message_start_carries_the_prompts_input_tokens(
     assert start == {
         "input_tokens": counted, "output_tokens": 0,
         "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
+        "service_tier": "standard",
     }  # fmt: skip
     # The node's own count, at the end: sim-echo counts the messages' words.
     assert frames["message_delta"]["usage"]["input_tokens"] == 8 + 9 * 4

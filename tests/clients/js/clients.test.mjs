@@ -15,6 +15,7 @@ import { createAnthropic } from "@ai-sdk/anthropic";
 import { createOpenAI } from "@ai-sdk/openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import Anthropic from "@anthropic-ai/sdk";
+import { ChatAnthropic } from "@langchain/anthropic";
 import { APICallError, generateObject, generateText, stepCountIs, streamText, tool } from "ai";
 import OpenAI from "openai";
 import { zodResponseFormat } from "openai/helpers/zod";
@@ -355,6 +356,22 @@ describe("Anthropic SDK (@anthropic-ai/sdk)", () => {
     assert.ok(started.input_tokens > 100, JSON.stringify(started));
     assert.equal(started.output_tokens, 0);
     assert.equal(started.input_tokens, final.input_tokens + final.cache_read_input_tokens);
+  });
+
+  test("LangChain's ChatAnthropic counts a stream's input tokens (from message_start)", async () => {
+    const chat = new ChatAnthropic({
+      model: "sim-echo",
+      anthropicApiUrl: BASE_URL.replace(/\/v1$/, ""),
+      apiKey: "unused",
+      maxRetries: 0,
+      maxTokens: 64,
+      streaming: true,
+    });
+    let usage = null;
+    for await (const chunk of await chat.stream([["human", "What is the weather like in Paris?"]])) {
+      if (chunk.usage_metadata && chunk.usage_metadata.input_tokens) usage = chunk.usage_metadata;
+    }
+    assert.ok(usage !== null && usage.input_tokens > 0, JSON.stringify(usage));
   });
 
   test("models.retrieve gives the model; an unknown one is NotFoundError", async () => {
