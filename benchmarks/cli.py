@@ -393,13 +393,14 @@ def main(argv: list[str] | None = None) -> int:
         result["goals"] = goal_rows(result["summary"])
         if not args.no_overload:
             result["overload"] = overload_run(args, tmp)
-        if not args.no_workers:
+        # The long sections: with --all (each alone: its --X-only).
+        if args.all and not args.no_workers:
             result["workers"] = workers_run(args, tmp, settings.clients)
-        if not args.no_tracing:
+        if args.all and not args.no_tracing:
             result["tracing"] = tracing_run(args, tmp, settings.clients)
-        if not args.no_node_hop:
+        if args.all and not args.no_node_hop:
             result["node_hop"] = nodehop_run(args, tmp, settings.clients)
-        if not args.no_control_plane:
+        if args.all and not args.no_control_plane:
             result["control_plane"] = control_plane_run(args, tmp, settings.clients)
         if args.peers or args.litellm:
             result["peers"] = peers(args, settings, tmp)

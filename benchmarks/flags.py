@@ -10,7 +10,10 @@ Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--cl
 (the paced workload's sizes), `--overload-only` / `--no-overload` (the overload curve,
 `benchmarks.overload`; with `--ab REV` the curve on both sides), `--peers` (also run
 the peer tool with LiteLLM and SMG; it installs both into ~/.cache) and `--ab REV`
-(A/B against a git revision), `--workers-only` / `--no-workers` (throughput by worker
+(A/B against a git revision; `--ab main --quick`: the headline A/B in a few minutes),
+`--all` (the long sections too: worker counts, tracing, node hop, control plane; by
+default `make bench` is the main workloads and the overload curve),
+`--workers-only` / `--no-workers` (throughput by worker
 count, `benchmarks.workers`), `--node-hop-only` / `--no-node-hop` (plaintext and a
 locked node hop side by side, `benchmarks.nodehop`), `--tracing-only` / `--no-tracing`
 (the edge's CPU per request and per chunk with tracing off and on, `benchmarks.tracing`),
@@ -120,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
         "writes results/overload.json",
     )
     p.add_argument("--no-overload", action="store_true", help="leave the overload curve out")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also the long sections after the main workloads and the overload curve:"
+        " worker counts, tracing, the node hop, the control plane (~+12 min)",
+    )
     p.add_argument(
         "--workers-only",
         action="store_true",
