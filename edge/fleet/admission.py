@@ -261,7 +261,7 @@ class Admission:
         cache_aware = pool.picker.cache_aware
         full: set[tuple[str, bool]] = set()  # picks that found no slot in this pass
 
-        def hand(waiter: Waiter) -> bool:
+        def hand(waiter: Waiter) -> bool | None:
             key = (waiter.model, waiter.logprobs)
             routed = waiter.route is not None and cache_aware
             plain = not waiter.exclude and waiter.affinity_key is None and not routed
@@ -276,6 +276,8 @@ class Admission:
                 waiter.error = exc
                 return True
             if node is None:
+                if not any(state.has_slot() for state in pool.nodes):
+                    return None  # no slot anywhere: the pass is over
                 if plain:
                     full.add(key)
                 return False
