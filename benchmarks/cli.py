@@ -3,8 +3,8 @@
 The flags are in `benchmarks.flags`; the main run's summary and tables in
 `benchmarks.summary`. Here: the machine's description, the temporary directory, and one
 command per mode (the main run, `--ab`, `--peers-only`, `--overload-only`,
-`--workers-only`, `--tracing-only`, `--control-plane-only`, `--fleet`), each writing its
-JSON and printing its tables.
+`--workers-only`, `--tracing-only`, `--control-plane-only`, `--fleet`, `--tenants`), each
+writing its JSON and printing its tables.
 """
 
 from __future__ import annotations
@@ -348,10 +348,31 @@ def main_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+def main_tenants(args: argparse.Namespace) -> int:
+    """`--tenants`: fair share when the fleet is full, both policies; writes tenants.json."""
+    from benchmarks.tenants import QUICK, TenantSettings, measure_tenants, render_tenants
+
+    out = args.out or DEFAULT_OUT.parent / "tenants.json"
+    started = time.monotonic()
+    result: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+    with _workdir("iop-bench-tenants-", args.keep) as tmp:
+        result["tenants"] = measure_tenants(
+            tmp, QUICK if args.quick else TenantSettings(),
+            log=lambda text: print(text, file=sys.stderr, flush=True),
+        )  # fmt: skip
+        result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    _write(out, result, started)
+    print("\n".join(render_tenants(result["tenants"])))
+    print(f"\nwritten: {out} ({result['elapsed_s']:.0f} s)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.fleet:
         return main_fleet(args)
+    if args.tenants:
+        return main_tenants(args)
     settings = settings_from(args)
     nofile = raise_nofile()
     need = max(settings.open_streams, default=0) + 512

@@ -21,7 +21,10 @@ locked node hop side by side, `benchmarks.nodehop`), `--tracing-only` / `--no-tr
 nodes' state, Watch against Describe polling, `benchmarks.controlplane`), `--fleet`
 (routing policies over four simulated nodes with a KV cache, `benchmarks.fleet`; with
 `--peers`, or whenever the pinned SMG is installed, SMG beside the edge on four HTTP
-workers, `benchmarks.fleetpeer`; writes results/fleet.json).
+workers, `benchmarks.fleetpeer`; writes results/fleet.json), `--tenants` (fair share
+when the fleet is full: tenants, weights and service tiers beside a flood, the fair
+and FIFO admission policies side by side, `benchmarks.tenants`; writes
+results/tenants.json).
 """
 
 from __future__ import annotations
@@ -163,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the routing policies over 4 simulated nodes with a KV cache (four "
         "workloads, two edges; with --peers or an installed SMG, SMG beside the edge); "
         "writes results/fleet.json",
+    )
+    p.add_argument(
+        "--tenants",
+        action="store_true",
+        help="only fair share when the fleet is full (tenants, weights, service tiers beside "
+        "a flood; the fair and fifo admission policies side by side, then 2 workers); "
+        "writes results/tenants.json",
     )
     return p
 

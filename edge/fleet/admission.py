@@ -93,9 +93,10 @@ class Admission:
 
     def configure(self, config: AdmissionConfig) -> None:
         """A reload's `[admission]`: the queue's bounds, its policy and the memory budget
-        from the next request on (a request queued keeps the timeout it was queued with,
-        and its place in arrival order when the policy changes; the bytes held stay held,
-        and a budget lowered below them sheds new requests until they go)."""
+        from the next request on (a request queued keeps the timeout it was queued with;
+        when the policy changes, the requests waiting join the new queue in the old one's
+        order; the bytes held stay held, and a budget lowered below them sheds new
+        requests until they go)."""
         if config.policy != self._config.policy:
             queue = _queue(config.policy)
             for waiter in self._queue:
@@ -173,7 +174,7 @@ class Admission:
         """The error a new request of `tenant` gets at once (counted and logged as shed),
         or None when it could be queued or served (see `shed_if_full`)."""
         queue = self._queue
-        if not len(queue) >= min(self._config.max_queue, self._config.key_max_queue):
+        if len(queue) < min(self._config.max_queue, self._config.key_max_queue):
             return None
         if tenant is None and isinstance(queue, FairQueue):
             return None  # whom a fair queue sheds depends on whose the request is
@@ -261,7 +262,7 @@ class Admission:
         cache_aware = pool.picker.cache_aware
         full: set[tuple[str, bool]] = set()  # picks that found no slot in this pass
 
-        def hand(waiter: Waiter) -> bool:
+        def hand(waiter: Waiter) -> bool | None:
             key = (waiter.model, waiter.logprobs)
             routed = waiter.route is not None and cache_aware
             plain = not waiter.exclude and waiter.affinity_key is None and not routed
@@ -276,6 +277,8 @@ class Admission:
                 waiter.error = exc
                 return True
             if node is None:
+                if not any(state.has_slot() for state in pool.nodes):
+                    return None  # no slot anywhere: the pass is over
                 if plain:
                     full.add(key)
                 return False

@@ -32,7 +32,8 @@ tenant with the most waiting for its weight loses its newest (the newcomer's ten
 on a tie: a newcomer never displaces an equal).
 
 Bounded work per dispatch: at most SCAN requests of one flow and LOOKS in all are
-looked at. Pure bookkeeping: no clock, no I/O.
+looked at, and the pass ends once no slot is left for anyone. Pure bookkeeping: no
+clock, no I/O.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ class Waiter:
 
 # Whom to shed and why ("queue_full", "key_full"), when one more joins.
 Shed = tuple[Waiter, str]
-# Tries to hand a waiter a slot: True when done with it (a slot, or an error).
-Hand = Callable[[Waiter], bool]
+# Tries to hand a waiter a slot: True when done with it (a slot, or an error), False
+# when it cannot run yet, None when no slot is left for anyone (the pass ends).
+Hand = Callable[[Waiter], bool | None]
 
 
 class _Counts:
@@ -140,7 +142,13 @@ class FifoQueue(_Counts):
     def dispatch(self, hand: Hand) -> list[Waiter]:
         """Hand slots from the head: up to SCAN waiters looked at; those done leave."""
         waiters = self._waiters
-        handed = [w for w in list(islice(waiters, SCAN)) if hand(w)]
+        handed = []
+        for waiter in list(islice(waiters, SCAN)):
+            done = hand(waiter)
+            if done is None:
+                break
+            if done:
+                handed.append(waiter)
         for waiter in handed:
             if waiters[0] is waiter:
                 waiters.popleft()
@@ -248,27 +256,33 @@ class FairQueue(_Counts):
         """Hand slots band by band, flow by flow in tag order (see the module doc)."""
         handed: list[Waiter] = []
         looks = 0
+        left = True  # some slot may be left
         for b in self._bands:
-            aside: list[_Flow] = []
-            while b.turns and looks < LOOKS:
+            aside: list[tuple[_Flow, int]] = []
+            while left and b.turns and looks < LOOKS:
                 _, entry, flow = heapq.heappop(b.turns)
                 if entry != flow.entry:
                     continue  # a turn it lost (emptied) or took again since
-                flow.entry = -1
                 done = None
                 for waiter in list(islice(flow.waiters, min(SCAN, LOOKS - looks))):
                     looks += 1
-                    if hand(waiter):
+                    took = hand(waiter)
+                    if took is None:
+                        left = False
+                        break
+                    if took:
                         done = waiter
                         break
                 if done is None:
-                    aside.append(flow)  # keeps its tag: its turn, for a slot it can use
+                    aside.append((flow, entry))  # keeps its turn, for a slot it can use
                     continue
+                flow.entry = -1
                 handed.append(done)
                 self._served(b, flow, done)
-            for flow in aside:
-                if flow.waiters:
-                    self._turn(b, flow)
+            for flow, entry in aside:  # back in their places (their tags, their ties)
+                heapq.heappush(b.turns, (flow.tag, entry, flow))
+            if not left:
+                break
         return handed
 
     def shed_for(self, waiter: Waiter, max_queue: int, max_per_key: int) -> Shed | None:

@@ -332,7 +332,7 @@ def tenant_of(key: Key | None, address: str | None) -> Tenant:
     """Whom a request is counted for in the admission queue: its API key (its weight
     and service tiers), else (no keys configured) its client's address."""
     if key is None:
-        return Tenant(address or "") if address else ANONYMOUS
+        return Tenant(address) if address else ANONYMOUS
     return Tenant(key.name, key.weight, key.service_tiers, key.service_tier, named=key.named)
 
 

@@ -254,3 +254,22 @@ def test_a_retry_goes_to_the_front_of_its_tenant(first: bool) -> None:
     queue.push(old)
     queue.push(retry, first=first)
     assert _serve(queue) is (retry if first else old)
+
+
+@pytest.mark.parametrize("queue", [FairQueue(), FifoQueue()], ids=["fair", "fifo"])
+def test_a_pass_ends_once_no_slot_is_left(queue: FairQueue | FifoQueue) -> None:
+    """`hand` says no slot is left for anyone: nothing more is looked at, and the ones
+    not served keep their places."""
+    waiters = [_waiter(Tenant(f"t{i}")) for i in range(5)]
+    for waiter in waiters:
+        queue.push(waiter)
+    looked: list[Waiter] = []
+
+    def hand(waiter: Waiter) -> bool | None:
+        looked.append(waiter)
+        return True if len(looked) == 1 else None
+
+    assert queue.dispatch(hand) == [waiters[0]]
+    assert len(looked) == 2
+    assert len(queue) == 4
+    assert [_serve(queue) for _ in range(4)] == waiters[1:]
