@@ -193,6 +193,14 @@ class AdmissionConfig:
         min=1,
         max=1_000_000,
     )
+    priority_slots: int = setting(
+        0,
+        "Node slots of the whole fleet (each worker process of its share) kept for priority"
+        " requests: a default or flex request waits rather than take a slot that would leave"
+        " fewer free; a priority request takes any free slot. Either policy; 0: none kept.",
+        min=0,
+        max=1_000_000,
+    )
 
     @property
     def key_max_queue(self) -> int:

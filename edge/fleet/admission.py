@@ -23,6 +23,16 @@ repeated for the same model in that pass. A request that leaves while queued
 (its client gone) leaves the queue; a slot handed to it in that instant is
 given back.
 
+Slots kept for priority (`[admission] priority_slots`, 0: none): a default or flex
+request is not given a slot when that would leave fewer than `priority_slots` free
+on the nodes that are up (the whole fleet, as this process counts its slots), so that
+many priority requests find one at once; a priority request takes any free slot. Under
+"fair" a default request kept waiting ends the dispatch pass (no priority request
+waits behind it); under "fifo" it keeps its place and the priority requests among the
+first SCAN waiting take the kept slots. With several models the kept slots are
+wherever slots are free: a priority request finds one at once only on a node that
+serves its model.
+
 The memory budget: the requests queued and running hold their parsed form
 (and body) all that time, and a small body can parse into twenty times its
 size in objects. `hold` takes a request's estimated bytes (`edge.api.footprint`)
@@ -76,6 +86,23 @@ def _why(reason: str, queue: FairQueue | FifoQueue, waiter: Waiter) -> str:
         n = queue.queued(waiter.tenant_name)
         return f"all node slots are taken and {n} requests of this key or client wait"
     return f"all node slots are taken and {len(queue)} requests wait"
+
+
+def _kept(pool: NodePool, kept: int, tier: str, model: str, logprobs: bool) -> bool:
+    """Whether a request of `tier` must wait, leaving the `kept` free slots
+    (`priority_slots`) to priority requests: a default or flex one does when no more
+    than `kept` slots are free on the nodes that are up. One that no node could serve
+    is not kept waiting: its pick says why."""
+    if not kept or tier == "priority":
+        return False
+    free = 0.0
+    serves = False
+    for state in pool.nodes:
+        if model in state.models and (not logprobs or model in state.logprobs_models):
+            serves = True
+        if state.health.up and state.has_slot():
+            free += state.max_runs - state.in_flight
+    return serves and free <= kept
 
 
 class Admission:
@@ -214,9 +241,11 @@ class Admission:
         pool = self._pool
         if len(self._queue):
             self.dispatch()  # a slot free now goes to those who waited first
-        node = pool.pick(
-            model, logprobs=logprobs, exclude=exclude, affinity_key=affinity_key, route=route
-        )
+        node = None
+        if not _kept(pool, self._config.priority_slots, tier, model, logprobs):
+            node = pool.pick(
+                model, logprobs=logprobs, exclude=exclude, affinity_key=affinity_key, route=route
+            )
         if node is not None:
             node.in_flight += 1
             return node
@@ -261,8 +290,12 @@ class Admission:
         pool = self._pool
         cache_aware = pool.picker.cache_aware
         full: set[tuple[str, bool]] = set()  # picks that found no slot in this pass
+        kept = self._config.priority_slots
+        banded = isinstance(queue, FairQueue)  # no priority request waits behind this one
 
         def hand(waiter: Waiter) -> bool | None:
+            if _kept(pool, kept, waiter.tier, waiter.model, waiter.logprobs):
+                return None if banded else False
             key = (waiter.model, waiter.logprobs)
             routed = waiter.route is not None and cache_aware
             plain = not waiter.exclude and waiter.affinity_key is None and not routed

@@ -6,8 +6,9 @@ Each rule of the fair queue is seen from outside: a tenant past its bound is she
 the others are not; the bands are served strictly and flex is shed first (429); a
 tier the key may not use is a 400; a queued client that leaves frees its tenant's
 place; every API says the tier a request ran on, streamed or not, and the official
-`openai` SDK's `service_tier` argument works. Waits are bounded polls on in-process
-state; nothing asserts a duration.
+`openai` SDK's `service_tier` argument works; a slot kept for priority
+(`priority_slots`) lets a priority request start at once beside a flood. Waits are
+bounded polls on in-process state; nothing asserts a duration.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ def _auth(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
 
 
-async def _edge(nursery: trio.Nursery, sim: SimProcess, **admission: Any) -> RunningEdge:
+async def _edge(
+    nursery: trio.Nursery, sim: SimProcess, *, max_runs: int = 1, **admission: Any
+) -> RunningEdge:
     config = Config(
         server=ServerConfig(listen="127.0.0.1:0", keepalive_s=0),
         admission=AdmissionConfig(**{"queue_timeout_s": 60, **admission}),
-        nodes=(NodeConfig("sim", sim.address, max_runs=1),),
+        nodes=(NodeConfig("sim", sim.address, max_runs=max_runs),),
         keys=KEYS,
     )
     return await start_edge(nursery, config)
@@ -206,6 +209,32 @@ async def test_tiers_dispatch_strictly_and_flex_is_shed_first(
     assert [(line["key"], line["tier"], line["status"]) for line in lines.close()] == [
         ("gold", "flex", 429),
     ]  # fmt: skip
+    await stop_edge(edge)
+
+
+async def test_a_kept_slot_lets_a_priority_request_start_at_once_beside_a_flood(
+    nursery: trio.Nursery, node: SimProcess, client: httpx.AsyncClient
+) -> None:
+    """priority_slots 1 on a node of 2: with one slot held, the flood's default requests
+    queue beside the free one; a priority request takes it at once and is answered while
+    they wait; they run once the held slot is given back."""
+    edge = await _edge(nursery, node, max_runs=2, priority_slots=1)
+    admission = edge.edge.admission
+    answers: list[tuple[str, httpx.Response]] = []
+    async with trio.open_nursery() as waiting:
+        holder = await _held(waiting, client, edge)
+        for n in (1, 2):
+            _queued(waiting, client, edge, "sk-flood", f"flood{n}", answers)
+            await poll(lambda n=n: admission.depth == n)
+        _queued(waiting, client, edge, "sk-gold", "priority", answers, "priority")
+        await poll(lambda: len(answers) == 1)
+        assert admission.depth == 2
+        holder.cancel()
+    assert [(tag, r.status_code) for tag, r in answers] == [
+        ("priority", 200), ("flood1", 200), ("flood2", 200),
+    ]  # fmt: skip
+    assert answers[0][1].json()["service_tier"] == "priority"
+    assert _sample(edge, "iop_edge_queue_wait_seconds_count", tier="priority") == 0
     await stop_edge(edge)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edge.config import AdmissionConfig
 from edge.errors import FlexUnavailableError, OverloadedError
@@ -145,3 +147,87 @@ async def test_a_reload_to_fifo_keeps_the_waiters() -> None:
         assert admission.depth == 2
         admission.release(node)
     assert sorted(got) == ["flex", "priority"]
+
+
+TIERS = ("priority", "default", "flex")
+
+
+def _reserve_run(policy: str, kept: int, ops: list[tuple[str, int]]) -> None:
+    """Joins (a tier) and releases (a slot held) on a node of 4 slots with `kept` of them
+    kept for priority, the rule checked after each step."""
+    held: list[str] = []
+    waiting = dict.fromkeys(TIERS, 0)
+
+    async def join(admission: Admission, tier: str) -> None:
+        waiting[tier] += 1
+        try:
+            await admission.acquire("m", tenant=GOLD, tier=tier)
+        finally:
+            waiting[tier] -= 1
+        held.append(tier)
+
+    async def main() -> None:
+        pool = _pool(("n", ("m",), 4))
+        config = AdmissionConfig(max_queue=100, max_queue_per_key=100, policy=policy,
+                                 priority_slots=kept)  # fmt: skip
+        admission = Admission(pool, config, EdgeMetrics())
+        state = pool.nodes[0]
+        async with trio.open_nursery() as nursery:
+            for op, arg in ops:
+                running = held.count("priority")
+                if op == "join":
+                    nursery.start_soon(join, admission, TIERS[arg % 3])
+                elif held:
+                    held.pop(arg % len(held))
+                    admission.release(state)
+                await trio.testing.wait_all_tasks_blocked()
+                free = 4 - state.in_flight
+                assert state.in_flight == len(held)
+                assert len(held) - held.count("priority") <= 4 - kept  # the kept slots
+                if op == "join" and TIERS[arg % 3] == "priority" and running < kept:
+                    assert not waiting["priority"]  # a priority request ran at once
+                if waiting["priority"]:
+                    assert free == 0
+                if waiting["default"] or waiting["flex"]:
+                    assert free <= kept  # a slot past the kept ones is never left idle
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@given(
+    st.sampled_from(["fair", "fifo"]),
+    st.integers(0, 3),
+    st.lists(st.tuples(st.sampled_from(["join", "release"]), st.integers(0, 20)), max_size=30),
+)
+def test_priority_slots_are_left_to_priority_requests(
+    policy: str, kept: int, ops: list[tuple[str, int]]
+) -> None:
+    """With `priority_slots` kept, under either policy: default and flex requests never
+    hold more than the other slots, a priority request finds a slot at once while fewer
+    than the kept ones run priority, and no slot past the kept ones stays free while a
+    default or flex request waits."""
+    _reserve_run(policy, kept, ops)
+
+
+async def test_a_default_request_waits_rather_than_take_the_kept_slot() -> None:
+    """priority_slots 1 on 2 slots: the second default request waits with one slot free;
+    a priority request takes it at once, and the default one runs once two are free."""
+    pool = _pool(("n", ("m",), 2))
+    admission = Admission(pool, AdmissionConfig(priority_slots=1), EdgeMetrics())
+    first = await admission.acquire("m", tenant=FLOOD)
+    got: list[str] = []
+    errors: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_wait, admission, FLOOD, "default", got, errors, "default")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (admission.depth, pool.nodes[0].in_flight) == (1, 1)
+        node = await admission.acquire("m", tenant=GOLD, tier="priority")
+        assert admission.depth == 1
+        admission.release(first)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # the priority request holds one slot, the other is kept
+        admission.release(node)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == ["default"]
+    assert pool.nodes[0].in_flight == 0
