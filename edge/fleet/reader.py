@@ -23,6 +23,7 @@ from edge.errors import NodeFailedError, NodeTimeoutError, OverloadedError, Shut
 from edge.fleet.continuation import Break, Delivered, failed_break, stream_break
 from edge.fleet.phase import Machine, Step
 from edge.fleet.turns import Turns
+from edge.node.bridge import EventBuffer
 from edge.node.client import EndCause, RunHandle
 from edge.stream.events import Complete, Failed, NodeEvent
 from edge.stream.output import OutEvent
@@ -122,26 +123,26 @@ class RunReader:
             await trio.lowlevel.checkpoint()
             session.resume()
             return session.drain()
-        event = await self._next_event()
+        handle = self.handle
+        assert handle is not None
+        receive = handle.events
+        event = await self._next_event(receive)
         if event is None:
             return session.drain()
-        if type(event) is str:
+        if isinstance(event, str):
             return "keepalive"
-        assert not isinstance(event, str)
         now = trio.current_time()
         if self._turns is not None:
             await self._turns.turn()
         self._last_event_at = self.batch_event_at = now
         if self.first_event_at is None:
             self.first_event_at = now
-        self._feed_batch(event)
+        self._feed_batch(receive, event)
         return session.drain()
 
-    async def _next_event(self) -> NodeEvent | Literal["keepalive"] | None:
+    async def _next_event(self, receive: EventBuffer) -> NodeEvent | Literal["keepalive"] | None:
         """The next node event under the deadlines; "keepalive" when one is due; None
         when the run's events ended (closed, or a deadline passed: said to the session)."""
-        assert self.handle is not None
-        receive = self.handle.events
         if trio.current_time() < self.deadline:
             # An event already buffered came while the edge was busy elsewhere (its
             # writer blocked on a slow reader, or a loaded loop): the node was not
@@ -170,10 +171,8 @@ class RunReader:
         self.timeout()
         return None
 
-    def _feed_batch(self, event: NodeEvent) -> None:
+    def _feed_batch(self, receive: EventBuffer, event: NodeEvent) -> None:
         """Feed `event`, and everything else already here, to the session: one batch."""
-        assert self.handle is not None
-        receive = self.handle.events
         feed = self.session.feed if self.delivered is None else self._tap
         if feed(event):
             return
