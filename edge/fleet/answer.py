@@ -42,7 +42,8 @@ class Mark(NamedTuple):
     # A retry's verdict, a migration's reason, a start's error type.
     why: str = ""
     to_node: str = ""  # where a migration went
-    number: int = 0  # a pick's attempt number; a migration's characters delivered
+    attempt: int = 0  # a pick's attempt number (1: the first)
+    chars: int = 0  # a migration's characters delivered before it
 
 
 class Moves(Protocol):
@@ -119,7 +120,7 @@ class Answer:
         """Enter `run` (start it on its node) for the rest of the request's cycle."""
         self.attempts.append(run)
         node = run.info.node
-        self.journal.append(Mark("picked", run.info.started_at, node, number=len(self.attempts)))
+        self.journal.append(Mark("picked", run.info.started_at, node, attempt=len(self.attempts)))
         try:
             await self._stack.enter_async_context(run)
         except BaseException as exc:

@@ -218,7 +218,7 @@ class Mover:
             new.reader.delivered = delivered
             answer.journal.append(Mark(
                 "migrated", trio.current_time(), old.info.node, brk.reason, new.info.node,
-                delivered.chars,
+                chars=delivered.chars,
             ))  # fmt: skip
             try:
                 await answer.hold(new)

@@ -162,7 +162,7 @@ class RequestTrace:
             at = _wall_ns(mark.at)
             what = mark.what
             if what == "picked":
-                attributes: dict[str, Any] = {"iop.node": mark.node, "iop.attempt": mark.number}
+                attributes: dict[str, Any] = {"iop.node": mark.node, "iop.attempt": mark.attempt}
                 span.add_event("node picked", attributes, timestamp=at)
             elif what == "accepted":
                 span.add_event("run accepted", {"iop.node": mark.node}, timestamp=at)
@@ -178,7 +178,7 @@ class RequestTrace:
                     "run migrated",
                     {"iop.node": mark.node, "iop.migration.to_node": mark.to_node,
                      "iop.migration.reason": mark.why,
-                     "iop.migration.delivered_chars": mark.number},
+                     "iop.migration.delivered_chars": mark.chars},
                     timestamp=at,
                 )  # fmt: skip
             else:
