@@ -22,7 +22,6 @@ from edge.config import AdmissionConfig, RoutingConfig, TimeoutsConfig
 from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import NodeFailedError, NodeTimeoutError, NodeUnavailableError
 from edge.fleet.admission import Admission
-from edge.fleet.answer import Answer
 from edge.fleet.continuation import (
     JOIN_PARTS,
     RESERVE_CHARS,
@@ -34,6 +33,7 @@ from edge.fleet.continuation import (
 from edge.fleet.failover import Committed, Failover
 from edge.fleet.pool import NodePool
 from edge.fleet.runs import Runs
+from edge.http.scope import ChatScope
 from edge.node.bridge import EventBuffer
 from edge.node.client import NodeDescription, RunHandle
 from edge.node.wire import EncodedRunRequest, PreparedRunRequest
@@ -271,9 +271,11 @@ async def _answer(
     runs = Runs(pool, TIMEOUTS, metrics, admission)
     routing = RoutingConfig(retries=retries, retry_backoff_s=0.0, migrations=migrations)
     failover = Failover(runs, routing)
-    answer = Answer()
+    # The request's scope, as the app opens it: it counts the request, once.
+    scope = ChatScope(metrics)
+    answer = scope.answer
     out: list[OutEvent] = []
-    async with answer.serve():
+    async with scope.serve():
         payload = PreparedRunRequest(bytes(pb.RunRequest(run_id="r1", model="m")), "r1")
         committed = await failover.start(
             answer, failover.plan(request, payload, request_id="req"),
@@ -286,6 +288,7 @@ async def _answer(
             out.extend(batch)
         out.extend(answer.session.drain())
         await answer.end()
+        scope.settled()
     assert [state.in_flight for state in pool.nodes] == [0] * len(continuation)
     return out, committed, metrics, pool
 
@@ -513,8 +516,8 @@ async def test_a_non_streaming_answer_whose_continuation_breaks_is_restarted_and
 ):
     """Not streamed: the continuation breaks too, with no migration left; nothing was
     sent, so failover starts the answer again on the node left, which answers it whole.
-    The run that answers the request (whose outcome the request is counted with) is the
-    restarted one, a success, not the broken continuation."""
+    The request is counted once, with the answer's outcome (success), not the broken
+    continuation's."""
 
     def breaks_twice(request: pb.RunRequest, run: int) -> Played:
         if run == 0:
@@ -524,17 +527,18 @@ async def test_a_non_streaming_answer_whose_continuation_breaks_is_restarted_and
         return _continued(request)
 
     fleet = _Fleet(breaks_twice)
-    out, committed, _, _ = await _answer(
+    out, committed, metrics, _ = await _answer(
         fleet, continuation=(True, True, True), request=WHOLE, retries=1
     )
     assert _text(out) == "".join(ANSWER)
     assert committed.error is None
     assert fleet.requests[2][1].continuation is None  # started again, from the start
-    answered = committed.answer.run
-    assert answered is not None
-    assert answered.outcome is not None
-    assert (answered.outcome.status, answered.info.node) == ("success", fleet.requests[2][0])
-    assert committed.answer.attempts[-1] is answered
+    counted = [
+        (sample.labels["status"], sample.labels["node"], sample.value)
+        for family in metrics.registry.collect() if family.name == "iop_edge_requests"
+        for sample in family.samples if sample.name == "iop_edge_requests_total"
+    ]  # fmt: skip
+    assert counted == [("success", fleet.requests[2][0], 1.0)]
 
 
 def test_the_answer_so_far_is_reserved_from_the_memory_budget_without_shedding() -> None:
