@@ -10,8 +10,7 @@ ending the run as the node client's read task would.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
@@ -30,28 +29,16 @@ from edge.stream.session import SessionSettings, StreamSession
 _BODY = b'{"model": "m", "stream": %s, "messages": [{"role": "user", "content": "hi"}]}'
 
 
-@dataclass(eq=False)
-class PlayedNode:
-    """A node client that accepts every run at once; the test plays the node."""
+Start = Callable[[trio.Nursery, EncodedRunRequest], Awaitable[RunHandle]]
 
-    name: str = "node"
-    max_events: int = 16
-    max_chars: int = 1 << 30
-    handles: list[RunHandle] = field(default_factory=list)
 
-    @property
-    def address(self) -> str:
-        return self.name
+class ScriptedClient:
+    """A node whose runs start as the test scripts them (`start`)."""
 
-    @property
-    def handle(self) -> RunHandle:
-        """The last run's handle."""
-        return self.handles[-1]
-
-    @property
-    def events(self) -> EventBuffer:
-        """The last run's event buffer: what the node sent, as the read task puts it."""
-        return self.handle.events
+    def __init__(self, name: str, start: Start) -> None:
+        self.name = name
+        self.address = name
+        self._start = start
 
     async def start_run(
         self,
@@ -63,20 +50,40 @@ class PlayedNode:
         accept_s: float = math.inf,
         metadata: Mapping[str, str] | None = None,
     ) -> RunHandle:
-        events = EventBuffer(max_events=self.max_events, max_chars=self.max_chars)
-        handle = RunHandle(request.run_id, self.name, events, deadline=deadline)
-        self.handles.append(handle)
-        return handle
+        return await self._start(nursery, request)
 
-    async def describe(self) -> NodeDescription:  # pragma: no cover - never asked here
+    async def describe(self) -> NodeDescription:  # pragma: no cover - never refreshed here
         raise AssertionError("not contacted")
-
-    async def watch(self, heartbeat_s: float) -> AsyncGenerator[NodeDescription, None]:
-        raise AssertionError("not contacted")  # pragma: no cover
-        yield  # pragma: no cover
 
     async def aclose(self) -> None:  # pragma: no cover
         pass
+
+
+class PlayedNode(ScriptedClient):
+    """A node that accepts every run at once; the test plays the node through the run's
+    event buffer (`events`)."""
+
+    def __init__(self, name: str = "node", max_events: int = 16, max_chars: int = 1 << 30):
+        super().__init__(name, self._accept)
+        self._buffer = (max_events, max_chars)
+        self.handles: list[RunHandle] = []
+
+    async def _accept(self, nursery: trio.Nursery, request: EncodedRunRequest) -> RunHandle:
+        max_events, max_chars = self._buffer
+        events = EventBuffer(max_events=max_events, max_chars=max_chars)
+        handle = RunHandle(request.run_id, self.name, events)
+        self.handles.append(handle)
+        return handle
+
+    @property
+    def handle(self) -> RunHandle:
+        """The last run's handle."""
+        return self.handles[-1]
+
+    @property
+    def events(self) -> EventBuffer:
+        """The last run's event buffer: what the node sent, as the read task puts it."""
+        return self.handle.events
 
 
 class RunKit:

@@ -16,9 +16,8 @@ overloaded (a 429): which node answers, and what the breakers make of it.
 from __future__ import annotations
 
 import gc
-import math
 import tracemalloc
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -40,40 +39,13 @@ from edge.observe.metrics import EdgeMetrics
 from edge.stream.events import Complete, Delta, Failed, NodeEvent
 from edge.stream.output import ErrorOut
 from edge.stream.session import SessionSettings, StreamSession
+from tests.unit.runkit import ScriptedClient, Start
 
 REQUEST = parse_chat_request(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
-Start = Callable[[trio.Nursery, EncodedRunRequest], Awaitable[RunHandle]]
 
 
 class Boom(Exception):
     """The failure a case injects."""
-
-
-class ScriptedClient:
-    """A node whose runs start as the case scripts them (`start`)."""
-
-    def __init__(self, name: str, start: Start) -> None:
-        self.name = name
-        self.address = name
-        self._start = start
-
-    async def start_run(
-        self,
-        nursery: trio.Nursery,
-        request: EncodedRunRequest,
-        *,
-        deadline: float,
-        slow_consumer_s: float = math.inf,
-        accept_s: float = math.inf,
-        metadata: Mapping[str, str] | None = None,
-    ) -> RunHandle:
-        return await self._start(nursery, request)
-
-    async def describe(self) -> NodeDescription:  # pragma: no cover - never refreshed here
-        raise AssertionError("not contacted")
-
-    async def aclose(self) -> None:  # pragma: no cover
-        pass
 
 
 async def _refused(nursery: trio.Nursery, request: EncodedRunRequest) -> RunHandle:

@@ -50,7 +50,7 @@ from edge.stream.events import (
 from edge.stream.logprobs import TokenLogprob
 from edge.stream.output import ContentOut, ErrorOut, FinishOut, OutEvent, ReasoningOut, RoleOut
 from edge.stream.session import SessionSettings, StreamSession
-from tests.unit.test_failover import ScriptedClient
+from tests.unit.runkit import ScriptedClient
 
 STREAM = parse_chat_request(
     b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'

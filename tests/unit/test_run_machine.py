@@ -74,7 +74,7 @@ class Client:
 _clients = st.builds(Client, st.sampled_from(["read", "leave", "drain"]), st.integers(0, 4))
 
 
-class PlayedNode(GrpcNodeClient):
+class ScriptNode(GrpcNodeClient):
     """The product's gRPC node client, its node side playing `script` for every run."""
 
     def __init__(self, name: str, script: list[Step]) -> None:
@@ -157,7 +157,7 @@ async def _request(
 
 
 async def _case(first: list[Step], second: list[Step], client: Client, stream: bool) -> None:
-    nodes = [PlayedNode("n0", first), PlayedNode("n1", second)]
+    nodes = [ScriptNode("n0", first), ScriptNode("n1", second)]
     pool = NodePool(list(nodes), clock=trio.current_time)
     for state in pool.nodes:
         description = NodeDescription(
