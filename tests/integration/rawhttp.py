@@ -1,4 +1,5 @@
-"""HTTP/1.1 over a raw trio stream with h11, for the mock upstream servers of the tests."""
+"""HTTP/1.1 over a raw trio stream with h11: the mock upstream servers of the tests, and
+clients that send what an HTTP library would not (a body never finished)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,25 @@ async def read_request(
             return request, body
         elif isinstance(event, h11.ConnectionClosed):
             return None
+
+
+async def read_response(
+    stream: trio.SocketStream, conn: h11.Connection
+) -> tuple[int, dict[str, str], bytes]:
+    """The next response on a client's `conn`: its status, headers and whole body (to
+    the end of the message, or of the connection)."""
+    status, headers, body = 0, {}, bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+            headers = {k.decode(): v.decode() for k, v in event.headers}
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+            return status, headers, bytes(body)
 
 
 async def send_events(stream: trio.SocketStream, conn: h11.Connection, *events: Any) -> int:

@@ -48,6 +48,7 @@ from tests.integration.conftest import (
     stop_edge,
 )
 from tests.integration.edgeproc import edge_process
+from tests.integration.rawhttp import read_response
 
 KEY = "hostile-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -109,19 +110,8 @@ async def _read_response(stream: trio.SocketStream) -> tuple[int, dict[str, str]
     client = h11.Connection(h11.CLIENT)
     client.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
     client.send(h11.EndOfMessage())
-    status, headers, body = 0, {}, bytearray()
     with trio.fail_after(BOUND_S):
-        while True:
-            event = client.next_event()
-            if event is h11.NEED_DATA:
-                client.receive_data(await stream.receive_some(65536))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-                headers = {k.decode(): v.decode() for k, v in event.headers}
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                return status, headers, bytes(body)
+        return await read_response(stream, client)
 
 
 # --- the eight one-packet triggers ------------------------------------------------

@@ -32,6 +32,7 @@ from tests.integration.conftest import (
     stop_edge,
 )
 from tests.integration.edgeproc import edge_process
+from tests.integration.rawhttp import read_response
 
 CHAT = "/v1/chat/completions"
 KEYS = (
@@ -306,24 +307,11 @@ async def _partial_request(
     body = b'{"model": "sim-echo", "messages": [' + b" " * (sent - 35)
     try:
         await stream.send_all(conn.send(head) + conn.send(h11.Data(data=body)))
-        response: h11.Response | None = None
-        content = b""
         with trio.fail_after(20):
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await stream.receive_some(2**16))
-                elif isinstance(event, h11.Response):
-                    response = event
-                elif isinstance(event, h11.Data):
-                    content += event.data
-                elif isinstance(event, h11.EndOfMessage):
-                    break
+            status, headers, content = await read_response(stream, conn)
             while await stream.receive_some(2**16):  # then the edge closes the connection
                 pass
-        assert response is not None
-        headers = {k.decode(): v.decode() for k, v in response.headers}
-        return response.status_code, headers, json.loads(content)
+        return status, headers, json.loads(content)
     finally:
         await stream.aclose()
 

@@ -33,6 +33,7 @@ from tests.integration.conftest import (
     start_edge,
     stop_edge,
 )
+from tests.integration.rawhttp import read_response
 
 MiB = 1 << 20
 RESPONSES = "/v1/responses"
@@ -152,22 +153,9 @@ async def _partial_count(url: str, secret: str) -> tuple[int, dict[str, str], di
     first = b'{"model": "sim-echo", "messages": [' + b" " * (2**16 - 35)
     try:
         await stream.send_all(conn.send(head) + conn.send(h11.Data(data=first)))
-        response: h11.Response | None = None
-        content = b""
         with trio.fail_after(20):
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await stream.receive_some(2**16))
-                elif isinstance(event, h11.Response):
-                    response = event
-                elif isinstance(event, h11.Data):
-                    content += event.data
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-        assert response is not None
-        headers = {k.decode(): v.decode() for k, v in response.headers}
-        return response.status_code, headers, json.loads(content)
+            status, headers, content = await read_response(stream, conn)
+        return status, headers, json.loads(content)
     finally:
         await stream.aclose()
 
