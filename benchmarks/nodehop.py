@@ -27,10 +27,10 @@ from typing import Any
 
 from benchmarks.httpclient import build_post
 from benchmarks.loadgen import Pool
-from benchmarks.report import fmt, sig, table
+from benchmarks.report import added_pct, fmt, median_span, sig, table
 from benchmarks.scripts import SHORT_SCRIPT, chat_body, long_script
 from benchmarks.stack import Stack
-from benchmarks.workers import _phase, _settle, _wait_workers
+from benchmarks.workers import phase, settle, wait_workers
 
 TOKEN = "bench-node-token"
 
@@ -101,7 +101,7 @@ def _measure_one(
     where.mkdir(parents=True, exist_ok=True)
     node_args, node_keys = _locked(where) if locked else ((), "")
     with Stack(where, node_args=node_args, node_keys=node_keys) as stack:
-        probes = _wait_workers(stack, 1)
+        probes = wait_workers(stack, 1)
         assert stack.node_probe is not None
         host, port = "127.0.0.1", stack.edge_port
         short = build_post(
@@ -110,24 +110,24 @@ def _measure_one(
         streamed = build_post(
             host, port, "/v1/chat/completions", chat_body(long_script(s.chunks), stream=True)
         )
-        _phase(
+        phase(
             pool, probes, stack.node_probe, "closed", host=host, port=port, request=short,
             conns=4, seconds=0.5, timeout_s=s.timeout_s,
         )  # fmt: skip
-        _settle(probes)
+        settle(probes)
         c0 = sum(p.cpu() for p in probes)
-        nonstream = _phase(
+        nonstream = phase(
             pool, probes, stack.node_probe, "closed", host=host, port=port, request=short,
             conns=s.conns, seconds=s.seconds, timeout_s=s.timeout_s,
         )  # fmt: skip
-        _settle(probes)
+        settle(probes)
         c1 = sum(p.cpu() for p in probes)
         done = sum(p["requests"] for p in nonstream.pop("parts"))
-        streams = _phase(
+        streams = phase(
             pool, probes, stack.node_probe, "streams", host=host, port=port, request=streamed,
             count=s.streams, connect_limit=128, timeout_s=s.timeout_s,
         )  # fmt: skip
-        _settle(probes)
+        settle(probes)
         c2 = sum(p.cpu() for p in probes)
         chunks = sum(p["chunks"] for p in streams.pop("parts"))
         first = _first_bytes(host, port, s.first_bytes)
@@ -166,14 +166,8 @@ def measure_nodehop(
                         "limits", "errors")
         }  # fmt: skip
     for figure in ("req_us", "chunk_us", "first_byte_ms_p50"):
-        plain = statistics.median(out["plaintext"][figure])
-        lock = statistics.median(out["locked"][figure])
-        out[f"added_{figure}_pct"] = sig((lock - plain) / plain * 100) if plain else None
+        out[f"added_{figure}_pct"] = added_pct(out["plaintext"][figure], out["locked"][figure])
     return out
-
-
-def _span(values: list[float]) -> str:
-    return f"({fmt(min(values))}-{fmt(max(values))})"
 
 
 def render_nodehop(r: dict[str, Any]) -> list[str]:
@@ -182,11 +176,11 @@ def render_nodehop(r: dict[str, Any]) -> list[str]:
         d = r[key]
         rows.append([
             "plaintext" if key == "plaintext" else "mutual TLS + token",
-            f"{fmt(statistics.median(d['req_us']))} {_span(d['req_us'])}",
+            median_span(d["req_us"]),
             f"{fmt(statistics.median(d['req_per_s']))}",
-            f"{fmt(statistics.median(d['chunk_us']))} {_span(d['chunk_us'])}",
+            median_span(d["chunk_us"]),
             f"{fmt(statistics.median(d['chunks_per_s']))}",
-            f"{fmt(statistics.median(d['first_byte_ms_p50']))} {_span(d['first_byte_ms_p50'])}",
+            median_span(d["first_byte_ms_p50"]),
         ])  # fmt: skip
     s = r["settings"]
     return [

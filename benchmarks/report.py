@@ -81,6 +81,17 @@ def fmt(value: float | None, unit: str = "", digits: int = 3) -> str:
     return f"{text}{unit}"
 
 
+def median_span(values: list[float]) -> str:
+    """The median of a figure's runs, then their range: "12.3 (11.9-13.0)"."""
+    return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
+
+
+def added_pct(base: list[float], other: list[float]) -> float | None:
+    """How much more `other`'s median is than `base`'s, in percent (None: base is 0)."""
+    low, high = statistics.median(base), statistics.median(other)
+    return sig((high - low) / low * 100) if low else None
+
+
 def fmt_range(folded: Any, unit: str = "") -> str:
     """`med (min-max)` of a folded figure, or just the value."""
     value = med(folded)

@@ -278,7 +278,8 @@ def measure_tenants(
             result["workers"] = runs
     result["dispatch_us"] = {str(n): dispatch_cost(n) for n in (10, 10_000)}
     result["goals"] = goals(result)
-    return _rounded(result)
+    rounded: dict[str, Any] = _rounded(result)
+    return rounded
 
 
 def dispatch_cost(tenants: int, slots: int = 20_000) -> float:

@@ -34,10 +34,10 @@ from typing import Any
 
 from benchmarks.httpclient import build_post
 from benchmarks.loadgen import Pool
-from benchmarks.report import fmt, sig, table
+from benchmarks.report import added_pct, fmt, median_span, sig, table
 from benchmarks.scripts import SHORT_SCRIPT, chat_body, long_script
 from benchmarks.stack import EdgeSource, Probe, Stack
-from benchmarks.workers import _phase, _settle, _wait_workers
+from benchmarks.workers import phase, settle, wait_workers
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def _exported(probes: list[Probe]) -> None:
     """Until the spans of the phase just run are exported (the next schedule) and the
     edge is idle."""
     time.sleep(3 * EXPORT_DELAY_MS / 1000)
-    _settle(probes)
+    settle(probes)
 
 
 @dataclass
@@ -118,7 +118,7 @@ def _measure_one(
     )
     source = EdgeSource(label=label, env=(("OTEL_BSP_SCHEDULE_DELAY", str(EXPORT_DELAY_MS)),))
     with Stack(where, source, extra_config=extra) as stack:
-        probes = _wait_workers(stack, 1)
+        probes = wait_workers(stack, 1)
         assert stack.node_probe is not None
         host, port = "127.0.0.1", stack.edge_port
         short = build_post(
@@ -127,14 +127,14 @@ def _measure_one(
         streamed = build_post(
             host, port, "/v1/chat/completions", chat_body(long_script(s.chunks), stream=True)
         )
-        _phase(
+        phase(
             pool, probes, stack.node_probe, "closed", host=host, port=port, request=short,
             conns=4, seconds=0.5, timeout_s=s.timeout_s,
         )  # fmt: skip
         _exported(probes)
         exports = sink.exports
         c0 = _cpu(probes)
-        nonstream = _phase(
+        nonstream = phase(
             pool, probes, stack.node_probe, "closed", host=host, port=port, request=short,
             conns=s.conns, seconds=s.seconds, timeout_s=s.timeout_s,
         )  # fmt: skip
@@ -144,7 +144,7 @@ def _measure_one(
         nonstream["requests"] = done
         nonstream["req_per_s"] = sig(done / nonstream["wall_s"])
         nonstream["edge_cpu_us_per_req"] = sig((c1 - c0) * 1e6 / max(done, 1))
-        streams = _phase(
+        streams = phase(
             pool, probes, stack.node_probe, "streams", host=host, port=port, request=streamed,
             count=s.streams, connect_limit=128, timeout_s=s.timeout_s,
         )  # fmt: skip
@@ -186,14 +186,8 @@ def measure_tracing(
             "limits": [(r["nonstream"]["limit"], r["streams"]["limit"]) for r in runs],
         }
     for figure in ("req_us", "chunk_us"):
-        off = statistics.median(out["off"][figure])
-        on_ = statistics.median(out["on"][figure])
-        out[f"added_{figure}_pct"] = sig((on_ - off) / off * 100) if off else None
+        out[f"added_{figure}_pct"] = added_pct(out["off"][figure], out["on"][figure])
     return out
-
-
-def _span(values: list[float]) -> str:
-    return f"({fmt(min(values))}-{fmt(max(values))})"
 
 
 def render_tracing(r: dict[str, Any]) -> list[str]:
@@ -202,9 +196,9 @@ def render_tracing(r: dict[str, Any]) -> list[str]:
         d = r[key]
         rows.append([
             f"tracing {key}" + (" (ratio 1.0)" if key == "on" else ""),
-            f"{fmt(statistics.median(d['req_us']))} {_span(d['req_us'])}",
+            median_span(d["req_us"]),
             f"{fmt(statistics.median(d['req_per_s']))}",
-            f"{fmt(statistics.median(d['chunk_us']))} {_span(d['chunk_us'])}",
+            median_span(d["chunk_us"]),
             f"{fmt(statistics.median(d['chunks_per_s']))}",
         ])  # fmt: skip
     s = r["settings"]

@@ -77,7 +77,7 @@ def _machine_busy() -> float:
     return float(sum(t) - idle - guest)
 
 
-def _settle(probes: list[Probe], limit_s: float = 20.0) -> None:
+def settle(probes: list[Probe], limit_s: float = 20.0) -> None:
     """Until the edge's processes are idle (< 3% of a core over 0.2 s); bounded."""
     t0 = mono()
     last = sum(p.cpu() for p in probes)
@@ -89,19 +89,19 @@ def _settle(probes: list[Probe], limit_s: float = 20.0) -> None:
         last = now
 
 
-def _wait_workers(stack: Stack, count: int, limit_s: float = 30.0) -> list[Probe]:
+def wait_workers(stack: Stack, count: int, limit_s: float = 30.0) -> list[Probe]:
     """The edge's processes, once all its workers run and have gone idle."""
     deadline = mono() + limit_s
     while mono() < deadline:
         probes = stack.edge_processes()
         if count == 1 or len(probes) == count + 1:
-            _settle(probes)
+            settle(probes)
             return probes
         time.sleep(0.1)
     raise SystemExit(f"the edge did not start {count} workers in time")
 
 
-def _phase(pool: Pool, probes: list[Probe], node: Probe, job: str, **kwargs: Any) -> dict[str, Any]:
+def phase(pool: Pool, probes: list[Probe], node: Probe, job: str, **kwargs: Any) -> dict[str, Any]:
     """One workload on every load-generator process at once, with the CPU of each process."""
     start_at = mono() + START_DELAY_S
     for i in range(pool.size):
@@ -149,7 +149,7 @@ def _measure_one(
     where.mkdir(parents=True, exist_ok=True)
     source = EdgeSource(label=label, env=(("IOP_EDGE_LISTEN_MODE", mode),))
     with Stack(where, source, server_keys=f"workers = {count}") as stack:
-        probes = _wait_workers(stack, count)
+        probes = wait_workers(stack, count)
         assert stack.node_probe is not None
         host, port = "127.0.0.1", stack.edge_port
         short = build_post(
@@ -159,12 +159,12 @@ def _measure_one(
             host, port, "/v1/chat/completions", chat_body(long_script(s.chunks), stream=True)
         )
         log(f"workers: {label}: warming up")
-        _phase(
+        phase(
             pool, probes, stack.node_probe, "closed", host=host, port=port, request=short,
             conns=4, seconds=0.5, timeout_s=s.timeout_s,
         )  # fmt: skip
-        _settle(probes)
-        nonstream = _phase(
+        settle(probes)
+        nonstream = phase(
             pool, probes, stack.node_probe, "closed", host=host, port=port, request=short,
             conns=s.conns, seconds=s.seconds, timeout_s=s.timeout_s,
         )  # fmt: skip
@@ -173,8 +173,8 @@ def _measure_one(
         nonstream["req_per_s"] = sig(done / nonstream["wall_s"])
         nonstream["per_edge_core"] = sig(done / nonstream["wall_s"] / nonstream["edge_cores"])
         log(f"workers: {label}: non-stream {nonstream['req_per_s']} req/s")
-        _settle(probes)
-        streams = _phase(
+        settle(probes)
+        streams = phase(
             pool, probes, stack.node_probe, "streams", host=host, port=port, request=streamed,
             count=s.streams, connect_limit=128, timeout_s=s.timeout_s,
         )  # fmt: skip
