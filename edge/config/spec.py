@@ -23,7 +23,17 @@ import types
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import MISSING, Field, field, fields, replace
 from functools import cache
-from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    TypedDict,
+    TypeVar,
+    Union,
+    Unpack,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 from edge.config.toml import TableReader
 
@@ -38,34 +48,25 @@ Check = Callable[[TableReader, str, Any], Any]
 _MISSING: Any = object()
 
 
-def setting(
-    default: _T,
-    doc: str,
-    *,
-    min: float | None = None,
-    max: float | None = None,
-    choices: tuple[str, ...] | None = None,
-    number: bool = False,
-    takes: str | None = None,
-) -> _T:
+class Bounds(TypedDict, total=False):
+    """What a key's metadata may add to its doc: its bounds, its choices, a number
+    written any way (`number`), or a value read raw for a check of its own (`takes`)."""
+
+    min: float
+    max: float
+    choices: tuple[str, ...]
+    number: bool
+    takes: str
+
+
+def setting(default: _T, doc: str, **bounds: Unpack[Bounds]) -> _T:
     """A settings field that is a key of the file: its default, its meaning, its bounds."""
-    spec = about(doc, min=min, max=max, choices=choices, number=number, takes=takes)
-    return field(default=default, metadata=spec)
+    return field(default=default, metadata=about(doc, **bounds))
 
 
-def about(
-    doc: str,
-    *,
-    min: float | None = None,
-    max: float | None = None,
-    choices: tuple[str, ...] | None = None,
-    number: bool = False,
-    takes: str | None = None,
-) -> dict[str, object]:
+def about(doc: str, **bounds: Unpack[Bounds]) -> dict[str, object]:
     """The metadata of a key (for a field with a default factory, or without a default)."""
-    spec: dict[str, object | None] = {"doc": doc, "min": min, "max": max}
-    spec |= {"choices": choices, "number": number or None, "takes": takes}
-    return {name: value for name, value in spec.items() if value is not None}
+    return {"doc": doc, **{name: value for name, value in bounds.items() if value is not False}}
 
 
 def meaning(cls: type, key: str) -> str:
