@@ -178,9 +178,8 @@ class ChatService:
         prefix = payload.prefix
         prompt = 0 if prefix is None else tokens_of(prefix.chars, chars_per_token=CHARS_PER_TOKEN)
         heading = Heading(run_id, created, request.model, tier, prompt_tokens=prompt)
-        if not request.stream:
-            return await self._whole(committed, scope, api, parsed, heading, gate, owner)
-        return await self._streamed(committed, scope, api, parsed, heading, gate, owner)
+        reply = Reply(committed, scope, api, parsed, heading, gate, owner)
+        return await (self._streamed(reply) if request.stream else self._whole(reply))
 
     async def _parsed(
         self,
@@ -228,39 +227,29 @@ class ChatService:
         scope.answer.at_end(self.admission.hold(prepared.nbytes))
         return prepared
 
-    async def _whole(
-        self,
-        committed: Committed,
-        scope: ChatScope,
-        api: Api,
-        parsed: ApiRequest,
-        heading: Heading,
-        gate: Gate | None,
-        owner: str,
-    ) -> Response:
+    async def _whole(self, reply: Reply) -> Response:
         """The non-streaming answer: the run's output folded into one body (saved in
         the response store when the request asks)."""
+        scope, parsed, owner = reply.scope, reply.parsed, reply.owner
         trace = scope.trace
-        folder = api.folder(parsed, heading)
+        folder = reply.api.folder(parsed, reply.heading)
         if trace is not None and trace.capture:
             folder = trace.capturing_folder(folder)
         save = None
         if self.responses is not None and parsed.store_context is not None:
             save = partial(self.responses.save, owner, parsed.store_context)
-        return await _complete(committed, api, folder, scope, self.turns, gate=gate, save=save)
+        return await _complete(reply, folder, self.turns, save=save)
 
-    async def _streamed(
-        self,
-        committed: Committed,
-        scope: ChatScope,
-        api: Api,
-        parsed: ApiRequest,
-        heading: Heading,
-        gate: Gate | None,
-        owner: str,
-    ) -> Response:
+    async def _streamed(self, reply: Reply) -> Response:
         """The streamed answer: SSE frames as the run's batches come (the first ones
         already taken), or the error that came before any byte as a real status."""
+        committed, scope, api, parsed, gate = (
+            reply.committed,
+            reply.scope,
+            reply.api,
+            reply.parsed,
+            reply.gate,
+        )
         answer = committed.answer
         if committed.error is not None:
             await answer.end()
@@ -268,15 +257,17 @@ class ChatService:
             if gate is not None:
                 await gate.end(answer.outcome)
             return _error_answer(api, committed.error, scope.request_id)
-        encoder = api.streamer(parsed, heading)
+        encoder = api.streamer(parsed, reply.heading)
         on_end = None
         if self.responses is not None and parsed.store_context is not None:
-            on_end = partial(_save_streamed, self.responses, owner, parsed.store_context, encoder)
+            on_end = partial(
+                _save_streamed, self.responses, reply.owner, parsed.store_context, encoder
+            )
         trace = scope.trace
         if trace is not None and trace.capture:
             encoder = trace.capturing_streamer(encoder)
         assert answer.leg is not None
-        labels = self.metrics.inter_chunk.labels(heading.model, answer.leg.info.node)
+        labels = self.metrics.inter_chunk.labels(reply.heading.model, answer.leg.info.node)
         sse = SSEBody(answer, encoder, self.turns, observe_gap=labels.observe,
                       observe_added=self.metrics.added_latency.observe,
                       first=committed.first, keepalive=committed.keepalive,
@@ -358,6 +349,21 @@ class Prepared:
         return self.request, self.payload
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What rendering an answer needs: the committed answer, the request's scope, its API
+    and parsed form, what the answer is about, its key's gate and its owner (the key whose
+    stored responses it may save)."""
+
+    committed: Committed
+    scope: ChatScope
+    api: Api
+    parsed: ApiRequest
+    heading: Heading
+    gate: Gate | None
+    owner: str
+
+
 def _error_answer(api: Api, error: ErrorOut, request_id: str) -> Response:
     """A run's error as the whole answer: its status and the API's error object (a
     node's refusal: the node's status and words; every node overloaded: 429 with
@@ -379,13 +385,10 @@ async def _save_streamed(
 
 
 async def _complete(
-    committed: Committed,
-    api: Api,
+    reply: Reply,
     builder: Folder,
-    scope: ChatScope,
     turns: Turns,
     *,
-    gate: Gate | None = None,
     save: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
 ) -> Response:
     """The non-streaming answer: the run's whole output folded into one JSON body.
@@ -394,6 +397,7 @@ async def _complete(
     (and its key's stream given back, its tokens counted); a stored response is
     saved (`save`) before it goes too, so the next request may refer to it.
     """
+    committed, scope, gate = reply.committed, reply.scope, reply.gate
     answer = committed.answer
     builder.add(committed.first)
     session = answer.session
@@ -411,7 +415,7 @@ async def _complete(
         if gate is not None:
             await gate.end(answer.outcome)
     if builder.error is not None:
-        return _error_answer(api, builder.error, request_id)
+        return _error_answer(reply.api, builder.error, request_id)
     body = builder.body()
     if save is not None:
         await save(body)
