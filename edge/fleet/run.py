@@ -101,8 +101,11 @@ class RunServices:
     left: Callable[[Run], None]
 
     def settle(self, run: Run, start: RunStart, outcome: Outcome) -> None:
-        """`run`'s outcome is fixed: its node's errors counted, its usage and verdict to
-        the pool, its slot given back."""
+        """`run`'s outcome is fixed: a run the node accepted leaves the stream gauge (its
+        time to first event observed), its node's errors are counted, its usage and
+        verdict go to the pool, its slot is given back."""
+        if run.reader.handle is not None:
+            self._observe(run)
         node_error = _node_error(run, outcome)
         if node_error is not None:
             self.metrics.node_errors.labels(run.info.node, node_error).inc()
@@ -116,7 +119,7 @@ class RunServices:
         )  # fmt: skip
         self.admission.release(start.node)
 
-    def observe(self, run: Run) -> None:
+    def _observe(self, run: Run) -> None:
         """A run the node accepted is over: the stream gauge, and its time to first event."""
         metrics = self.metrics
         metrics.active_streams.dec()
@@ -315,8 +318,6 @@ class Run:
             if handle.cause is None and handle.error is None:  # the node ended it
                 await handle.done.wait()
         finally:  # counted even if the wait is cut (the client left meanwhile)
-            if self._start is not None:
-                self._start.services.observe(self)
             if self.session.settings.trace:
                 logger.bind(**self.session.log_fields()).info("stream closed")
             outcome = self.session.outcome
@@ -332,8 +333,6 @@ class Run:
         assert brk is not None
         if not self.machine.may(Step.HAND_OVER):
             return
-        if self._start is not None:
-            self._start.services.observe(self)
         reasoning_chars = int(self.session.log_fields()["reasoning_len"])
         self._fix(Step.HAND_OVER, brk.outcome(reasoning_chars))
 

@@ -75,7 +75,6 @@ class Runs:
         turns: Turns | None = None,
     ) -> None:
         self.pool = pool
-        self.turns = turns
         self.timeouts = timeouts
         self.metrics = metrics
         self.admission = admission

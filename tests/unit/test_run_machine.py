@@ -13,7 +13,8 @@ Whatever the order, after the request:
 - the client got exactly one terminal when it read to the end (none cut twice);
 - each run got at most one CancelRun, and none once the node ended it;
 - every node slot came back once (no slot taken, none given back twice), no run
-  is in flight, and every run went through its phases to RETIRED (an illegal
+  is in flight (the stream gauge back at 0), and every run went through its phases
+  to RETIRED (an illegal
   step raises `IllegalTransition` and fails the case).
 """
 
@@ -186,6 +187,8 @@ async def _case(first: list[Step], second: list[Step], client: Client, stream: b
         assert all(count == 1 for count in node.cancels.values()), node.cancels
     assert [state.in_flight for state in pool.nodes] == [0, 0]
     assert not runs.live
+    # Each accepted run left the stream gauge once, whichever way it ended.
+    assert metrics.registry.get_sample_value("iop_edge_active_streams") == 0
     assert answer.attempts
     event(f"runs: {len(answer.attempts)}")
     event(f"migrated: {any(mark.what == 'migrated' for mark in answer.journal)}")
