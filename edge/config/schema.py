@@ -124,10 +124,12 @@ class TimeoutsConfig:
         min=0.001,
     )
     slow_client_backlog_chars: int = setting(
-        32 * 1024 * 1024,
-        "Characters of output the process holds for its streams in all: past it, the streams"
-        " whose clients stopped reading longest ago are ended as slow clients at once (the"
-        " default fits 128 stalled streams, 256 Ki characters each).",
+        64 * 1024 * 1024,
+        "Characters of output the process holds for its streams in all, each stream whose"
+        " client stopped reading counted with 512 Ki more for what it holds beyond its buffer:"
+        " past it, the streams whose clients stopped reading longest ago are ended as slow"
+        " clients at once (the default fits about 80 stalled streams of full buffers, 256 Ki"
+        " characters each).",
         min=65536,
         max=2**40,
     )

@@ -46,9 +46,10 @@ IDLE_CHANNELS = 4
 # never freezes the runs beside it on the same connection. The stream window
 # is 256 KiB, not gRPC's 64 KiB: a stream is paced by window / round trip, and
 # on a loaded edge a round trip (read, ack) takes tens of milliseconds.
+STREAM_WINDOW = 256 * 1024
 _H2_CONFIG = Configuration(
     http2_connection_window_size=64 * 1024 * 1024,
-    http2_stream_window_size=256 * 1024,
+    http2_stream_window_size=STREAM_WINDOW,
 )
 T = TypeVar("T")
 # A run given up because its client left reads on for this many passes of the

@@ -196,8 +196,8 @@ _RUNS = (
     # (edge.node.backlog); read when scraped (`EdgeMetrics.watch_backlog`).
     MetricSpec(
         Gauge, "backlog_chars", "iop_edge_backlog_chars",
-        "Characters of output the runs' event buffers hold for their streams, against"
-        " [timeouts] slow_client_backlog_chars.",
+        "Characters of output the runs' event buffers hold for their streams (and 512 Ki for"
+        " each stream whose client stopped reading), against [timeouts] slow_client_backlog_chars.",
         merge="livesum",
     ),
     MetricSpec(

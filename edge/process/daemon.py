@@ -54,7 +54,7 @@ from edge.http.live import Snapshots
 from edge.http.refusals import shed_at_once
 from edge.http.server import ACCEPT_BURST, HttpServer
 from edge.http.stored import ResponseStates
-from edge.node.backlog import Backlog
+from edge.node.backlog import BEYOND_BUFFER, Backlog
 from edge.node.bridge import asyncio_loop
 from edge.observe.log import count_dropped_lines
 from edge.observe.logbound import clip
@@ -230,7 +230,11 @@ async def _open_nodes(
     simulated nodes, iop-node in front of a model server: each on a Unix socket in a
     directory of its own, in `shared_dir` for a worker), closed by `stack`."""
     # What the runs' buffers of all the nodes hold for their streams, bounded in sum.
-    backlog = Backlog(config.timeouts.slow_client_backlog_chars, on_cut=metrics.backlog_cuts.inc)
+    backlog = Backlog(
+        config.timeouts.slow_client_backlog_chars,
+        per_waiter=BEYOND_BUFFER,
+        on_cut=metrics.backlog_cuts.inc,
+    )
     metrics.watch_backlog(lambda: backlog.chars)
     nodes = NodeSet(metrics, backlog, tracing, runs_log, run_dir=shared_dir)
     stack.push_async_callback(nodes.aclose)

@@ -24,7 +24,7 @@ import trio
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.errors import NodeTimeoutError
-from edge.node.backlog import Backlog
+from edge.node.backlog import BEYOND_BUFFER, Backlog
 from edge.node.bridge import asyncio_loop
 from edge.node.client import EVENT_BUFFER_CHARS, EndCause, GrpcNodeClient, NodeSocket, RunHandle
 from tests.integration.conftest import SimProcess, chat_body, script
@@ -190,7 +190,9 @@ async def test_every_kind_of_end_takes_the_runs_text_off_the_backlog(
 
 STALLED = 8
 KEPT = 3  # streams whose buffers fit the budget
-BUDGET = KEPT * EVENT_BUFFER_CHARS + EVENT_BUFFER_CHARS // 2
+# What one stalled stream counts: its full buffer, and what it holds beyond it.
+STALLED_COST = EVENT_BUFFER_CHARS + BEYOND_BUFFER
+BUDGET = KEPT * STALLED_COST + EVENT_BUFFER_CHARS // 2
 
 
 def _edge_toml(sim: SimProcess) -> str:
@@ -243,8 +245,9 @@ def _metric(text: str, name: str) -> float:
 async def test_stalled_readers_past_the_budget_are_cut_oldest_first(
     tmp_path: Path, sim: SimProcess
 ) -> None:
-    """8 clients stop reading long answers, one after another, with a budget of 3.5 run
-    buffers: the edge cuts the 5 that stopped first (each run cancelled on the node,
+    """8 clients stop reading long answers, one after another, with a budget of 3 stalled
+    streams (a full buffer and what a stalled stream holds beyond it, each) and half a
+    buffer: the edge cuts the 5 that stopped first (each run cancelled on the node,
     iop_edge_backlog_cuts_total 5), keeps the 3 newest, and serves a reading client
     meanwhile; the gauge never passes the budget by more than one delta per stream. Once
     the stalled clients close, the gauge is back to 0 and every run ended on the node. A cut
@@ -282,7 +285,7 @@ async def test_stalled_readers_past_the_budget_are_cut_oldest_first(
                     # their waits began is the order they came in.
                     cut = i + 1 - KEPT
                     await until("iop_edge_backlog_cuts_total", partial(operator.le, cut))
-                    full = min(i + 1, KEPT) * EVENT_BUFFER_CHARS
+                    full = min(i + 1, KEPT) * STALLED_COST
                     await until("iop_edge_backlog_chars", partial(operator.le, full))
                 for run_id in run_ids[: STALLED - KEPT]:
                     record = await sim.wait_run(run_id, within_s=WAIT_S)

@@ -15,7 +15,7 @@ import trio.testing
 from edge.config import TimeoutsConfig
 from edge.errors import NodeTimeoutError, OverloadedError
 from edge.fleet.reader import SLOW_CLIENT_CUT, SLOW_CLIENT_NOTICE
-from edge.node.backlog import Backlog
+from edge.node.backlog import BEYOND_BUFFER, Backlog
 from edge.node.bridge import EventBuffer, asyncio_loop, call_asyncio
 from edge.node.client import EndCause
 from edge.stream.events import Complete, Delta, LogprobDelta, ReasoningDelta
@@ -59,6 +59,31 @@ def test_the_longest_waiting_are_cut_first_until_the_total_is_under_the_budget()
     backlog.done_waiting(c)  # a second time is nothing
     assert (backlog.waiting, backlog.cuts, len(counted)) == (0, 2, 2)
     assert d.chars == 20
+
+
+def test_a_waiter_counts_what_its_stream_holds_beyond_its_buffer() -> None:
+    """Each producer adds `per_waiter` while it waits (once, however often it is told to
+    wait) and takes it off when it stops or is cut: two waiters of 10 characters each
+    at 30 per waiter pass a budget of 75, and cutting the older brings the total to 40."""
+    cuts: list[_Held] = []
+    backlog = Backlog(75, per_waiter=30)
+    a, b = _Held(backlog, 10, cuts), _Held(backlog, 10, cuts)
+    backlog.wait(a)
+    backlog.wait(a)  # still one wait
+    assert (backlog.chars, backlog.waiting, cuts) == (50, 1, [])
+    backlog.wait(b)  # 90: past the budget, the older waiter goes with its 40
+    assert (backlog.chars, backlog.waiting, cuts) == (40, 1, [a])
+    backlog.done_waiting(a)  # cut already: nothing more to take off
+    backlog.done_waiting(b)
+    assert (backlog.chars, backlog.waiting) == (10, 0)
+
+
+def test_the_extra_per_waiter_covers_the_node_hops_window() -> None:
+    """What a waiter is counted beyond its buffer is at least the node hop's stream
+    window, which grpclib fills with frames nobody decodes while the stream stalls."""
+    from edge.node.grpc import STREAM_WINDOW
+
+    assert BEYOND_BUFFER >= 2 * STREAM_WINDOW
 
 
 def test_a_reader_is_never_cut_whatever_the_total() -> None:
