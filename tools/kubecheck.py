@@ -260,9 +260,10 @@ def reference_errors(objects: list[Obj]) -> list[str]:
 
 
 def check(objects: list[Obj]) -> list[str]:
-    """Every error of a rendered overlay's objects."""
+    """Every error of a rendered overlay's objects: the schemas' first (the references
+    are read from objects of the shapes the schemas allow, so only then)."""
     errors = [e for obj in objects for e in schema_errors(obj)]
-    return errors + reference_errors(objects)
+    return errors or reference_errors(objects)
 
 
 def main(argv: list[str] | None = None) -> int:
