@@ -14,6 +14,7 @@ again over TCP, as with a real server.
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 import socket
@@ -27,6 +28,7 @@ from dnslib import AAAA, QTYPE, RCODE, RR, SRV, A, DNSError, DNSRecord
 # The largest DNS message over TCP (its length is two bytes).
 _MAX_TCP = 65535
 _PLAIN_UDP = 512
+_BIND_TRIES = 20
 
 
 def _key(name: str) -> str:
@@ -134,25 +136,38 @@ async def _serve_tcp_client(zone: Zone, stream: trio.SocketStream) -> None:
                 return
 
 
+async def _bind(port: int) -> tuple[trio.socket.SocketType, trio.socket.SocketType]:
+    """A UDP and a listening TCP socket on 127.0.0.1:`port`; with 0, a port free for both
+    (a free UDP port may be taken on TCP: another is tried)."""
+    for _ in range(_BIND_TRIES):
+        tcp = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        udp = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            await tcp.bind(("127.0.0.1", port))
+            await udp.bind(("127.0.0.1", tcp.getsockname()[1]))
+            tcp.listen(64)
+            return udp, tcp
+        except OSError as exc:
+            udp.close()
+            tcp.close()
+            if port or exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, f"no port free for both UDP and TCP in {_BIND_TRIES} tries")
+
+
 async def serve_zone(
     zone: Zone, port: int = 0, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Serve `zone` on 127.0.0.1:`port` (0: a free one), UDP and TCP, until cancelled;
     `task_status` gets the port."""
-    udp = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tcp = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    udp, tcp = await _bind(port)
     with udp, tcp:
-        # One port for both: the UDP socket's, which the TCP socket then takes too.
-        await udp.bind(("127.0.0.1", port))
-        port = udp.getsockname()[1]
-        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        await tcp.bind(("127.0.0.1", port))
-        tcp.listen(64)
         listener = trio.SocketListener(tcp)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_serve_udp, zone, udp)
             nursery.start_soon(trio.serve_listeners, partial(_serve_tcp_client, zone), [listener])
-            task_status.started(port)
+            task_status.started(udp.getsockname()[1])
 
 
 def load_zone(path: str) -> Zone:

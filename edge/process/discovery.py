@@ -179,11 +179,14 @@ class Discovery:
             with trio.move_on_at(self._next_due(snapshots.current.config.nodes)):
                 await self._wake.wait()
             self._wake = trio.Event()
-            async with nodes.lock:
-                config = snapshots.current.config
-                await self.resolve(config.nodes, due_only=True)
-                self._forget(config.nodes)
-                await self._apply(config, nodes, pool, runs, nursery)
+            try:
+                async with nodes.lock:
+                    config = snapshots.current.config
+                    await self.resolve(config.nodes, due_only=True)
+                    self._forget(config.nodes)
+                    await self._apply(config, nodes, pool, runs, nursery)
+            except Exception as exc:  # a bug: logged, the nodes stay as they are
+                logger.opt(exception=exc).error("nodes found by DNS: {}", clip(str(exc)))
 
     async def _apply(
         self, config: Config, nodes: NodeSet, pool: NodePool, runs: Runs, nursery: trio.Nursery

@@ -48,7 +48,7 @@ def config(dns_port: int, discover: str, *, interval_s: float = 0.1, extra: str 
     the test's DNS server every `interval_s`."""
     return (
         '[server]\nlisten = "127.0.0.1:0"\nkeepalive_s = 0\nnode_refresh_s = 0.2\n'
-        f'[discovery]\nnameservers = ["127.0.0.1:{dns_port}"]\ntimeout_s = 0.5\n'
+        f'[discovery]\nnameservers = ["127.0.0.1:{dns_port}"]\ntimeout_s = 1\n'
         f'[[nodes]]\nname = "pool"\ndiscover = "{discover}"\ndiscover_interval_s = {interval_s}\n'
         f"{extra}"
     )
@@ -269,7 +269,7 @@ async def test_dns_down_keeps_the_fleet(tmp_path: Path) -> None:
                 zone.mode = "servfail"
                 await until(lambda: failures(edge.url, 3, "servfail"))
                 zone.mode = "silent"
-                await until(lambda: failures(edge.url, 2, "timeout"))
+                await until(lambda: failures(edge.url, 1, "timeout"))
                 assert await up_exactly(edge.url, both)
                 await serve_some(edge.url, 4)
                 server.stop()
@@ -397,3 +397,23 @@ async def reload(edge: EdgeProcess, path: Path, text: str) -> None:
     await trio.Path(path).write_text(text)
     edge.signal(signal.SIGHUP)
     await poll(lambda: sum("configuration reloaded" in line for line in edge.lines) > done)
+
+
+async def test_a_name_that_never_answered_has_no_node_yet(tmp_path: Path) -> None:
+    """The name does not exist when the edge starts: the edge serves with no node,
+    `/readyz` says 503 and the failure is counted; once the name answers, its node joins
+    and `/readyz` says 200."""
+    zone = Zone()
+    with named_sims(tmp_path, "n1") as (n1,):
+        async with dns_server(zone) as dns_port:
+            text = config(dns_port, f"dns://pool.test:{port_of(n1)}")
+            async with edge_process(tmp_path, text) as edge:
+                async with httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
+                    assert (await http.get("/readyz")).status_code == 503
+                    assert await states(edge.url) == {}
+                    await until(lambda: failures(edge.url, 1, "nxdomain"))
+                    zone.set_addresses("pool.test", ["127.0.0.1"])
+                    await until(lambda: up_exactly(edge.url, {name(port_of(n1))}))
+                    assert (await http.get("/readyz")).status_code == 200
+                await serve_some(edge.url, 2)
+        assert any("no node yet" in line for line in edge.lines)
