@@ -3,7 +3,8 @@
 The flags are in `benchmarks.flags`; the main run's summary and tables in
 `benchmarks.summary`. Here: the machine's description, the temporary directory, and one
 command per mode (the main run, `--ab`, `--peers-only`, `--overload-only`,
-`--workers-only`, `--tracing-only`, `--control-plane-only`, `--fleet`, `--tenants`), each
+`--workers-only`, `--tracing-only`, `--control-plane-only`, `--discovery-only`, `--fleet`,
+`--tenants`), each
 writing its JSON and printing its tables.
 """
 
@@ -299,6 +300,20 @@ def main_control_plane(args: argparse.Namespace, settings: Settings) -> int:
     return _only(args, settings, "control-plane", control_plane_run, render_control_plane)
 
 
+def discovery_run(args: argparse.Namespace, tmp: Path, clients: int) -> dict[str, Any]:
+    """The cost of nodes found by DNS, on processes of its own (no load generator)."""
+    from benchmarks.discovery import QUICK, DiscoverySettings, measure_discovery
+
+    return measure_discovery(tmp, QUICK if args.quick else DiscoverySettings())
+
+
+def main_discovery(args: argparse.Namespace, settings: Settings) -> int:
+    """`--discovery-only`: the cost of nodes found by DNS; writes discovery.json."""
+    from benchmarks.discovery import render_discovery
+
+    return _only(args, settings, "discovery", discovery_run, render_discovery)
+
+
 def fleet_smg(args: argparse.Namespace) -> tuple[Path | None, str | None]:
     """The SMG executable for the fleet run, or None and why not: `--smg BIN`; with
     `--peers` the pinned one, installed on first use; else the pinned one if installed."""
@@ -393,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         return main_nodehop(args, settings)
     if args.control_plane_only:
         return main_control_plane(args, settings)
+    if args.discovery_only:
+        return main_discovery(args, settings)
     if args.ab:
         return main_ab(args, settings)
     if args.peers_only:
@@ -423,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
             result["node_hop"] = nodehop_run(args, tmp, settings.clients)
         if args.all and not args.no_control_plane:
             result["control_plane"] = control_plane_run(args, tmp, settings.clients)
+        if args.all and not args.no_discovery:
+            result["discovery"] = discovery_run(args, tmp, settings.clients)
         if args.peers or args.litellm:
             result["peers"] = peers(args, settings, tmp)
     _write(args.out, result, started)
@@ -445,5 +464,9 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.controlplane import render_control_plane
 
         print("\n" + "\n".join(render_control_plane(result["control_plane"])))
+    if "discovery" in result:
+        from benchmarks.discovery import render_discovery
+
+        print("\n" + "\n".join(render_discovery(result["discovery"])))
     print(f"\nwritten: {args.out}")
     return 0

@@ -11,14 +11,17 @@ Flags: `--quick` (a ~1 minute smoke run with smaller sizes), `--rounds N`, `--cl
 `benchmarks.overload`; with `--ab REV` the curve on both sides), `--peers` (also run
 the peer tool with LiteLLM and SMG; it installs both into ~/.cache) and `--ab REV`
 (A/B against a git revision; `--ab main --quick`: the headline A/B in a few minutes),
-`--all` (the long sections too: worker counts, tracing, node hop, control plane; by
+`--all` (the long sections too: worker counts, tracing, node hop, control plane, DNS
+discovery; by
 default `make bench` is the main workloads and the overload curve),
 `--workers-only` / `--no-workers` (throughput by worker
 count, `benchmarks.workers`), `--node-hop-only` / `--no-node-hop` (plaintext and a
 locked node hop side by side, `benchmarks.nodehop`), `--tracing-only` / `--no-tracing`
 (the edge's CPU per request and per chunk with tracing off and on, `benchmarks.tracing`),
 `--control-plane-only` / `--no-control-plane` (the edge's CPU per node to know its
-nodes' state, Watch against Describe polling, `benchmarks.controlplane`), `--fleet`
+nodes' state, Watch against Describe polling, `benchmarks.controlplane`),
+`--discovery-only` / `--no-discovery` (an idle edge's CPU with 100 nodes found by DNS
+against a static list of them, `benchmarks.discovery`), `--fleet`
 (routing policies over four simulated nodes with a KV cache, `benchmarks.fleet`; with
 `--peers`, or whenever the pinned SMG is installed, SMG beside the edge on four HTTP
 workers, `benchmarks.fleetpeer`; writes results/fleet.json), `--tenants` (fair share
@@ -130,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--all",
         action="store_true",
         help="also the long sections after the main workloads and the overload curve:"
-        " worker counts, tracing, the node hop, the control plane (~+12 min)",
+        " worker counts, tracing, the node hop, the control plane, DNS discovery (~+13 min)",
     )
     p.add_argument(
         "--workers-only",
@@ -159,6 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--no-control-plane", action="store_true", help="leave the control-plane cost run out"
+    )
+    p.add_argument(
+        "--discovery-only",
+        action="store_true",
+        help="only the cost of nodes found by DNS (an idle edge's CPU, 100 nodes behind one"
+        " SRV name looked up every 5 s and 0.1 s, against a static list); writes"
+        " results/discovery.json",
+    )
+    p.add_argument(
+        "--no-discovery", action="store_true", help="leave the DNS discovery cost run out"
     )
     p.add_argument(
         "--fleet",

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         ROUTING_POLICIES,
         SERVICE_TIERS,
         AdmissionConfig,
+        DiscoveryConfig,
         NodeConfig,
         RoutingConfig,
     )
@@ -73,6 +74,7 @@ __all__ = [
     "AdmissionConfig",
     "Config",
     "ConfigError",
+    "DiscoveryConfig",
     "KeyConfig",
     "LimitsConfig",
     "LoadedConfig",

@@ -20,10 +20,16 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from edge.api.policy import MEDIA_SCHEMES
-from edge.config.address import check_node_address, split_address, upstream_url
+from edge.config.address import (
+    check_node_address,
+    parse_discover,
+    parse_nameserver,
+    split_address,
+    upstream_url,
+)
 from edge.config.files import ConfigFiles, files_digest
 from edge.config.keys import _beside, _keys, _read_keys
-from edge.config.routing import AdmissionConfig, NodeConfig, RoutingConfig
+from edge.config.routing import AdmissionConfig, DiscoveryConfig, NodeConfig, RoutingConfig
 from edge.config.schema import (
     DEFAULT_MODEL,
     MAX_WORKERS,
@@ -59,6 +65,7 @@ def parse_config(doc: Mapping[str, Any], source: str, files: ConfigFiles | None 
     admission = _table(source, root, "admission", lambda r: read_settings(r, AdmissionConfig))
     raw_nodes = root.get("nodes", list, None)
     nodes = _nodes(source, raw_nodes, files) if raw_nodes is not None else Config().nodes
+    discovery = _table(source, root, "discovery", _discovery)
     keys = _keys(source, root.get("keys", list, []), server.api_keys, files)
     limits = _table(source, root, "limits", _limits)
     tracing = _table(source, root, "tracing", _tracing)
@@ -79,6 +86,7 @@ def parse_config(doc: Mapping[str, Any], source: str, files: ConfigFiles | None 
         routing=routing,
         admission=admission,
         nodes=nodes,
+        discovery=discovery,
         models=models,
         keys=keys,
         limits=limits,
@@ -110,18 +118,32 @@ def _server(r: TableReader) -> ServerConfig:
 
 
 def _nodes(source: str, raw_nodes: list[Any], files: ConfigFiles) -> tuple[NodeConfig, ...]:
-    """`[[nodes]]`: each with an address; names are unique (the address by default)."""
+    """`[[nodes]]`: each with an address, or a DNS name its nodes are found by (`discover`);
+    names are unique (the address, or the DNS name, by default)."""
     nodes: list[NodeConfig] = []
     for i, raw in enumerate(raw_nodes):
         r = TableReader(source, f"nodes[{i}]", raw)
         address = read_key(r, NodeConfig, "address")
-        if address is None:
-            raise r.fail("address", 'missing (HOST:PORT, "embedded" or openai+http://...)')
-        name = read_key(r, NodeConfig, "name", address)
-        if address != "embedded":
+        discover = read_key(r, NodeConfig, "discover")
+        interval = read_key(r, NodeConfig, "discover_interval_s")
+        if discover is not None:
+            if address is not None:
+                raise r.fail("discover", "an entry has an address or discover, not both")
+            _check(r, "discover", parse_discover, discover)
+            address = ""
+        elif address is None:
+            raise r.fail(
+                "address", 'missing (HOST:PORT, "embedded", openai+http://... or discover)'
+            )
+        elif address != "embedded":
             _check(r, "address", check_node_address, address)
+        default_name = parse_discover(discover).name.rstrip(".") if discover else address
+        name = read_key(r, NodeConfig, "name", default_name)
         max_runs = read_key(r, NodeConfig, "max_runs")
-        node = NodeConfig(name=name, address=address, max_runs=max_runs)
+        node = NodeConfig(
+            name=name, address=address, discover=discover, discover_interval_s=interval,
+            max_runs=max_runs,
+        )  # fmt: skip
         node = _node_access(source, r, node, files)
         r.done()
         if any(n.name == name for n in nodes):
@@ -180,6 +202,14 @@ def _node_access(source: str, r: TableReader, node: NodeConfig, files: ConfigFil
         server_name=server_name,
         files_digest=digest.hexdigest() if paths else "",
     )
+
+
+def _discovery(r: TableReader) -> DiscoveryConfig:
+    """`[discovery]`: each nameserver an IP address, with or without a port."""
+    discovery = read_settings(r, DiscoveryConfig)
+    for nameserver in discovery.nameservers:
+        _check(r, "nameservers", parse_nameserver, nameserver)
+    return discovery
 
 
 def _models(source: str, raw_models: dict[str, Any]) -> dict[str, ModelConfig]:

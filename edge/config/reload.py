@@ -41,7 +41,10 @@ RESTART_ONLY: Mapping[str, tuple[str, ...] | None] = {
 }
 # The tables of single settings (the others are lists or maps of entries: nodes, keys,
 # models), in the order `changes` names them.
-_TABLES = ("server", "log", "timeouts", "routing", "admission", "limits", "responses", "tracing")
+_TABLES = (
+    "server", "log", "timeouts", "routing", "admission", "discovery", "limits", "responses",
+    "tracing",
+)  # fmt: skip
 # Not settings of their own: the keys of `api_keys_file` are counted with `api_keys`.
 _NOT_COMPARED = {"server": ("api_keys", "api_keys_file")}
 

@@ -1,6 +1,7 @@
-"""How runs reach the nodes: the nodes (`[[nodes]]`), how runs are spread over them
-(`[routing]`) and the queue of requests in front of them (`[admission]`), with the
-service tiers its bands are (`SERVICE_TIERS`).
+"""How runs reach the nodes: the nodes (`[[nodes]]`), how those behind a DNS name are
+looked up (`[discovery]`), how runs are spread over them (`[routing]`) and the queue of
+requests in front of them (`[admission]`), with the service tiers its bands are
+(`SERVICE_TIERS`).
 
 Each field that is a key of the file carries its default, meaning and bounds
 (`edge.config.spec`); `edge.config.schema` gathers these tables into `Config`.
@@ -23,14 +24,33 @@ class NodeConfig:
     """One node (`[[nodes]]`): where it is, its share of runs, how it is reached."""
 
     name: str = field(
-        metadata=about("The node's name in logs, metrics and errors, unique; unset: its address.")
+        metadata=about(
+            "The node's name in logs, metrics and errors, unique; unset: its address (with"
+            " discover: the DNS name)."
+        )
     )
     address: str = field(
         metadata=about(
             'HOST:PORT of a node; "embedded": the simulated node, in-process;'
             " openai+http://HOST:PORT/v1: iop-node, in-process, in front of that server."
-            " Required."
+            " Required, unless discover is set (then not allowed)."
         )
+    )
+    discover: str | None = setting(
+        None,
+        "The nodes behind a DNS name instead of one address: dns+srv://NAME (its SRV"
+        " records: a target and a port each, the target's A and AAAA records its addresses)"
+        " or dns://NAME:PORT (its A and AAAA records, each address on PORT). Each address"
+        " is a node named NAME/HOST:PORT (this entry's name before the slash) with this"
+        " entry's other settings; looked up every discover_interval_s and at each reload"
+        " (docs/fleet.md, Nodes found by DNS).",
+    )
+    discover_interval_s: float = setting(
+        5.0,
+        "How often discover's name is looked up again: nodes that appeared join (once they"
+        " answered), nodes gone are drained; a failed look-up keeps the last answer.",
+        min=0.05,
+        max=3600,
     )
     max_runs: int | None = setting(
         None,
@@ -68,6 +88,11 @@ class NodeConfig:
         return self.address == "embedded"
 
     @property
+    def discovered(self) -> bool:
+        """An entry whose nodes are found by DNS (`discover`): it is no node itself."""
+        return self.discover is not None
+
+    @property
     def connection(self) -> tuple[object, ...]:
         """What the node's connections are made of: a change of it (the address, the
         credentials or their files) connects the node again."""
@@ -75,6 +100,25 @@ class NodeConfig:
             self.address, self.token_file, self.tls, self.ca_file, self.cert_file,
             self.key_file, self.server_name, self.files_digest,
         )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """How the names of `[[nodes]]` entries with `discover` are looked up (`[discovery]`)."""
+
+    nameservers: tuple[str, ...] = setting(
+        (),
+        "The DNS servers asked, each an IP address with or without a port (10.96.0.10,"
+        ' "127.0.0.1:5353", "[::1]:5353"); empty: the system\'s (/etc/resolv.conf, its'
+        " search domains and ndots too). /etc/hosts is not read.",
+    )
+    timeout_s: float = setting(
+        2.0,
+        "The longest one look-up of a name may take, its retries and the look-ups of its"
+        " SRV targets included; past it the look-up failed (the last answer stays).",
+        min=0.01,
+        max=60,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 
 from edge.api.policy import DEFAULT_MAX_OUTPUT_TOKENS, ForwardPolicy
 from edge.config.address import UPSTREAM_SCHEMES
-from edge.config.routing import SERVICE_TIERS, AdmissionConfig, NodeConfig, RoutingConfig
+from edge.config.routing import (
+    SERVICE_TIERS,
+    AdmissionConfig,
+    DiscoveryConfig,
+    NodeConfig,
+    RoutingConfig,
+)
 from edge.config.spec import about, setting
 from edge.observe.tracing import TracingConfig
 from edge.stream.sentinel import DEFAULT_SENTINELS
@@ -410,6 +416,13 @@ class Config:
     nodes: tuple[NodeConfig, ...] = setting(
         (NodeConfig("embedded", "embedded"),),
         "The nodes, one table each; unset: one simulated node, in-process.",
+    )
+    discovery: DiscoveryConfig = field(
+        default_factory=DiscoveryConfig,
+        metadata=about(
+            "How the DNS names of [[nodes]] entries with discover are looked up (docs/fleet.md,"
+            " Nodes found by DNS)."
+        ),
     )
     models: Mapping[str, ModelConfig] = field(
         default_factory=dict,

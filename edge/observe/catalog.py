@@ -106,6 +106,10 @@ CACHE_ROUTING_OUTCOMES = ("hit", "miss", "load_bound", "session", "short")
 # Why a key's request was refused: over rpm, over tpm, at max_streams, a model outside its
 # allow-list (answered 404), the limits store down with fail_open = false (503).
 KEY_REJECTIONS = ("requests", "tokens", "streams", "model", "store")
+# Why a look-up of a discover entry's DNS name failed (edge.process.resolver): no answer
+# in time, every server failed (SERVFAIL, REFUSED) or could not be reached, the name does
+# not exist, it has no address, anything else.
+DISCOVERY_ERRORS = ("timeout", "servfail", "nxdomain", "empty", "error")
 # How a reload of the configuration ended (edge.process.reload): applied, or refused (a
 # file with a mistake, or one that changed since the supervisor checked it).
 RELOAD_RESULTS = ("ok", "error")
@@ -265,6 +269,13 @@ _FLEET = (
         "Describe and Watch RPCs sent to each node, by rpc: describe, watch (a"
         " subscription).",
         ("node", "rpc"),
+    ),
+    MetricSpec(
+        Counter, "discovery_errors", "iop_edge_discovery_errors",
+        "Failed look-ups of the DNS name of a [[nodes]] entry with discover, by entry (its"
+        " name) and reason: " + ", ".join(DISCOVERY_ERRORS) + ". Its last answer's nodes"
+        " stay.",
+        ("entry", "reason"),
     ),
     MetricSpec(
         Counter, "retries", "iop_edge_retries",

@@ -84,6 +84,7 @@ class EdgeMetrics:
     node_kv_cache_usage: Gauge
     node_watched: Gauge
     node_state_rpcs: Counter
+    discovery_errors: Counter
     retries: Counter
     migrations: Counter
     migration_gap: Histogram

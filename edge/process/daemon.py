@@ -39,7 +39,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from loguru import logger
 
-from edge.config import Config, split_address
+from edge.config import Config, NodeConfig, split_address
 from edge.fleet.admission import Admission
 from edge.fleet.failover import Failover
 from edge.fleet.fleet import Fleet
@@ -61,6 +61,7 @@ from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing, setup_tracing
 from edge.process import supervisor, systemd
+from edge.process.discovery import Discovery
 from edge.process.listeners import (
     LISTEN_BACKLOG,
     default_max_connections,
@@ -180,7 +181,10 @@ async def _serve(
 ) -> None:
     """The root nursery: nodes, pool, background tasks, server, readiness, drain."""
     async with asyncio_loop(), AsyncExitStack() as stack:
-        nodes = await _open_nodes(stack, config, metrics, tracing, runs_log, shared_dir)
+        discovery = await _discover(config, metrics)
+        nodes = await _open_nodes(
+            stack, config, discovery.nodes(config.nodes), metrics, tracing, runs_log, shared_dir
+        )
         pool = await _open_pool(config, nodes, metrics)
         fleet = _fleet(config, pool, metrics)
         # The limiter is closed by `stack`, inside the asyncio loop its Redis client may use.
@@ -189,10 +193,11 @@ async def _serve(
         metrics.config_loaded(digest, snapshots.current.loaded_at)
         async with trio.open_nursery() as root:
             _start_background(root, config, fleet, metrics)
+            root.start_soon(discovery.run, snapshots, nodes, pool, fleet.runs, root)
             if load is not None and reloads is not None:
                 reloader = Reloader(
                     config, load, snapshots, nodes, pool, fleet.admission, fleet.runs, limits,
-                    metrics, tracing, shared_dir,
+                    metrics, discovery, tracing, shared_dir,
                 )  # fmt: skip
                 root.start_soon(reloader.run, reloads, root)
             responses = await _open_responses(stack, config, metrics, shared_dir)
@@ -218,17 +223,31 @@ async def _serve(
             root.cancel_scope.cancel()
 
 
+async def _discover(config: Config, metrics: EdgeMetrics) -> Discovery:
+    """The nodes found by DNS: each discover entry looked up once before the nodes open."""
+    errors = metrics.discovery_errors
+
+    def count(entry: str, reason: str) -> None:
+        errors.labels(entry, reason).inc()
+
+    discovery = await Discovery.open(config.discovery, count)
+    await discovery.resolve(config.nodes)
+    return discovery
+
+
 async def _open_nodes(
     stack: AsyncExitStack,
     config: Config,
+    wanted: Sequence[NodeConfig],
     metrics: EdgeMetrics,
     tracing: Tracing | None,
     runs_log: Path | None,
     shared_dir: Path | None,
 ) -> NodeSet:
-    """The configured nodes' clients, and the nodes served in this process (embedded
-    simulated nodes, iop-node in front of a model server: each on a Unix socket in a
-    directory of its own, in `shared_dir` for a worker), closed by `stack`."""
+    """The clients of the nodes `wanted` (the configured ones, and those found by DNS),
+    and the nodes served in this process (embedded simulated nodes, iop-node in front of a
+    model server: each on a Unix socket in a directory of its own, in `shared_dir` for a
+    worker), closed by `stack`."""
     # What the runs' buffers of all the nodes hold for their streams, bounded in sum.
     backlog = Backlog(
         config.timeouts.slow_client_backlog_chars,
@@ -238,17 +257,17 @@ async def _open_nodes(
     metrics.watch_backlog(lambda: backlog.chars)
     nodes = NodeSet(metrics, backlog, tracing, runs_log, run_dir=shared_dir)
     stack.push_async_callback(nodes.aclose)
-    await nodes.open_all(config.nodes)
+    await nodes.open_all(wanted)
     return nodes
 
 
 async def _open_pool(config: Config, nodes: NodeSet, metrics: EdgeMetrics) -> NodePool:
     """The pool of `nodes`, after a first look at every node."""
     opened = list(nodes.open.values())
+    caps = {n.config.name: n.config.max_runs for n in opened if n.config.max_runs is not None}
     pool = NodePool(
         [n.client for n in opened], routing=config.routing,
-        refresh_s=config.server.node_refresh_s,
-        max_runs={n.name: n.max_runs for n in config.nodes if n.max_runs is not None},
+        refresh_s=config.server.node_refresh_s, max_runs=caps,
     )  # fmt: skip
     for node, state in zip(opened, pool.nodes, strict=True):
         nodes.watch(pool, node, state)

@@ -6,16 +6,17 @@ this process when it is embedded (the simulated node, or iop-node in front of a
 model server), each node in an exit stack of its own, so that one node can be
 closed while the others serve. `open_node` makes a node's client (and starts its
 embedded server, on a Unix socket in a directory of its own under `run_dir`, reached
-by path: `edge.nodes.embedded`); `changed`, `leave`, `join` and `apply` make the pool's nodes
-those of a new `[[nodes]]`:
+by path: `edge.nodes.embedded`); `changed` (the nodes to add, opened, and those to remove)
+then `switch` make the pool's nodes those of a new `[[nodes]]`, or of a new DNS answer
+(`edge.process.discovery`: both change them under `lock`, one at a time):
 
 - a node in both, at the same address, stays the same object in the pool:
   its breaker, load, cache index and connection carry over; a new `max_runs`
   applies at once;
 - a node added joins the pool, which subscribes to it at once: it takes no
   run before it answered (it serves no model until then);
-- a node removed leaves the pool (once the nodes added answered: `join`,
-  then `apply`): no new run from then on, not even a queued request's; its
+- a node removed leaves the pool once the nodes added answered (or failed to, at most
+  PROBE_WAIT_S): no new run from then on, not even a queued request's; its
   runs in flight finish (bounded by the longest a run may last), then its
   connection closes and its embedded server stops.
 
@@ -51,6 +52,10 @@ from edge.nodes.embedded import embedded_node, embedded_upstream_node
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing
 
+# How long a change of the nodes waits for the nodes it adds to answer (or fail to) before
+# the nodes it removes leave.
+PROBE_WAIT_S = 5.0
+
 
 @dataclass(eq=False)
 class OpenNode:
@@ -78,6 +83,9 @@ class NodeSet:
     open: dict[str, OpenNode] = field(default_factory=dict)
     # Removed from the configuration, their runs finishing.
     leaving: set[OpenNode] = field(default_factory=set)
+    # Held while the nodes change (`changed` to `switch`): by a reload, or a round of
+    # discovery.
+    lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
     def embedded(self) -> list[object]:
@@ -163,6 +171,28 @@ class NodeSet:
                     await opened.stack.aclose()
             raise
         return added, removed
+
+    async def switch(
+        self,
+        added: list[OpenNode],
+        removed: list[str],
+        nodes: Sequence[NodeConfig],
+        pool: NodePool,
+        runs: Runs,
+        nursery: trio.Nursery,
+        longest_run_s: float,
+    ) -> None:
+        """The second half: the nodes `changed` opened join the pool, and once they answered
+        (at most PROBE_WAIT_S), with no wait in between, the nodes `removed` leave it (and
+        close in `nursery` once their runs are over) and the others take `nodes`' settings.
+        Nodes added answer before those removed leave: a node replaced by another has no
+        moment with no node for its models."""
+        leaving = self.leave(removed)
+        joined = self.join(added, pool)
+        with trio.move_on_after(PROBE_WAIT_S):
+            for state in joined:
+                await state.probed.wait()
+        self.apply(nodes, leaving, pool, runs, nursery, longest_run_s)
 
     def join(self, added: list[OpenNode], pool: NodePool) -> list[NodeState]:
         """The nodes `changed` opened join the pool (and its gauges); their states, whose

@@ -13,12 +13,14 @@ more reload, not one each. `Reloader.run` applies them one at a time:
    bytes, whatever happens to the file meanwhile.
 2. The settings bound at start (`edge.config.reload.RESTART_ONLY`) keep their
    running values and are named in the log line; the rest applies.
-3. The next snapshot is built (`build_snapshot`: keys, limiter, failover),
-   and the nodes added are opened (an embedded one started). A failure here
-   refuses the reload as a mistake does.
+3. The DNS names of the entries with `discover` are looked up at once
+   (`edge.process.discovery`; one that fails keeps its last answer), the next
+   snapshot is built (`build_snapshot`: keys, limiter, failover), and the nodes
+   added are opened (an embedded one started). A failure here refuses the reload
+   as a mistake does.
 4. The nodes added join the pool and the reload waits for their first answer
-   (or failure, at most PROBE_WAIT_S); then, with no wait in between, the nodes
-   removed leave it (`edge.process.nodeset`), the pool takes the new routing,
+   (or failure, at most `edge.process.nodeset.PROBE_WAIT_S`); then, with no wait in
+   between, the nodes removed leave it (`NodeSet.switch`), the pool takes the new routing,
    the admission queue its bounds, the log its level, tracing its sample
    ratio, and the snapshot is swapped in. Requests that arrived before keep theirs
    (`edge.http.live`). The log line names what changed, and
@@ -50,12 +52,10 @@ from edge.observe.log import set_level
 from edge.observe.logbound import clip
 from edge.observe.metrics import EdgeMetrics
 from edge.observe.tracing import Tracing
+from edge.process.discovery import Discovery
 from edge.process.nodeset import NodeSet, OpenNode
 from edge.process.supervisor import read_copy
 
-# How long a reload waits for the nodes it adds to answer (or fail to) before the nodes
-# it removes leave and the new snapshot applies.
-PROBE_WAIT_S = 5.0
 # Reads the configuration as the command line does (its flags on top): from its file,
 # or (a worker) from the bytes of the supervisor's copy of it and of the files it names:
 # `load(None)`, `load(data, files)`.
@@ -135,6 +135,7 @@ class Reloader:
     runs: Runs
     limits: LimiterKeeper
     metrics: EdgeMetrics
+    discovery: Discovery
     tracing: Tracing | None = None
     # A worker's: where its supervisor's copies are.
     shared_dir: Path | None = None
@@ -165,32 +166,11 @@ class Reloader:
         except ConfigError as exc:
             return self._refused(current, str(exc))
         new = applied(self.running, loaded.config)
-        added: list[OpenNode] = []
-        try:
-            added, removed = await self.nodes.changed(new.nodes)
-            snapshot = build_snapshot(new, loaded.digest, self.runs, self.limits)
-        except Exception as exc:  # a node that cannot start, a store that cannot open
-            with trio.CancelScope(shield=True):
-                for opened in added:
-                    await opened.stack.aclose()
-            return self._refused(current, f"{new.source}: {exc}")
-        # The nodes added answer before those removed leave: a node replaced by another
-        # has no moment with no node for its models.
-        leaving = self.nodes.leave(removed)
-        joined = self.nodes.join(added, self.pool)
-        with trio.move_on_after(PROBE_WAIT_S):
-            for state in joined:
-                await state.probed.wait()
-        longest_run_s = max(current.config.timeouts.total_s, new.timeouts.total_s)
-        self.nodes.apply(new.nodes, leaving, self.pool, self.runs, nursery, longest_run_s)
-        self.pool.configure(new.routing, new.server.node_refresh_s)
-        self.admission.configure(new.admission)
-        set_level(new.log.level)
-        if self.tracing is not None:
-            self.tracing.adjust(new.tracing)
-        self.snapshots.swap(snapshot)
-        self.metrics.config_loaded(snapshot.digest, snapshot.loaded_at)
-        self.metrics.config_reloads.labels("ok").inc()
+        async with self.nodes.lock:
+            snapshot = await self._switch(current, loaded, new, nursery)
+        if snapshot is None:
+            return False
+        self.discovery.wake()
         what = ", ".join(changes(current.config, new)) or "nothing changed"
         restart = restart_needed(self.running, loaded.config)
         line = logger.bind(config=new.source, digest=snapshot.digest, previous=current.digest)
@@ -203,6 +183,39 @@ class Reloader:
         else:
             line.info("configuration reloaded from {} ({}): {}", new.source, snapshot.digest, what)
         return True
+
+    async def _switch(
+        self, current: Snapshot, loaded: LoadedConfig, new: Config, nursery: trio.Nursery
+    ) -> Snapshot | None:
+        """The nodes, the settings and the snapshot of `new` (under the node set's lock);
+        None: refused, nothing changed."""
+        added: list[OpenNode] = []
+        try:
+            await self.discovery.configure(new.discovery)
+            await self.discovery.resolve(new.nodes)
+            wanted = self.discovery.nodes(new.nodes)
+            added, removed = await self.nodes.changed(wanted)
+            snapshot = build_snapshot(new, loaded.digest, self.runs, self.limits)
+        except Exception as exc:  # a node that cannot start, a store that cannot open
+            with trio.CancelScope(shield=True):
+                for opened in added:
+                    await opened.stack.aclose()
+            self._refused(current, f"{new.source}: {exc}")
+            await self.discovery.configure(current.config.discovery)
+            return None
+        longest_run_s = max(current.config.timeouts.total_s, new.timeouts.total_s)
+        await self.nodes.switch(
+            added, removed, wanted, self.pool, self.runs, nursery, longest_run_s
+        )
+        self.pool.configure(new.routing, new.server.node_refresh_s)
+        self.admission.configure(new.admission)
+        set_level(new.log.level)
+        if self.tracing is not None:
+            self.tracing.adjust(new.tracing)
+        self.snapshots.swap(snapshot)
+        self.metrics.config_loaded(snapshot.digest, snapshot.loaded_at)
+        self.metrics.config_reloads.labels("ok").inc()
+        return snapshot
 
     def _refused(self, current: Snapshot, why: str) -> bool:
         self.metrics.config_reloads.labels("error").inc()
