@@ -11,10 +11,11 @@ Nothing else in the edge imports trio_asyncio; nothing outside `edge.node`
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import trio
 import trio_asyncio
@@ -49,6 +50,30 @@ async def call_asyncio(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P
     """Await the asyncio coroutine `fn(*args)` from trio; trio cancellation cancels it."""
     result: T = await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)
     return result
+
+
+async def call_asyncio_settled(
+    coro: Coroutine[Any, Any, T], settle: Callable[[asyncio.Task[T]], Awaitable[None]]
+) -> T:
+    """Run the asyncio coroutine `coro` as a task of the hosted loop and await it from
+    trio. Trio cancellation does not reach the task itself: the caller, cancelled,
+    awaits `settle(task)` on the loop (shielded), which ends it its own way, then the
+    cancellation goes on.
+
+    One asyncio task and a done callback: a caller that must not be cut between two
+    awaits of the task (a message's header and its body) needs no second task and
+    no `asyncio.shield` around it.
+    """
+    task = trio_asyncio.current_loop.get().create_task(coro)
+    done = trio.Event()
+    task.add_done_callback(lambda _: done.set())
+    try:
+        await done.wait()
+    except trio.Cancelled:
+        with trio.CancelScope(shield=True):
+            await trio_asyncio.aio_as_trio(settle)(task)
+        raise
+    return task.result()
 
 
 class EventBuffer:

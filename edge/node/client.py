@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import AsyncGenerator, Callable, Mapping
+from functools import partial
 from typing import Protocol
 
 import trio
@@ -38,10 +39,10 @@ from edge.errors import (
 )
 from edge.node.access import NodeAccess
 from edge.node.backlog import Backlog
-from edge.node.bridge import EventBuffer, call_asyncio
+from edge.node.bridge import EventBuffer, call_asyncio, call_asyncio_settled
 from edge.node.describe import NodeDescription as NodeDescription
 from edge.node.describe import description_from_pb
-from edge.node.grpc import Accepted, GrpcNode, NodeWatch, Sent
+from edge.node.grpc import Accepted, GrpcNode, NodeWatch, Sent, settle_read
 from edge.node.grpc import NodeSocket as NodeSocket
 from edge.node.grpc import WatchUnsupported as WatchUnsupported
 from edge.node.wire import EncodedRunRequest
@@ -356,7 +357,8 @@ class GrpcNodeClient:
         """The run's read: SENT, ACCEPTED, then the node's events into `events`, up to
         its terminal (`edge.node.grpc.GrpcNode.read_run`). A client whose runs go
         another way than the Run call reads them here (`edge.nodes.direct`)."""
-        await call_asyncio(self._grpc.read_run, request, events, metadata, settles=handle.settling)
+        settle = partial(settle_read, settles=handle.settling)
+        await call_asyncio_settled(self._grpc.read_run(request, events, metadata), settle)
 
     async def cancel_on_node(self, handle: RunHandle) -> None:
         """Send CancelRun, shielded and bounded: the run's read ended without the node's

@@ -189,9 +189,14 @@ def _translated(exc: BaseException, *, accepted: bool, address: str) -> NodeErro
     return NodeFailedError(f"node {address} stream broke: {exc or type(exc).__name__}")
 
 
-async def settle_read(reading: asyncio.Task[None], passes: int) -> None:
-    """Let `reading` go on for `passes` passes of the loop (at most SETTLE_S), then
-    cancel it if it is not over; returns once it is (its stream closed or reset)."""
+async def settle_read(
+    reading: asyncio.Task[None], passes: int = 0, *, settles: Callable[[], bool] | None = None
+) -> None:
+    """Let `reading` go on for `passes` passes of the loop (SETTLE_PASSES when
+    `settles()` says so), at most SETTLE_S, then cancel it if it is not over; returns
+    once it is (its stream closed or reset)."""
+    if settles is not None and settles():
+        passes = SETTLE_PASSES
     loop = asyncio.get_running_loop()
     until = loop.time() + SETTLE_S
     for _ in range(passes):
@@ -338,11 +343,11 @@ class GrpcNode:
         request: pb.RunRequest | EncodedRunRequest,
         sink: EventSink,
         metadata: Mapping[str, str] | None = None,
-        *,
-        settles: Callable[[], bool] = lambda: False,
     ) -> None:
         """Run `request` on the node, putting SENT, ACCEPTED and then each event into
-        `sink`.
+        `sink`. Its caller starts it as a task of its own that trio's cancellation
+        does not reach (`edge.node.bridge.call_asyncio_settled`): cancelled, it is
+        never cut between a message's header and its body.
 
         `metadata` goes with the Run call (the trace context's `traceparent`).
 
@@ -350,28 +355,13 @@ class GrpcNode:
         cancelled). Raises an EdgeError when the node cannot be reached, the
         stream breaks, or it ends without a terminal event.
 
-        Cancelled while `settles()` says so (the run's client left), the read
-        goes on for SETTLE_PASSES passes of this loop (at most SETTLE_S) before
-        the stream is reset: what the node sent before the edge gave up (in the
-        connection's socket or grpclib's buffers, read and handed over in the
-        loop's order) is taken, and a run whose terminal was on its way is over,
-        not cancelled. Cancelled otherwise, the stream is reset at once.
+        The caller, cancelled, ends the task with `settle_read`: while the run's
+        client left, the read goes on for SETTLE_PASSES passes of this loop (at
+        most SETTLE_S) before the stream is reset: what the node sent before the
+        edge gave up (in the connection's socket or grpclib's buffers, read and
+        handed over in the loop's order) is taken, and a run whose terminal was on
+        its way is over, not cancelled. Otherwise the stream is reset at once.
         """
-        reading = asyncio.ensure_future(self._read_run(request, sink, metadata))
-        try:
-            await asyncio.shield(reading)
-        except asyncio.CancelledError:
-            await settle_read(reading, SETTLE_PASSES if settles() else 0)
-            raise
-
-    async def _read_run(
-        self,
-        request: pb.RunRequest | EncodedRunRequest,
-        sink: EventSink,
-        metadata: Mapping[str, str] | None = None,
-    ) -> None:
-        """The read loop of `read_run`, a task of its own: cancelling the caller
-        does not cut it (between a message's header and its body)."""
         pooled = self._acquire()
         sent = accepted = terminal = False
         try:
