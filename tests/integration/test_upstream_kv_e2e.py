@@ -276,6 +276,33 @@ async def test_without_events_the_index_stays_approximate_and_the_node_says_so(
             await stop_edge(running)
 
 
+@pytest.mark.parametrize(
+    "fake", [{"token_strs": False}, {"tokenize_status": 422}], ids=["no-token-strs", "sglang"]
+)
+async def test_a_server_whose_tokens_cannot_be_placed_leaves_runs_unmapped_and_says_so(
+    nursery: trio.Nursery, tmp_path: Path, fake: dict[str, Any]
+) -> None:
+    """A server whose `/tokenize` gives no token strings (a vLLM before them), or takes no
+    chat messages (SGLang's): each run is answered as ever, the node warns once that
+    runs are sent unmapped, and claims nothing of them."""
+    async with _server(nursery, tmp_path, "n1", sglang, **fake) as server:
+        running = await start_edge(nursery, _config(("n1", server.node)))
+        try:
+            async with httpx.AsyncClient(base_url=running.url, timeout=WAIT_S) as http:
+                bodies = [_body(9, "one"), _body(10, "two")]
+                for body in bodies:
+                    await _ask(http, body)
+                await poll(lambda: any("sent unmapped" in x for x in server.log_lines()))
+                warned = [x for x in server.log_lines() if "WARNING" in x and "unmapped" in x]
+                assert len(warned) == 1, warned
+                assert server.fake.tokenizes == 2
+                cache = running.node("n1").cache
+                assert cache.exact
+                assert all(cache.longest(_blocks(body)) == 0 for body in bodies)
+        finally:
+            await stop_edge(running)
+
+
 def _edge_toml(*nodes: tuple[str, SimProcess]) -> str:
     listed = "".join(f'[[nodes]]\nname = "{n}"\naddress = "{p.address}"\n' for n, p in nodes)
     return (

@@ -159,10 +159,11 @@ class KVFeed:
             try:
                 tokenized = await read_tokenized(self._client, self._url, body)
             except (httpx.HTTPError, ValueError) as exc:
-                self._unmapped(f"the server's tokens could not be read: {exc}")
+                self._unmapped(f"the server's tokens could not be read: {exc}", server=True)
                 return
         if waited.cancelled_caught:
-            self._unmapped(f"the server's /tokenize took over {TOKENIZE_TIMEOUT_S:g}s")
+            why = f"the server's /tokenize took over {TOKENIZE_TIMEOUT_S:g}s"
+            self._unmapped(why, server=True)
             return
         size = self.map.block_size
         if len(tokenized.tokens) > OFFLOAD_TOKENS:
@@ -170,17 +171,20 @@ class KVFeed:
         else:
             prompt = run_prompt(request, tokenized, size)
         if isinstance(prompt, str):
-            self._unmapped(prompt)
+            self._unmapped(prompt, server=tokenized.token_strs is None)
             return
         self.registered += 1
         if self.map.register(prompt):
             self._on_change()
 
-    def _unmapped(self, why: str) -> None:
+    def _unmapped(self, why: str, *, server: bool = False) -> None:
+        """A run sent unmapped: the first of each reason logged (a warning when the
+        server is why: then no run is mapped), the others at debug."""
         kind = why.split(":", 1)[0]
         if kind not in self._told and len(self._told) < 64:
             self._told.add(kind)
-            logger.info("{}: kv index: a run is sent unmapped: {}", self._name, why)
+            logger.log("WARNING" if server else "INFO",
+                       "{}: kv index: a run is sent unmapped: {}", self._name, why)  # fmt: skip
         else:
             logger.debug("{}: kv index: a run is sent unmapped: {}", self._name, why)
 

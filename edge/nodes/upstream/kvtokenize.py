@@ -95,7 +95,10 @@ async def read_tokenized(client: httpx.AsyncClient, url: str, chat_body: bytes) 
     response = await client.send(request, stream=True)
     try:
         if response.status_code != 200:
-            raise ValueError(f"{url} answered {response.status_code}")
+            raise ValueError(
+                f"{url} answered {response.status_code} to a chat's messages (vLLM's takes"
+                " them; SGLang's takes a prompt string, docs/nodes.md)"
+            )
         data = bytearray()
         async for chunk in response.aiter_bytes():
             data += chunk

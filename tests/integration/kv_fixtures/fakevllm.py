@@ -39,6 +39,8 @@ class FakeVllm:
     model: str = "m"
     url: str = ""
     token_strs: bool = True
+    # What /tokenize answers a chat's messages with (SGLang's takes a prompt only).
+    tokenize_status: int = 200
     tokenizes: int = 0
     vocab: dict[bytes, int] = field(default_factory=dict)
     seed: bytes = field(default_factory=lambda: os.urandom(32))
@@ -127,6 +129,10 @@ class FakeVllm:
         if target == b"/v1/models":
             models = {"object": "list", "data": [{"id": self.model, "owned_by": "vllm"}]}
             await send_whole(stream, conn, 200, json.dumps(models).encode())
+        elif target == b"/tokenize" and self.tokenize_status != 200:
+            self.tokenizes += 1
+            detail = b'{"detail":"prompt: field required"}'
+            await send_whole(stream, conn, self.tokenize_status, detail)
         elif target == b"/tokenize":
             body = json.loads(raw)
             self.tokenizes += 1
