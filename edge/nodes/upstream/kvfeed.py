@@ -166,16 +166,19 @@ class KVFeed:
             self._unmapped(why, server=True)
             return
         size = self.map.block_size
-        if len(tokenized.tokens) > OFFLOAD_TOKENS:
-            prompt = await anyio.to_thread.run_sync(run_prompt, request, tokenized, size)
-        else:
-            prompt = run_prompt(request, tokenized, size)
-        if isinstance(prompt, str):
-            self._unmapped(prompt, server=tokenized.token_strs is None)
-            return
-        self.registered += 1
-        if self.map.register(prompt):
-            self._on_change()
+        try:
+            if len(tokenized.tokens) > OFFLOAD_TOKENS:
+                prompt = await anyio.to_thread.run_sync(run_prompt, request, tokenized, size)
+            else:
+                prompt = run_prompt(request, tokenized, size)
+            if isinstance(prompt, str):
+                self._unmapped(prompt, server=tokenized.token_strs is None)
+                return
+            self.registered += 1
+            if self.map.register(prompt):
+                self._on_change()
+        except Exception:  # a bug of the mapping's: the run is sent all the same
+            logger.exception("{}: kv index: run {} not mapped", self._name, request.run_id)
 
     def _unmapped(self, why: str, *, server: bool = False) -> None:
         """A run sent unmapped: the first of each reason logged (a warning when the
