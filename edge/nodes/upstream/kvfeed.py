@@ -12,7 +12,7 @@ Watch reports from) and, on the node's asyncio loop:
   (no replay endpoint, the buffer moved past it, no answer in
   REPLAY_TIMEOUT_S), a number not above the last one received (a new life of
   the publisher: it counts from 0), a batch that is not one, and a server that
-  cannot be reached (`reset`, called by the node: it may be restarting) reset
+  refuses the connection (`reset`, called by the node: it may be restarting) reset
   the map: the watchers get a snapshot of nothing, never a set the server no
   longer holds.
 - `prompt`, the relay's hook before each run is sent: the server's tokens of

@@ -19,8 +19,9 @@ With KV events (`kv`: the server's publisher, `edge.nodes.upstream.kvfeed`), the
 node's index of the server's prefix cache by the edge's prefix blocks is its
 `block_log`: each Watch report carries the blocks stored and evicted (the edge's
 index for it is exact); each run's prompt is registered before it is sent, and a
-server that cannot be reached resets the index (it may be restarting). Without,
-the reports carry no blocks (the edge's index for it is approximate).
+server that refuses the connection resets the index (it may be restarting; a slow
+answer does not). Without, the reports carry no blocks (the edge's index for it is
+approximate).
 
 The runs log is the simulated node's (`edge.nodes.runslog.RunsLog`). With tracing
 on (`edge.observe.tracing`), each run has a span continued from the edge's
@@ -275,7 +276,7 @@ class UpstreamNode(NodeService):
         try:
             response = await self._client.get(url, timeout=DESCRIBE_TIMEOUT_S)
         except httpx.HTTPError as exc:
-            if self.kv is not None:
+            if self.kv is not None and isinstance(exc, httpx.ConnectError):
                 self.kv.reset(f"the server cannot be reached ({exc_reason(exc)}): it may restart")
             raise GRPCError(
                 Status.UNAVAILABLE, f"upstream {url} is unreachable: {exc_reason(exc)}"
