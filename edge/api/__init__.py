@@ -6,5 +6,6 @@ API's stream events and whole answers, each API's error shape, the
 forwarding policy, and a request's prefix fingerprint (`fingerprint`).
 
 May import `observe` (bounded log values), `stream`, `forwarding` (the forwarding
-policy's rules, shared with `iop-node`) and `errors` only.
+policy's rules, shared with `iop-node`), `prefixchain` (the fingerprint's chained
+hashes, shared with `iop-node`) and `errors` only.
 """

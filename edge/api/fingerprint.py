@@ -22,12 +22,11 @@ everything else of a part (its `cache_control`, say) is not. Sampling
 fields and `reasoning_content` are not part of it: they do not change what
 a node caches of the conversation.
 
-The rendering is cut into blocks of `block_chars` characters (a partial last
-block is not hashed) and each block's hash covers every block before it:
-hash(i) = BLAKE2b-64(hash(i-1) || UTF-8 of block i), so two prompts share
-their first k hashes exactly when (hash collisions aside) they share their
-first k blocks, and a conversation's next turn shares every whole block of
-the turn before. Each hash is an unsigned 64-bit integer (big-endian digest).
+The rendering is cut into blocks of `block_chars` characters whose hashes are
+chained (`edge.prefixchain`: each covers every block before it, a partial last
+block is not hashed), so two prompts share their first k hashes exactly when
+they share their first k blocks, and a conversation's next turn shares every
+whole block of the turn before.
 
 Linear in the request's size and streamed: fields are fed in order to one
 hasher that keeps less than a block of text pending; nothing holds the
@@ -43,7 +42,6 @@ import that one.
 
 from __future__ import annotations
 
-import hashlib
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -51,6 +49,7 @@ from dataclasses import dataclass
 import msgspec
 
 from edge.api.request import ChatMessage, ChatRequest, ContentPart
+from edge.prefixchain import BlockChain
 
 __all__ = ["Fingerprint", "fingerprint", "render"]
 
@@ -71,70 +70,6 @@ class Fingerprint:
         """The first block's hash (the prompt's start: its model, tools, system prompt);
         None for a prompt shorter than one block."""
         return self.blocks[0] if self.blocks else None
-
-
-class _Hasher:
-    """Chains the hashes of whole blocks of the text fed to it, in order."""
-
-    __slots__ = ("_block_chars", "_max_blocks", "_pending", "_pending_chars", "_previous",
-                 "blocks", "chars")  # fmt: skip
-
-    def __init__(self, block_chars: int, max_blocks: int, scope: str = "") -> None:
-        self._block_chars = block_chars
-        self._max_blocks = max_blocks
-        # The text after the last whole block: fewer than block_chars characters, as fed.
-        self._pending: list[str] = []
-        self._pending_chars = 0
-        # The chain starts from the scope's own hash: two scopes share no block.
-        self._previous = (
-            hashlib.blake2b(scope.encode(), digest_size=8, person=b"iop-scope").digest()
-            if scope
-            else b""
-        )
-        self.blocks: array[int] = array("Q")
-        self.chars = 0
-
-    def feed(self, text: str) -> None:
-        self.chars += len(text)
-        if len(self.blocks) >= self._max_blocks or not text:
-            return  # only counted from here
-        size = self._block_chars
-        start = 0
-        if self._pending:
-            need = size - self._pending_chars
-            if len(text) < need:
-                self._pending.append(text)
-                self._pending_chars += len(text)
-                return
-            self._pending.append(text[:need])
-            self._block("".join(self._pending))
-            self._pending.clear()
-            self._pending_chars = 0
-            start = need
-        end = len(text)
-        room = self._max_blocks - len(self.blocks)
-        whole = min((end - start) // size, room)
-        if whole:
-            self._blocks(text, start, whole)
-            start += whole * size
-        if start < end and whole < room:
-            self._pending.append(text[start:])
-            self._pending_chars = end - start
-
-    def _block(self, block: str) -> None:
-        self._blocks(block, 0, 1)
-
-    def _blocks(self, text: str, start: int, count: int) -> None:
-        """Hash `count` whole blocks of `text` from `start` (the hot loop: locals only)."""
-        size = self._block_chars
-        previous = self._previous
-        append = self.blocks.append
-        blake2b, from_bytes = hashlib.blake2b, int.from_bytes
-        for offset in range(start, start + count * size, size):
-            data = text[offset : offset + size].encode("utf-8", "surrogatepass")
-            previous = blake2b(previous + data, digest_size=8).digest()
-            append(from_bytes(previous, "big"))
-        self._previous = previous
 
 
 def _field(tag: str, value: str) -> Iterator[str]:
@@ -193,7 +128,7 @@ def fingerprint(
     `scope` (a KV-cache scope: "" shared) seeds the chain, so the same prompt in two
     scopes shares no block (its blocks cut at the same places). Linear in the request's
     size: run it off the event loop."""
-    hasher = _Hasher(block_chars, max_blocks, scope)
+    hasher = BlockChain(block_chars, max_blocks, scope)
     for piece in render(request, model):
         hasher.feed(piece)
     return Fingerprint(hasher.blocks, hasher.chars)

@@ -177,12 +177,14 @@ def prepare_run_request(
             the nodes' gRPC message limit: refused before a node slot is taken.
     """
     message = run_request_from_chat(request, run_id=run_id, model=model)
+    # The chain starts from the salt, which the node sees: a node that renders the
+    # prompt again (iop-node's KV mapping) checks its hashes against these.
+    message.cache_salt = cache_salt(cache_scope)
     prefix = fingerprint(
         request, model, block_chars=PREFIX_BLOCK_CHARS, max_blocks=MAX_PREFIX_BLOCKS,
-        scope=cache_scope,
+        scope=message.cache_salt,
     )  # fmt: skip
     message.prefix_blocks = prefix.blocks.tolist()
-    message.cache_salt = cache_salt(cache_scope)
     message.prompt_chars = prefix.chars
     body = bytes(message)
     if len(body) + _DEADLINE_ROOM > MAX_MESSAGE_BYTES:

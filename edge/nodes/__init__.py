@@ -9,6 +9,8 @@ whose runs the edge relays to the model server itself (`direct`).
 
 May import `contract`, `node` (the asyncio bridge, for running in-process),
 `config` (its TOML reader and addresses), `observe`, `forwarding` (the edge's
-forwarding policy, which `iop-node` applies to its runs too), `errors`; never `http`,
+forwarding policy, which `iop-node` applies to its runs too), `prefixchain` (the
+edge's prefix fingerprint's hashes, which `iop-node` reports KV blocks by), `errors`;
+never `http`,
 `fleet`, `limits` or `process`.
 """

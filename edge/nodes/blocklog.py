@@ -20,9 +20,10 @@ What a report holds:
   set the node holds, as would the other order.
 - A snapshot (`kv_blocks_snapshot`): the whole set held now in
   `kv_blocks_stored`, least recently used first. On the watcher's first
-  report, and when it fell behind by more events than the ring keeps: the
-  ring keeps at least as many events as the cache holds blocks, so the
-  snapshot is then no larger.
+  report, when it fell behind by more events than the ring keeps (the ring
+  keeps at least as many events as the cache holds blocks, so the snapshot is
+  then no larger), and after `reset`: a node that no longer knows what changed
+  (iop-node after a gap in its server's events) says what it holds instead.
 
 Bounds: a node holds at most MAX_KV_BLOCKS_PER_REPORT blocks (so a snapshot
 fits one report), and the ring keeps min(MAX_KV_BLOCKS_PER_REPORT,
@@ -79,6 +80,11 @@ class BlockLog:
 
     def evicted(self, block: int) -> None:
         self._record(block, 1)
+
+    def reset(self) -> None:
+        """Every watcher's next report is a snapshot, whatever its position: the node's
+        set changed in ways the log does not hold."""
+        self.end += self.size + 1
 
     def _record(self, block: int, evicted: int) -> None:
         at = self.end % self.size

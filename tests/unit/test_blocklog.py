@@ -148,3 +148,27 @@ def test_the_ring_and_a_report_stay_within_their_bounds() -> None:
     report, position = _report(held.log, position)
     assert list(report.kv_blocks_stored) == [2**64 - 1]
     assert max(sizes) <= MAX_KV_BLOCKS_PER_REPORT
+
+
+def test_after_a_reset_every_watcher_gets_a_snapshot_then_changes_again() -> None:
+    """A node that no longer knows what changed (iop-node after a gap in its server's
+    events) resets the log: every watcher, however recent its report, gets the set held
+    now as a snapshot, and changes from there on."""
+    held = Held(8)
+    held.store(1, 2)
+    _, first = _report(held.log, None)
+    _, second = _report(held.log, None)
+    held.blocks.clear()
+    held.log.reset()
+    held.store(3)
+    afters = []
+    for position in (first, second):
+        report, after = _report(held.log, position)
+        assert report.kv_blocks_snapshot
+        assert report.kv_blocks_stored == [3]
+        afters.append(after)
+    held.store(4)
+    for after in afters:
+        report, _ = _report(held.log, after)
+        assert not report.kv_blocks_snapshot
+        assert report.kv_blocks_stored == [4]

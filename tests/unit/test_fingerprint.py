@@ -15,12 +15,13 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.api.fingerprint import _Hasher, fingerprint, render
+from edge.api.fingerprint import fingerprint, render
 from edge.api.request import ChatRequest, parse_chat_request
 from edge.api.surfaces import CHAT, MESSAGES, RESPONSES
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS
 from edge.node.wire import cache_salt, prepare_run_request
+from edge.prefixchain import BlockChain
 
 BLOCK = 8
 _TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
@@ -164,7 +165,7 @@ def test_the_hasher_is_the_same_however_the_text_is_fed(
 ) -> None:
     """Feeding the text in any pieces gives the hashes of the whole text, at most
     `max_blocks` of them, and counts every character."""
-    hasher = _Hasher(block, limit)
+    hasher = BlockChain(block, limit)
     for piece in pieces:
         hasher.feed(piece)
     text = "".join(pieces)

@@ -136,3 +136,44 @@ def test_node_continuation_setting_from_file_and_flags(tmp_path: Path) -> None:
     path.write_text('[node]\nupstream = "http://gpu:8000"\ncontinuation = "ollama"\n')
     with pytest.raises(SettingsError, match="continuation: 'ollama' is not one of"):
         resolve(node_parser().parse_args(["--config", str(path)]))
+
+
+def test_node_kv_event_settings_from_file_and_flags(tmp_path: Path) -> None:
+    """Without `--kv-events` nothing is read; the [node] table's kv_* keys set where the
+    server publishes and the map's bounds, flags win; defaults: every topic, 16-token
+    blocks, 64 MiB."""
+    parse = node_parser().parse_args
+    assert resolve(parse(["--upstream", "http://gpu:8000"])).kv is None
+    kv = resolve(parse(["--upstream", "http://gpu:8000", "--kv-events", "tcp://gpu:5557"])).kv
+    assert kv is not None
+    assert (kv.events, kv.replay, kv.topic, kv.block_size, kv.table_mib) == (
+        "tcp://gpu:5557", None, "", 16, 64,
+    )  # fmt: skip
+    path = tmp_path / "node.toml"
+    path.write_text(
+        '[node]\nupstream = "http://gpu:8000"\nkv_events = "tcp://gpu:5557"\n'
+        'kv_replay = "tcp://gpu:5558"\nkv_topic = "kv"\nkv_block_size = 32\nkv_table_mib = 8\n'
+    )
+    kv = resolve(parse(["--config", str(path), "--kv-block-size", "64"])).kv
+    assert kv is not None
+    assert (kv.events, kv.replay, kv.topic, kv.block_size, kv.table_mib) == (
+        "tcp://gpu:5557", "tcp://gpu:5558", "kv", 64, 8,
+    )  # fmt: skip
+    assert kv.max_blocks == 8 * 2**20 // 768
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--kv-replay", "tcp://gpu:5558"], "kv_replay: needs kv_events"),
+        (["--kv-events", "gpu:5557"], "kv_events: 'gpu:5557' is not a ZMQ endpoint"),
+        (["--kv-events", "tcp://*:5557"], "kv_events: 'tcp://\\*:5557' is not a ZMQ endpoint"),
+        (["--kv-events", "tcp://gpu:5557", "--kv-block-size", "0"], "kv_block_size: 0 is not"),
+        (["--kv-events", "tcp://gpu:5557", "--kv-table-mib", "0"], "kv_table_mib: 0 is not"),
+    ],
+)
+def test_node_kv_event_settings_errors(flags: list[str], message: str) -> None:
+    """A replay without a publisher, an endpoint iop-node cannot connect to (no scheme, a
+    wildcard: the server's own bind address) and bounds out of range are one line each."""
+    with pytest.raises(SettingsError, match=message):
+        resolve(node_parser().parse_args(["--upstream", "http://gpu:8000", *flags]))

@@ -8,12 +8,20 @@
              [--media-url-schemes data,http,https]
              [--token-file FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
              [--insecure]
+             [--kv-events tcp://HOST:PORT [--kv-replay tcp://HOST:PORT] [--kv-topic T]
+              [--kv-block-size N] [--kv-table-mib N]]
 
 `--config FILE` reads a TOML file's `[node]` table (listen, upstream,
 api_key_env, models, name, runs_log, read_timeout_s, logprobs, load_source,
 load_interval_s, continuation, max_output_tokens, allow_chat_template,
 allow_ignore_eos, media_url_schemes, token_file, tls_cert, tls_key, tls_client_ca,
-insecure); flags win over it.
+insecure, kv_events, kv_replay, kv_topic, kv_block_size, kv_table_mib); flags win
+over it.
+`--kv-events` subscribes to the server's KV events (vLLM's or SGLang's
+`--kv-events-config` publisher; `--kv-replay` its replay endpoint): the node then
+reports the server's cached blocks by the edge's prefix blocks on Watch, and the
+edge's index for it is exact (`edge.nodes.upstream.kvfeed`); it says which at start
+(`kv index: exact from ...`, or `kv index: approximate (no --kv-events)`).
 The forwarding policy (`max_output_tokens` ... `media_url_schemes`: the keys, and the
 defaults, of the edge's `[models.NAME]`) is applied to every run before it is sent
 (`edge.nodes.upstream.admit`), whoever calls the node.
@@ -49,6 +57,7 @@ from edge.nodes.guard import (
 )
 from edge.nodes.kit import start_server, stop_server, wait_for_stop_signal
 from edge.nodes.upstream.continuation import MODES
+from edge.nodes.upstream.kvfeed import KVSettings
 from edge.nodes.upstream.load import SOURCES
 from edge.nodes.upstream.server import UpstreamNode, normalize_upstream
 from edge.observe.tracing import setup_tracing
@@ -56,7 +65,7 @@ from edge.observe.tracing import setup_tracing
 DEFAULT_LISTEN = "127.0.0.1:50061"
 _STRING_KEYS = (
     "listen", "upstream", "api_key_env", "name", "runs_log", "load_source", "continuation",
-    "token_file", "tls_cert", "tls_key", "tls_client_ca",
+    "token_file", "tls_cert", "tls_key", "tls_client_ca", "kv_events", "kv_replay", "kv_topic",
 )  # fmt: skip
 DEFAULT_LOAD_INTERVAL_S = 1.0
 # A load interval other than 0 (off) is at least this, at most the other.
@@ -64,6 +73,10 @@ MIN_LOAD_INTERVAL_S = 0.05
 MAX_LOAD_INTERVAL_S = 3600.0
 # The largest `max_output_tokens`: the contract's counts are 32-bit.
 MAX_OUTPUT_TOKENS_CAP = 2**32 - 1
+# The server's KV block size (tokens) and the KV map's memory (MiB) a node takes.
+MAX_KV_BLOCK_SIZE = 4096
+MAX_KV_TABLE_MIB = 65536
+_KV_SCHEMES = ("tcp://", "ipc://")
 
 
 class SettingsError(Exception):
@@ -88,6 +101,8 @@ class NodeSettings:
     policy: ForwardPolicy = field(default_factory=ForwardPolicy)
     # The token and TLS the node serves with (`edge.nodes.guard`).
     guard: GuardSettings = field(default_factory=GuardSettings)
+    # The server's KV events (`edge.nodes.upstream.kvfeed`); None: not read.
+    kv: KVSettings | None = None
 
 
 def _split_listen(value: str) -> tuple[str, int]:
@@ -127,6 +142,10 @@ def _file_table(path: Path) -> dict[str, Any]:
         for key in ("allow_chat_template", "allow_ignore_eos"):
             if key in r.table:
                 table[key] = r.get(key, bool, False)
+        for key, maximum in (("kv_block_size", MAX_KV_BLOCK_SIZE),
+                             ("kv_table_mib", MAX_KV_TABLE_MIB)):  # fmt: skip
+            if key in r.table:
+                table[key] = r.integer(key, 1, minimum=1, maximum=maximum)
         if "media_url_schemes" in r.table:
             try:
                 table["media_url_schemes"] = media_schemes(r.strings("media_url_schemes", ()))
@@ -188,6 +207,7 @@ def resolve(args: argparse.Namespace) -> NodeSettings:
         continuation=continuation,
         policy=policy,
         guard=guard,
+        kv=_kv(args, table),
     )
 
 
@@ -215,6 +235,33 @@ def _policy(args: argparse.Namespace, table: dict[str, Any]) -> ForwardPolicy:
         allow_ignore_eos=args.allow_ignore_eos or table.get("allow_ignore_eos", False),
         media_url_schemes=frozenset(schemes) | {"data"},
     )
+
+
+def _kv(args: argparse.Namespace, table: dict[str, Any]) -> KVSettings | None:
+    """Where the server publishes its KV events (None: not read), checked."""
+    events = args.kv_events or table.get("kv_events")
+    replay = args.kv_replay or table.get("kv_replay")
+    if not events:
+        if replay:
+            raise SettingsError("kv_replay: needs kv_events (the publisher it replays)")
+        return None
+    for key, endpoint in (("kv_events", events), ("kv_replay", replay)):
+        if endpoint and (not endpoint.startswith(_KV_SCHEMES) or "*" in endpoint):
+            raise SettingsError(
+                f"{key}: {endpoint!r} is not a ZMQ endpoint to connect to (tcp://HOST:PORT)"
+            )
+    numbers = {}
+    for key, maximum in (("kv_block_size", MAX_KV_BLOCK_SIZE),
+                         ("kv_table_mib", MAX_KV_TABLE_MIB)):  # fmt: skip
+        value = getattr(args, key)
+        if value is not None and not 1 <= value <= maximum:
+            raise SettingsError(f"{key}: {value} is not between 1 and {maximum}")
+        if value is None:
+            value = table.get(key)
+        if value is not None:
+            numbers[key.removeprefix("kv_")] = value
+    topic = args.kv_topic if args.kv_topic is not None else table.get("kv_topic", "")
+    return KVSettings(events, replay, topic, **numbers)
 
 
 def _load_interval(seconds: float) -> float:
@@ -294,8 +341,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="media URL schemes forwarded: data, http, https (default data; data is always "
         "allowed); others are refused",
     )
+    _kv_arguments(parser)
     add_arguments(parser)
     return parser
+
+
+def _kv_arguments(parser: argparse.ArgumentParser) -> None:
+    kv = parser.add_argument_group(
+        "KV events", "the server's cache, reported by the edge's prefix blocks (docs/nodes.md)"
+    )
+    kv.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        help="the server's KV event publisher, e.g. tcp://127.0.0.1:5557 (default: not read;"
+        " the edge's index for this node is then approximate)",
+    )
+    kv.add_argument(
+        "--kv-replay", metavar="ENDPOINT", help="its replay endpoint, asked after a gap"
+    )
+    kv.add_argument("--kv-topic", metavar="TOPIC", help="the topic subscribed (default: all)")
+    kv.add_argument(
+        "--kv-block-size",
+        type=int,
+        metavar="N",
+        help="the server's block size in tokens, until its first event says (default 16)",
+    )
+    kv.add_argument(
+        "--kv-table-mib",
+        type=int,
+        metavar="N",
+        help="memory for the map of the server's blocks (default 64 MiB)",
+    )
 
 
 async def _serve(settings: NodeSettings, guard: NodeGuard) -> None:
@@ -314,11 +390,14 @@ async def _serve(settings: NodeSettings, guard: NodeGuard) -> None:
         load_interval_s=settings.load_interval_s,
         continuation=settings.continuation,
         policy=settings.policy,
+        kv=settings.kv,
     )
     server, bound = await start_server(node, settings.host, settings.port, guard=guard)
     print(f"iop-node listening on {settings.host}:{bound}", flush=True)
     guard.reload_on_sighup("iop-node")
     print(f"iop-node: runs go to {settings.upstream}", file=sys.stderr, flush=True)
+    kv = f"exact from {settings.kv.events}" if settings.kv else "approximate (no --kv-events)"
+    print(f"iop-node: kv index: {kv}", file=sys.stderr, flush=True)
     await wait_for_stop_signal()
     await stop_server(node, server)
     if tracing is not None:

@@ -105,6 +105,9 @@ class Relay:
         read_timeout_s: the longest silence tolerated from the upstream.
         policy: what a run may send the upstream (`edge.nodes.upstream.admit`);
             None: runs are sent as they come (the edge's own nodes, after its policy).
+        prepare: awaited with each run and its upstream body before the body is sent
+            (within the run's deadline): iop-node's KV index registers the prompt
+            (`edge.nodes.upstream.kvfeed`); None: nothing.
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Relay:
         api_key: str | None = None,
         read_timeout_s: float = 600.0,
         policy: ForwardPolicy | None = None,
+        prepare: Callable[[pb.RunRequest, bytes], Awaitable[None]] | None = None,
     ) -> None:
         self.chat_url = upstream + "/chat/completions"
         self.name = name
@@ -125,6 +129,7 @@ class Relay:
         self.llamacpp = llamacpp
         self.spans = spans
         self.policy = policy
+        self.prepare = prepare
         self._pool = httpcore.AsyncConnectionPool(
             max_connections=None, max_keepalive_connections=64, keepalive_expiry=5.0
         )
@@ -209,6 +214,8 @@ class Relay:
         if deadline_unix_ms > 0:
             remaining = max(0.0, deadline_unix_ms / 1000 - time.time())
         with anyio.move_on_after(remaining) as deadline:
+            if self.prepare is not None:
+                await self.prepare(request, body)
             await self._traced(body, request.model, mapper, emit, span)
         if deadline.cancelled_caught and not mapper.terminated:
             await emit(pb.RunEvent(type="cancelled", error="run deadline exceeded"))

@@ -15,6 +15,14 @@ the upstream says wait (its own runs are at least that many, whatever a
 scrape a second old says). A load the upstream does not say leaves those
 fields unset and `active_runs` this node's own runs.
 
+With KV events (`kv`: the server's publisher, `edge.nodes.upstream.kvfeed`), the
+node's index of the server's prefix cache by the edge's prefix blocks is its
+`block_log`: each Watch report carries the blocks stored and evicted (the edge's
+index for it is exact); each run's prompt is registered before it is sent, and a
+server that refuses the connection resets the index (it may be restarting; a slow
+answer does not). Without, the reports carry no blocks (the edge's index for it is
+approximate).
+
 The runs log is the simulated node's (`edge.nodes.runslog.RunsLog`). With tracing
 on (`edge.observe.tracing`), each run has a span continued from the edge's
 `traceparent`, and its upstream request a child span whose `traceparent`
@@ -46,6 +54,7 @@ from edge.nodes.runslog import RunRecord
 from edge.nodes.upstream.bodies import context_limits_from_body, error_message
 from edge.nodes.upstream.bodies import models_from_body as parse_models
 from edge.nodes.upstream.continuation import AUTO, MODES, NONE, is_llamacpp, mode_for
+from edge.nodes.upstream.kvfeed import KVFeed, KVSettings
 from edge.nodes.upstream.load import SOURCES
 from edge.nodes.upstream.loadpoll import LoadPoll, metrics_url
 from edge.nodes.upstream.probe import probe_continuation
@@ -91,6 +100,8 @@ class UpstreamNode(NodeService):
         policy: the forwarding policy each run's body must pass before it is sent
             (`edge.nodes.upstream.admit`; `iop-node` always has one); None: runs are
             sent as they come (inside the edge, which applied its own).
+        kv: where the server publishes its KV events (`edge.nodes.upstream.kvfeed`);
+            None: the node reports no KV blocks.
     """
 
     def __init__(
@@ -108,6 +119,7 @@ class UpstreamNode(NodeService):
         load_interval_s: float = 1.0,
         continuation: str = "auto",
         policy: ForwardPolicy | None = None,
+        kv: KVSettings | None = None,
     ) -> None:
         if continuation not in MODES:
             raise ValueError(f"continuation {continuation!r} is not one of {', '.join(MODES)}")
@@ -127,10 +139,18 @@ class UpstreamNode(NodeService):
             headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
             timeout=httpx.Timeout(CONNECT_TIMEOUT_S, pool=None),
         )
+        self.kv: KVFeed | None = None
+        if kv is not None:
+            self.kv = KVFeed(
+                kv, upstream=self.upstream, client=self._client,
+                on_change=self.state_changed, name=name,
+            )  # fmt: skip
+            self.block_log = self.kv.map.log
         self.relay = Relay(
             self.upstream, name=name, continuation_mode=self.continuation_mode,
             llamacpp=self.is_llamacpp, spans=self.spans, api_key=api_key,
             read_timeout_s=read_timeout_s, policy=policy,
+            prepare=self.kv.prompt if self.kv is not None else None,
         )  # fmt: skip
         self._models: list[tuple[str, str]] = []
         # Each model's context length, where the upstream's /models says it.
@@ -161,6 +181,8 @@ class UpstreamNode(NodeService):
         node nobody asks asks its upstream nothing; until the first read, unset."""
         if self.load_poll is not None:
             self.load_poll.start()
+        if self.kv is not None:
+            self.kv.start()
         models = await self.models()
         described = pb.DescribeResponse(
             node_name=self.name,
@@ -254,6 +276,8 @@ class UpstreamNode(NodeService):
         try:
             response = await self._client.get(url, timeout=DESCRIBE_TIMEOUT_S)
         except httpx.HTTPError as exc:
+            if self.kv is not None and isinstance(exc, httpx.ConnectError):
+                self.kv.reset(f"the server cannot be reached ({exc_reason(exc)}): it may restart")
             raise GRPCError(
                 Status.UNAVAILABLE, f"upstream {url} is unreachable: {exc_reason(exc)}"
             ) from None
@@ -322,6 +346,8 @@ class UpstreamNode(NodeService):
             self._probe.cancel()
         if self.load_poll is not None:
             await self.load_poll.aclose()
+        if self.kv is not None:
+            await self.kv.aclose()
         for scope in self._work.values():
             scope.cancel()
         if self._work:
