@@ -192,14 +192,29 @@ class Delivered:
         """Whether any output came (delta or reasoning text)."""
         return self.chars > 0
 
+    def delta(self, text: str) -> None:
+        """Keep a delta's text: `add` for the most common event, in one call while the
+        text fits the room already reserved."""
+        if not text:
+            return
+        self.tokens += 1
+        chars = self.chars + len(text)
+        if self.too_long or chars > self._reserved or chars > self.cap:
+            self._keep(text, self._text)  # counts `chars` itself
+            return
+        self.chars = chars
+        small = self._text.small
+        if len(text) < SMALL_CHARS and len(small) < JOIN_PARTS - 1:
+            small.append(text)
+        else:
+            self._text.add(text)
+
     def add(self, event: NodeEvent) -> None:
         """Keep a delta's or reasoning delta's text (other events: nothing)."""
         kind = type(event)
         if kind is Delta:
             assert isinstance(event, Delta)
-            if event.text:
-                self.tokens += 1
-                self._keep(event.text, self._text)
+            self.delta(event.text)
         elif kind is LogprobDelta:
             assert isinstance(event, LogprobDelta)
             self.tokens += len(event.logprobs) or bool(event.text)

@@ -25,7 +25,7 @@ from edge.fleet.phase import Machine, Step
 from edge.fleet.turns import Turns
 from edge.node.bridge import EventBuffer
 from edge.node.client import EndCause, RunHandle
-from edge.stream.events import Complete, Failed, NodeEvent
+from edge.stream.events import Complete, Delta, Failed, NodeEvent
 from edge.stream.output import OutEvent
 from edge.stream.session import StreamSession
 
@@ -196,6 +196,9 @@ class RunReader:
         delivered = self.delivered
         assert delivered is not None
         kind = type(event)
+        if kind is Delta:  # the most common event first
+            delivered.delta(event.text)  # type: ignore[union-attr]
+            return self.session.feed(event)
         if kind is Failed:
             assert isinstance(event, Failed)
             reason = failed_break(event)

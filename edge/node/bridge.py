@@ -64,7 +64,7 @@ async def call_asyncio_settled(
     awaits of the task (a message's header and its body) needs no second task and
     no `asyncio.shield` around it.
     """
-    task = trio_asyncio.current_loop.get().create_task(coro)
+    task: asyncio.Task[T] = trio_asyncio.current_loop.get().create_task(coro)
     done = trio.Event()
     task.add_done_callback(lambda _: done.set())
     try:
@@ -73,7 +73,8 @@ async def call_asyncio_settled(
         with trio.CancelScope(shield=True):
             await trio_asyncio.aio_as_trio(settle)(task)
         raise
-    return task.result()
+    result: T = task.result()
+    return result
 
 
 class EventBuffer:

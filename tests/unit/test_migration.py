@@ -15,6 +15,8 @@ from collections.abc import Callable
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edge.api.messages_out import messages_usage
 from edge.api.request import ChatRequest, parse_chat_request
@@ -150,6 +152,38 @@ def test_the_answer_so_far_is_bounded_by_its_cap_and_the_memory_budget() -> None
     budgeted.add(Delta("z" * 1000))
     assert budgeted.too_long
     assert steps == [RESERVE_CHARS] * 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts=st.lists(st.text(max_size=40) | st.just("w" * 300), max_size=120),
+    cap=st.integers(0, 6000),
+    room=st.integers(0, 4),
+)
+def test_a_delta_kept_by_its_fast_path_is_kept_as_any_event_is(
+    texts: list[str], cap: int, room: int
+) -> None:
+    """`Delivered.delta` (the tap's path for a plain delta) keeps what `_keep` keeps: the
+    same parts, characters, tokens, cap and reservations, whatever the texts' sizes."""
+
+    def budget(steps: list[int]) -> Callable[[int], bool]:
+        return lambda chars: steps.append(chars) is None and len(steps) <= room
+
+    fast_steps: list[int] = []
+    slow_steps: list[int] = []
+    fast, slow = Delivered(cap, budget(fast_steps)), Delivered(cap, budget(slow_steps))
+    for text in texts:
+        fast.delta(text)
+        if text:
+            slow.tokens += 1
+            slow._keep(text, slow._text)
+    assert (fast.parts(), fast.chars, fast.tokens, fast.too_long) == (
+        slow.parts(),
+        slow.chars,
+        slow.tokens,
+        slow.too_long,
+    )
+    assert fast_steps == slow_steps
 
 
 def test_usage_sums_the_runs_input_as_each_node_reported_it() -> None:
