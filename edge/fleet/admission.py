@@ -116,6 +116,7 @@ class Admission:
         self._shed_unlogged = 0
         self._shed_logged_at = -math.inf
         self._held = 0  # bytes of the memory budget taken (`hold`)
+        metrics.watch_request_memory(lambda: self._held)
         pool.on_available = self.dispatch
 
     def configure(self, config: AdmissionConfig) -> None:
@@ -169,8 +170,6 @@ class Admission:
                 f"{budget / MiB:.0f} MiB memory budget; this one needs {nbytes / MiB:.1f} MiB",
             )
         self._held += nbytes
-        gauge = self._metrics.request_memory
-        gauge.set(self._held)
         given_back = False
 
         def give_back() -> None:
@@ -178,7 +177,6 @@ class Admission:
             if not given_back:
                 given_back = True
                 self._held -= nbytes
-                gauge.set(self._held)
 
         return give_back
 

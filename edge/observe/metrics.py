@@ -213,6 +213,12 @@ class EdgeMetrics:
         self._watch(self.backlog_chars, chars)
         self.sync()
 
+    def watch_request_memory(self, held: Callable[[], float]) -> None:
+        """`iop_edge_request_memory_bytes` read from `held` when scraped (as
+        `watch_nodes`): nothing to write as each request takes and gives back."""
+        self._watch(self.request_memory, held)
+        self.sync()
+
     def _watch(self, gauge: Gauge, value: Callable[[], float]) -> None:
         """`gauge` read from `value`: when scraped in a single process; in a worker,
         written by `sync` (another process's scrape reads the file, not the function)."""
