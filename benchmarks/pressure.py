@@ -24,8 +24,10 @@ and TTFT p90 per stage.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -191,6 +193,17 @@ def _play(
     return {**raw, "records": mine, "other": [r for r in raw["records"] if r["target"] == 1]}
 
 
+def index_kinds(port: int) -> list[str]:
+    """The kinds of index (`exact`, `approximate`) the edge on `port` keeps of its nodes, as
+    its `/readyz` says (none: not cache_aware, or no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            nodes = json.loads(resp.read()).get("nodes") or []
+    except (OSError, ValueError):
+        return []
+    return sorted({str((n.get("cache") or {}).get("index")) for n in nodes if n.get("cache")})
+
+
 @contextmanager
 def _apart(apart: bool, gateway: list[int], rest: list[int]) -> Iterator[bool]:
     with cores_apart(gateway, rest) if apart else nullcontext(False) as done:
@@ -234,9 +247,10 @@ def measure_cell(
                 c0 = gw.cpu()
                 raw = _play(pool, [*gw.targets, *others.targets], w, o, p)
                 cpu = gw.cpu() - c0
+                raw["index"] = index_kinds(gw.ports[0])
         done = [r for r in raw["records"] + raw["other"] if "error" not in r]
         runs = fleet.runs_per_node(len(done))
-    return pressure_figures(raw, runs, cpu, w)
+    return {**pressure_figures(raw, runs, cpu, w), "index": raw.get("index")}
 
 
 def measure_pressure(
