@@ -173,7 +173,7 @@ async def _serve(
             await asyncio.to_thread(tracing.shutdown)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="iop-sim-node", description=__doc__)
     parser.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 50051))
     parser.add_argument("--runs-log", type=Path, default=None, help="append one JSON line per run")
@@ -229,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         " the node is then approximate), as a model server that publishes none",
     )  # fmt: skip
     add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     host, port = args.listen
     try:
