@@ -21,7 +21,8 @@ nodes (the shared-prefix workload split between them, `cache_aware`) beside one 
 A policy this edge refuses (its config check) is skipped with the edge's own words; a
 node without the KV flags (an older `iop-sim-node`) is run without them and caches
 nothing, and the run says so. SMG beside the edge on the same workloads:
-`benchmarks.fleetpeer`.
+`benchmarks.fleetpeer`; the cache-pressure workload (open-loop, rising rates, the
+exact index against the approximate one): `benchmarks.pressure`.
 """
 
 from __future__ import annotations
