@@ -24,6 +24,8 @@ and TTFT p90 per stage.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import os
 import sys
@@ -144,17 +146,12 @@ def merged(
 
 def stage_p90(raw: dict[str, Any], w: Workload) -> list[float | None]:
     """TTFT p90 of the requests sent in each stage, in ms."""
-    ends, at = [], 0.0
-    for _, seconds in w.stages:
-        at += seconds
-        ends.append(at)
+    ends = list(itertools.accumulate(seconds for _, seconds in w.stages))
     ttfts: list[list[float]] = [[] for _ in ends]
     for r in raw["records"]:
         if "ttft_ms" in r and "error" not in r:
-            sent = w.arrivals[r["seq"]]
-            ttfts[min(i for i, end in enumerate(ends) if sent < end or i == len(ends) - 1)].append(
-                r["ttft_ms"]
-            )
+            stage = bisect.bisect_right(ends, w.arrivals[r["seq"]])
+            ttfts[min(stage, len(ends) - 1)].append(r["ttft_ms"])
     return [sig(pct(t, 90)) if t else None for t in ttfts]
 
 

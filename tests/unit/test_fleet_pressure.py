@@ -5,12 +5,20 @@ from the same seed. Pure: no process."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 
 import pytest
 
-from benchmarks.pressure import QUICK, PressureSettings, merged, other, workload
+from benchmarks.pressure import (
+    QUICK,
+    PressureSettings,
+    merged,
+    other,
+    pressure_figures,
+    workload,
+)
 from benchmarks.prompts import CHARS_PER_TOKEN, arrivals
 
 
@@ -112,3 +120,27 @@ def test_the_other_traffic_is_merged_in_time_order_and_told_apart() -> None:
     for body, (k, i) in zip(bodies, origin, strict=True):
         assert body == (w if k == 0 else o).sequences[i]
     assert sorted(i for k, i in origin if k == 0) == list(range(w.requests))
+
+
+def test_a_cells_figures_count_its_stages_and_its_answers_tokens() -> None:
+    """TTFT p90 per stage takes the requests sent in that stage; output tokens a second
+    are the answers' completion tokens over the time to the last answer; a failed request
+    counts in neither."""
+    p = QUICK
+    w = workload(p)
+    ends = list(itertools.accumulate(seconds for _, seconds in p.stages))
+    records = []
+    for seq, at in enumerate(w.arrivals):
+        stage = next(i for i, end in enumerate(ends) if at < end)
+        records.append({
+            "seq": seq, "ttft_ms": 100.0 * (stage + 1), "prompt_tokens": 10,
+            "cached_tokens": 5, "completion_tokens": 4, "end_s": at + 1.0, "late_ms": 1.0,
+        })  # fmt: skip
+    records.append({"seq": 0, "error": "HTTP 503", "ttft_ms": 1e6, "completion_tokens": 99})
+    raw = {"records": records, "wall_s": 30.0}
+    cell = pressure_figures(raw, [1, 1, 1, 1], 1.0, w)
+    assert cell["stage_ttft_p90_ms"] == [100.0, 200.0, 300.0]
+    assert cell["ttft_p90_ms"] == 300.0
+    assert cell["output_tokens"] == 4 * w.requests
+    assert cell["output_tok_per_s"] == pytest.approx(4 * w.requests / (w.arrivals[-1] + 1), 1e-3)
+    assert (cell["hit_ratio"], cell["errors"]) == (0.5, 1)
