@@ -334,10 +334,18 @@ def fleet_smg(args: argparse.Namespace) -> tuple[Path | None, str | None]:
 
 
 def main_fleet(args: argparse.Namespace) -> int:
-    """`--fleet`: routing policies over simulated nodes with a KV cache; writes fleet.json."""
-    from benchmarks.fleet import QUICK, FleetSettings, measure_fleet
+    """`--fleet`: routing policies over simulated nodes with a KV cache (`--fleet-only`: on
+    some workloads); writes fleet.json."""
+    from benchmarks import pressure
+    from benchmarks.fleet import ALL_WORKLOADS, QUICK, FleetSettings, measure_fleet, sim_has_kv
     from benchmarks.fleetpeer import measure_beside_smg
     from benchmarks.fleetreport import goal_rows, render_fleet
+
+    names = args.fleet_only or ALL_WORKLOADS
+    unknown = sorted(set(names) - set(ALL_WORKLOADS))
+    if unknown:
+        print(f"benchmarks: --fleet-only: no workload {', '.join(unknown)}", file=sys.stderr)
+        return 2
 
     out = args.out or DEFAULT_OUT.parent / "fleet.json"
     s = QUICK if args.quick else FleetSettings()
@@ -347,12 +355,15 @@ def main_fleet(args: argparse.Namespace) -> int:
     with _workdir("iop-bench-fleet-", args.keep) as tmp:
         pool = Pool(1)
         try:
-            result["fleet"] = fleet = measure_fleet(pool, tmp, s)
-            if smg is not None:
-                policy = "least_loaded" if "cache_aware" in fleet["skipped"] else "cache_aware"
-                fleet["peers"] = measure_beside_smg(pool, tmp / "smg", s, smg, policy)
-            else:
+            result["fleet"] = fleet = measure_fleet(pool, tmp, s, names=names)
+            if smg is None:
                 fleet["peers"] = {"error": why}
+            elif set(names) - {"pressure"}:
+                policy = "least_loaded" if "cache_aware" in fleet["skipped"] else "cache_aware"
+                fleet["peers"] = measure_beside_smg(pool, tmp / "smg", s, smg, policy, names=names)
+            if "pressure" in names and sim_has_kv():
+                p = pressure.QUICK if args.quick else pressure.PressureSettings()
+                fleet["pressure"] = pressure.measure_pressure(pool, tmp, p, smg)
         finally:
             pool.close()
         fleet["goals"] = goal_rows(fleet)
@@ -384,7 +395,7 @@ def main_tenants(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.fleet:
+    if args.fleet or args.fleet_only:
         return main_fleet(args)
     if args.tenants:
         return main_tenants(args)

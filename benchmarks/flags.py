@@ -24,7 +24,9 @@ nodes' state, Watch against Describe polling, `benchmarks.controlplane`),
 against a static list of them, `benchmarks.discovery`), `--fleet`
 (routing policies over four simulated nodes with a KV cache, `benchmarks.fleet`; with
 `--peers`, or whenever the pinned SMG is installed, SMG beside the edge on four HTTP
-workers, `benchmarks.fleetpeer`; writes results/fleet.json), `--tenants` (fair share
+workers, `benchmarks.fleetpeer`; and the cache-pressure workload, `benchmarks.pressure`;
+writes results/fleet.json; `--fleet-only NAMES` the same for some workloads only),
+`--tenants` (fair share
 when the fleet is full: tenants, weights and service tiers beside a flood, the fair
 and FIFO admission policies side by side, `benchmarks.tenants`; writes
 results/tenants.json).
@@ -176,9 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fleet",
         action="store_true",
-        help="only the routing policies over 4 simulated nodes with a KV cache (four "
-        "workloads, two edges; with --peers or an installed SMG, SMG beside the edge); "
-        "writes results/fleet.json",
+        help="only the routing policies over 4 simulated nodes with a KV cache (five "
+        "workloads, cache pressure among them; two edges; with --peers or an installed SMG, "
+        "SMG beside the edge); writes results/fleet.json",
+    )
+    p.add_argument(
+        "--fleet-only",
+        metavar="NAMES",
+        type=lambda text: tuple(x.strip() for x in text.split(",") if x.strip()),
+        default=None,
+        help="--fleet with these workloads only, comma-separated: shared, sessions, hot, "
+        "random, pressure (the cache-pressure workload: ~6 minutes with SMG)",
     )
     p.add_argument(
         "--tenants",

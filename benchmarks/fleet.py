@@ -21,11 +21,13 @@ nodes (the shared-prefix workload split between them, `cache_aware`) beside one 
 A policy this edge refuses (its config check) is skipped with the edge's own words; a
 node without the KV flags (an older `iop-sim-node`) is run without them and caches
 nothing, and the run says so. SMG beside the edge on the same workloads:
-`benchmarks.fleetpeer`.
+`benchmarks.fleetpeer`; the cache-pressure workload (open-loop, rising rates, the
+exact index against the approximate one): `benchmarks.pressure`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import subprocess
 import sys
@@ -62,6 +64,8 @@ RUNS_LOG_WAIT_S = 5.0
 BLOCK_TOKENS = 64
 POLICIES = ("least_loaded", "affinity", "cache_aware")
 WORKLOADS = ("shared", "sessions", "hot", "random")
+# `--fleet-only` takes these and the cache-pressure workload (`benchmarks.pressure`).
+ALL_WORKLOADS = (*WORKLOADS, "pressure")
 mono = time.monotonic
 
 
@@ -135,10 +139,27 @@ def sim_has_kv() -> bool:
     return "--kv-tokens" in done.stdout and "--prefill-us-per-token" in done.stdout
 
 
-@contextmanager
-def sim_fleet(where: Path, s: FleetSettings) -> Iterator[SimFleet]:
+def node_flags(s: FleetSettings) -> list[str]:
+    """The `iop-sim-node` flags of the fleet run's nodes: their slots, and the KV model
+    when this node has it."""
+    flags = ["--max-runs", str(s.max_runs)]
+    if sim_has_kv():
+        flags += [
+            "--kv-tokens", str(s.kv_tokens),
+            "--prefill-us-per-token", str(s.prefill_us_per_token),
+        ]  # fmt: skip
+    return flags
+
+
+def sim_fleet(where: Path, s: FleetSettings) -> contextlib.AbstractContextManager[SimFleet]:
     """`s.nodes` simulated nodes in one process, each with its KV cache; stopped after."""
-    fleet = SimFleet(where, s)
+    return sim_nodes(where, s.nodes, node_flags(s))
+
+
+@contextmanager
+def sim_nodes(where: Path, nodes: int, flags: list[str]) -> Iterator[SimFleet]:
+    """`nodes` simulated nodes in one process, started with `flags`; stopped after."""
+    fleet = SimFleet(where, nodes, flags)
     try:
         fleet.start()
         yield fleet
@@ -149,30 +170,26 @@ def sim_fleet(where: Path, s: FleetSettings) -> Iterator[SimFleet]:
 class SimFleet:
     """One `iop-sim-node --nodes N` process: its nodes' addresses and runs logs."""
 
-    def __init__(self, where: Path, s: FleetSettings) -> None:
+    def __init__(self, where: Path, nodes: int, flags: list[str]) -> None:
         self.where = where
-        self.s = s
+        self.nodes = nodes
+        self.flags = flags
         self.proc: subprocess.Popen[bytes] | None = None
         self.addresses: list[str] = []
 
     def start(self) -> None:
-        s = self.s
+        nodes = self.nodes
         log = self.where / "sim.log"
         flags = [
-            "--nodes", str(s.nodes), "--listen", "127.0.0.1:0", "--name", "fleet",
-            "--runs-log", str(self.where / "runs.jsonl"), "--max-runs", str(s.max_runs),
+            "--nodes", str(nodes), "--listen", "127.0.0.1:0", "--name", "fleet",
+            "--runs-log", str(self.where / "runs.jsonl"), *self.flags,
         ]  # fmt: skip
-        if sim_has_kv():
-            flags += [
-                "--kv-tokens", str(s.kv_tokens),
-                "--prefill-us-per-token", str(s.prefill_us_per_token),
-            ]  # fmt: skip
         self.proc = spawn([venv_script("iop-sim-node"), *flags], log)
         deadline = mono() + STARTUP_TIMEOUT_S
         while mono() < deadline:
             lines = [x for x in log.read_text(errors="replace").splitlines() if "listening on" in x]
-            if len(lines) >= s.nodes:
-                self.addresses = [x.rsplit(" ", 1)[-1] for x in lines[: s.nodes]]
+            if len(lines) >= nodes:
+                self.addresses = [x.rsplit(" ", 1)[-1] for x in lines[:nodes]]
                 return
             if self.proc.poll() is not None:
                 raise SystemExit(f"iop-sim-node exited: {log.read_text()[-500:]}")
@@ -180,7 +197,7 @@ class SimFleet:
         raise SystemExit("iop-sim-node did not start in time")
 
     def runs_log(self, i: int) -> Path:
-        return self.where / (f"runs-{i + 1}.jsonl" if self.s.nodes > 1 else "runs.jsonl")
+        return self.where / (f"runs-{i + 1}.jsonl" if self.nodes > 1 else "runs.jsonl")
 
     def runs_per_node(self, expected: int) -> list[int]:
         """Runs each node logged, once they add up to `expected` (a node writes a run's
@@ -188,7 +205,7 @@ class SimFleet:
         deadline = mono() + RUNS_LOG_WAIT_S
         while True:
             counts = []
-            for i in range(self.s.nodes):
+            for i in range(self.nodes):
                 path = self.runs_log(i)
                 text = path.read_text(errors="replace") if path.exists() else ""
                 counts.append(sum(1 for line in text.splitlines() if '"run_id"' in line))
@@ -212,7 +229,7 @@ total_s = 600
 
 [routing]
 policy = "{policy}"
-"""
+{extra}"""
 
 
 @dataclass
@@ -231,9 +248,12 @@ class Edges:
 
 
 @contextmanager
-def edges(where: Path, node_sets: list[list[str]], policy: str) -> Iterator[Edges]:
-    """One edge per entry of `node_sets`, in front of those nodes with `policy`, all
-    started at once, then each ready with every node up.
+def edges(
+    where: Path, node_sets: list[list[str]], policy: str, extra: str = "", node_keys: str = ""
+) -> Iterator[Edges]:
+    """One edge per entry of `node_sets`, in front of those nodes with `policy` (and the
+    config tables `extra`, and the keys `node_keys` in each `[[nodes]]`), all started at
+    once, then each ready with every node up.
 
     Raises `Refused` with the edge's own words when one exits at startup (its
     configuration refused). An edge whose port was taken between `free_port` and its
@@ -245,11 +265,11 @@ def edges(where: Path, node_sets: list[list[str]], policy: str) -> Iterator[Edge
     def start(e: int) -> tuple[subprocess.Popen[bytes], int]:
         port = free_port()
         nodes = "".join(
-            f'\n[[nodes]]\nname = "node-{i + 1}"\naddress = "{a}"\n'
+            f'\n[[nodes]]\nname = "node-{i + 1}"\naddress = "{a}"\n{node_keys}'
             for i, a in enumerate(node_sets[e])
         )
         config = where / f"edge-{e}.toml"
-        config.write_text(EDGE_CONFIG.format(port=port, policy=policy) + nodes)
+        config.write_text(EDGE_CONFIG.format(port=port, policy=policy, extra=extra) + nodes)
         return spawn(
             [venv_script("iop-edge"), "--config", str(config)], where / f"edge-{e}.log"
         ), port
@@ -307,10 +327,14 @@ def measure_cell(
 
 
 def measure_fleet(
-    pool: Pool, tmp: Path, s: FleetSettings, log: Callable[[str], None] | None = None
+    pool: Pool,
+    tmp: Path,
+    s: FleetSettings,
+    log: Callable[[str], None] | None = None,
+    names: tuple[str, ...] = WORKLOADS,
 ) -> dict[str, Any]:
-    """Every policy on every workload (the policies in turn within a workload), then two
-    edges on the shared-prefix workload."""
+    """Every policy on every workload of `names` (the policies in turn within a workload),
+    then two edges on the shared-prefix workload (when `names` has it)."""
     say = log or (lambda text: print(text, file=sys.stderr, flush=True))
     kv = sim_has_kv()
     out: dict[str, Any] = {
@@ -323,7 +347,7 @@ def measure_fleet(
             "(hit ratio 0) and prefill takes no time"
         )
     policies = list(POLICIES)
-    for name in WORKLOADS:
+    for name in (n for n in WORKLOADS if n in names):
         w = workload(name, s)
         out["workloads"][name] = {
             "label": w.name, "requests": w.requests, "working_set_tokens": w.working_set_tokens,
@@ -339,7 +363,8 @@ def measure_fleet(
                 continue
             out["cells"].setdefault(name, {})[policy] = cell
             say(f"fleet: {w.name}, {policy}: {_line(cell)}")
-    out["two_edges"] = two_edges(pool, tmp, s, policies, say)
+    if "shared" in names:
+        out["two_edges"] = two_edges(pool, tmp, s, policies, say)
     return out
 
 

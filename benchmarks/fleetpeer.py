@@ -158,8 +158,9 @@ def measure_beside_smg(
     smg: Path,
     policy: str,
     log: Callable[[str], None] | None = None,
+    names: tuple[str, ...] = WORKLOADS,
 ) -> dict[str, Any]:
-    """Every workload through SMG, then through this edge (`policy`), in turn: on the
+    """Every workload of `names` through SMG, then through this edge (`policy`), in turn: on the
     machine's CPUs shared by every process (`cells`), then, on a machine with two or
     more, with the gateway on a CPU of its own (`cells_apart`)."""
     say = log or (lambda text: print(text, file=sys.stderr, flush=True))
@@ -171,7 +172,7 @@ def measure_beside_smg(
     if can_set_apart():
         out["cells_apart"] = {}
         modes.append(("cells_apart", True))
-    for name in WORKLOADS:
+    for name in (n for n in WORKLOADS if n in names):
         for key, apart in modes:
             for gateway in ("SMG", "iop-edge"):
                 where = tmp / key / name / gateway

@@ -13,7 +13,11 @@ uses `sim-echo`, which answers the last user message (kept short here) word by w
   whole history plus the call and its result (the prompt grows every turn);
 - hot prefix: half the requests share one system prompt, the other half each have a
   random one of the same length;
-- random: every request a random system prompt of that length (the control).
+- random: every request a random system prompt of that length (the control);
+- pressure: inference-perf's many-system-prompts shape (`pressure`): many groups of long
+  system prompts, one group drawn at random for each request with its own short
+  question, sent open-loop at arrival times that rise stage by stage (a Poisson
+  process at each stage's rate), not at a fixed concurrency.
 
 Random text starts at the first character of the first message, so two random prompts
 share no whole block of the prompt's rendering. Sizes are in tokens of 4 characters
@@ -62,6 +66,11 @@ class Workload:
     sequences: list[list[bytes]]
     # The distinct prompt tokens a cache would need to hold to serve every reuse.
     working_set_tokens: int
+    # Open loop: when each sequence's one request is sent, in seconds from the start
+    # (empty: the sequences are played at the run's concurrency), and the stages those
+    # times were drawn at: (requests a second, seconds) each.
+    arrivals: tuple[float, ...] = ()
+    stages: tuple[tuple[float, float], ...] = ()
 
     @property
     def requests(self) -> int:
@@ -189,3 +198,51 @@ def random_prompts(seed: int, requests: int, prefix_tokens: int) -> Workload:
         for i in range(requests)
     ]
     return Workload("random", sequences, 0)
+
+
+def arrivals(seed: int, stages: tuple[tuple[float, float], ...]) -> list[float]:
+    """Send times of a Poisson process whose rate is each stage's in turn, `(rate, seconds)`
+    one after the other, in seconds from the start; deterministic from `seed`."""
+    rng = _rng(seed, "arrivals")
+    times: list[float] = []
+    start = 0.0
+    for rate, seconds in stages:
+        at = start
+        while rate > 0:
+            at += rng.expovariate(rate)
+            if at >= start + seconds:
+                break
+            times.append(at)
+        start += seconds
+    return times
+
+
+def pressure(
+    seed: int, groups: int, prefix_tokens: int, question_words: int,
+    stages: tuple[tuple[float, float], ...],
+) -> Workload:  # fmt: skip
+    """`groups` system prompts of `prefix_tokens`; one request per arrival (`arrivals`), its
+    group drawn at random, with a question of its own of `question_words` words (which
+    `sim-echo` answers word by word: the answer is as long as the question)."""
+    prefixes = [text(_rng(seed, "pgroup", g), prefix_tokens) for g in range(groups)]
+    times = arrivals(seed, stages)
+    pick = _rng(seed, "pgroups")
+    sequences = []
+    for i in range(len(times)):
+        words = " ".join(_rng(seed, "pq", i).choices(WORDS, k=max(1, question_words - 2)))
+        sequences.append([_ask(prefixes[pick.randrange(groups)], f"Question {i}: {words}")])
+    return Workload(
+        "pressure", sequences, groups * prefix_tokens, arrivals=tuple(times), stages=stages
+    )
+
+
+def other_traffic(seed: int, rate: float, seconds: float, prefix_tokens: int) -> Workload:
+    """Requests of random prompts of `prefix_tokens` (nothing to reuse, every one a whole
+    prefill) at Poisson arrivals of `rate` a second for `seconds`: traffic that reaches
+    nodes without passing the gateway measured (another gateway's, a batch job's)."""
+    times = arrivals(_rng(seed, "other").randrange(2**32), ((rate, seconds),))
+    sequences = [
+        [_ask(text(_rng(seed, "other", i), prefix_tokens), _question(_rng(seed, "oq", i), i))]
+        for i in range(len(times))
+    ]
+    return Workload("other traffic", sequences, 0, arrivals=tuple(times), stages=((rate, seconds),))

@@ -400,3 +400,35 @@ async def test_a_node_without_the_cache_model_reports_no_cache(sim: SimProcess) 
     assert (report.kv_cache_tokens, report.kv_cache_used_tokens) == (None, None)
     assert (list(report.kv_blocks_stored), report.kv_blocks_snapshot) == ([], False)
     assert usage.cached_input_tokens == 0
+
+
+async def _no_reports_scenario(address: str) -> dict[str, Any]:
+    """A run of two blocks twice under a watcher; what the watcher was told."""
+    channel = _channel(address)
+    stub = pb.NodeServiceStub(channel)
+    try:
+        async with _watching(address) as watcher:
+            await watcher.next()
+            blocks = [701, 702]
+            first = await _usage(stub, _request("r1", blocks))
+            second = await _usage(stub, _request("r2", blocks))
+            # Reports until one says no run is in flight: the runs' changes were reported.
+            await watcher.next()
+            await watcher.until(lambda w: w.reports[-1].kv_cache_used_tokens == 0)
+        return {"usage": (first, second), "reports": watcher.reports}
+    finally:
+        channel.close()
+
+
+async def test_a_node_without_kv_reports_caches_but_tells_no_blocks(tmp_path: Path) -> None:
+    """With --no-kv-reports the cache model runs (a repeated prefix is cached, its prefill
+    skipped) and Describe and Watch say its capacity and use, but no report carries a
+    block, stored, evicted or as a snapshot: the edge keeps an approximate index of it."""
+    flags = (*KV_FLAGS, "--no-kv-reports")
+    seen = await _on_node(tmp_path, "noreports", flags, _no_reports_scenario)
+    first, second = seen["usage"]
+    assert (first.cached_input_tokens, second.cached_input_tokens) == (0, 2 * BLOCK_TOKENS)
+    reports = seen["reports"]
+    assert all(r.kv_cache_tokens == 4096 for r in reports)
+    assert not any(r.kv_blocks_snapshot for r in reports)
+    assert [b for r in reports for b in [*r.kv_blocks_stored, *r.kv_blocks_evicted]] == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.fleetreport import goal_rows, render_peers
+from benchmarks.fleetreport import goal_rows, render_peers, render_pressure
 
 
 def _cell(hit: float) -> dict[str, Any]:
@@ -52,3 +52,43 @@ def test_cells_with_the_gateway_apart_have_tables_and_goals_of_their_own() -> No
     assert rows[
         "beside SMG (gateway on its own CPU), shared prefixes: TTFT p50, edge / SMG <= 1"
     ] == ("0.667x", "yes")
+
+
+def test_cache_pressure_goals_compare_the_exact_index_with_the_approximate_one_and_smg() -> None:
+    """The cache-pressure goals are ratios of the exact index's figures to the approximate
+    index's and SMG's in the same mode, each mode's rows its own; the restated hit ratio
+    goal is the distance to the workload's ceiling; every table shows the ceiling."""
+
+    def cell(p90: float, out: float, hit: float) -> dict[str, Any]:
+        return {**_cell(hit), "ttft_p90_ms": p90, "output_tok_per_s": out,
+                "stage_ttft_p90_ms": [p90]}  # fmt: skip
+
+    cells = {
+        "cache_aware, approximate": cell(1000.0, 900.0, 0.7),
+        "cache_aware, exact": cell(150.0, 1200.0, 0.9),
+        "SMG": cell(1000.0, 1000.0, 0.7),
+    }
+    pressure = {
+        "settings": {"stages": [[10.0, 6.0]], "stage_s": 6.0, "groups": 32,
+                     "prefix_tokens": 2048, "nodes": 4, "kv_tokens": 22464,
+                     "question_words": 32, "prefill_us_per_token": 200.0,
+                     "decode_tokens_per_s": 64.0, "max_runs": 8, "other_rate": 3.0,
+                     "other_tokens": 2048, "other_nodes": 1},
+        "workload": {"requests": 60, "prefix_share": 0.73, "ceiling": 0.95,
+                     "capacity_no_reuse": 32.2, "capacity_at_ceiling": 52.9},
+        "cells": {"apart": cells, "shared": {**cells, "SMG": cell(100.0, 1300.0, 0.95)}},
+    }  # fmt: skip
+    result = {"pressure": pressure, "workloads": {"shared": {"ceiling": 0.9}},
+              "cells": {"shared": {"cache_aware": _cell(0.87)}}}  # fmt: skip
+    rows = {goal: (measured, met) for goal, measured, met in goal_rows(result)}
+    apart = "cache pressure (gateway on its own CPU)"
+    assert rows[f"{apart}: TTFT p90, exact / approximate <= 1/5"] == ("0.15x", "yes")
+    assert rows[f"{apart}: output tok/s, exact / SMG >= 1.2"] == ("1.2x", "yes")
+    assert rows[f"{apart}: hit ratio, exact / SMG >= 1.2"] == ("1.29x", "yes")
+    assert rows["cache pressure (shared cores): TTFT p90, exact / SMG <= 1/5"] == ("1.5x", "NO")
+    assert rows["shared prefixes: hit ratio, ceiling - cache_aware <= 0.05 (ceiling 0.900)"] == (
+        "0.03",
+        "yes",
+    )
+    text = "\n".join(render_pressure(pressure))
+    assert text.count("| 0.950   |") == 6

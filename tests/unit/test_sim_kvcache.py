@@ -22,6 +22,7 @@ from edge.contract.prefix import (
 )
 from edge.nodes.sim import cli
 from edge.nodes.sim.kvcache import MAX_KV_TOKENS, KVCache, KVSettings, prompt
+from edge.nodes.sim.server import SimNode
 
 
 def _events(cache: KVCache, position: int) -> tuple[list[int], list[int]]:
@@ -254,3 +255,15 @@ def test_the_node_refuses_a_cache_model_flag_out_of_range(
     error = capsys.readouterr().err
     assert flags[0] in error
     assert message in error
+
+
+def test_a_node_without_kv_reports_keeps_its_cache_and_no_block_log() -> None:
+    """`kv_reports=False` (`--no-kv-reports`): the node still models its cache, but gives
+    its Watch reports no block log, so they carry no KV block events; by default, with
+    the cache model on, the cache's log is the node's."""
+    quiet = SimNode(kv=KVSettings(kv_tokens=4096), kv_reports=False)
+    assert quiet.cache is not None
+    assert quiet.block_log is None
+    told = SimNode(kv=KVSettings(kv_tokens=4096))
+    assert told.cache is not None
+    assert told.block_log is told.cache.log

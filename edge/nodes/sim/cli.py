@@ -3,6 +3,7 @@
     iop-sim-node [--listen HOST:PORT] [--runs-log FILE] [--name NAME]
                  [--max-runs N] [--nodes K] [--no-watch] [--no-continuation]
                  [--kv-tokens N] [--prefill-us-per-token U] [--decode-tokens-per-s R]
+                 [--no-kv-reports]
                  [--token-file FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
                  [--insecure]
 
@@ -18,7 +19,9 @@ asyncio loop and do nothing while idle.
 `--kv-tokens N` turns on each node's KV cache model (`edge.nodes.sim.kvcache`:
 N // 64 blocks, at most 4,194,304 tokens), with `--prefill-us-per-token U`
 per uncached prompt token before a run's first event; `--decode-tokens-per-s
-R` paces deltas (docs/simulated-node.md). `--no-continuation`: the models say
+R` paces deltas (docs/simulated-node.md). `--no-kv-reports`: the cache model runs,
+but Watch reports carry no KV block events (as a node whose model server publishes
+none; the edge then keeps an approximate index of it). `--no-continuation`: the models say
 they do not continue answers (RunRequest.continuation), as a node older than
 that field.
 
@@ -127,6 +130,7 @@ async def _serve(
     kv: KVSettings,
     continuation: bool = True,
     guard: NodeGuard | None = None,
+    kv_reports: bool = True,
 ) -> int:
     # Tracing: the OTEL_* environment variables (edge.observe.tracing), off by default.
     tracing = setup_tracing(service="iop-sim-node")
@@ -141,6 +145,7 @@ async def _serve(
                 watch=watch,
                 kv=kv,
                 continuation=continuation,
+                kv_reports=kv_reports,
             )
             node_port = port + index - 1 if port else 0
             try:
@@ -168,7 +173,7 @@ async def _serve(
             await asyncio.to_thread(tracing.shutdown)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="iop-sim-node", description=__doc__)
     parser.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 50051))
     parser.add_argument("--runs-log", type=Path, default=None, help="append one JSON line per run")
@@ -218,7 +223,17 @@ def main(argv: list[str] | None = None) -> int:
         help="send deltas at R tokens a second, 4 characters a token (0: as fast as the model"
         " or script says, the default)",
     )
+    parser.add_argument(
+        "--no-kv-reports", action="store_true",
+        help="with --kv-tokens: Watch reports carry no KV block events (the edge's index of"
+        " the node is then approximate), as a model server that publishes none",
+    )  # fmt: skip
     add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     host, port = args.listen
     try:
@@ -244,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             kv,
             continuation=not args.no_continuation,
             guard=guard,
+            kv_reports=not args.no_kv_reports,
         )
     )
 

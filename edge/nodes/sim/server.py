@@ -72,7 +72,8 @@ another run is still computing waits for them), waits its prefill time
 (`input_tokens`, `cached_input_tokens`) unless a script gives its own usage.
 Describe reports the capacity and use (`kv_cache_tokens`,
 `kv_cache_used_tokens`), and Watch the blocks stored and evicted (the
-cache's `BlockLog`). `decode_tokens_per_s` paces deltas, cache
+cache's `BlockLog`; none with `kv_reports=False`, `--no-kv-reports`).
+`decode_tokens_per_s` paces deltas, cache
 model or not: a delta of N characters is max(1, N // 4) tokens, sent once
 they are decoded.
 
@@ -229,7 +230,10 @@ class SimNode(NodeService):
     wait in `hold`, before they are accepted. `kv`: the KV cache model and
     the run's timing (the module says what they do). `continuation`: whether
     the models continue answers (Describe says so; without it, a run that
-    continues one answers an error event).
+    continues one answers an error event). `kv_reports` False: Watch reports
+    carry no KV block events (the cache model still runs and its capacity and
+    use are reported), as a node whose model server publishes none: the edge
+    keeps an approximate index of it.
     """
 
     def __init__(
@@ -242,6 +246,7 @@ class SimNode(NodeService):
         watch: bool = True,
         kv: KVSettings | None = None,
         continuation: bool = True,
+        kv_reports: bool = True,
     ) -> None:
         super().__init__(name, runs_log, tracing=tracing)
         self.serves_watch = watch
@@ -254,7 +259,7 @@ class SimNode(NodeService):
         # The prompt tokens of each run past its prefill's start, by the run's id(): what
         # the cache holds for runs in flight (the rest of it is reusable, evictable).
         self._kv_in_use: dict[int, int] = {}
-        if self.cache is not None:
+        if self.cache is not None and kv_reports:
             self.block_log = self.cache.log
         # The handler tasks of the runs holding a place (given back when they end).
         self._placed: set[asyncio.Task[Any]] = set()
