@@ -1,9 +1,11 @@
 """`--ab REV`: the headline workloads, this tree against git revision REV, alternating.
 
 REV is checked out with `git worktree add --detach` into the run's temporary directory
-(removed at the end). When its `[project] dependencies` match this tree's, its edge
-runs on this venv with the checkout first on PYTHONPATH; otherwise a venv of its own
-is built in the temporary directory (`pip install`, bounded). Only the edge process
+(removed at the end). When each of its `[project] dependencies` is one of this
+tree's (the same pin), its edge runs on this venv with the checkout alone on
+PYTHONPATH; otherwise a venv of its own is built in the temporary directory (`pip
+install`, bounded), and its edge runs with no PYTHONPATH (an inherited one would put
+this tree's code first). Only the edge process
 changes sides: the simulated node and the load generator (with its direct baseline
 through `edge.node.client`) are this tree's in every run, so both sides face the same
 upstream and the same client.
@@ -77,7 +79,7 @@ def _source(rev: str, sha: str, where: Path, tmp: Path) -> EdgeSource:
     label = f"{rev} ({sha[:10]})"
     ours = _dependencies((ROOT / "pyproject.toml").read_text())
     theirs = _dependencies((where / "pyproject.toml").read_text())
-    if ours == theirs:
+    if set(theirs) <= set(ours):
         return EdgeSource(label=label, env=(("PYTHONPATH", str(where)),))
     venv = tmp / "rev-venv"
     print(f"{rev}: other dependencies; building a venv for it in {venv}", file=sys.stderr)
@@ -87,7 +89,9 @@ def _source(rev: str, sha: str, where: Path, tmp: Path) -> EdgeSource:
          "--disable-pip-version-check", str(where)],
         check=True, timeout=VENV_TIMEOUT_S,
     )  # fmt: skip
-    return EdgeSource(label=label, command=(str(venv / "bin" / "iop-edge"),))
+    return EdgeSource(
+        label=label, command=(str(venv / "bin" / "iop-edge"),), env=(("PYTHONPATH", ""),)
+    )
 
 
 def remove_checkout(where: Path) -> None:

@@ -36,6 +36,7 @@ from benchmarks.report import fmt, sig, table
 from benchmarks.scripts import SHORT_SCRIPT, chat_body, long_script
 from benchmarks.stack import EdgeSource, Stack
 
+ROOT = Path(__file__).resolve().parent.parent
 REQUEST_TIMEOUT_S = 60.0
 # The edge drains (2 s in the stack's config), then cProfile writes its file.
 EXIT_TIMEOUT_S = 60.0
@@ -199,7 +200,8 @@ def run_calls(rev: str | None, s: CallSettings, tmp: Path, log: Log) -> dict[str
     """This tree's calls per request (A), and REV's (B) when given."""
     if s.large <= s.small or s.small < 0 or s.warmup < 0:
         raise ValueError("--calls-requests SMALL,LARGE needs 0 <= SMALL < LARGE")
-    sides = {"A": EdgeSource(label=tree_label())}
+    # This tree's edge is this tree's code, whatever PYTHONPATH or the venv would import.
+    sides = {"A": EdgeSource(label=tree_label(), env=(("PYTHONPATH", str(ROOT)),))}
     result: dict[str, Any] = {"settings": {**asdict(s), "workloads": [w.name for w in s.workloads]}}
     where = None
     try:
@@ -284,14 +286,20 @@ def _differences(w: dict[str, Any]) -> list[str]:
     rows = [
         [f"{d['delta']:+,.1f}", fmt(d["a"]) if d["only"] != "B" else "-",
          fmt(d["b"]) if d["only"] != "A" else "-",
-         f"{d['file']}:{d['name']}" + {"A": " (new)", "B": " (gone)", None: ""}[d["only"]]]
+         f"{d['file']}:{d['name']}" + _mark(d)]
         for d in w["differences"]
     ]  # fmt: skip
     title = (
         f"{w['label']}: the {len(rows)} functions whose calls per request differ most "
-        "(new: only in A's profiles; gone: only in B's)"
+        "(new: only in A's profiles; gone: only in B's; B: B's file of a function that moved)"
     )
     return [title, table(["A - B", "A", "B", "function"], rows)]
+
+
+def _mark(d: dict[str, Any]) -> str:
+    if d.get("moved_from"):
+        return f" (B: {d['moved_from']})"
+    return {"A": " (new)", "B": " (gone)", None: ""}[d["only"]]
 
 
 def _areas(ws: list[dict[str, Any]], ab: bool, top: int = 14) -> list[str]:

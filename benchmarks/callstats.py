@@ -12,7 +12,11 @@ that wrote them (`benchmarks.calls`).
   `small`, over `large - small` (`per_request`): what starting and stopping the edge
   costs is in both runs and cancels out.
 - `differences`: the functions whose calls per request differ most between two trees,
-  with those found in only one of them marked; `areas`: calls per request by package.
+  with those found in only one of them marked, and a function that changed files
+  compared with itself (found by its name, when one function of that name is in each
+  tree alone); `areas`: calls per request by package.
+- Some C methods are named with their type's address (`__new__ of type object at
+  0x...`), which changes from process to process: `normal_name` drops it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ BUILTIN_FILE = "~"
 STDLIB = "<stdlib>"
 _SITE = re.compile(r"/(?:site|dist)-packages/(.+)$")
 _STDLIB = re.compile(r"/lib/python\d+\.\d+/(.+)$")
+# cProfile names a type's C methods by the type's address (`... of type object at 0x...`),
+# which differs from one process to the next.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def normal_path(path: str, roots: Iterable[str] = ()) -> str:
@@ -47,6 +54,11 @@ def normal_path(path: str, roots: Iterable[str] = ()) -> str:
     return path
 
 
+def normal_name(name: str) -> str:
+    """A function's name without the address cProfile gives some C methods."""
+    return _ADDRESS.sub("", name) if " at 0x" in name else name
+
+
 def counts(
     stats: Mapping[tuple[str, int, str], tuple[object, ...]], roots: Iterable[str] = ()
 ) -> dict[Key, int]:
@@ -55,7 +67,7 @@ def counts(
     roots = tuple(roots)
     out: dict[Key, int] = {}
     for (path, _line, name), row in stats.items():
-        key = (normal_path(path, roots), name)
+        key = (normal_path(path, roots), normal_name(name))
         calls = row[1]
         assert isinstance(calls, int)
         out[key] = out.get(key, 0) + calls
@@ -83,14 +95,16 @@ def total(calls: Mapping[Key, float]) -> float:
 
 @dataclass(frozen=True)
 class Difference:
-    """One function's calls per request in A and B; `only` is "A" or "B" when the
-    function is in one tree's profiles only (new in A, or gone from it)."""
+    """One function's calls per request in A and B. `only` is "A" or "B" when the
+    function is in one tree's profiles only (new in A, or gone from it); `moved_from`
+    is B's file of a function that A has in another file."""
 
     file: str
     name: str
     a: float
     b: float
     only: str | None
+    moved_from: str | None = None
 
     @property
     def delta(self) -> float:
@@ -101,15 +115,39 @@ class Difference:
         return f"{self.file}:{self.name}"
 
 
+def moves(a: Mapping[Key, float], b: Mapping[Key, float]) -> dict[Key, Key]:
+    """A's key -> B's for a function that changed files: of the functions in one tree
+    only, the one name found once in A's only and once in B's only."""
+    new: dict[str, list[Key]] = {}
+    gone: dict[str, list[Key]] = {}
+    for key in a:
+        if key not in b:
+            new.setdefault(key[1], []).append(key)
+    for key in b:
+        if key not in a:
+            gone.setdefault(key[1], []).append(key)
+    return {
+        keys[0]: gone[name][0]
+        for name, keys in new.items()
+        if len(keys) == 1 and len(gone.get(name, ())) == 1
+    }
+
+
 def differences(
     a: Mapping[Key, float], b: Mapping[Key, float], top: int, floor: float = 0.05
 ) -> list[Difference]:
     """The `top` functions whose calls per request differ most between A and B (by
-    the size of the difference; ties by name), leaving out differences under `floor`."""
+    the size of the difference; ties by name), leaving out differences under `floor`.
+    A function that moved to another file (`moves`) is compared with itself."""
+    moved = moves(a, b)
+    paired = set(moved.values())
     rows = []
-    for key in {*a, *b}:
-        only = None if key in a and key in b else ("A" if key in a else "B")
-        row = Difference(key[0], key[1], a.get(key, 0.0), b.get(key, 0.0), only)
+    for key in {*a, *b} - paired:
+        if key in moved:
+            row = Difference(*key, a[key], b[moved[key]], None, moved[key][0])
+        else:
+            only = None if key in a and key in b else ("A" if key in a else "B")
+            row = Difference(*key, a.get(key, 0.0), b.get(key, 0.0), only)
         if abs(row.delta) >= floor:
             rows.append(row)
     rows.sort(key=lambda r: (-abs(r.delta), r.file, r.name))

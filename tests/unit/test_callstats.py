@@ -16,6 +16,8 @@ from benchmarks.callstats import (
     counts,
     differences,
     load,
+    moves,
+    normal_name,
     normal_path,
     per_request,
     total,
@@ -62,6 +64,19 @@ def test_counts_fold_line_numbers_and_trees_into_one_key() -> None:
     }
 
 
+def test_a_c_method_named_by_its_type_s_address_is_one_function_in_every_process() -> None:
+    """cProfile names some C methods with their type's address, which each process has
+    elsewhere: the name without it compares across runs and trees."""
+    name = "<built-in method __new__ of type object at 0x7fe9a885ea00>"
+    assert normal_name(name) == "<built-in method __new__ of type object>"
+    assert normal_name("<built-in method builtins.len>") == "<built-in method builtins.len>"
+    raw = {
+        ("~", 0, name): (3, 3, 0.0, 0.0, {}),
+        ("~", 0, name.replace("7fe9a885", "7f5a6d25")): (4, 4, 0.0, 0.0, {}),
+    }
+    assert counts(raw) == {("~", "<built-in method __new__ of type object>"): 7}
+
+
 def test_calls_per_request_are_the_difference_of_two_runs() -> None:
     """What both runs did once (start-up, shutdown) cancels; a function seen in one run
     only is there, at its share."""
@@ -88,6 +103,26 @@ def test_differences_are_largest_first_and_mark_functions_of_one_tree() -> None:
     ]
     assert rows[0].where == "x.py:more"
     assert [r.name for r in differences(a, b, top=1)] == ["more"]
+
+
+def test_a_function_that_moved_to_another_file_is_compared_with_itself() -> None:
+    """A name found once in A's functions alone and once in B's alone is one function
+    that changed files: one row, its difference, B's file beside it. A name found in
+    several files of one tree only stays apart (which of them moved is not known)."""
+    a = {
+        ("edge/fleet/turns.py", "after_io_wait"): 22.1,
+        ("edge/a.py", "f"): 1.0,
+        ("edge/b.py", "f"): 1.0,
+    }
+    b = {("edge/turns.py", "after_io_wait"): 21.4, ("edge/c.py", "f"): 3.0}  # fmt: skip
+    assert moves(a, b) == {
+        ("edge/fleet/turns.py", "after_io_wait"): ("edge/turns.py", "after_io_wait")
+    }
+    rows = {r.where: r for r in differences(a, b, top=10)}
+    moved = rows["edge/fleet/turns.py:after_io_wait"]
+    assert (moved.a, moved.b, moved.only, moved.moved_from) == (22.1, 21.4, None, "edge/turns.py")
+    assert "edge/turns.py:after_io_wait" not in rows
+    assert {rows["edge/c.py:f"].only, rows["edge/a.py:f"].only} == {"B", "A"}
 
 
 def test_areas_group_calls_by_package_and_edge_layer() -> None:
