@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ab import checkout, edge_module_path, remove_checkout, tree_label
-from benchmarks.callstats import Key, areas, differences, load, per_request, total
+from benchmarks.callstats import Key, areas, differences, load, merged, per_request, total
 from benchmarks.cleanup import stop
 from benchmarks.httpclient import ResponseReader, build_post
 from benchmarks.report import fmt, sig, table
@@ -37,6 +37,7 @@ from benchmarks.scripts import SHORT_SCRIPT, chat_body, long_script
 from benchmarks.stack import EdgeSource, Stack
 
 ROOT = Path(__file__).resolve().parent.parent
+THREADPROFILE = Path(__file__).resolve().parent / "threadprofile.py"
 REQUEST_TIMEOUT_S = 60.0
 # The edge drains (2 s in the stack's config), then cProfile writes its file.
 EXIT_TIMEOUT_S = 60.0
@@ -94,10 +95,12 @@ class CallSettings:
 
 @dataclass(frozen=True)
 class Run:
-    """One profiled edge: its calls per function, and what its client saw."""
+    """One profiled edge: its calls per function (every thread; `threads`: those other
+    than the main one, the event loop's), and what its client saw."""
 
     requests: int
     calls: dict[Key, int]
+    threads: dict[Key, int]
     frames_per_request: float
     seconds: float
 
@@ -105,16 +108,18 @@ class Run:
         return {
             "requests": self.requests,
             "calls": sum(self.calls.values()),
+            "calls_other_threads": sum(self.threads.values()),
             "content_frames_per_request": sig(self.frames_per_request),
             "seconds": sig(self.seconds),
         }
 
 
 def profiled(source: EdgeSource, out: Path) -> EdgeSource:
-    """`source`'s edge under cProfile, writing `out`. `-P`: the working directory is not
-    put first on sys.path, so the edge is the one `source` names."""
+    """`source`'s edge under cProfile, every thread (`benchmarks.threadprofile`), writing
+    `out` (the main thread) and `out`.threads (the others). `-P`: the script's folder is
+    not put first on sys.path, so the edge is the one `source` names."""
     python = str(Path(source.command[0]).parent / "python") if source.command else sys.executable
-    command = (python, "-P", "-m", "cProfile", "-o", str(out), "-m", "edge")
+    command = (python, "-P", str(THREADPROFILE), str(out), "-m", "edge")
     return EdgeSource(label=source.label, command=command, env=source.env)
 
 
@@ -163,9 +168,12 @@ def profile_run(
     with Stack(where, profiled(source, out)) as stack:
         frames = serve(stack.edge_port, workload, s.warmup, n)
         code = stop(stack.edge, wait_s=EXIT_TIMEOUT_S)
-        if code != 0 or not out.exists():
+        threads = Path(f"{out}.threads")
+        if code != 0 or not out.exists() or not threads.exists():
             raise RuntimeError(f"the profiled edge exited with {code}: {stack.edge_log()[-800:]}")
-    return Run(n, load(out, roots), frames / n if n else 0.0, time.monotonic() - started)
+    main, others = load(out, roots), load(threads, roots)
+    seconds = time.monotonic() - started
+    return Run(n, merged(main, others), others, frames / n if n else 0.0, seconds)
 
 
 def measure_workload(
@@ -185,8 +193,10 @@ def measure_workload(
     out["sides"] = {}
     for side, (small, large) in runs.items():
         per[side] = per_request(small.calls, large.calls, s.large - s.small)
+        threads = per_request(small.threads, large.threads, s.large - s.small)
         out["sides"][side] = {
             "per_request": sig(total(per[side]), 6),
+            "other_threads": sig(total(threads), 6),
             "runs": [small.summary(), large.summary()],
             "areas": {k: sig(v) for k, v in areas(per[side]).items() if abs(v) >= 0.05},
         }
@@ -249,7 +259,7 @@ def render_calls(result: dict[str, Any]) -> str:
     sides = list(labels)
     lines = [
         "",
-        "Function calls per request (cProfile, the edge's main thread; "
+        "Function calls per request (cProfile, every thread of the edge; "
         f"{result.get('elapsed_s', 0):.0f} s): runs of {s['small']:,} and {s['large']:,} "
         f"requests after {s['warmup']:,} warm-up, each a fresh edge; (the second's calls - "
         f"the first's) / {s['large'] - s['small']:,}.",
@@ -272,14 +282,18 @@ def render_calls(result: dict[str, Any]) -> str:
 
 
 def _runs(w: dict[str, Any], sides: list[str]) -> str:
-    """The long runs of a workload: their length, and the frames a stream came in."""
-    runs = ", ".join(
-        f"{side}: {r['requests']:,} requests in {r['seconds']:.0f} s"
-        + (f", {r['content_frames_per_request']:g} content frames each" if w["chunks"] else "")
-        for side in sides
-        for r in w["sides"][side]["runs"][1:]
-    )
-    return f"{w['label']}: {runs}"
+    """Per side: the calls per request in threads other than the event loop's, the
+    long run's length, and the frames a stream came in."""
+    parts = []
+    for side in sides:
+        figures = w["sides"][side]
+        run = figures["runs"][-1]
+        text = f"{side}: {fmt(figures.get('other_threads'))} in other threads"
+        text += f", {run['requests']:,} requests in {run['seconds']:.0f} s"
+        if w["chunks"]:
+            text += f", {run['content_frames_per_request']:g} content frames each"
+        parts.append(text)
+    return f"{w['label']}: " + "; ".join(parts)
 
 
 def _differences(w: dict[str, Any]) -> list[str]:

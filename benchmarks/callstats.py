@@ -79,6 +79,15 @@ def load(profile: Path, roots: Iterable[str] = ()) -> dict[Key, int]:
     return counts(pstats.Stats(str(profile)).stats, roots)  # type: ignore[attr-defined]
 
 
+def merged(*tables: Mapping[Key, int]) -> dict[Key, int]:
+    """The calls of several profiles (a process's threads) added up by function."""
+    out: dict[Key, int] = {}
+    for table in tables:
+        for key, n in table.items():
+            out[key] = out.get(key, 0) + n
+    return out
+
+
 def per_request(
     small: Mapping[Key, int], large: Mapping[Key, int], requests: int
 ) -> dict[Key, float]:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.callstats import load
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN_S = 300.0  # four edges started under cProfile, on a loaded 2-core machine
 
@@ -48,3 +50,47 @@ def test_the_call_count_mode_reports_calls_per_request_of_this_tree(tmp_path: Pa
     assert "| stream of 5 chunks: per chunk " in done.stdout
     assert "a proxy for CPU" in done.stdout
     assert not list(tmp.iterdir())
+
+
+PROGRAM = """
+import sys, threading
+
+def work():
+    pass
+
+def in_thread():
+    for _ in range(3):
+        work()
+
+def on_main():
+    pass
+
+thread = threading.Thread(target=in_thread)
+thread.start()
+thread.join()
+on_main()
+sys.exit(3)
+"""
+
+
+def test_every_thread_of_the_program_is_profiled_and_its_exit_status_kept(
+    tmp_path: Path,
+) -> None:
+    """`benchmarks/threadprofile.py`, run by its path: the main thread's calls go to
+    OUT, a thread's started through `threading` to OUT.threads, and the program's own
+    exit status is the script's."""
+    (tmp_path / "program.py").write_text(PROGRAM)
+    out = tmp_path / "run.prof"
+    done = subprocess.run(
+        [sys.executable, "-P", str(ROOT / "benchmarks" / "threadprofile.py"), str(out),
+         "-m", "program"],
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    main = load(out, (str(tmp_path),))
+    threads = load(Path(f"{out}.threads"), (str(tmp_path),))
+    assert main[("program.py", "on_main")] == 1
+    assert ("program.py", "work") not in main
+    assert threads[("program.py", "work")] == 3
+    assert ("program.py", "on_main") not in threads
