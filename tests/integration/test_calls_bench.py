@@ -1,6 +1,6 @@
 """`make bench BENCH_ARGS=--calls` runs end to end on this tree: each workload's two
 profiled runs, the calls per request of each, the JSON and the table, and nothing left
-in the temporary directory."""
+in the temporary directory; and its profiler counts every thread of a program."""
 
 from __future__ import annotations
 

@@ -252,16 +252,16 @@ def test_a_chaos_run_stopped_by_sigint_stops_what_it_started(tmp_path: Path) -> 
 
 
 def test_a_call_count_run_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
-    """SIGTERM to `python -m benchmarks --calls` while its edge runs under cProfile and
-    its client sends requests: the edge and the node exit, and the run's temporary
-    directory (with the profile the stopped edge writes) is removed."""
+    """SIGTERM to `python -m benchmarks --calls` once its edge runs under the profiler
+    (`benchmarks/threadprofile.py`) beside its simulated node: both exit, and the run's
+    temporary directory (where a stopped edge writes its profile) is removed."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     argv = ["-m", "benchmarks", "--calls", "--calls-requests", "100000,100001"]
     argv += ["--calls-workloads", "nonstream", "--out", str(tmp_path / "calls.json")]
     with _program(argv, tmp) as program:
-        # Logged before the run's stack starts; the edge is up once the node is.
+        # Logged before the run's stack starts.
         _read_until(program.proc, "calls: non-stream request", START_S)
-        tree = _wait_tree(program, lambda t: _has(t, "cProfile", "iop-sim-node"), START_S)
+        tree = _wait_tree(program, lambda t: _has(t, "threadprofile", "iop-sim-node"), START_S)
         _stop_and_check(program, tree, signal.SIGTERM, tmp)
     assert not (tmp_path / "calls.json").exists()
