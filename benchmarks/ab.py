@@ -62,6 +62,12 @@ def _dependencies(pyproject: str) -> list[str]:
     return sorted(tomllib.loads(pyproject).get("project", {}).get("dependencies", []))
 
 
+def shares_venv(ours: str, theirs: str) -> bool:
+    """Whether a revision whose pyproject.toml is `theirs` runs on the venv of `ours`:
+    each of its `[project] dependencies` is one of ours, pinned alike."""
+    return set(_dependencies(theirs)) <= set(_dependencies(ours))
+
+
 def checkout(rev: str, tmp: Path) -> tuple[str, Path, EdgeSource]:
     """`git worktree add` REV under tmp; how to run its edge (PYTHONPATH or its own venv)."""
     sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
@@ -77,9 +83,8 @@ def checkout(rev: str, tmp: Path) -> tuple[str, Path, EdgeSource]:
 def _source(rev: str, sha: str, where: Path, tmp: Path) -> EdgeSource:
     """How to run the edge of the checkout at `where`: on this venv, or one of its own."""
     label = f"{rev} ({sha[:10]})"
-    ours = _dependencies((ROOT / "pyproject.toml").read_text())
-    theirs = _dependencies((where / "pyproject.toml").read_text())
-    if set(theirs) <= set(ours):
+    ours = (ROOT / "pyproject.toml").read_text()
+    if shares_venv(ours, (where / "pyproject.toml").read_text()):
         return EdgeSource(label=label, env=(("PYTHONPATH", str(where)),))
     venv = tmp / "rev-venv"
     print(f"{rev}: other dependencies; building a venv for it in {venv}", file=sys.stderr)

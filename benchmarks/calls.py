@@ -2,20 +2,22 @@
 no calibration, for this tree alone or against git revision REV (`--calls --ab REV`).
 
 Each run is a fresh stack (`benchmarks.stack.Stack`: this tree's simulated node, an edge
-of its own) whose edge runs under `python -P -m cProfile -o FILE -m edge`; one client
-sends the warm-up requests, then N, one at a time on one keep-alive connection, and
-the edge gets a SIGTERM: it drains, exits, and cProfile writes FILE. A workload runs
+of its own) whose edge runs under `python -P benchmarks/threadprofile.py FILE -m edge`
+(cProfile on every thread: the edge prepares a request in a worker thread); one client
+sends the warm-up requests, then N, one at a time on a keep-alive connection, and the
+edge gets a SIGTERM: it drains, exits, and the profiles are written. A workload runs
 twice per tree, with `small` and `large` requests after the same warm-up; the
 difference of the two runs' calls over `large - small` is the calls per request
 (`benchmarks.callstats.per_request`): start-up, warm-up and shutdown cancel out.
 
 The workloads: a non-streamed request (`SHORT_SCRIPT`) and streams of N zero-delay
-deltas (`streamN`), whose per-chunk figure is the 200-chunk stream's calls over its
-chunks, and the marginal one the difference of two stream sizes over their chunks.
+deltas (`streamN`); per chunk, the longest stream's calls over its chunks, and the
+marginal figure: the longest and the shortest streams' difference over their chunks'.
 
 A REV is checked out as `--ab` does (`benchmarks.ab.checkout`: a git worktree in the
 run's temporary directory, on this venv or a venv of its own) and removed at the end;
-the runs alternate A and B, workload by workload. Only the edge changes sides.
+the runs alternate A and B, workload by workload. Only the edge changes sides. What a
+run starts, `Stack` stops, however the run ends (`benchmarks.cleanup`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from benchmarks.stack import EdgeSource, Stack
 ROOT = Path(__file__).resolve().parent.parent
 THREADPROFILE = Path(__file__).resolve().parent / "threadprofile.py"
 REQUEST_TIMEOUT_S = 60.0
-# The edge drains (2 s in the stack's config), then cProfile writes its file.
+# The edge drains (2 s in the stack's config), then its profiles are written.
 EXIT_TIMEOUT_S = 60.0
 Log = Callable[[str], None]
 CAVEAT = (

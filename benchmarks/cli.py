@@ -387,13 +387,16 @@ def main_calls(args: argparse.Namespace) -> int:
     from benchmarks.calls import CallSettings, render_calls, run_calls, workloads
 
     requests = args.calls_requests
-    if len(requests) != 2:
-        print("benchmarks: --calls-requests takes SMALL,LARGE", file=sys.stderr)
+    try:
+        if len(requests) != 2 or not 0 <= requests[0] < requests[1]:
+            raise ValueError("--calls-requests takes SMALL,LARGE, 0 <= SMALL < LARGE")
+        s = CallSettings(
+            small=requests[0], large=requests[1], warmup=max(0, args.calls_warmup),
+            workloads=workloads(args.calls_workloads), top=args.calls_top,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"benchmarks: {exc}", file=sys.stderr)
         return 2
-    s = CallSettings(
-        small=requests[0], large=requests[1], warmup=args.calls_warmup,
-        workloads=workloads(args.calls_workloads), top=args.calls_top,
-    )  # fmt: skip
     out = args.out or DEFAULT_OUT.parent / "calls.json"
     started = time.monotonic()
     with _workdir("iop-bench-calls-", args.keep) as tmp:
