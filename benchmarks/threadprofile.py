@@ -32,7 +32,7 @@ class _Snapshot:
 
     def __init__(self, profile: cProfile.Profile) -> None:
         profile.snapshot_stats()
-        self.stats = profile.stats  # type: ignore[attr-defined]
+        self.stats = profile.stats
 
     def create_stats(self) -> None:
         pass
@@ -67,7 +67,7 @@ def main() -> None:
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     finally:
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
         _write(profile, out)
 
 
