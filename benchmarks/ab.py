@@ -1,9 +1,11 @@
 """`--ab REV`: the headline workloads, this tree against git revision REV, alternating.
 
 REV is checked out with `git worktree add --detach` into the run's temporary directory
-(removed at the end). When its `[project] dependencies` match this tree's, its edge
-runs on this venv with the checkout first on PYTHONPATH; otherwise a venv of its own
-is built in the temporary directory (`pip install`, bounded). Only the edge process
+(removed at the end). When each of its `[project] dependencies` is one of this
+tree's (the same pin), its edge runs on this venv with the checkout alone on
+PYTHONPATH; otherwise a venv of its own is built in the temporary directory (`pip
+install`, bounded), and its edge runs with no PYTHONPATH (an inherited one would put
+this tree's code first). Only the edge process
 changes sides: the simulated node and the load generator (with its direct baseline
 through `edge.node.client`) are this tree's in every run, so both sides face the same
 upstream and the same client.
@@ -60,6 +62,12 @@ def _dependencies(pyproject: str) -> list[str]:
     return sorted(tomllib.loads(pyproject).get("project", {}).get("dependencies", []))
 
 
+def shares_venv(ours: str, theirs: str) -> bool:
+    """Whether a revision whose pyproject.toml is `theirs` runs on the venv of `ours`:
+    each of its `[project] dependencies` is one of ours, pinned alike."""
+    return set(_dependencies(theirs)) <= set(_dependencies(ours))
+
+
 def checkout(rev: str, tmp: Path) -> tuple[str, Path, EdgeSource]:
     """`git worktree add` REV under tmp; how to run its edge (PYTHONPATH or its own venv)."""
     sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
@@ -75,9 +83,8 @@ def checkout(rev: str, tmp: Path) -> tuple[str, Path, EdgeSource]:
 def _source(rev: str, sha: str, where: Path, tmp: Path) -> EdgeSource:
     """How to run the edge of the checkout at `where`: on this venv, or one of its own."""
     label = f"{rev} ({sha[:10]})"
-    ours = _dependencies((ROOT / "pyproject.toml").read_text())
-    theirs = _dependencies((where / "pyproject.toml").read_text())
-    if ours == theirs:
+    ours = (ROOT / "pyproject.toml").read_text()
+    if shares_venv(ours, (where / "pyproject.toml").read_text()):
         return EdgeSource(label=label, env=(("PYTHONPATH", str(where)),))
     venv = tmp / "rev-venv"
     print(f"{rev}: other dependencies; building a venv for it in {venv}", file=sys.stderr)
@@ -87,7 +94,9 @@ def _source(rev: str, sha: str, where: Path, tmp: Path) -> EdgeSource:
          "--disable-pip-version-check", str(where)],
         check=True, timeout=VENV_TIMEOUT_S,
     )  # fmt: skip
-    return EdgeSource(label=label, command=(str(venv / "bin" / "iop-edge"),))
+    return EdgeSource(
+        label=label, command=(str(venv / "bin" / "iop-edge"),), env=(("PYTHONPATH", ""),)
+    )
 
 
 def remove_checkout(where: Path) -> None:

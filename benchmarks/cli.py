@@ -4,7 +4,7 @@ The flags are in `benchmarks.flags`; the main run's summary and tables in
 `benchmarks.summary`. Here: the machine's description, the temporary directory, and one
 command per mode (the main run, `--ab`, `--peers-only`, `--overload-only`,
 `--workers-only`, `--tracing-only`, `--control-plane-only`, `--discovery-only`, `--fleet`,
-`--tenants`), each
+`--tenants`, `--calls`), each
 writing its JSON and printing its tables.
 """
 
@@ -393,8 +393,38 @@ def main_tenants(args: argparse.Namespace) -> int:
     return 0
 
 
+def main_calls(args: argparse.Namespace) -> int:
+    """`--calls` (`--ab REV`): function calls per request; writes calls.json."""
+    from benchmarks.calls import CallSettings, render_calls, run_calls, workloads
+
+    requests = args.calls_requests
+    try:
+        if len(requests) != 2 or not 0 <= requests[0] < requests[1]:
+            raise ValueError("--calls-requests takes SMALL,LARGE, 0 <= SMALL < LARGE")
+        s = CallSettings(
+            small=requests[0], large=requests[1], warmup=max(0, args.calls_warmup),
+            workloads=workloads(args.calls_workloads), top=args.calls_top,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"benchmarks: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or DEFAULT_OUT.parent / "calls.json"
+    started = time.monotonic()
+    with _workdir("iop-bench-calls-", args.keep) as tmp:
+        result = run_calls(
+            args.ab, s, tmp, log=lambda text: print(text, file=sys.stderr, flush=True)
+        )
+    result["machine"] = machine()
+    _write(out, result, started)
+    print(render_calls(result))
+    print(f"\nwritten: {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.calls:
+        return main_calls(args)
     if args.fleet or args.fleet_only:
         return main_fleet(args)
     if args.tenants:

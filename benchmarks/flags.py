@@ -29,7 +29,9 @@ writes results/fleet.json; `--fleet-only NAMES` the same for some workloads only
 `--tenants` (fair share
 when the fleet is full: tenants, weights and service tiers beside a flood, the fair
 and FIFO admission policies side by side, `benchmarks.tenants`; writes
-results/tenants.json).
+results/tenants.json), `--calls` (the edge's function calls per request, counted by
+cProfile: exact, no calibration; with `--ab REV` both trees and the functions whose
+counts differ most, `benchmarks.calls`; writes results/calls.json).
 """
 
 from __future__ import annotations
@@ -197,7 +199,36 @@ def build_parser() -> argparse.ArgumentParser:
         "a flood; the fair and fifo admission policies side by side, then 2 workers); "
         "writes results/tenants.json",
     )
+    _call_flags(p)
     return p
+
+
+def _call_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--calls",
+        action="store_true",
+        help="only the edge's function calls per request, counted by cProfile (exact; with "
+        "--ab REV: both trees, and the functions whose counts differ most); writes "
+        "results/calls.json",
+    )
+    p.add_argument(
+        "--calls-requests",
+        type=_ints,
+        default=[200, 1200],
+        metavar="SMALL,LARGE",
+        help="requests of the two runs per workload whose difference is counted (200,1200)",
+    )
+    p.add_argument(
+        "--calls-warmup", type=int, default=100, help="warm-up requests of each run (100)"
+    )
+    p.add_argument(
+        "--calls-workloads",
+        default="nonstream,stream20,stream200",
+        help="nonstream and streamN (N chunks), comma-separated (nonstream,stream20,stream200)",
+    )
+    p.add_argument(
+        "--calls-top", type=int, default=15, help="functions listed by --calls --ab (15)"
+    )
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

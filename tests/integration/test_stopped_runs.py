@@ -1,4 +1,5 @@
-"""A stopped `make bench` or `make chaos` leaves no process and no directory behind.
+"""A stopped `make bench` (its main run, `--calls`) or `make chaos` leaves no process and
+no directory behind.
 
 `make` passes a SIGTERM on to the program it runs, and a terminal or a script sends
 SIGINT. Either way the program stops every process it started (the edge, the simulated
@@ -248,3 +249,19 @@ def test_a_chaos_run_stopped_by_sigint_stops_what_it_started(tmp_path: Path) -> 
         )
         assert _has(tree, "-m edge --config"), tree
         _stop_and_check(program, tree, signal.SIGINT, tmp)
+
+
+def test_a_call_count_run_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
+    """SIGTERM to `python -m benchmarks --calls` once its edge runs under the profiler
+    (`benchmarks/threadprofile.py`) beside its simulated node: both exit, and the run's
+    temporary directory (where a stopped edge writes its profile) is removed."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = ["-m", "benchmarks", "--calls", "--calls-requests", "100000,100001"]
+    argv += ["--calls-workloads", "nonstream", "--out", str(tmp_path / "calls.json")]
+    with _program(argv, tmp) as program:
+        # Logged before the run's stack starts.
+        _read_until(program.proc, "calls: non-stream request", START_S)
+        tree = _wait_tree(program, lambda t: _has(t, "threadprofile", "iop-sim-node"), START_S)
+        _stop_and_check(program, tree, signal.SIGTERM, tmp)
+    assert not (tmp_path / "calls.json").exists()
