@@ -400,6 +400,15 @@ class GrpcNode:
             if terminal:
                 return  # the trailers broke after the terminal event: nothing lost
             raise translate_error(exc, accepted=accepted, address=self.address, sent=sent) from exc
+        except AttributeError as exc:
+            if sent:
+                raise
+            # grpclib opening a stream on a connection that closed under it ("'Connection'
+            # object has no attribute '_transport'", vmagamedov/grpclib#110): the node never
+            # had the run, and its connection failed, not the edge.
+            error = NodeUnavailableError(f"node {self.address} closed the connection: {exc}")
+            error.sent = False
+            raise error from exc
         finally:
             self._release(pooled)
 
