@@ -271,7 +271,7 @@ async def test_no_request_fails_across_ten_reloads(tmp_path: Path) -> None:
             words = [f"w{i} " for i in range(8)]
             items: list[dict[str, Any]] = []
             for word in words:
-                items += [{"type": "delta", "delta": word}, {"sleep_ms": 150}]
+                items += [{"type": "delta", "delta": word}, {"sleep_ms": 400}]
             body = chat_body("sim-script", script(*items, COMPLETE), stream=True)
             expected = "".join(words)
             failures: list[str] = []
