@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+import trio_asyncio  # noqa: F401  (before grpclib, which the contract's code imports: edge.node)
 
 from benchmarks.httpclient import ResponseReader, TrioConnection
 from benchmarks.jobs.base import Ctl, JobFn, max_backlog

@@ -5,14 +5,16 @@ inside it by trio-asyncio. This module opens that loop, runs asyncio
 coroutines from trio, and holds each run's events between the asyncio read
 loop (an `EventSink`) and the trio writer, bounded in count and in bytes, and
 in sum over the process (`edge.node.backlog`).
-Nothing else in the edge imports trio_asyncio; nothing outside `edge.node`
-(and the simulated node) imports asyncio.
+Nothing else in the edge uses trio_asyncio (the package imports it first, before
+grpclib: see `edge.node`); nothing outside `edge.node` (and the simulated node)
+imports asyncio.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar, cast
@@ -39,9 +41,25 @@ def _size(item: Item) -> int:
     return item.size if type(item) is LogprobDelta else 0
 
 
+def grpclib_came_first() -> bool:
+    """Whether grpclib's module that keeps asyncio.current_task (`grpclib.utils`) began
+    loading before trio_asyncio did (sys.modules holds modules in that order)."""
+    names = list(sys.modules)
+    return "grpclib.utils" in names and names.index("grpclib.utils") < names.index("trio_asyncio")
+
+
 @asynccontextmanager
 async def asyncio_loop() -> AsyncIterator[None]:
-    """Host an asyncio loop inside the current trio run for grpclib."""
+    """Host an asyncio loop inside the current trio run for grpclib.
+
+    Raises RuntimeError in a process where grpclib was imported before trio_asyncio
+    (`edge.node` says why), on every Python: from 3.12 each grpclib call would fail
+    with "no running event loop"."""
+    if grpclib_came_first():
+        raise RuntimeError(
+            "grpclib was imported before trio_asyncio, so it cannot find the asyncio loop"
+            " trio-asyncio hosts (python-trio/trio-asyncio#83): import edge.node first"
+        )
     async with trio_asyncio.open_loop():
         yield
 

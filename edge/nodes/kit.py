@@ -77,6 +77,13 @@ from edge.observe.tracing import OPERATION, PROVIDER, TRACEPARENT, Tracing, extr
 CANCELLED_SEND_S = 1.0
 # How long CancelRun waits for the run it stops to be over before answering.
 CANCEL_STOP_S = 2.0
+# How long stopping a node waits for its handlers, cancelled, to be over (each one's
+# cleanup is bounded below this: CANCELLED_SEND_S, iop-node's CLOSE_TIMEOUT_S). From
+# CPython 3.12.1 grpclib's wait_closed also waits for every client to close its connection
+# (asyncio.Server.wait_closed, python/cpython#79033) and grpclib closes none
+# (vmagamedov/grpclib#107; 0.4.9 is its newest release): with an edge connected, the wait
+# would last as long as the edge.
+STOP_WAIT_S = 3.0
 BACKLOG = 2048
 # Watch: changes closer than this are one report (a busy node sends each watcher at
 # most 10 reports a second: about 1 ms of CPU each, node and edge together, measured on
@@ -159,9 +166,13 @@ async def start_server(
 
 
 async def stop_server(node: NodeService, server: Server) -> None:
-    """Stop accepting, cancel the handlers, then close the node (its runs log last)."""
+    """Stop accepting, cancel the handlers and wait for them (at most STOP_WAIT_S), then
+    close the node (its runs log last). A connection its client keeps open stays open
+    until the client closes it or the process ends."""
     server.close()
-    await server.wait_closed()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(STOP_WAIT_S):
+            await server.wait_closed()
     await node.aclose()
 
 

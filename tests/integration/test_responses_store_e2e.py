@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -204,7 +204,7 @@ async def test_the_store_stays_within_its_bounds(
     running = await start_edge(nursery, replace(edge_config(sim), responses=settings))
 
     def stored() -> tuple[int, int]:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             count, held = db.execute("SELECT COUNT(*), COALESCE(SUM(nbytes), 0) FROM responses"
                                      ).fetchone()  # fmt: skip
             assert db.execute("SELECT count, bytes FROM totals").fetchone() == (count, held)

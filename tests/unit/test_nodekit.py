@@ -1,5 +1,5 @@
 """What every node keeps in memory (`edge.nodes.kit`): its runs log, a refused message;
-and the run bookkeeping every node shares (`NodeService.serve_run`).
+the run bookkeeping every node shares (`NodeService.serve_run`); and its stop.
 
 A node serves for months: in memory it keeps the runs in flight and a window of
 the last records, never one record per run it ever served; the file gets them all.
@@ -24,7 +24,7 @@ from grpclib.exceptions import GRPCError
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.routes import RUN_ROUTE
-from edge.nodes.kit import NodeService, start_server, stop_server
+from edge.nodes.kit import STOP_WAIT_S, NodeService, start_server, stop_server
 from edge.nodes.runslog import FINISHED_KEPT, RunsLog
 from edge.nodes.sim.server import SimNode
 from edge.nodes.upstream.server import UpstreamNode
@@ -133,6 +133,25 @@ def test_a_refused_oversized_request_is_not_kept() -> None:
             await stop_server(node, server)
 
     assert asyncio.run(main()) < 5 * MiB
+
+
+def test_a_node_stops_while_a_client_keeps_its_connection() -> None:
+    """A client that called the node and keeps its connection open, as an edge keeps its
+    connections to a node, does not hold the node's stop: `stop_server` returns (from
+    CPython 3.12.1 grpclib alone would wait for the client to hang up)."""
+
+    async def main() -> None:
+        node = SimNode()
+        server, port = await start_server(node, "127.0.0.1", 0)
+        channel = Channel("127.0.0.1", port)
+        try:
+            await pb.NodeServiceStub(channel).describe(pb.DescribeRequest())
+            async with asyncio.timeout(STOP_WAIT_S * 10):
+                await stop_server(node, server)
+        finally:
+            channel.close()
+
+    asyncio.run(main())
 
 
 class _AcceptingStream:

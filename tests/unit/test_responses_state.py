@@ -11,6 +11,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +203,7 @@ async def test_sqlite_owner_bounds_evict_the_owners_own(tmp_path: Path) -> None:
     its owner's bytes is not kept; the owner "" (no keys) has the store's totals. A file
     of schema version 1 is upgraded in place, its owners' totals counted from its rows."""
     path = tmp_path / "r.sqlite3"
-    with sqlite3.connect(path) as db:  # a version-1 file with one response of "a"
+    with closing(sqlite3.connect(path)) as db, db:  # a version-1 file, one response of "a"
         for statement in sqlite_store._SCHEMA[: -len(sqlite_store._OWNERS)]:
             db.execute(statement)
         db.execute(
@@ -226,7 +227,7 @@ async def test_sqlite_owner_bounds_evict_the_owners_own(tmp_path: Path) -> None:
         for n in range(10, 20):
             assert await store.put("", _response(n, "c" * 700), b"[]")
         assert (await store.fetch("", "resp_10", [])).previous is not None  # the totals
-        with sqlite3.connect(path) as db:
+        with closing(sqlite3.connect(path)) as db:
             owners = dict(db.execute("SELECT owner, bytes FROM owner_totals").fetchall())
             rows = dict(db.execute("SELECT owner, SUM(nbytes) FROM responses GROUP BY owner"))
         assert owners == rows
