@@ -66,6 +66,7 @@ class Picker:
         self.cache_load_factor = routing.cache_load_factor
         self.cache_share_factor = routing.cache_share_factor
         self.cache_threshold = routing.cache_threshold
+        self.cache_hold_s = routing.cache_hold_s
 
     @property
     def dispatches(self) -> int:
