@@ -373,12 +373,16 @@ class _Trace:
         self.idle: dict[int, float] = {}
         self.served: list[int] = []
         self.tenants: dict[int, Tenant] = {}
+        # While y (whose requests hold nothing) has one waiting: the slots each tenant
+        # had when it began to wait.
+        self.since: dict[Tenant, int] | None = None
 
     def check(self, policy: str, served: list[int]) -> None:
         """The requests just `served` overtook only requests that hold: one still waiting
         that came before one of them (of its tenant, under fair) holds out for a node
         holding its prompt, within its bound. The bound: a request waits with a slot free
-        only while it holds."""
+        only while it holds. Under fair, the tenants' turns: while y waits, x gets no more
+        than one slot past y's share (equal weights: they take turns)."""
         for by in served:
             tenant = self.tenants[by]
             for i, (t, prompt) in self.waiting.items():
@@ -386,6 +390,16 @@ class _Trace:
                     assert prompt is not None
                     assert self.idle[i] < HOLD_S + STEP
         assert all(self.idle[k] <= HOLD_S + STEP for k in self.waiting)
+        if policy != "fair":
+            return
+        x, y = TENANTS
+        if not any(t is y for t, _ in self.waiting.values()):
+            self.since = None
+            return
+        slots = {t: sum(1 for i in self.served if self.tenants[i] is t) for t in TENANTS}
+        if self.since is None:
+            self.since = slots
+        assert slots[x] - self.since[x] <= slots[y] - self.since[y] + 1
 
 
 def _hold_run(policy: str, ops: list[tuple[str, int, int]]) -> None:
@@ -412,8 +426,10 @@ def _hold_run(policy: str, ops: list[tuple[str, int, int]]) -> None:
         async with trio.open_nursery() as nursery:
             for i, (op, a, b) in enumerate(ops):
                 done = len(trace.served)
-                if op == "join":
-                    nursery.start_soon(join, i, TENANTS[a % 2], PROMPTS[b % 4])
+                if op == "join":  # y's requests hold nothing: no prompt worth routing
+                    tenant = TENANTS[a % 2]
+                    prompt = PROMPTS[b % 4] if tenant is TENANTS[0] else None
+                    nursery.start_soon(join, i, tenant, prompt)
                 elif op == "release" and taken:
                     admission.release(taken.pop(a % len(taken)))
                 elif op == "wait":
@@ -455,9 +471,10 @@ def _hold_run(policy: str, ops: list[tuple[str, int, int]]) -> None:
 def test_nobody_waits_past_its_hold_and_nobody_loses_its_turn(
     policy: str, ops: list[tuple[str, int, int]]
 ) -> None:
-    """Under either policy, for any arrivals (two tenants; prompts cached on one node, on
-    the other, nowhere, none) and slots given back: a request waits with a slot free for
-    no longer than cache_hold_s in all (its wait is its queue time plus at most its hold);
-    one that came later is served before it (before it of its tenant, under fair) only
-    while it holds out for a node holding its prompt; and every request is served."""
+    """Under either policy, for any arrivals (tenant x's prompts cached on one node, on
+    the other, nowhere or none; tenant y's none) and slots given back: a request waits
+    with a slot free for no longer than cache_hold_s in all (its wait is its queue time
+    plus at most its hold); one that came later is served before it (before it of its
+    tenant, under fair) only while it holds out for a node holding its prompt; under
+    fair, while y waits x takes no more than its turns; and every request is served."""
     _hold_run(policy, ops)
