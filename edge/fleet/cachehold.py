@@ -36,8 +36,9 @@ Of such nodes, the one holding the most blocks, then the soonest expected.
 
 The bound: a request passes up slots for at most `cache_hold_s` from the first
 one it passed up (`hold_until`, fixed then: a reload changes the holds that start
-after it); then it takes its turn as any other. Its wait is its queue time as
-without the hold plus at most that bound: while it holds it keeps its place in
+after it); then it takes its turn as any other. It waits with a slot free for it
+for at most that bound in all, the rest of its wait being its queue time with
+every slot busy, as without the hold: while it holds it keeps its place in
 the queue (the queue sets aside a request that cannot run yet with its turn, and
 so one that holds: `edge.fleet.queues`), a request behind it that fits the free
 node better (or has no cached prefix anywhere) takes the slot, and a slot none of
@@ -51,8 +52,10 @@ a new request the queue would shed someone for (a free slot is not traded for a
 shed). Nodes without a cap (the nodes queue their own runs) always have a slot:
 nothing to pass up.
 
-Work: a request offered a slot costs one look-up of its prefix per node (as a
-cache-aware pick does), and only while some node has a slot and some has none.
+Work: a request offered a slot costs one look-up of its prefix per node and the
+bounds over the nodes (as a cache-aware pick does), and only while some node has a
+slot and some has none; a dispatch looks at no more requests than before
+(`edge.fleet.queues.SCAN`).
 """
 
 from __future__ import annotations
