@@ -196,6 +196,16 @@ class RoutingConfig:
         min=0,
         max=1,
     )
+    cache_hold_s: float = setting(
+        2.0,
+        "cache_aware, with the edge's queue (nodes whose max_runs it enforces): how long a"
+        " queued request may pass up free slots on nodes that hold at least cache_threshold"
+        " of its prompt less than a busy node, waiting for that node's slot (a request that"
+        " fits the free node better takes it meanwhile; docs/fleet.md, The cache hold)."
+        " 0: a queued request takes the first slot freed, on any node.",
+        min=0,
+        max=60,
+    )
 
 
 @dataclass(frozen=True, slots=True)

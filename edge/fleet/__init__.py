@@ -5,7 +5,8 @@ Owns the pool of nodes (health, Watch or Describe: `feed`, circuit breaker:
 `cacheaware`, over each node's `cacheindex`; the choice among the candidates:
 `picker`; what `/readyz` and the node gauges show: `readiness`; why no node
 can take a run, as the 503 says it: `unavailable`),
-admission (node slots, the queue, the memory budget), the tenants and service
+admission (node slots, the queue, the memory budget; a queued request's wait for
+the node holding its prompt: `cachehold`), the tenants and service
 tiers it shares the slots by (`tenants`), a request's answer
 (`answer`: its nursery, its attempts by `failover` and `migration`, the run
 whose outcome is the request's, its journal), the run (`run`: its phases as

@@ -17,7 +17,10 @@ or the pool says a node may take runs again (`NodePool.on_available`),
 `dispatch` lets the queue offer its waiters in turn, lets the pool pick for
 each and, on the first pick that finds a node, takes the slot for that waiter
 and wakes it alone. A waiter whose model has no free node keeps its turn
-(the ones that can run are not held up by it). The work per dispatch is
+(the ones that can run are not held up by it), and so does one that passes up the
+free slot, for a bounded time, to wait for a busy node holding much more of its
+prompt (cache_aware: `edge.fleet.cachehold`, which also decides whether a new
+request waits so rather than take a free slot). The work per dispatch is
 bounded (`edge.fleet.queues.SCAN`), and a pick that found no slot is not
 repeated for the same model in that pass. A request that leaves while queued
 (its client gone) leaves the queue; a slot handed to it in that instant is
@@ -61,8 +64,10 @@ from loguru import logger
 
 from edge.config import AdmissionConfig
 from edge.errors import EdgeError, FlexUnavailableError, OverloadedError, PayloadTooLargeError
+from edge.fleet import cachehold
 from edge.fleet.affinity import SessionKey
 from edge.fleet.cacheaware import Route
+from edge.fleet.cachehold import Holds
 from edge.fleet.nodestate import NodeState
 from edge.fleet.pool import NodePool
 from edge.fleet.queues import SCAN, FairQueue, FifoQueue, Waiter
@@ -105,6 +110,11 @@ def _kept(pool: NodePool, kept: int, tier: str, model: str, logprobs: bool) -> b
     return serves and free <= kept
 
 
+def _room(queue: FairQueue | FifoQueue, config: AdmissionConfig, waiter: Waiter) -> bool:
+    """Whether `waiter` would join the queue with no one shed for it (itself included)."""
+    return queue.shed_for(waiter, config.max_queue, config.key_max_queue) is None
+
+
 class Admission:
     """The node slots of one edge and the queue of requests waiting for one."""
 
@@ -117,6 +127,7 @@ class Admission:
         self._shed_logged_at = -math.inf
         self._held = 0  # bytes of the memory budget taken (`hold`)
         metrics.watch_request_memory(lambda: self._held)
+        self._holds = Holds(pool, metrics.cache_held)
         pool.on_available = self.dispatch
 
     def configure(self, config: AdmissionConfig) -> None:
@@ -240,24 +251,32 @@ class Admission:
         if len(self._queue):
             self.dispatch()  # a slot free now goes to those who waited first
         node = None
-        if not _kept(pool, self._config.priority_slots, tier, model, logprobs):
+        waiter = Waiter(model, logprobs, exclude, affinity_key, route, tenant, tier)
+        waiter.hold_over = first  # a retry waited its turn already: it holds no slot out
+        if not _kept(pool, self._config.priority_slots, tier, model, logprobs) and not (
+            _room(self._queue, self._config, waiter) and self._holds.passes(waiter)
+        ):
             node = pool.pick(
                 model, logprobs=logprobs, exclude=exclude, affinity_key=affinity_key, route=route
             )
         if node is not None:
             node.in_flight += 1
             return node
-        waiter = Waiter(model, logprobs, exclude, affinity_key, route, tenant, tier)
-        self._join(waiter, first=first)
+        try:
+            self._join(waiter, first=first)
+        except EdgeError:
+            self._holds.ended(waiter, "left")
+            raise
         queued_at = trio.current_time()
         if on_queue is not None:
             on_queue(queued_at)
         returned = False
         try:
             with trio.move_on_after(self._config.queue_timeout_s):
-                await waiter.woken.wait()
+                await self._holds.wait(waiter, self.dispatch)
             returned = True
         finally:
+            self._holds.ended(waiter, "left")  # unless served (counted when handed)
             waited = trio.current_time() - queued_at
             self._metrics.queue_seconds.observe(waited)
             self._metrics.queue_wait.labels(tier).observe(waited)
@@ -275,6 +294,7 @@ class Admission:
 
     def release(self, node: NodeState) -> None:
         """Give back a slot taken by `acquire`; the next waiter that can use it gets it."""
+        cachehold.slot_freed(node, trio.current_time())
         node.in_flight -= 1
         if len(self._queue):
             self.dispatch()
@@ -290,10 +310,14 @@ class Admission:
         full: set[tuple[str, bool]] = set()  # picks that found no slot in this pass
         kept = self._config.priority_slots
         banded = isinstance(queue, FairQueue)  # no priority request waits behind this one
+        holds = self._holds
+        waiting: dict[NodeState, int] = {}  # who passed up a slot in this pass, for which node
 
         def hand(waiter: Waiter) -> bool | None:
             if _kept(pool, kept, waiter.tier, waiter.model, waiter.logprobs):
                 return None if banded else False
+            if holds.passes(waiter, waiting):
+                return False  # it keeps its turn, for the node it waits for
             key = (waiter.model, waiter.logprobs)
             routed = waiter.route is not None and cache_aware
             plain = not waiter.exclude and waiter.affinity_key is None and not routed
@@ -315,6 +339,7 @@ class Admission:
                 return False
             node.in_flight += 1
             waiter.node = node
+            holds.ended(waiter, "served")
             return True
 
         for waiter in queue.dispatch(hand):

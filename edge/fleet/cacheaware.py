@@ -209,6 +209,16 @@ def rendezvous_key(block: int) -> str:
     return f"{block:016x}"
 
 
+def within_bounds(nodes: Sequence[Candidate], factor: float, share_factor: float) -> list[bool]:
+    """Whether each of `nodes` (not empty) is within the load bound (`factor` x their mean
+    runs + 1) and the share bound (`share_factor` x their mean share + 1): a node that is
+    not is not chosen for its cache (rules 1 and 2)."""
+    count = len(nodes)
+    bound = factor * sum(n.runs for n in nodes) / count + 1
+    share_bound = share_factor * sum(n.share for n in nodes) / count + 1
+    return [n.runs <= bound and n.share <= share_bound for n in nodes]
+
+
 def choose(
     blocks: Sequence[int],
     nodes: Sequence[Candidate],
@@ -236,8 +246,7 @@ def choose(
     if not blocks:
         return Choice(_lightest(nodes, range(count), turn), "short", 0)
     bound = factor * sum(n.runs for n in nodes) / count + 1
-    share_bound = share_factor * sum(n.share for n in nodes) / count + 1
-    within = [n.runs <= bound and n.share <= share_bound for n in nodes]
+    within = within_bounds(nodes, factor, share_factor)
     held = [node.cache.longest(blocks) for node in nodes]
     reach = max(held)
     weak = reach < threshold * len(blocks)

@@ -40,6 +40,8 @@ class NodeState:
         "continuation_models",
         "describing",
         "description",
+        "free_every",
+        "freed_at",
         "health",
         "in_flight",
         "kick",
@@ -75,6 +77,11 @@ class NodeState:
         self.continuation_models: frozenset[str] = frozenset()
         # Runs in flight, counted by the run side (edge.fleet.run).
         self.in_flight = 0
+        # When a slot of it was last given back while it was full, and the time between
+        # two such (smoothed; 0: not known yet): how soon a run waiting for it gets one
+        # (`edge.fleet.cachehold`).
+        self.freed_at: float | None = None
+        self.free_every = 0.0
         # [[nodes]] max_runs (0: no limit), None: the node's Describe max_runs.
         self.configured_max_runs = max_runs
         # Runs in flight it takes at once (inf: no limit).

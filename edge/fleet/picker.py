@@ -66,6 +66,7 @@ class Picker:
         self.cache_load_factor = routing.cache_load_factor
         self.cache_share_factor = routing.cache_share_factor
         self.cache_threshold = routing.cache_threshold
+        self.cache_hold_s = routing.cache_hold_s
 
     @property
     def dispatches(self) -> int:
@@ -114,8 +115,23 @@ class Picker:
     ) -> cacheaware.Choice:
         # Only a session the client named is pinned (`SessionKey` says why).
         session = affinity_key.key if affinity_key is not None and affinity_key.named else None
-        ranks = load.comparable([s.rank() for s in free])
-        candidates = [
+        return cacheaware.choose(
+            route.blocks, self._candidates(free), session=session, factor=self.cache_load_factor,
+            share_factor=self.cache_share_factor, threshold=self.cache_threshold,
+            placements=self.placements, turn=turn, tick=self.dispatches,
+        )  # fmt: skip
+
+    def within_bounds(self, nodes: list[NodeState]) -> list[bool]:
+        """Whether each of `nodes` (not empty) is within the cache-aware policy's load and
+        share bounds among them (`cacheaware.within_bounds`): one that is not is neither
+        chosen for its cache nor waited for (`edge.fleet.cachehold`)."""
+        return cacheaware.within_bounds(
+            self._candidates(nodes), self.cache_load_factor, self.cache_share_factor
+        )
+
+    def _candidates(self, nodes: list[NodeState]) -> list[Candidate]:
+        ranks = load.comparable([s.rank() for s in nodes])
+        return [
             Candidate(
                 s.client.name,
                 load.runs(s.load, s.in_flight, s.at_report),
@@ -123,13 +139,8 @@ class Picker:
                 s.cache,
                 share=self.shares[s.client.name],
             )
-            for s, rank in zip(free, ranks, strict=True)
+            for s, rank in zip(nodes, ranks, strict=True)
         ]
-        return cacheaware.choose(
-            route.blocks, candidates, session=session, factor=self.cache_load_factor,
-            share_factor=self.cache_share_factor, threshold=self.cache_threshold,
-            placements=self.placements, turn=turn, tick=self.dispatches,
-        )  # fmt: skip
 
     def _routed(self, chosen: NodeState, route: Route, choice: cacheaware.Choice) -> None:
         """The run of `route` goes to `chosen`: its blocks recorded there, in its live

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 
 import trio
 from loguru import logger
@@ -100,6 +101,47 @@ def _no_node(
         param="model",
         code="model_not_found",
     )
+
+
+@dataclass(slots=True)
+class Sorted:
+    """The nodes for one model's run, sorted by what they can do now (`sort_nodes`)."""
+
+    healthy: list[NodeState] = field(default_factory=list)  # up, admitted by the breaker
+    down: list[NodeState] = field(default_factory=list)
+    known: bool = False  # some node serves the model
+    capable: bool = False  # some node serves it with logprobs, when asked
+    blocked: bool = False  # a node up but with its breaker open (or its probe run out)
+
+
+def sort_nodes(
+    nodes: list[NodeState],
+    model: str,
+    *,
+    logprobs: bool = False,
+    exclude: Collection[NodeState] = (),
+    now: float,
+) -> Sorted:
+    """`nodes` for a run of `model` at `now`: `healthy` are those `NodePool.pick` chooses
+    among (serving it, with logprobs when asked, not excluded, up and admitted by their
+    breaker), a free slot or not; what a queued request may wait for."""
+    out = Sorted()
+    for state in nodes:
+        if model not in state.models:
+            continue
+        out.known = True
+        if logprobs and model not in state.logprobs_models:
+            continue
+        out.capable = True
+        if state in exclude:
+            continue
+        if not state.health.up:
+            out.down.append(state)
+        elif state.health.admits(now):
+            out.healthy.append(state)
+        else:
+            out.blocked = True
+    return out
 
 
 class NodePool:
@@ -257,34 +299,17 @@ class NodePool:
         holding them, and `route.predicted` set to its cached prefix.
         """
         now = self._clock()
-        known = capable = False
-        healthy: list[NodeState] = []
-        down: list[NodeState] = []
-        blocked = False  # a node up but with its breaker open (or its probe run out)
-        for state in self.nodes:
-            if model not in state.models:
-                continue
-            known = True
-            if logprobs and model not in state.logprobs_models:
-                continue
-            capable = True
-            if state in exclude:
-                continue
-            if not state.health.up:
-                down.append(state)
-            elif state.health.admits(now):
-                healthy.append(state)
-            else:
-                blocked = True
+        nodes = sort_nodes(self.nodes, model, logprobs=logprobs, exclude=exclude, now=now)
+        healthy, down = nodes.healthy, nodes.down
         if healthy:
             chosen = self.picker.choose(healthy, affinity_key, route)
             if chosen is not None:
                 chosen.health.breaker.take(now, self.policy.cooldown_s)
             return chosen
-        if down and not blocked:
+        if down and not nodes.blocked:
             return _panic(model, down)
         raise _no_node(
-            model, self.nodes, known=known, capable=capable,
+            model, self.nodes, known=nodes.known, capable=nodes.capable,
             why=lambda: unavailable_words(
                 model, self.nodes, now=now, cooldown_s=self.policy.cooldown_s,
                 logprobs=logprobs, exclude=exclude,

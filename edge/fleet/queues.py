@@ -18,9 +18,11 @@ requests waiting get slots in proportion to their weights, one with a single req
 waiting is served within one round of the others, and dispatch costs O(log flows).
 
 A request that cannot run yet (its model's nodes are full, the node its session is
-tied to is busy, the nodes it may use are excluded) does not hold up the others: its
-flow is set aside for the pass with its tag unchanged, so it keeps its turn for the
-next slot it can use, while flows behind it take the slots they can. A flow whose
+tied to is busy, the nodes it may use are excluded), or that passes up the slot free
+to wait for a node holding more of its prompt (`edge.fleet.cachehold`), does not hold
+up the others: its flow is set aside for the pass with its tag unchanged, so it keeps
+its turn for the next slot it takes, while flows behind it take the slots they can
+(in its flow, the requests behind it; under "fifo", those behind it in the queue). A flow whose
 turn came while it was set aside gets one turn of it back, not credit for the whole
 wait: after it is served, its tag is at least the band's virtual time.
 
@@ -75,6 +77,14 @@ class Waiter:
     node: NodeState | None = None  # its slot is taken
     error: EdgeError | None = None  # no node can serve it at all, or it was shed
     flow: _Flow | None = None  # its queue in a FairQueue
+    # Its cache hold (`edge.fleet.cachehold`): when it first passed up a free slot and
+    # until when it may, the node it waits for now, whether it holds no more (or may
+    # not: a retry), and the scope of its wait, whose deadline ends the hold.
+    held_at: float | None = None
+    hold_until: float | None = None
+    holding: NodeState | None = None
+    hold_over: bool = False
+    scope: trio.CancelScope | None = None
 
     @property
     def tenant_name(self) -> str:

@@ -103,6 +103,9 @@ _SHED_SERIES = (
 )  # fmt: skip
 # How the cache-aware policy chose a node (edge.fleet.cacheaware).
 CACHE_ROUTING_OUTCOMES = ("hit", "miss", "load_bound", "session", "short")
+# How a queued request's cache hold ended (edge.fleet.cachehold): a slot handed to it
+# while it held, its bound passed first, it left the queue first.
+CACHE_HOLD_OUTCOMES = ("served", "expired", "left")
 # Why a key's request was refused: over rpm, over tpm, at max_streams, a model outside its
 # allow-list (answered 404), the limits store down with fail_open = false (503).
 KEY_REJECTIONS = ("requests", "tokens", "streams", "model", "store")
@@ -338,6 +341,20 @@ _FLEET = (
         " index's prediction; the nodes' own count is iop_edge_tokens_total"
         ' {type="cached_input"}).',
         ("node",),
+    ),
+    MetricSpec(
+        Counter, "cache_holds", "iop_edge_cache_holds",
+        "Queued requests that passed up free node slots to wait for a busy node holding"
+        " more of their prompt ([routing] cache_hold_s), by how the hold ended: served (a"
+        " slot handed to it while it held), expired (its bound passed first: it took its"
+        " turn), left (its client gone, its queue timeout, shed).",
+        ("outcome",), preset=CACHE_HOLD_OUTCOMES,
+    ),
+    MetricSpec(
+        Histogram, "cache_hold", "iop_edge_cache_hold_seconds",
+        "How long queued requests passed up free node slots for a busy node holding more"
+        " of their prompt: from the first slot passed up to the end of the hold.",
+        buckets=_QUEUE_BUCKETS,
     ),
     MetricSpec(
         Gauge, "request_memory", "iop_edge_request_memory_bytes",

@@ -27,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from edge.observe.catalog import (
+    CACHE_HOLD_OUTCOMES,
     CACHE_ROUTING_OUTCOMES,
     CONNECTION_ERROR_KINDS,
     EDGE_METRICS,
@@ -41,6 +42,7 @@ from edge.observe.gcpause import GcPauses
 from edge.stream.output import Outcome
 
 __all__ = [
+    "CACHE_HOLD_OUTCOMES",
     "CACHE_ROUTING_OUTCOMES",
     "CONNECTION_ERROR_KINDS",
     "CONTENT_TYPE",
@@ -95,6 +97,8 @@ class EdgeMetrics:
     key_queued: Gauge
     cache_routing: Counter
     cache_predicted_tokens: Counter
+    cache_holds: Counter
+    cache_hold: Histogram
     request_memory: Gauge
     tool_violations: Counter
     connection_errors: Counter
@@ -207,6 +211,12 @@ class EdgeMetrics:
         self.cache_routing.labels(outcome).inc()
         if predicted_tokens:
             self.cache_predicted_tokens.labels(node).inc(predicted_tokens)
+
+    def cache_held(self, outcome: str, seconds: float) -> None:
+        """A queued request's cache hold ended (`edge.fleet.cachehold`): how, and how long
+        it passed up free slots."""
+        self.cache_holds.labels(outcome).inc()
+        self.cache_hold.observe(seconds)
 
     def watch_backlog(self, chars: Callable[[], float]) -> None:
         """`iop_edge_backlog_chars` read from `chars` when scraped (as `watch_nodes`)."""
