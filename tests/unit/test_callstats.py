@@ -23,7 +23,7 @@ from benchmarks.callstats import (
     total,
 )
 
-TREE = "/work/tree"
+TREE = "/srv/checkout"
 CHECKOUT = "/tmp/iop-bench-calls-x/rev"
 
 
