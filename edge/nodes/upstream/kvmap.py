@@ -375,7 +375,7 @@ class KVMap:
         block.hashes.append(h)
         table.by_hash[h] = key
         if len(block.hashes) == 1 and table.parent_reachable(block):
-            changed |= self._reach(block)
+            changed |= self._mark(block, reachable=True)
         return changed
 
     def _removed(self, h: BlockHash) -> bool:
@@ -385,38 +385,28 @@ class KVMap:
         block = self._table.blocks[key]
         block.hashes.remove(h)
         if not block.hashes and block.reachable:
-            return self._unreach(block)
+            return self._mark(block, reachable=False)
         return False
 
-    def _reach(self, block: _Block) -> bool:
-        """`block` (stored, its parent reachable) and its stored descendants become
-        reachable, and claim their edge blocks."""
+    def _mark(self, block: _Block, reachable: bool) -> bool:
+        """`block` and its descendants that change with it become `reachable` or not:
+        reached, a stored descendant claims its edge blocks; unreached, a reachable
+        one gives its claims up. Whether any claim changed."""
         blocks = self._table.blocks
+        mark = self._claims.claim if reachable else self._claims.unclaim
         changed = False
         stack = [block]
         while stack:
             one = stack.pop()
-            one.reachable = True
-            changed |= self._claims.claim(one.edge)
+            one.reachable = reachable
+            changed |= mark(one.edge)
             for key in one.children or ():
                 child = blocks.get(key)
-                if child is not None and child.hashes and not child.reachable:
-                    stack.append(child)
-        return changed
-
-    def _unreach(self, block: _Block) -> bool:
-        """`block` and its reachable descendants are no longer reachable: their claims
-        are given up."""
-        blocks = self._table.blocks
-        changed = False
-        stack = [block]
-        while stack:
-            one = stack.pop()
-            one.reachable = False
-            changed |= self._claims.unclaim(one.edge)
-            for key in one.children or ():
-                child = blocks.get(key)
-                if child is not None and child.reachable:
+                if (
+                    child is not None
+                    and child.reachable is not reachable
+                    and (child.hashes or not reachable)
+                ):
                     stack.append(child)
         return changed
 
