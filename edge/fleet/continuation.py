@@ -193,8 +193,8 @@ class Delivered:
         return self.chars > 0
 
     def delta(self, text: str) -> None:
-        """Keep a delta's text: `add` for the most common event, in one call while the
-        text fits the room already reserved."""
+        """Keep a delta's text: `add` for the most common event, without `_keep`'s cap
+        and reservation steps while the text fits the room already reserved."""
         if not text:
             return
         self.tokens += 1
@@ -203,11 +203,7 @@ class Delivered:
             self._keep(text, self._text)  # counts `chars` itself
             return
         self.chars = chars
-        small = self._text.small
-        if len(text) < SMALL_CHARS and len(small) < JOIN_PARTS - 1:
-            small.append(text)
-        else:
-            self._text.add(text)
+        self._text.add(text)
 
     def add(self, event: NodeEvent) -> None:
         """Keep a delta's or reasoning delta's text (other events: nothing)."""
