@@ -186,6 +186,11 @@ def _translated(exc: BaseException, *, accepted: bool, address: str) -> NodeErro
         return NodeFailedError(f"node {address} failed the run: {_describe_status(exc)}")
     if not accepted and isinstance(exc, _CONNECT_ERRORS):
         return NodeUnavailableError(f"node {address} is unreachable: {exc or type(exc).__name__}")
+    if isinstance(exc, AttributeError):
+        # grpclib opening a stream on a connection that closed under it ("'Connection'
+        # object has no attribute '_transport'", vmagamedov/grpclib#110): the node's
+        # connection failed before the run was sent, not the edge.
+        return NodeUnavailableError(f"node {address} closed the connection: {exc}")
     return NodeFailedError(f"node {address} stream broke: {exc or type(exc).__name__}")
 
 
@@ -402,13 +407,8 @@ class GrpcNode:
             raise translate_error(exc, accepted=accepted, address=self.address, sent=sent) from exc
         except AttributeError as exc:
             if sent:
-                raise
-            # grpclib opening a stream on a connection that closed under it ("'Connection'
-            # object has no attribute '_transport'", vmagamedov/grpclib#110): the node never
-            # had the run, and its connection failed, not the edge.
-            error = NodeUnavailableError(f"node {self.address} closed the connection: {exc}")
-            error.sent = False
-            raise error from exc
+                raise  # not grpclib's opening of the stream: a bug
+            raise translate_error(exc, accepted=False, address=self.address, sent=False) from exc
         finally:
             self._release(pooled)
 
