@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -361,6 +361,23 @@ async def poll(condition: Callable[[], bool], within_s: float = 20.0) -> None:
     with trio.fail_after(within_s):
         while not condition():  # noqa: ASYNC110 - no event to wait on
             await trio.sleep(0.01)
+
+
+async def node_that_ran(
+    names: Sequence[str], nodes: Sequence[SimProcess], answer: httpx.Response
+) -> str:
+    """Which of `names` (one a node, in order) ran `answer`'s run: the node whose runs log
+    has it (a chat completion's run id)."""
+    run_id = answer.json()["id"].removeprefix("chatcmpl-")
+    ran = [""]
+
+    def found() -> bool:
+        pairs = zip(names, nodes, strict=True)
+        ran[0] = next((name for name, node in pairs if node.run(run_id)), "")
+        return bool(ran[0])
+
+    await poll(found)
+    return ran[0]
 
 
 def sse_frames(text: str) -> list[Any]:

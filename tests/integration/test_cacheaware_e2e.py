@@ -21,6 +21,7 @@ from edge.contract.prefix import BLOCK_TOKENS
 from tests.integration.conftest import (
     SimProcess,
     named_sims,
+    node_that_ran,
     script,
     start_edge,
     start_sim,
@@ -32,6 +33,8 @@ from tests.integration.edgeproc import edge_process
 CHAT = "/v1/chat/completions"
 WAIT_S = 30.0
 NAMES = ("n1", "n2", "n3")
+
+
 PREFIXES = 8
 ALL_CACHED = 1_000_000  # cached input tokens: more than any prompt here
 
@@ -59,17 +62,6 @@ def _conversation(group: int, question: str) -> dict[str, Any]:
     }
 
 
-async def _node_of(nodes: tuple[SimProcess, ...], answer: httpx.Response) -> str:
-    """The name of the node that ran `answer`'s run (its runs log has the run id)."""
-    run_id = answer.json()["id"].removeprefix("chatcmpl-")
-    with trio.fail_after(WAIT_S):
-        while True:
-            for name, node in zip(NAMES, nodes, strict=True):
-                if node.run(run_id) is not None:
-                    return name
-            await trio.sleep(0.01)  # another process's file: poll, bounded
-
-
 async def test_two_edge_processes_send_each_new_prefix_to_the_same_node(
     tmp_path: Path,
 ) -> None:
@@ -91,8 +83,8 @@ async def test_two_edge_processes_send_each_new_prefix_to_the_same_node(
                 one = await first.post(CHAT, json=_conversation(group, "first question"))
                 two = await second.post(CHAT, json=_conversation(group, "second question"))
                 assert one.status_code == two.status_code == 200, (one.text, two.text)
-                placed[group] = await _node_of(nodes, one)
-                assert await _node_of(nodes, two) == placed[group], group
+                placed[group] = await node_that_ran(NAMES, nodes, one)
+                assert await node_that_ran(NAMES, nodes, two) == placed[group], group
         assert len(set(placed.values())) > 1, placed
 
 
@@ -183,7 +175,8 @@ async def test_with_the_nodes_kv_cache_the_next_turn_through_another_edge_is_cac
                 one = await first.post(CHAT, json=_conversation(group, "first question"))
                 two = await second.post(CHAT, json=_conversation(group, "second question"))
                 assert one.status_code == two.status_code == 200, (one.text, two.text)
-                assert await _node_of(sims, one) == await _node_of(sims, two), group
+                ran = [await node_that_ran(NAMES, sims, answer) for answer in (one, two)]
+                assert ran[0] == ran[1], group
                 cached = [
                     a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for a in (one, two)
                 ]

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 
-from tests.integration.conftest import SimProcess, named_sims, script
+from tests.integration.conftest import SimProcess, named_sims, node_that_ran, script
 from tests.integration.edgeproc import edge_process
 from tests.integration.test_cacheaware_e2e import CHAT, WAIT_S, _conversation
 
@@ -62,16 +62,6 @@ def _in_flight(state: dict[str, Any]) -> dict[str, int]:
     return {n["name"]: n["in_flight"] for n in state["nodes"]}
 
 
-async def _node_ran(nodes: tuple[SimProcess, ...], answer: httpx.Response) -> str:
-    run_id = answer.json()["id"].removeprefix("chatcmpl-")
-    with trio.fail_after(WAIT_S):
-        while True:
-            for name, node in zip(NAMES, nodes, strict=True):
-                if node.run(run_id) is not None:
-                    return name
-            await trio.sleep(0.01)
-
-
 @pytest.mark.parametrize("hold_s", [30.0, 0.0])
 async def test_a_queued_request_waits_for_the_node_holding_its_prompt(
     tmp_path: Path, hold_s: float
@@ -88,7 +78,7 @@ async def test_a_queued_request_waits_for_the_node_holding_its_prompt(
         ):
             first = await http.post(CHAT, json=_request(0, *ANSWER))
             assert first.status_code == 200, first.text
-            a = await _node_ran(nodes, first)
+            a = await node_that_ran(NAMES, nodes, first)
             b = next(n for n in NAMES if n != a)
             hangs: dict[str, trio.CancelScope] = {}
 
@@ -118,7 +108,7 @@ async def test_a_queued_request_waits_for_the_node_holding_its_prompt(
             with trio.fail_after(WAIT_S):
                 await answered.wait()
             assert answers[0].status_code == 200, answers[0].text
-            assert await _node_ran(nodes, answers[0]) == (a if hold_s else b)
+            assert await node_that_ran(NAMES, nodes, answers[0]) == (a if hold_s else b)
             hangs[a].cancel()
             metrics = (await http.get("/metrics")).text
             served = 'iop_edge_cache_holds_total{outcome="served"} ' + ("1.0" if hold_s else "0.0")
