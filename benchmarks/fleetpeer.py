@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -66,6 +67,9 @@ def _lists_model(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/v1/models", timeout=2) as resp:
             return MODEL.encode() in resp.read()
+    except urllib.error.HTTPError as exc:
+        exc.close()  # its connection, now and not when collected
+        return False
     except OSError:
         return False
 

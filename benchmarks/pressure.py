@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -196,6 +197,9 @@ def index_kinds(port: int) -> list[str]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
             nodes = json.loads(resp.read()).get("nodes") or []
+    except urllib.error.HTTPError as exc:
+        exc.close()  # its connection, now and not when collected
+        return []
     except (OSError, ValueError):
         return []
     return sorted({str((n.get("cache") or {}).get("index")) for n in nodes if n.get("cache")})

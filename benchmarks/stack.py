@@ -202,7 +202,8 @@ def get_status(url: str, timeout: float = 2.0) -> int:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
-        return int(exc.code)
+        with exc:  # its connection closed now, not when collected
+            return int(exc.code)
     except OSError:
         return 0
 

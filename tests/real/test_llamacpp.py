@@ -72,6 +72,12 @@ def _openai(edge: RunningEdge) -> openai.OpenAI:
     return openai.OpenAI(base_url=edge.url + "/v1", api_key="unused", max_retries=0)
 
 
+def _anthropic(edge: RunningEdge) -> anthropic.Anthropic:
+    """Used as a context manager: its pooled connection closed at the end, not when
+    collected (an unclosed socket fails the test that happens to collect it)."""
+    return anthropic.Anthropic(base_url=edge.url, api_key="unused", max_retries=0)
+
+
 async def test_a_streamed_answer_is_the_servers(edge: RunningEdge, llama: LlamaServer) -> None:
     """Streamed through the edge: the server's text, its usage, one finish."""
     body = _chat()
@@ -137,8 +143,7 @@ async def test_messages_answer_is_the_servers(edge: RunningEdge, llama: LlamaSer
     direct = await _direct(llama, _chat())
 
     def call() -> Any:
-        client = anthropic.Anthropic(base_url=edge.url, api_key="unused", max_retries=0)
-        with client.messages.stream(
+        with _anthropic(edge) as client, client.messages.stream(
             model=MODEL_NAME, max_tokens=24, extra_body={"temperature": 0},
             messages=[{"role": "user", "content": "Tell me about the sea."}],
         ) as stream:  # fmt: skip
@@ -175,16 +180,16 @@ async def test_stop_is_the_servers_and_messages_names_it(
     assert completion.choices[0].finish_reason == "stop"
 
     def messages(stream: bool) -> Any:
-        client = anthropic.Anthropic(base_url=edge.url, api_key="unused", max_retries=0)
         kwargs: dict[str, Any] = {
             "model": MODEL_NAME, "max_tokens": 40, "extra_body": {"temperature": 0},
             "stop_sequences": ["never-there", stop],
             "messages": [{"role": "user", "content": "Tell me about the sea."}],
         }  # fmt: skip
-        if not stream:
-            return client.messages.create(**kwargs)
-        with client.messages.stream(**kwargs) as events:
-            return events.get_final_message()
+        with _anthropic(edge) as client:
+            if not stream:
+                return client.messages.create(**kwargs)
+            with client.messages.stream(**kwargs) as events:
+                return events.get_final_message()
 
     for stream in (False, True):
         message = await _in_thread(lambda stream=stream: messages(stream))
