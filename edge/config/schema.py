@@ -134,7 +134,7 @@ class TimeoutsConfig:
         "Characters of output the process holds for its streams in all, each stream whose"
         " client stopped reading counted with 512 Ki more for what it holds beyond its buffer:"
         " past it, the streams whose clients stopped reading longest ago are ended as slow"
-        " clients at once (the default fits about 80 stalled streams of full buffers, 256 Ki"
+        " clients at once (the default fits about 110 stalled streams of full buffers, 64 Ki"
         " characters each).",
         min=65536,
         max=2**40,

@@ -28,10 +28,10 @@ from typing import Protocol
 
 # What a stream whose client stopped reading holds beyond its event buffer, counted
 # while its producer waits: up to the node hop's stream window of frames grpclib
-# received and nobody decoded (256 KiB, `edge.node.grpc`), and the chunk its writer
-# holds rendered, encoded and framed for the socket (memray, a 64 KiB delta: about
-# 85 KiB in each form; 200 stalled readers held 0.9-1 MiB each, their buffer's
-# characters about a third of it).
+# received and nobody decoded (128 KiB, `edge.node.grpc`), the event waiting for
+# room (up to a 64 KiB delta), and the chunk its writer holds rendered, encoded
+# and framed for the socket (memray, a 64 KiB delta: about 85 KiB in each form):
+# ~450 KiB, counted as 512 Ki.
 BEYOND_BUFFER = 512 * 1024
 
 

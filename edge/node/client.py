@@ -52,9 +52,10 @@ from edge.observe.logbound import clip
 # count and in characters of delta text; past either the read loop waits and
 # HTTP/2 flow control slows the node down. A client that stops reading holds
 # this much here, one batch (edge.fleet.run.MAX_BATCH_CHARS) and the node
-# connection's stream window (edge.node.grpc).
+# connection's stream window (edge.node.grpc). 64 Ki characters is seconds of
+# output at any model's rate; one delta larger than it still passes, alone.
 EVENT_BUFFER = 512
-EVENT_BUFFER_CHARS = 256 * 1024
+EVENT_BUFFER_CHARS = 64 * 1024
 CANCEL_RPC_TIMEOUT_S = 2.0
 # Run ids a line about failed CancelRuns names (then "and N more").
 CANCEL_FAILED_NAMED = 32

@@ -44,9 +44,12 @@ STREAMS_PER_CHANNEL = 90
 IDLE_CHANNELS = 4
 # The connection window is large, so a stalled run (its stream window full)
 # never freezes the runs beside it on the same connection. The stream window
-# is 256 KiB, not gRPC's 64 KiB: a stream is paced by window / round trip, and
-# on a loaded edge a round trip (read, ack) takes tens of milliseconds.
-STREAM_WINDOW = 256 * 1024
+# is 128 KiB, not gRPC's 64 KiB: a stream is paced by window / round trip, and
+# on a loaded edge a round trip (read, ack) takes tens of milliseconds (128 KiB
+# at 50 ms: 2.5 MB/s, far above any model's rate). It is also what a stream
+# whose client stopped reading holds undecoded: 256 KiB cost the hostile mix's
+# stalled readers ~20 MiB more.
+STREAM_WINDOW = 128 * 1024
 _H2_CONFIG = Configuration(
     http2_connection_window_size=64 * 1024 * 1024,
     http2_stream_window_size=STREAM_WINDOW,

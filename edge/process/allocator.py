@@ -10,9 +10,13 @@ defaults keep such blocks long after they are freed:
   its size (up to 32 MiB): after the first 4 MB body, blocks under 4 MB come
   from the heap, and a heap gives back only its top, so a few blocks still in
   use keep every freed one below them resident. A threshold set once no
-  longer moves: a block of 128 KiB or more is given back to the system as it
+  longer moves: a block of 64 KiB or more is given back to the system as it
   is freed (an mmap and a munmap, and its pages faulted in once: a few
-  microseconds per 64 KiB).
+  microseconds per 64 KiB). 64 KiB, not glibc's starting 128: the blocks of
+  64-128 KiB are the large deltas and the answer chunks rendered from them,
+  which a stream whose client stopped reading keeps for as long as it waits,
+  among the heap's short-lived ones (a token's delta and chunk are far
+  smaller, and never mapped).
 - Every thread that allocates while another does gets an arena of its own
   (up to 8 per CPU), each with a high-water mark of its own. The edge's
   threads (the event loop, the node bridge, the parse threads, the log
@@ -23,7 +27,9 @@ Measured with the hostile mix's `all` phase (every attack at once, beside
 normal traffic): the RSS peak above idle was +224..309 MiB with glibc's
 defaults (3 runs) and +192..266 MiB with both settings (11 runs), the heap's
 free bytes at the peak 50..139 MiB and 13..29 MiB. Either setting alone did
-about half as well (+213..298 and +226..248, 3 to 4 runs each).
+about half as well (+213..298 and +226..248, 3 to 4 runs each). A threshold of
+64 KiB against 128 KiB, alternating on a quiet machine: +225..266 MiB (mean 249,
+7 runs) against +251..310 (mean 275); 32 KiB did no better than 64 (+243..262).
 
 An operator's own choice wins: with MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_,
 MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES in the environment, nothing is set.
@@ -40,8 +46,8 @@ from collections.abc import Mapping
 # mallopt's parameters (glibc's malloc.h).
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
-# Blocks this large or larger are mapped on their own (glibc's starting value, fixed).
-MMAP_THRESHOLD = 128 * 1024
+# Blocks this large or larger are mapped on their own (fixed: see the module doc).
+MMAP_THRESHOLD = 64 * 1024
 ARENA_MAX = 2
 # An operator who set any of these chose the allocator's settings.
 OPERATOR_KNOBS = (

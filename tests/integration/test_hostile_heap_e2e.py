@@ -57,7 +57,7 @@ def test_freed_large_blocks_leave_the_process(tmp_path: Path) -> None:
         cwd=Path(__file__).resolve().parents[2],
         check=True,
     )
-    assert "mmap threshold 128 KiB" in done.stderr, done.stderr
+    assert "mmap threshold 64 KiB" in done.stderr, done.stderr
     held, stayed = (int(x) for x in done.stdout.split())
     assert held >= 48 * MiB  # the blocks were resident
     assert stayed < 8 * MiB, (held, stayed)
@@ -79,7 +79,7 @@ async def test_iop_edge_logs_its_allocator(tmp_path: Path, sim: SimProcess) -> N
     )
     async with edge_process(tmp_path, toml, log_format="json") as edge:
         line = json.loads(await edge.wait_line("allocator: "))
-        assert line["msg"] == "allocator: mmap threshold 128 KiB, 2 arenas at most"
+        assert line["msg"] == "allocator: mmap threshold 64 KiB, 2 arenas at most"
     async with edge_process(
         tmp_path, toml, log_format="json", env={"MALLOC_ARENA_MAX": "4"}, name="env"
     ) as edge:
