@@ -231,9 +231,13 @@ class KVCache:
                 del free[block]
             refs[block] = count + 1
         cached = hit
+        room = self.capacity - self.in_use - len(free)  # blocks never used yet
         for block in chain[hit:]:
-            self._make_room(1)
-            if self.in_use >= self.capacity:
+            if room > 0:
+                room -= 1
+            elif free:
+                self._evict_head()
+            else:
                 break  # no room: the prompt's other blocks are the run's own
             held[block] = ready
             refs[block] = 1
@@ -303,9 +307,13 @@ class KVCache:
     def _make_room(self, wanted: int) -> None:
         """Evict from the free queue's head until `wanted` more blocks fit beside those in
         use and in the queue, or the queue is empty."""
-        held, free, log = self._held, self._free, self.log
+        free = self._free
         while free and self.in_use + len(free) + wanted > self.capacity:
-            block, _ = free.popitem(last=False)
-            if block >= 0:
-                del held[block]
-                log.evicted(block)
+            self._evict_head()
+
+    def _evict_head(self) -> None:
+        """Evict the free queue's head (reported unless it is anonymous)."""
+        block, _ = self._free.popitem(last=False)
+        if block >= 0:
+            del self._held[block]
+            self.log.evicted(block)
