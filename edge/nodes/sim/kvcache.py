@@ -236,7 +236,7 @@ class KVCache:
             if room > 0:
                 room -= 1
             elif free:
-                self._evict_head()
+                self._make_room(1)  # the pool is full: one block goes, the queue's head
             else:
                 break  # no room: the prompt's other blocks are the run's own
             held[block] = ready
@@ -307,13 +307,9 @@ class KVCache:
     def _make_room(self, wanted: int) -> None:
         """Evict from the free queue's head until `wanted` more blocks fit beside those in
         use and in the queue, or the queue is empty."""
-        free = self._free
+        held, free, log = self._held, self._free, self.log
         while free and self.in_use + len(free) + wanted > self.capacity:
-            self._evict_head()
-
-    def _evict_head(self) -> None:
-        """Evict the free queue's head (reported unless it is anonymous)."""
-        block, _ = self._free.popitem(last=False)
-        if block >= 0:
-            del self._held[block]
-            self.log.evicted(block)
+            block, _ = free.popitem(last=False)
+            if block >= 0:  # else anonymous: nothing to report
+                del held[block]
+                log.evicted(block)
