@@ -136,6 +136,13 @@ async def _cache_scenario(address: str) -> dict[str, Any]:
                 first.kv_cache_tokens,
                 first.kv_cache_used_tokens,
             )
+            # An older edge: no prompt_chars, so no caching, whatever the blocks (first: the
+            # blocks of its own it frees are evicted before a's).
+            older = pb.RunRequest(
+                run_id="old", model="sim-echo", prefix_blocks=[101, 102],
+                messages=[pb.Message(role="user", content="x" * 400)],
+            )  # fmt: skip
+            seen["older"] = await _usage(stub, older)
             a = [101, 102, 103, 104]
             seen["a1"] = await _usage(stub, _request("a1", a, chars=10))
             seen["a2"] = await _usage(stub, _request("a2", a, chars=10))
@@ -146,23 +153,21 @@ async def _cache_scenario(address: str) -> dict[str, Any]:
             )
             own = script({"type": "complete", "usage": {"input_tokens": 7}})
             seen["own"] = await _usage(stub, _request("s2", a, model="sim-script", text=own))
-            # An older edge: no prompt_chars, so no caching, whatever the blocks.
-            older = pb.RunRequest(
-                run_id="old", model="sim-echo", prefix_blocks=a,
-                messages=[pb.Message(role="user", content="x" * 400)],
-            )  # fmt: skip
-            seen["older"] = await _usage(stub, older)
             await watcher.until(lambda w: w.held >= set(a))
             seen["snapshots"] = sum(r.kv_blocks_snapshot for r in watcher.reports)
-            # Six new blocks into a cache of eight: a's two last blocks go.
-            b = [201, 202, 203, 204, 205, 206]
+            # Five new blocks and one of b's own (its partial block) into a cache of eight
+            # whose free queue holds, least recently freed first, the blocks of their own
+            # the runs before freed and a's blocks, last to first: those four, then a's two
+            # last blocks go.
+            b = [201, 202, 203, 204, 205]
             seen["b"] = await _usage(stub, _request("b", b))
             await watcher.until(lambda w: w.held >= set(b))
             seen["held"] = set(watcher.held)
             seen["evicted"] = set(watcher.evicted)
             seen["snapshots_after"] = sum(r.kv_blocks_snapshot for r in watcher.reports)
-            # Once b is over, its report says the cache full of blocks (8 of 8 held) and
-            # none of it in use: no run is in flight (bounded: the scenario's fail_after).
+            # Once b is over, its report says the cache full of blocks (7 held, and b's own
+            # block, free) and none of it in use: no run is in flight (bounded: the
+            # scenario's fail_after).
             await watcher.until(lambda w: w.reports[-1].kv_cache_used_tokens == 0)
             seen["used_when_idle"] = (len(watcher.held), watcher.reports[-1].kv_cache_tokens)
             seen["a_again"] = await _usage(stub, _request("a3", a))
@@ -178,8 +183,10 @@ async def test_a_repeated_prefix_is_cached_and_a_watcher_sees_its_blocks_come_an
     its second time, the cached ones; a script's complete gets the same unless it gives
     its own usage; an older edge's run (no prompt_chars) counts its messages, uncached. A
     watcher's first report is a snapshot (empty), then the run's blocks arrive as stored;
-    a run of six new blocks evicts the first run's two last blocks (ends of chains first),
-    which the next run of the first prefix then misses."""
+    a run of five new blocks and one of its own evicts the blocks of their own earlier
+    runs freed (each run's partial block and answer, freed before the first run's blocks
+    were last freed), then the first run's two last blocks (ends of chains first), which
+    the next run of the first prefix then misses."""
     flags = (
         "--kv-tokens",
         str(CAPACITY_BLOCKS * BLOCK_TOKENS + 10),
@@ -202,11 +209,11 @@ async def test_a_repeated_prefix_is_cached_and_a_watcher_sees_its_blocks_come_an
     assert (seen["own"].input_tokens, seen["own"].cached_input_tokens) == (7, 0)
     assert (seen["older"].input_tokens, seen["older"].cached_input_tokens) == (100, 0)
     assert seen["snapshots"] == 1
-    assert (seen["b"].input_tokens, seen["b"].cached_input_tokens) == (6 * BLOCK_TOKENS, 0)
-    assert seen["held"] == {101, 102, 201, 202, 203, 204, 205, 206}
+    assert (seen["b"].input_tokens, seen["b"].cached_input_tokens) == (5 * BLOCK_TOKENS, 0)
+    assert seen["held"] == {101, 102, 201, 202, 203, 204, 205}
     assert seen["evicted"] == {103, 104}
     assert seen["snapshots_after"] == 1
-    assert seen["used_when_idle"] == (CAPACITY_BLOCKS, CAPACITY_BLOCKS * BLOCK_TOKENS)
+    assert seen["used_when_idle"] == (CAPACITY_BLOCKS - 1, CAPACITY_BLOCKS * BLOCK_TOKENS)
     assert seen["a_again"].cached_input_tokens == 2 * BLOCK_TOKENS
 
 
@@ -230,8 +237,9 @@ async def _prefill_scenario(address: str) -> dict[str, Any]:
     try:
         warm = [301, 302]
         await _usage(stub, _request("warm", warm))
-        # 25,000 uncached tokens at 1 ms each: 25 s of prefill (it is cancelled long before).
-        long = asyncio.create_task(long_run(_request("long", [401], chars=100_000)))
+        # 3,564 uncached tokens at 1 ms each: 3.5 s of prefill (it is cancelled long before),
+        # 56 blocks in a cache of 64, beside warm's 3.
+        long = asyncio.create_task(long_run(_request("long", [401], chars=14_000)))
         try:
             async with asyncio.timeout(WAIT_S):
                 await accepted.wait()
@@ -249,7 +257,7 @@ async def _prefill_scenario(address: str) -> dict[str, Any]:
 async def test_an_uncached_prompts_prefill_delays_its_first_event_past_a_cached_ones(
     tmp_path: Path,
 ) -> None:
-    """With --prefill-us-per-token, a run of 25,000 uncached tokens started first is still
+    """With --prefill-us-per-token, a run of 3,564 uncached tokens started first is still
     in its prefill when a run whose prompt is all cached, started after it, has ended."""
     seen = await _on_node(tmp_path, "kv", KV_FLAGS, _prefill_scenario)
     assert seen["cached"].cached_input_tokens == seen["cached"].input_tokens == 2 * BLOCK_TOKENS

@@ -173,6 +173,23 @@ def test_an_exact_index_follows_the_nodes_events_and_ignores_routing() -> None:
     assert len(index) == 0
 
 
+def test_a_full_nodes_report_of_stores_and_evictions_keeps_every_block_it_holds() -> None:
+    """A node at its capacity stores a block by evicting another: its report gives both,
+    stores first. The index, full too, keeps the new block (the report's evictions made
+    room for it) and drops the evicted one, so it holds exactly the node's set; evictions
+    of blocks it did not hold leave it at most its capacity."""
+    index = CacheIndex(4)
+    index.snapshot(chain(0, 4))
+    index.stored(chain(100, 2), evicting=2)
+    index.evicted(chain(2, 2))
+    assert len(index) == 4
+    assert all(block in index for block in [*chain(0, 2), *chain(100, 2)])
+    index.stored(chain(200, 2), evicting=2)
+    index.evicted([999_999, chain(100, 2)[1]])
+    assert len(index) == 4
+    assert chain(200, 2)[1] in index
+
+
 def test_a_node_storing_past_its_capacity_is_kept_to_it() -> None:
     """An exact node reporting more blocks than its capacity: the index keeps its
     capacity's worth and ignores the rest (a node is not trusted)."""

@@ -72,8 +72,9 @@ def test_storing_touches_held_blocks_and_records_only_new_ones() -> None:
 
 def test_the_least_recently_used_chains_go_first_ends_before_beginnings() -> None:
     """Past the capacity the least recently used blocks go, and of one chain its end
-    first (a run's blocks are touched last to first): a prefix is never left with a
-    hole, and a chain touched again outlives one that was not."""
+    first (a run frees its blocks last to first): a prefix is never left with a hole,
+    and a chain touched again outlives one that was not. New blocks are stored in chain
+    order, each evicting one once the pool is full."""
     cache = KVCache(4)
     cache.store([1, 2])  # chain a
     cache.store([3, 4])  # chain b
@@ -81,7 +82,7 @@ def test_the_least_recently_used_chains_go_first_ends_before_beginnings() -> Non
     assert cache.blocks() == [4, 3, 2, 1]
     start = cache.log.end
     cache.store([5, 6])  # chain c: two blocks must go, b's
-    assert _events(cache, start) == ([6, 5], [4, 3])
+    assert _events(cache, start) == ([5, 6], [4, 3])
     assert cache.blocks() == [2, 1, 6, 5]
     assert cache.match([1, 2]) == 2
     start = cache.log.end

@@ -70,9 +70,15 @@ another run is still computing waits for them), waits its prefill time
 (`prefill_us_per_token` per uncached prompt token), then plays; its
 `complete` event's usage says its prompt tokens and the cached ones
 (`input_tokens`, `cached_input_tokens`) unless a script gives its own usage.
+From its prefill's start to its end, however it ends (complete, error,
+cancelled, aborted, its caller gone), the run holds its blocks (the cache's
+`Lease`: its prompt's blocks pinned, and a block of its own for each
+BLOCK_TOKENS tokens past them, its answer's deltas counted as they are sent),
+released once in `play`'s `finally`.
 Describe reports the capacity and use (`kv_cache_tokens`,
-`kv_cache_used_tokens`), and Watch the blocks stored and evicted (the
-cache's `BlockLog`; none with `kv_reports=False`, `--no-kv-reports`).
+`kv_cache_used_tokens`: the blocks the runs in flight hold), and Watch the
+blocks stored and evicted (the cache's `BlockLog`; none with
+`kv_reports=False`, `--no-kv-reports`).
 `decode_tokens_per_s` paces deltas, cache
 model or not: a delta of N characters is max(1, N // 4) tokens, sent once
 they are decoded.
@@ -95,12 +101,12 @@ from opentelemetry.trace import Span
 
 from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.codec import Encoded
-from edge.contract.prefix import BLOCK_TOKENS, CHARS_PER_TOKEN
+from edge.contract.prefix import BLOCK_TOKENS
 from edge.contract.routes import WATCH_ROUTE
 from edge.nodes.kit import NodeService
 from edge.nodes.runslog import Events, RunRecord
 from edge.nodes.sim.continuation import Cut
-from edge.nodes.sim.kvcache import KVCache, KVSettings, prompt
+from edge.nodes.sim.kvcache import KVCache, KVSettings, Lease, delta_tokens, prompt
 from edge.nodes.sim.play import Abort, End, Hang, Send, Sleep, Step, echo_steps, script_steps
 from edge.nodes.sim.script import ScriptError, script_items
 from edge.observe.tracing import Tracing
@@ -211,11 +217,11 @@ class Pace:
         self._due = 0.0
 
     async def wait(self, text: str) -> None:
-        """Wait for a delta of `text` (max(1, len // CHARS_PER_TOKEN) tokens) to be due."""
+        """Wait for a delta of `text` (`delta_tokens` of it) to be due."""
         if not self.tokens_per_s:
             return
         now = asyncio.get_running_loop().time()
-        tokens = max(1, len(text) // CHARS_PER_TOKEN)
+        tokens = delta_tokens(text)
         self._due = max(self._due, now) + tokens / self.tokens_per_s
         await asyncio.sleep(self._due - now)
 
@@ -256,9 +262,9 @@ class SimNode(NodeService):
         self.kv = kv or KVSettings()
         # The cache (None: the model is off), whose block log Watch reports from.
         self.cache = KVCache(self.kv.kv_tokens // BLOCK_TOKENS) if self.kv.kv_tokens else None
-        # The prompt tokens of each run past its prefill's start, by the run's id(): what
-        # the cache holds for runs in flight (the rest of it is reusable, evictable).
-        self._kv_in_use: dict[int, int] = {}
+        # The blocks each run past its prefill's start holds in the cache, by the run's
+        # id(), until it ends.
+        self._leases: dict[int, Lease] = {}
         if self.cache is not None and kv_reports:
             self.block_log = self.cache.log
         # The handler tasks of the runs holding a place (given back when they end).
@@ -277,10 +283,11 @@ class SimNode(NodeService):
 
     # --- RPCs -------------------------------------------------------------------
 
-    def _kv_used(self, cache: KVCache) -> int:
+    @staticmethod
+    def _kv_used(cache: KVCache) -> int:
         """The KV cache in use, as vLLM counts it: the blocks of the runs in flight, not
         those kept only for reuse (a model server evicts them as it needs room)."""
-        return min(sum(self._kv_in_use.values()), cache.capacity * BLOCK_TOKENS)
+        return min(cache.in_use, cache.capacity) * BLOCK_TOKENS
 
     async def describe(self, message: pb.DescribeRequest) -> pb.DescribeResponse:
         cache = self.cache
@@ -338,16 +345,22 @@ class SimNode(NodeService):
         try:
             if request.model == "sim-echo":
                 usage = await self._prefill(run, request)
-                return await self._play(run, echo_steps(request, usage=usage, cut=cut))
+                steps = echo_steps(request, usage=usage, cut=cut)
+                return await self._play(run, steps, self._leases.get(id(run)))
             if request.model == "sim-script":
                 items = _node_items(request, self.name)  # a bad script fails before prefill
                 usage = await self._prefill(run, request)
-                return await self._play(run, script_steps(items, request, usage=usage, cut=cut))
+                steps = script_steps(items, request, usage=usage, cut=cut)
+                return await self._play(run, steps, self._leases.get(id(run)))
         except ScriptError as exc:
             await run.send(script_refusal(exc))
             return "error"
         finally:
-            if self._kv_in_use.pop(id(run), None) is not None:
+            # However the run ends (its outcome, an exception, a cancellation), its blocks
+            # are freed here, once.
+            lease = self._leases.pop(id(run), None)
+            if lease is not None and self.cache is not None:
+                self.cache.end(lease)
                 self.state_changed()
         error = f"model {request.model!r} is not served here"
         await run.send(pb.RunEvent(type="error", error=error))
@@ -359,25 +372,33 @@ class SimNode(NodeService):
         the prefill time of the uncached ones, or until the cached ones another run is
         still computing are done, whichever is later. Returns the usage the cache model
         gives the run (its prompt and cached tokens), else None. From here to its end
-        the run's prompt is in use (`kv_cache_used_tokens`)."""
+        the run holds its blocks (its lease, which `play` ends; `kv_cache_used_tokens`)."""
         cache = self.cache
         if cache is None:
             return None
         asked = prompt(request)
-        self._kv_in_use[id(run)] = min(asked.tokens, cache.capacity * BLOCK_TOKENS)
         hit = cache.match(asked.blocks)
         cached = min(hit * BLOCK_TOKENS, asked.tokens)
         now = asyncio.get_running_loop().time()
         done = now + (asked.tokens - cached) * self.kv.prefill_us_per_token / 1e6
         done = max(done, cache.ready(asked.blocks, hit))
-        cache.store(asked.blocks, ready=done)
+        self._leases[id(run)] = cache.start(asked.blocks, asked.tokens, ready=done)
         self.state_changed()
         if done > now:
             await asyncio.sleep(done - now)
         return pb.Usage(input_tokens=asked.tokens, cached_input_tokens=cached)
 
-    @staticmethod
-    async def _send_repeated(run: RunRecord, event: pb.RunEvent, n: int, pace: Pace) -> None:
+    def _decoded(self, lease: Lease | None, event: pb.RunEvent) -> None:
+        """A delta of the run of `lease` was sent: its tokens count in the blocks it holds."""
+        cache = self.cache
+        if lease is None or cache is None or event.type not in _PACED:
+            return
+        if cache.decoded(lease, delta_tokens(event.delta)):
+            self.state_changed()
+
+    async def _send_repeated(
+        self, run: RunRecord, event: pb.RunEvent, n: int, pace: Pace, lease: Lease | None
+    ) -> None:
         """The benchmarks' fast path: serialize once, send the bytes n times."""
         payload = Encoded(bytes(event))
         send = run.send
@@ -386,23 +407,26 @@ class SimNode(NodeService):
             if paced:
                 await pace.wait(event.delta)
             await send(payload)
+            self._decoded(lease, event)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 # send_message does not yield while the window is open: never
                 # starve other RPCs (CancelRun among them).
                 await asyncio.sleep(0)
 
-    async def _play(self, run: RunRecord, steps: Iterator[Step]) -> str:
-        """Play `steps` (deltas at the decode pace); returns the run's outcome."""
+    async def _play(self, run: RunRecord, steps: Iterator[Step], lease: Lease | None) -> str:
+        """Play `steps` (deltas at the decode pace, each counted in the blocks the run
+        holds, `lease`); returns the run's outcome."""
         pace = Pace(self.kv.decode_tokens_per_s)
         for step in steps:
             if isinstance(step, Send):
                 event = step.event
                 if step.repeat > 1:
-                    await self._send_repeated(run, event, step.repeat, pace)
+                    await self._send_repeated(run, event, step.repeat, pace, lease)
                 else:
                     if event.type in _PACED:
                         await pace.wait(event.delta)
                     await run.send(event)
+                    self._decoded(lease, event)
             elif isinstance(step, Sleep):
                 await asyncio.sleep(step.seconds)
             elif isinstance(step, Hang):
