@@ -23,6 +23,7 @@ from edge.contract.prefix import (
 from edge.nodes.sim import cli
 from edge.nodes.sim.kvcache import MAX_KV_TOKENS, KVCache, KVSettings, prompt
 from edge.nodes.sim.server import SimNode
+from tests.unit.blockchains import Chains, Watcher
 
 
 def _events(cache: KVCache, position: int) -> tuple[list[int], list[int]]:
@@ -198,40 +199,22 @@ def test_any_workload_keeps_the_bound_whole_prefixes_and_a_true_log(
     blocks before it in its chain held (so a match is never cut by a hole); the match is
     the leading run held; and a watcher that applies each report (stored, then evicted)
     to its own set, reading after every `every` runs, has exactly the set held."""
-    ids: dict[tuple[int, ...], int] = {}
-    parent: dict[int, int] = {}
+    chains = Chains()
     cache = KVCache(capacity)
-    seen: set[int] = set()
-    position: int | None = None
-
-    def read() -> None:
-        nonlocal position
-        report = pb.DescribeResponse()
-        position = cache.log.report(report, position)
-        if report.kv_blocks_snapshot:
-            seen.clear()
-        seen.update(report.kv_blocks_stored)
-        seen.difference_update(report.kv_blocks_evicted)
-
+    watcher = Watcher(cache.log)
     for n, path in enumerate(runs):
-        chain = []
-        for i in range(len(path)):
-            block = ids.setdefault(tuple(path[: i + 1]), len(ids) + 1)
-            if i:
-                parent[block] = chain[-1]
-            chain.append(block)
+        chain = chains.chain(path)
         held_run = 0
         while held_run < len(chain) and chain[held_run] in cache:
             held_run += 1
         assert cache.match(chain) == held_run
         cache.store(chain)
         assert cache.held <= capacity
-        for block in cache.blocks():
-            assert block not in parent or parent[block] in cache
+        assert chains.unbroken(cache)
         if n % every == 0:
-            read()
-    read()
-    assert seen == set(cache.blocks())
+            watcher.read()
+    watcher.read()
+    assert watcher.seen == set(cache.blocks())
 
 
 @pytest.mark.parametrize(

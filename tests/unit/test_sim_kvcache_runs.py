@@ -25,6 +25,7 @@ from edge.contract.prefix import BLOCK_TOKENS, PREFIX_BLOCK_CHARS
 from edge.nodes.runslog import RunRecord
 from edge.nodes.sim.kvcache import KVCache, KVSettings, Lease
 from edge.nodes.sim.server import SimNode
+from tests.unit.blockchains import Chains, Watcher
 
 
 def _events(cache: KVCache, position: int) -> tuple[list[int], list[int]]:
@@ -175,21 +176,10 @@ def test_any_interleaving_of_runs_keeps_pins_bounds_whole_prefixes_and_a_true_lo
     before it in its chain; and a watcher applying each report (stored, then evicted) to
     its own set, reading every `every` operations, has exactly the set held. Once every
     run ended, nothing is in use."""
-    ids: dict[tuple[int, ...], int] = {}
-    parent: dict[int, int] = {}
+    chains = Chains()
     cache = KVCache(capacity)
+    watcher = Watcher(cache.log)
     live: list[Lease] = []
-    seen: set[int] = set()
-    position: int | None = None
-
-    def read() -> None:
-        nonlocal position
-        report = pb.DescribeResponse()
-        position = cache.log.report(report, position)
-        if report.kv_blocks_snapshot:
-            seen.clear()
-        seen.update(report.kv_blocks_stored)
-        seen.difference_update(report.kv_blocks_evicted)
 
     def check() -> None:
         _bounded(cache)
@@ -200,18 +190,12 @@ def test_any_interleaving_of_runs_keeps_pins_bounds_whole_prefixes_and_a_true_lo
             need = math.ceil((lease.tokens + lease.generated) / BLOCK_TOKENS)
             assert lease.private == max(0, need - len(lease.blocks))
         assert cache.in_use == len(pinned) + sum(lease.private for lease in live)
-        for block in cache.blocks():
-            assert block not in parent or parent[block] in cache
+        assert chains.unbroken(cache)
         assert len(cache.blocks()) == cache.held
 
     for n, (op, arg, tokens) in enumerate(ops):
         if op == "start":
-            chain: list[int] = []
-            for i in range(len(arg)):
-                block = ids.setdefault(tuple(arg[: i + 1]), len(ids) + 1)
-                if i:
-                    parent[block] = chain[-1]
-                chain.append(block)
+            chain = chains.chain(arg)
             held_run = cache.match(chain)
             lease = cache.start(chain, len(chain) * BLOCK_TOKENS + tokens)
             assert len(lease.blocks) >= held_run  # its cached prefix, then what it stored
@@ -223,15 +207,15 @@ def test_any_interleaving_of_runs_keeps_pins_bounds_whole_prefixes_and_a_true_lo
             assert cache.end(live.pop(arg % len(live))) is True
         check()
         if n % every == 0:
-            read()
-    read()
-    assert seen == set(cache.blocks())
+            watcher.read()
+    watcher.read()
+    assert watcher.seen == set(cache.blocks())
     while live:
         cache.end(live.pop())
         check()
     assert (cache.in_use, cache.pinned) == (0, 0)
-    read()
-    assert seen == set(cache.blocks())
+    watcher.read()
+    assert watcher.seen == set(cache.blocks())
 
 
 # --- a node's runs: every way a run ends frees its blocks, once ---------------------------
