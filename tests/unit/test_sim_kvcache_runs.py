@@ -320,3 +320,29 @@ def test_a_script_that_fails_before_its_prefill_holds_nothing() -> None:
     request.messages[0].content = "no script here"
     assert asyncio.run(node.play(run, request, None)) == "error"
     assert (cache.in_use, cache.held) == (0, 0)
+
+
+def test_a_repeated_delta_counts_each_of_its_sends() -> None:
+    """A delta sent `repeat` times (the benchmarks' fast path) takes the blocks of its
+    answer as the same deltas sent one by one do, while the run plays."""
+
+    async def in_use(events: list[dict[str, Any]]) -> int:
+        node, cache = _node()
+        run, stream, request = _run([*events, {"type": "hang"}], [1, 2])
+        task = asyncio.create_task(node.play(run, request, None))
+        async with asyncio.timeout(10):
+            while len(stream.sent) < 3:
+                stream.some.clear()
+                await stream.some.wait()
+        used = cache.in_use
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return used
+
+    delta = {"type": "delta", "delta": "x" * (2 * BLOCK_TOKENS * 4)}  # two blocks' tokens
+    repeated = asyncio.run(in_use([{**delta, "repeat": 3}]))
+    one_by_one = asyncio.run(in_use([delta, delta, delta]))
+    # Its 2 prompt blocks pinned; its prompt's 153 tokens and its answer's 384 take 9
+    # blocks: 7 of its own.
+    assert repeated == one_by_one == 2 + 7

@@ -403,11 +403,16 @@ class SimNode(NodeService):
         payload = Encoded(bytes(event))
         send = run.send
         paced = event.type in _PACED and pace.tokens_per_s
+        # What each send adds to the blocks the run holds, worked out once (`_decoded`).
+        cache = self.cache
+        counted = lease if cache is not None and event.type in _PACED else None
+        tokens = delta_tokens(event.delta)
         for i in range(n):
             if paced:
                 await pace.wait(event.delta)
             await send(payload)
-            self._decoded(lease, event)
+            if counted is not None and cache is not None and cache.decoded(counted, tokens):
+                self.state_changed()
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 # send_message does not yield while the window is open: never
                 # starve other RPCs (CancelRun among them).
