@@ -13,12 +13,12 @@ prefix fingerprints (`edge.api.fingerprint`), fed from one of two sources:
   blocks are recorded deepest first, so the LRU evicts a prefix's tail
   before its head, as a paged KV cache does.
 - **exact** (a node whose Watch reports carry KV block events): the node's
-  own stores and evictions, and nothing else (`snapshot`, `stored`,
-  `evicted`): a snapshot replaces the set, stores then evictions apply in
-  the order the report gives them, the stores kept past the capacity by as
-  many blocks as the report evicts (a full node stores by evicting; the
-  capacity holds again once the evictions apply). Every edge watching the node then has
-  the same view, with no gossip.
+  own stores and evictions, and nothing else (`snapshot`, `reported`): a
+  snapshot replaces the set, a report's stores then its evictions apply, the
+  stores kept past the capacity by as many blocks as the report evicts (a
+  full node stores by evicting; the capacity holds again once the evictions
+  apply). Every edge watching the node then has the same view, with no
+  gossip.
 
 `longest` finds a request's longest cached prefix on the node by binary
 search over its chain, O(log blocks) lookups: chained hashes mean that a
@@ -212,15 +212,29 @@ class CacheIndex:
         self._blocks.clear()
         self.stored(blocks)
 
-    def stored(self, blocks: Iterable[int], tick: int | None = None, evicting: int = 0) -> None:
-        """The node stored these blocks (kept up to the capacity, and `evicting` more: the
-        evictions the same report gives next, which made room for them on a full node;
-        past it, not kept); with `tick`, they count in its live demand from that dispatch
-        on."""
+    def stored(self, blocks: Iterable[int], tick: int | None = None) -> None:
+        """The node stored these blocks (kept up to the capacity; past it, not kept); with
+        `tick`, they count in its live demand from that dispatch on."""
+        self._store(blocks, tick, self.capacity)
+
+    def reported(
+        self, stored: Iterable[int], evicted: Sequence[int], tick: int | None = None
+    ) -> None:
+        """One report of the node's: the blocks it stored, then those it evicted. A full
+        node stores by evicting, so the stores are kept past the capacity by as many
+        blocks as the report evicts; once the evictions apply, at most the capacity is
+        kept (a node is not trusted)."""
+        self._store(stored, tick, self.capacity + len(evicted))
+        held = self._blocks
+        for block in evicted:
+            held.pop(block, None)
+        self._trim()
+
+    def _store(self, blocks: Iterable[int], tick: int | None, limit: int) -> None:
         if tick is not None:
             self._live.sent(blocks, tick, self.capacity)
         held = self._blocks
-        room = self.capacity + evicting - len(held)
+        room = limit - len(held)
         for block in blocks:
             if block in held:
                 continue
@@ -228,14 +242,6 @@ class CacheIndex:
                 return
             held[block] = None
             room -= 1
-
-    def evicted(self, blocks: Iterable[int]) -> None:
-        """The node evicted these blocks (then at most the capacity is kept: the stores
-        before them may have gone past it by blocks not held)."""
-        held = self._blocks
-        for block in blocks:
-            held.pop(block, None)
-        self._trim()
 
     def clear(self) -> None:
         """Forget what the node holds, and be approximate again (the node stopped

@@ -143,10 +143,7 @@ def kv_events(cache: CacheIndex, description: NodeDescription, tick: int) -> Non
         if description.seq <= 1:
             cache.clear()
             return
-        # A full node that stored blocks evicted as many: room for the stores is counted
-        # with the evictions, or the index (full too) would drop the new blocks it holds.
-        cache.stored(description.kv_stored, tick, evicting=len(description.kv_evicted))
-        cache.evicted(description.kv_evicted)
+        cache.reported(description.kv_stored, description.kv_evicted, tick)
 
 
 def max_runs_of(configured: int | None, described: NodeDescription | None) -> float:

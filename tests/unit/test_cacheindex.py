@@ -25,7 +25,7 @@ _OPS = st.lists(
         st.tuples(st.just("resize"), st.integers(-5, 60), st.just(0)),
         st.tuples(st.just("snapshot"), st.integers(0, 50), st.integers(0, 80)),
         st.tuples(st.just("stored"), st.integers(0, 50), st.integers(0, 80)),
-        st.tuples(st.just("evicted"), st.integers(0, 50), st.integers(0, 80)),
+        st.tuples(st.just("reported"), st.integers(0, 50), st.integers(0, 80)),
     ),
     max_size=40,
 )
@@ -44,6 +44,8 @@ def test_the_index_never_holds_more_than_its_capacity(capacity: int, ops: list[A
             index.corrected(chain(start, n), n, n // 2)
         elif op == "resize":
             index.resize(start)
+        elif op == "reported":  # stores, with room for evictions that may not be held
+            index.reported(chain(start, n), chain(start // 2, n // 3), tick)
         else:
             getattr(index, op)(chain(start, n))
         assert 1 <= index.capacity <= MAX_BLOCKS
@@ -164,8 +166,7 @@ def test_an_exact_index_follows_the_nodes_events_and_ignores_routing() -> None:
     index.corrected(chain(0, 4), predicted=4, cached=0)
     assert 500 not in index
     assert index.longest(chain(0, 4)) == 4
-    index.stored(chain(4, 2))
-    index.evicted(chain(2, 1))
+    index.reported(chain(4, 2), chain(2, 1))
     assert index.longest(chain(0, 6)) in (2, 6)  # a hole at 2: a lower bound
     assert index.longest(chain(0, 2)) == 2
     index.clear()
@@ -180,12 +181,10 @@ def test_a_full_nodes_report_of_stores_and_evictions_keeps_every_block_it_holds(
     of blocks it did not hold leave it at most its capacity."""
     index = CacheIndex(4)
     index.snapshot(chain(0, 4))
-    index.stored(chain(100, 2), evicting=2)
-    index.evicted(chain(2, 2))
+    index.reported(chain(100, 2), chain(2, 2))
     assert len(index) == 4
     assert all(block in index for block in [*chain(0, 2), *chain(100, 2)])
-    index.stored(chain(200, 2), evicting=2)
-    index.evicted([999_999, chain(100, 2)[1]])
+    index.reported(chain(200, 2), [999_999, chain(100, 2)[1]])
     assert len(index) == 4
     assert chain(200, 2)[1] in index
 
