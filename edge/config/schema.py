@@ -132,9 +132,9 @@ class TimeoutsConfig:
     slow_client_backlog_chars: int = setting(
         64 * 1024 * 1024,
         "Characters of output the process holds for its streams in all, each stream whose"
-        " client stopped reading counted with 512 Ki more for what it holds beyond its buffer:"
+        " client stopped reading counted with 768 Ki more for what it holds beyond its buffer:"
         " past it, the streams whose clients stopped reading longest ago are ended as slow"
-        " clients at once (the default fits about 110 stalled streams of full buffers, 64 Ki"
+        " clients at once (the default fits about 80 stalled streams of full buffers, 64 Ki"
         " characters each).",
         min=65536,
         max=2**40,

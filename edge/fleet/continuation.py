@@ -10,7 +10,12 @@ the continuation is the model's own output exactly. What is kept is bounded
 by what a continuation can carry (`Delivered.cap`: the nodes' gRPC message
 limit less the request's bytes, and the session's cap on an answer it holds
 whole); past it the parts are let go and the answer no longer moves
-(`too_long`), the stream ends as it would have.
+(`too_long`), the stream ends as it would have. Once its client stops reading
+(the run's event buffer full: `stalled`), at most STALLED_CHARS are kept, and
+past them the parts are let go too (`stalled`): a stalled stream would
+otherwise hold everything written to it so far, for as long as its client
+likes, and the process's backlog counts what one holds with that bound
+(`edge.node.backlog.BEYOND_BUFFER`).
 
 A run breaks after output when its stream broke or was reset, its node went
 away, its node sent `cancelled` on its own (drained for shutdown), or it sent
@@ -46,11 +51,23 @@ BreakReason = Literal["stream_broken", "node_gone", "node_drained", "error_event
 # What is kept is reserved from the process's memory budget in steps of this many
 # characters; small pieces are joined JOIN_PARTS at a time.
 RESERVE_CHARS = 256 * 1024
+# The most kept of an answer whose client stopped reading: its first reservation. A
+# client that pauses and reads on (a tunnel, a laptop lid) keeps a short answer's way
+# to move; a long answer nobody reads is not held twice for as long as its client likes.
+STALLED_CHARS = RESERVE_CHARS
 SMALL_CHARS = 4096
 JOIN_PARTS = 256
 # How a break after output ended (`iop_edge_migrations_total`'s `outcome`): migrated,
 # or why not.
-MIGRATION_OUTCOMES = ("migrated", "exhausted", "expired", "too_long", "no_node", "failed")
+MIGRATION_OUTCOMES = (
+    "migrated",
+    "exhausted",
+    "expired",
+    "too_long",
+    "stalled",
+    "no_node",
+    "failed",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +120,14 @@ def stream_break(error: EdgeError | None) -> Break:
     return Break(reason, error_type=error.type, message=error.message)
 
 
-def why_not(*, migrations_left: int, now: float, deadline: float, too_long: bool) -> str | None:
+def why_not(*, migrations_left: int, now: float, deadline: float, gone: str | None) -> str | None:
     """Why an answer that broke after output does not move (a MIGRATION_OUTCOMES value),
-    before a node is looked for; None: it may."""
+    before a node is looked for; None: it may. `gone`: why what was kept was let go."""
     if migrations_left <= 0:
         return "exhausted"
     if now >= deadline:
         return "expired"
-    if too_long:
-        return "too_long"
-    return None
+    return gone
 
 
 class _Parts:
@@ -157,6 +172,7 @@ class Delivered:
     """
 
     __slots__ = (
+        "_past_cap",
         "_reasoning",
         "_reserve",
         "_reserved",
@@ -165,9 +181,9 @@ class Delivered:
         "chars",
         "earlier_input",
         "earlier_tokens",
+        "gone",
         "moves",
         "tokens",
-        "too_long",
     )
 
     def __init__(self, cap: int, reserve: Callable[[int], bool] | None = None) -> None:
@@ -179,7 +195,11 @@ class Delivered:
         self._text = _Parts()
         self._reasoning = _Parts()
         self.chars = 0  # characters received, kept or not
-        self.too_long = cap <= 0
+        # Why the parts are let go (the answer cannot move): "too_long" past
+        # `cap` or the budget, "stalled" past STALLED_CHARS once its client stopped
+        # reading; None: kept.
+        self.gone: str | None = "too_long" if cap <= 0 else None
+        self._past_cap = "too_long"  # why, past `cap`
         # The run in flight's output tokens (reasoning among them), as counted.
         self.tokens = 0
         # The earlier runs': output tokens, and the input tokens they reported.
@@ -199,7 +219,7 @@ class Delivered:
             return
         self.tokens += 1
         chars = self.chars + len(text)
-        if self.too_long or chars > self._reserved or chars > self.cap:
+        if self.gone is not None or chars > self._reserved or chars > self.cap:
             self._keep(text, self._text)  # counts `chars` itself
             return
         self.chars = chars
@@ -225,13 +245,28 @@ class Delivered:
         if not text:
             return
         chars = self.chars = self.chars + len(text)
-        if self.too_long:
+        if self.gone is not None:
             return
-        if chars > self.cap or (chars > self._reserved and not self._more(chars)):
-            self.too_long = True
-            self._text, self._reasoning = _Parts(), _Parts()  # let go: it cannot be sent
-            return
-        parts.add(text)
+        if chars > self.cap:
+            self._let_go(self._past_cap)
+        elif chars > self._reserved and not self._more(chars):
+            self._let_go("too_long")  # it cannot be sent
+        else:
+            parts.add(text)
+
+    def stalled(self, cut: bool) -> None:
+        """The client stopped reading (its run's event buffer is full, the node waits):
+        at most STALLED_CHARS are kept from now on; past them (now or later) what is
+        kept is let go, and the answer no longer moves. `cut`: the run was ended as
+        a slow client's, and nothing is kept."""
+        if self.gone is None and (cut or self.cap > STALLED_CHARS):
+            self.cap, self._past_cap = min(self.cap, STALLED_CHARS), "stalled"
+            if cut or self.chars > self.cap:
+                self._let_go("stalled")
+
+    def _let_go(self, why: str) -> None:
+        self.gone = why
+        self._text, self._reasoning = _Parts(), _Parts()
 
     def _more(self, chars: int) -> bool:
         """Room for `chars` characters kept, reserved in steps."""

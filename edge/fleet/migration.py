@@ -167,7 +167,7 @@ class Mover:
         assert handle is not None
         why = why_not(
             migrations_left=self.left, now=broke_at, deadline=self.deadline,
-            too_long=delivered.too_long,
+            gone=delivered.gone,
         )  # fmt: skip
         if why is None:
             # The broken run's read task ends on its own (the node ended the run, or its

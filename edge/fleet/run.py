@@ -255,6 +255,8 @@ class Run:
                 slow_consumer_s=start.services.timeouts.slow_client_s,
                 accept_s=start.services.timeouts.first_event_s, metadata=start.metadata,
             )  # fmt: skip
+            if self.reader.delivered is not None:  # a client that stops reading: let go
+                self.reader.handle.events.on_stall(self.reader.delivered.stalled)
         except EdgeError as exc:
             self.start_error = exc
             if isinstance(exc, NodeUnavailableError):

@@ -31,8 +31,10 @@ from typing import Protocol
 # received and nobody decoded (128 KiB, `edge.node.grpc`), the event waiting for
 # room (up to a 64 KiB delta), and the chunk its writer holds rendered, encoded
 # and framed for the socket (memray, a 64 KiB delta: about 85 KiB in each form):
-# ~450 KiB, counted as 512 Ki.
-BEYOND_BUFFER = 512 * 1024
+# ~450 KiB; and what a migration keeps of its answer once its client stopped
+# reading (at most 256 Ki characters, `edge.fleet.continuation.STALLED_CHARS`):
+# ~700 KiB, counted as 768 Ki.
+BEYOND_BUFFER = 768 * 1024
 
 
 class Waiter(Protocol):

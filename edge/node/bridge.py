@@ -107,6 +107,10 @@ class EventBuffer:
     and HTTP/2 flow control slows the node down. One delta larger than the
     bound still passes, alone (the gRPC message cap bounds it).
 
+    A producer that must wait for room says its client stopped reading: whoever
+    keeps a copy of the answer for later (a migration's tap) is told
+    (`on_stall`), once as the wait begins and once more if the backlog cuts it.
+
     And bounded in sum: the text held counts into the process's `backlog`
     (`edge.node.backlog`), and a producer waiting for room is one of the
     backlog's waiters. Past the backlog's budget the oldest waiters are `cut`:
@@ -125,6 +129,7 @@ class EventBuffer:
         "_chars",
         "_limit_s",
         "_max_chars",
+        "_on_stall",
         "_put",
         "_put_scope",
         "_receive",
@@ -133,6 +138,7 @@ class EventBuffer:
         "_room",
         "_send",
         "_send_nowait",
+        "_stalled",
         "_waiting",
         "cut_by_backlog",
         "terminal",
@@ -164,6 +170,9 @@ class EventBuffer:
         # The consumer is gone: a producer waiting for room gives up (see abort).
         self._aborted = False
         self._put_scope: trio.CancelScope | None = None
+        # Told when the producer first waits for room, and when it is cut (on_stall).
+        self._on_stall: Callable[[bool], object] | None = None
+        self._stalled = False
         # The backlog's budget ended the producer's wait (see cut).
         self.cut_by_backlog = False
         # The read loop handed over the node's terminal event: the node ended the
@@ -229,6 +238,9 @@ class EventBuffer:
             # A waiter of the backlog from here on: the budget may cut it, now or later.
             backlog.wait(self)
             try:
+                if not self._stalled and (told := self._on_stall) is not None:
+                    told(False)
+                self._stalled = True
                 while self._chars and self._chars + size > self._max_chars:
                     self._waiting = True
                     await self._room.park()
@@ -247,10 +259,22 @@ class EventBuffer:
         if scope.cancelled_caught or self.cut_by_backlog:
             raise trio.TooSlowError
 
+    def on_stall(self, callback: Callable[[bool], object]) -> None:
+        """Call `callback(False)` when the producer first waits for room (at once if it
+        has already), and `callback(True)` if the backlog cuts it; forgotten when the
+        buffer leaves the backlog (`release`)."""
+        if self._released:
+            return
+        self._on_stall = callback
+        if self._stalled:
+            callback(False)
+
     def cut(self) -> None:
         """The backlog's budget passed while this producer waited longest: its wait
         ends as at `limit_s` (trio.TooSlowError), and the buffer leaves the backlog."""
         self.cut_by_backlog = True
+        if (told := self._on_stall) is not None:
+            told(True)
         self.release()
         if self._put_scope is not None:
             self._put_scope.cancel()
@@ -261,6 +285,7 @@ class EventBuffer:
         if self._released:
             return
         self._released = True
+        self._on_stall = None  # (a tap's owner: its run may be retired and let go)
         self._backlog.chars -= self._chars
         own = Backlog()
         own.chars = self._chars

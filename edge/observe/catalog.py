@@ -203,7 +203,7 @@ _RUNS = (
     # (edge.node.backlog); read when scraped (`EdgeMetrics.watch_backlog`).
     MetricSpec(
         Gauge, "backlog_chars", "iop_edge_backlog_chars",
-        "Characters of output the runs' event buffers hold for their streams (and 512 Ki for"
+        "Characters of output the runs' event buffers hold for their streams (and 768 Ki for"
         " each stream whose client stopped reading), against [timeouts] slow_client_backlog_chars.",
         merge="livesum",
     ),
@@ -291,7 +291,7 @@ _FLEET = (
         "Answers whose run broke after output (its node gone, drained or failed), by"
         " reason (stream_broken, node_gone, node_drained, error_event) and outcome:"
         " migrated (a node that can continue took the rest), else why not: exhausted,"
-        " expired, too_long, no_node, failed.",
+        " expired, too_long, stalled, no_node, failed.",
         ("reason", "outcome"),
     ),
     MetricSpec(

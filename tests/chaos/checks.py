@@ -18,7 +18,8 @@ Mid-answer kills ("migrated"): a stream a node kill met after its first byte
 is moved by the edge to another node that continues it, and must end with
 exactly the answer of an uncut run (the simulated node is deterministic: the
 plan knows it); only a plan that ends otherwise, no other node up, a kill
-of each node it ran on, or the request's total deadline excuse it.
+of each node it ran on, the request's total deadline, or a client that had
+stopped reading before the kill excuse it.
 """
 
 from __future__ import annotations
@@ -577,11 +578,14 @@ def _excuse(j: Joined, obs: Observed, down: float) -> str:
     answer move), `no_node` (no
     node it had not tried was up at the kill: every other node down, or back
     too recently for the edge to know), `deadline` (its total deadline ended
-    it).
+    it), `stalled` (its client had stopped reading before the kill: the edge keeps
+    at most 256 Ki characters of such an answer to move it, docs/fleet.md).
     """
     r = j.result
     if not r.plan.expect.terminal.startswith("finish:"):
         return "plan"
+    if r.t_stall is not None and r.t_stall <= down:
+        return "stalled"
     killed = {n for n, spans in obs.downtimes.items() for d, _ in spans if d == down}
     # Later kills of the nodes its answer may have moved to (not the one killed now).
     later = [

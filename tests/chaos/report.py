@@ -157,7 +157,8 @@ def migration_lines(report: Report) -> list[str]:
         f"{g.get('met', 0)}; excused {sum(excused.values())} (plan ends otherwise "
         f"{excused.get('plan', 0)}, no other node up {excused.get('no_node', 0)}, more kills "
         f"than its {o.migrations if o.migration else 0} migrations "
-        f"{excused.get('kill_per_leg', 0)}, past the deadline {excused.get('deadline', 0)}"
+        f"{excused.get('kill_per_leg', 0)}, past the deadline {excused.get('deadline', 0)}, "
+        f"its client stopped reading {excused.get('stalled', 0)}"
         f"); to complete whole {expected}, completed whole {whole} ({share}, goal 99%"
         f"{'' if o.migration else '; off: not held to it'}); moved "
         f"to another node {g.get('met_migrated', 0)}",

@@ -57,7 +57,7 @@ class Observed:
 class Break:
     """A run that broke after output, as the edge logged it: the node it broke on, the
     node a continuation was started on (None: none was), why it broke, and the outcome
-    (`migrated`, or why not: exhausted, expired, too_long, no_node, failed: the
+    (`migrated`, or why not: exhausted, expired, too_long, stalled, no_node, failed: the
     continuation did not start on `to_node`)."""
 
     from_node: str

@@ -332,11 +332,12 @@ async def notify_lines(
 @asynccontextmanager
 async def stalled_stream(
     url: str, body: dict[str, Any], *, rcvbuf: int = 0
-) -> AsyncIterator[tuple[bytes, str]]:
+) -> AsyncIterator[tuple[bytes, str, trio.socket.SocketType]]:
     """A client that POSTs a streamed chat request to the edge at `url`, reads up to the
     answer's whole id (in its first chunk), and then never reads again, its socket left
-    open for the block: (what it read, the run id in the answer's id). `rcvbuf`: its
-    receive buffer, in bytes (0: the system's). The socket is closed after the block."""
+    open for the block: (what it read, the run id in the answer's id, the socket, for a
+    test that reads on). `rcvbuf`: its receive buffer, in bytes (0: the system's). The
+    socket is closed after the block."""
     request = json.dumps(body).encode()
     host, port = url.removeprefix("http://").rsplit(":", 1)
     with trio.socket.socket() as sock:
@@ -352,7 +353,7 @@ async def stalled_stream(
         with trio.fail_after(10):
             while (found := re.search(rb'"id":"chatcmpl-([0-9a-f]+)"', head)) is None:
                 head += await sock.recv(65536)
-        yield head, found.group(1).decode()
+        yield head, found.group(1).decode(), sock
 
 
 async def poll(condition: Callable[[], bool], within_s: float = 20.0) -> None:

@@ -242,7 +242,7 @@ async def test_client_that_stops_reading_is_treated_as_gone(
     body = chat_body(
         "sim-script", script({"type": "delta", "delta": big, "repeat": 20_000}), stream=True
     )
-    async with stalled_stream(running.url, body) as (head, run_id):
+    async with stalled_stream(running.url, body) as (head, run_id, _):
         assert head.startswith(b"HTTP/1.1 200")
         run = await sim.wait_run(run_id, within_s=30)
         assert run["outcome"] == "cancelled"

@@ -19,6 +19,10 @@ migrated answer must be the text of an uncut one.
   (`run_error`) once no node is left, never a timeout.
 - A client that left is never migrated: its run is cancelled on its node, and the
   other node's runs log never names it.
+- A client that stopped reading after more than a stalled answer may keep: once
+  its run's event buffer is full, what the edge kept of its answer is let go;
+  its node killed, the answer does not move (counted `stalled`), and the other
+  node's runs log never names it.
 - An answer whose two nodes are killed in turn goes back to the first, restarted
   meanwhile (a new process, a life the edge saw the old one's end of), and
   completes whole; the restarted process runs it once.
@@ -39,6 +43,7 @@ import pytest
 import trio
 
 from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig
+from edge.fleet.continuation import STALLED_CHARS
 from tests.integration.conftest import (
     RunningEdge,
     SimProcess,
@@ -48,6 +53,7 @@ from tests.integration.conftest import (
     script,
     sse_content,
     sse_frames,
+    stalled_stream,
     start_edge,
     start_sim,
     stop_edge,
@@ -316,6 +322,46 @@ async def test_a_client_that_left_is_never_migrated(nursery: trio.Nursery, tmp_p
         assert record["outcome"] == "cancelled", record
         assert not any(r.get("run_id") == run_id for r in other.runs())
         assert running.counted(MIGRATIONS, outcome="migrated") == 0
+        await stop_edge(running)
+
+
+async def test_a_stalled_clients_answer_is_let_go_and_does_not_move(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A client that reads more than STALLED_CHARS of an answer of 64 KiB deltas, then
+    stops: its run's event buffer fills, and what the edge kept of the answer (to move
+    it) is let go at once. Its node killed then, the answer does not move: counted
+    `stalled`, never sent to the other node; the client reading again gets the error."""
+    big = {"type": "delta", "delta": "x", "delta_times": 65536, "repeat": 4096}
+    with _sims(tmp_path, (), ()) as (a, b):
+        running = await start_edge(nursery, _config(a, b))
+        body = _streamed(script(big, {"type": "complete"}))
+
+        def stalled(run: Any) -> bool:
+            delivered = run.reader.delivered
+            return run.accepted and delivered is not None and delivered.gone == "stalled"
+
+        async with stalled_stream(running.url, body, rcvbuf=16 * 1024) as (head, run_id, sock):
+            # More than a stalled answer may keep is read first, then nothing.
+            read = len(head)
+            with trio.fail_after(WAIT_S):
+                while read <= STALLED_CHARS:
+                    read += len(await sock.recv(65536))
+            await poll(lambda: any(stalled(r) for r in running.edge.runs.live))
+            first, other = (a, b) if _serving(running) == "a" else (b, a)
+            kill_process(first.process)
+            # It reads again: what was written, then the break's error frame.
+            tail = b""
+            with trio.fail_after(WAIT_S):
+                while not tail.endswith(b"\r\n0\r\n\r\n"):
+                    chunk = await sock.recv(65536)
+                    assert chunk, tail[-300:]
+                    tail = (tail + chunk)[-4096:]
+        assert b'"error"' in tail, tail[-300:]
+        assert running.counted(MIGRATIONS, outcome="stalled") == 1
+        await running.wait_idle(within_s=WAIT_S)
+        assert running.counted(MIGRATIONS, outcome="migrated") == 0
+        assert not any(r.get("run_id") == run_id for r in other.runs())
         await stop_edge(running)
 
 

@@ -783,7 +783,7 @@ async def test_a_client_that_stops_reading_ends_the_relayed_run_once(
     running = await start_edge(nursery, config)
     flood = script({"type": "delta", "delta": "x" * 4096, "repeat": 20_000})
     body = _chat("sim-script", flood, stream=True)
-    async with stalled_stream(running.url, body, rcvbuf=16 * 1024) as (head, _):
+    async with stalled_stream(running.url, body, rcvbuf=16 * 1024) as (head, _, _):
         assert head.startswith(b"HTTP/1.1 200")
         await running.wait_idle(within_s=30)
         ((_, outcome),) = running.outcomes

@@ -173,6 +173,52 @@ async def test_past_the_budget_the_producer_waiting_longest_is_cut_as_a_slow_cli
     assert backlog.chars == 0
 
 
+async def test_a_producer_that_waits_for_room_tells_the_stall() -> None:
+    """`on_stall`'s callback hears False when the producer first waits for room (a client
+    that keeps up never makes it wait; at once if registered after), and True if the
+    backlog cuts the wait; a released buffer forgets it."""
+    told: list[tuple[str, bool]] = []
+    backlog = Backlog(150)
+    buffer = EventBuffer(max_events=16, max_chars=100, backlog=backlog)
+    buffer.on_stall(lambda cut: told.append(("early", cut)))
+    assert buffer.put_nowait(Delta("a" * 60))
+    assert buffer.receive_nowait() == Delta("a" * 60)
+    assert buffer.put_nowait(Delta("b" * 100))
+    assert told == []
+    outcome: list[BaseException | None] = []
+    async with asyncio_loop():
+        with trio.fail_after(10):  # generous: only a bug waits this long
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_wait_put, buffer, Delta("c"), outcome)
+                await trio.testing.wait_all_tasks_blocked()
+                assert told == [("early", False)]
+                assert buffer.receive_nowait() == Delta("b" * 100)
+    assert outcome == [None]
+    buffer.on_stall(lambda cut: told.append(("late", cut)))
+    assert told == [("early", False), ("late", False)]
+    assert buffer.put_nowait(Delta("d" * 99))
+    async with asyncio_loop():
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_wait_put, buffer, Delta("e" * 2), outcome)
+                await trio.testing.wait_all_tasks_blocked()
+                reader = EventBuffer(max_events=16, max_chars=100, backlog=backlog)
+                assert reader.put_nowait(Delta("r" * 60))  # past the budget: cut
+    assert told == [("early", False), ("late", False), ("late", True)]
+    assert isinstance(outcome[-1], trio.TooSlowError)
+    released = EventBuffer(max_events=16, max_chars=100)
+    released.release()
+    released.on_stall(lambda cut: told.append(("released", cut)))
+    assert released.put_nowait(Delta("f" * 100))
+    async with asyncio_loop():
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_wait_put, released, Delta("g"), outcome)
+                await trio.testing.wait_all_tasks_blocked()
+                released.receive_nowait()
+    assert len(told) == 3
+
+
 async def test_a_producer_that_comes_to_wait_past_the_budget_is_cut_at_once() -> None:
     """The total is past the budget when the only producer starts to wait: it is cut
     before it parks (no waiting in a process already over its budget)."""

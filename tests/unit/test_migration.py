@@ -27,6 +27,7 @@ from edge.fleet.admission import Admission
 from edge.fleet.continuation import (
     JOIN_PARTS,
     RESERVE_CHARS,
+    STALLED_CHARS,
     Delivered,
     failed_break,
     stream_break,
@@ -95,13 +96,13 @@ def test_a_broken_stream_says_whether_its_node_went_away() -> None:
 
 
 @pytest.mark.parametrize(
-    ("left", "now", "too_long", "why"),
-    [(1, 0.0, False, None), (0, 0.0, False, "exhausted"), (2, 10.0, False, "expired"),
-     (1, 0.0, True, "too_long")],
+    ("left", "now", "gone", "why"),
+    [(1, 0.0, None, None), (0, 0.0, None, "exhausted"), (2, 10.0, None, "expired"),
+     (1, 0.0, "too_long", "too_long"), (1, 0.0, "stalled", "stalled")],
 )  # fmt: skip
-def test_why_an_answer_does_not_move(left: int, now: float, too_long: bool, why: str) -> None:
-    """Before a node is looked for: migrations left, within the deadline, short enough."""
-    assert why_not(migrations_left=left, now=now, deadline=10.0, too_long=too_long) == why
+def test_why_an_answer_does_not_move(left: int, now: float, gone: str | None, why: str) -> None:
+    """Before a node is looked for: migrations left, within the deadline, still kept."""
+    assert why_not(migrations_left=left, now=now, deadline=10.0, gone=gone) == why
 
 
 # --- the answer so far ---------------------------------------------------------------------
@@ -133,9 +134,9 @@ def test_the_answer_so_far_is_bounded_by_its_cap_and_the_memory_budget() -> None
     reserved from the memory budget in steps, and a budget with no room stops it too."""
     capped = Delivered(100)
     capped.add(Delta("x" * 60))
-    assert not capped.too_long
+    assert capped.gone is None
     capped.add(ReasoningDelta("y" * 60))
-    assert capped.too_long
+    assert capped.gone == "too_long"
     assert capped.parts() == ([], [])
     assert capped.chars == 120
     steps: list[int] = []
@@ -148,9 +149,9 @@ def test_the_answer_so_far_is_bounded_by_its_cap_and_the_memory_budget() -> None
     for _ in range(2 * RESERVE_CHARS // 1000):
         budgeted.add(Delta("z" * 1000))
     assert steps == [RESERVE_CHARS, RESERVE_CHARS]
-    assert not budgeted.too_long
+    assert budgeted.gone is None
     budgeted.add(Delta("z" * 1000))
-    assert budgeted.too_long
+    assert budgeted.gone == "too_long"
     assert steps == [RESERVE_CHARS] * 3
 
 
@@ -177,13 +178,47 @@ def test_a_delta_kept_by_its_fast_path_is_kept_as_any_event_is(
         if text:
             slow.tokens += 1
             slow._keep(text, slow._text)
-    assert (fast.parts(), fast.chars, fast.tokens, fast.too_long) == (
+    assert (fast.parts(), fast.chars, fast.tokens, fast.gone) == (
         slow.parts(),
         slow.chars,
         slow.tokens,
-        slow.too_long,
+        slow.gone,
     )
     assert fast_steps == slow_steps
+
+
+def test_a_stalled_client_keeps_at_most_stalled_chars_of_its_answer() -> None:
+    """Once its client stops reading, an answer keeps at most STALLED_CHARS: one past
+    them at that moment is let go at once (`stalled`); one under them keeps its way to
+    move until it passes them. What comes after is counted, not kept. A cap lower than
+    the bound stays the cap (`too_long`). Cut as a slow client, nothing is kept."""
+    long = Delivered(1 << 30)
+    long.add(Delta("a" * STALLED_CHARS))
+    long.add(ReasoningDelta("think"))
+    long.stalled(cut=False)
+    assert long.gone == "stalled"
+    assert long.parts() == ([], [])
+    long.delta("more")
+    assert long.parts() == ([], [])
+    assert (long.chars, long.tokens) == (STALLED_CHARS + 5 + 4, 3)
+    short = Delivered(1 << 30)
+    short.delta("abc")
+    short.stalled(cut=False)
+    assert short.gone is None
+    short.delta("d" * (STALLED_CHARS - 3))
+    assert short.gone is None
+    assert "".join(short.parts()[0]) == "abc" + "d" * (STALLED_CHARS - 3)
+    short.delta("e")
+    assert (short.gone, short.parts()) == ("stalled", ([], []))
+    small = Delivered(10)
+    small.stalled(cut=False)
+    small.delta("x" * 11)
+    assert small.gone == "too_long"
+    cut = Delivered(1 << 30)
+    cut.delta("abc")
+    cut.stalled(cut=False)
+    cut.stalled(cut=True)  # ended as a slow client's: nothing is kept
+    assert (cut.gone, cut.parts()) == ("stalled", ([], []))
 
 
 def test_usage_sums_the_runs_input_as_each_node_reported_it() -> None:
