@@ -16,7 +16,9 @@ defaults keep such blocks long after they are freed:
   64-128 KiB are the large deltas and the answer chunks rendered from them,
   which a stream whose client stopped reading keeps for as long as it waits,
   among the heap's short-lived ones (a token's delta and chunk are far
-  smaller, and never mapped).
+  smaller, and never mapped). A client connection's reads are just under it
+  (`edge.http.connection.MAX_RECV`); the node hop's (asyncio's 256 KiB) are
+  mapped, one mapping a read of many frames.
 - Every thread that allocates while another does gets an arena of its own
   (up to 8 per CPU), each with a high-water mark of its own. The edge's
   threads (the event loop, the node bridge, the parse threads, the log
