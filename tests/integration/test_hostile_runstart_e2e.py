@@ -18,6 +18,9 @@ back at 0 and a valid request served.
   `/healthz` keeps answering.
 - The RunRequest is serialized once per request; each attempt's node deadline is
   appended to it, and a node reads that deadline.
+- A request of at most INLINE_BYTES is prepared on the event loop's thread (a
+  hand-off to a thread and back would cost its first token more than the work);
+  a larger one in a worker thread.
 
 Waits are bounded polls on in-process state; nothing asserts a duration.
 """
@@ -25,6 +28,7 @@ Waits are bounded polls on in-process state; nothing asserts a duration.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -39,6 +43,7 @@ import trio
 from edge.api.request import TOO_DEEP, TOO_MANY_VALUES
 from edge.config import Config, NodeConfig, RoutingConfig, ServerConfig, TimeoutsConfig
 from edge.fleet.run import NODE_DEADLINE_GRACE_S
+from edge.http.chat import INLINE_BYTES
 from edge.stream import bounds
 from tests.integration.conftest import (
     RunningEdge,
@@ -391,6 +396,31 @@ async def test_a_large_request_is_served_while_healthz_answers(
     print(f"{case}: /healthz answered {len(during)} times during the prepare")
     assert during, "no /healthz answer while the request was prepared"
     await _served(edge, http)
+
+
+async def test_a_small_request_is_prepared_on_the_loop_a_larger_one_in_a_thread(
+    edge: RunningEdge, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request of at most INLINE_BYTES is prepared (parsed, checked, its RunRequest
+    serialized) on the event loop's thread, in its turn; one larger, in a worker
+    thread. Both are answered."""
+    chat = edge.edge.chat
+    prepare = chat.prepare
+    threads: list[int] = []
+
+    def watched(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return prepare(*args)
+
+    monkeypatch.setattr(chat, "prepare", watched)
+    small = json.dumps(chat_body("sim-echo", "small")).encode()
+    large = json.dumps(chat_body("sim-echo", "x" * INLINE_BYTES)).encode()
+    assert len(small) <= INLINE_BYTES < len(large)
+    for body in (small, large):
+        response = await _post(http, CHAT, body)
+        assert response.status_code == 200, response.text
+    assert threads[0] == threading.get_ident()  # the edge's loop runs the test's thread
+    assert threads[1] != threading.get_ident()
 
 
 # --- the node's deadline ------------------------------------------------------------
