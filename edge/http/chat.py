@@ -205,12 +205,12 @@ class ChatService:
         milliseconds per KiB, the forwarding policy's checks, the RunRequest's
         serialization) runs once, off the loop for a request over INLINE_BYTES: a
         large request never stalls other streams, and its attempts all send the same
-        bytes. A parse in progress holds up
-        to PARSE_PEAK_FACTOR times its body: that much comes out of the memory budget
-        while it runs (503 overloaded when the budget has not that much left, before
-        any work). The stored responses it refers to (`edge.http.stored`) are charged
-        before, as they come to once each reference stands for its item (a 413 past
-        the nodes' message limit), before the parse expands them.
+        bytes. A parse in progress holds up to PARSE_PEAK_FACTOR times its body: that
+        much comes out of the memory budget while it runs (503 overloaded when the
+        budget has not that much left, before any work). The stored responses it
+        refers to (`edge.http.stored`) are charged before, as they come to once each
+        reference stands for its item (a 413 past the nodes' message limit), before
+        the parse expands them.
         """
         budget = config.admission.memory_budget_bytes
         peaks = [self.admission.hold(min(PARSE_PEAK_FACTOR * len(body), budget))]
@@ -299,10 +299,11 @@ class ChatService:
         resolved: Resolved | None = None,
         cache_scope: str = "",
     ) -> Prepared:
-        """In a worker thread: `body` parsed (with the stored responses it refers to), as
-        forwarded (by `config`'s policy of its model), its RunRequest serialized. A
-        refusal of the forwarding policy is kept for the caller to raise after the API
-        key's checks (its 403 or 429 comes first, then the policy's)."""
+        """In a worker thread (on the loop for a request of at most INLINE_BYTES):
+        `body` parsed (with the stored responses it refers to), as forwarded (by
+        `config`'s policy of its model), its RunRequest serialized. A refusal of the
+        forwarding policy is kept for the caller to raise after the API key's checks
+        (its 403 or 429 comes first, then the policy's)."""
         parsed = api.parse(body, resolved)
         nbytes = footprint(parsed)
         request = parsed.chat
