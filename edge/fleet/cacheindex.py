@@ -36,7 +36,7 @@ that evicts leaves first (vLLM, SGLang, the simulated node) has none.
 blocks this edge sent the node over about its last LIVE_WINDOW dispatches (to
 any node), each with the dispatch it was last sent with (`routed`'s `tick`),
 and, with an exact index, the blocks the node reported storing over that time
-(`stored`'s `tick`: the runs other edges sent it made it compute them, so edges
+(`reported`'s `tick`: the runs other edges sent it made it compute them, so edges
 in front of the same nodes see each other's placements). `has_room` asks whether
 those and a new request's blocks fit in the node's capacity: placed there, the
 request would push out no block still in use. A cache's free blocks cannot say
@@ -206,42 +206,34 @@ class CacheIndex:
 
     # --- exact: the node's KV events ------------------------------------------------------
 
-    def snapshot(self, blocks: Iterable[int]) -> None:
+    def snapshot(self, blocks: Sequence[int]) -> None:
         """The node holds these blocks, and no others: the index becomes exact."""
         self.exact = True
         self._blocks.clear()
-        self.stored(blocks)
-
-    def stored(self, blocks: Iterable[int], tick: int | None = None) -> None:
-        """The node stored these blocks (kept up to the capacity; past it, not kept); with
-        `tick`, they count in its live demand from that dispatch on."""
-        self._store(blocks, tick, self.capacity)
+        self.reported(blocks, ())
 
     def reported(
-        self, stored: Iterable[int], evicted: Sequence[int], tick: int | None = None
+        self, stored: Sequence[int], evicted: Sequence[int], tick: int | None = None
     ) -> None:
-        """One report of the node's: the blocks it stored, then those it evicted. A full
+        """One report of the node's: the blocks it stored, then those it evicted; with
+        `tick`, the stored ones count in its live demand from that dispatch on. A full
         node stores by evicting, so the stores are kept past the capacity by as many
         blocks as the report evicts; once the evictions apply, at most the capacity is
         kept (a node is not trusted)."""
-        self._store(stored, tick, self.capacity + len(evicted))
-        held = self._blocks
-        for block in evicted:
-            held.pop(block, None)
-        self._trim()
-
-    def _store(self, blocks: Iterable[int], tick: int | None, limit: int) -> None:
         if tick is not None:
-            self._live.sent(blocks, tick, self.capacity)
+            self._live.sent(stored, tick, self.capacity)
         held = self._blocks
-        room = limit - len(held)
-        for block in blocks:
+        room = self.capacity + len(evicted) - len(held)
+        for block in stored:
             if block in held:
                 continue
             if room <= 0:
-                return
+                break
             held[block] = None
             room -= 1
+        for block in evicted:
+            held.pop(block, None)
+        self._trim()
 
     def clear(self) -> None:
         """Forget what the node holds, and be approximate again (the node stopped

@@ -24,7 +24,6 @@ _OPS = st.lists(
         st.tuples(st.just("corrected"), st.integers(0, 50), st.integers(0, 40)),
         st.tuples(st.just("resize"), st.integers(-5, 60), st.just(0)),
         st.tuples(st.just("snapshot"), st.integers(0, 50), st.integers(0, 80)),
-        st.tuples(st.just("stored"), st.integers(0, 50), st.integers(0, 80)),
         st.tuples(st.just("reported"), st.integers(0, 50), st.integers(0, 80)),
     ),
     max_size=40,
@@ -47,7 +46,7 @@ def test_the_index_never_holds_more_than_its_capacity(capacity: int, ops: list[A
         elif op == "reported":  # stores, with room for evictions that may not be held
             index.reported(chain(start, n), chain(start // 2, n // 3), tick)
         else:
-            getattr(index, op)(chain(start, n))
+            index.snapshot(chain(start, n))
         assert 1 <= index.capacity <= MAX_BLOCKS
         assert len(index) <= index.capacity
         assert index.live(tick) <= index.capacity + MAX_PREFIX_BLOCKS
@@ -89,7 +88,7 @@ def test_an_exact_index_keeps_the_live_demand_but_not_the_blocks_routed() -> Non
     assert index.longest(chain(0, 4)) == 0
     assert index.live(0) == 4
     assert not index.has_room(chain(100, 7), 0)
-    index.stored(chain(600, 3), 0)  # what the node reports storing counts too
+    index.reported(chain(600, 3), (), 0)  # what the node reports storing counts too
     assert index.live(0) == 7
     assert index.live(LIVE_WINDOW) == 0  # a snapshot's blocks never did
     index.clear()  # the node stopped reporting: the live demand is the traffic's
@@ -195,5 +194,5 @@ def test_a_node_storing_past_its_capacity_is_kept_to_it() -> None:
     index = CacheIndex(10)
     index.snapshot(chain(0, 1000))
     assert len(index) == 10
-    index.stored(chain(5000, 5))
+    index.reported(chain(5000, 5), ())
     assert len(index) == 10
