@@ -388,31 +388,34 @@ class SimNode(NodeService):
             await asyncio.sleep(done - now)
         return pb.Usage(input_tokens=asked.tokens, cached_input_tokens=cached)
 
-    def _decoded(self, lease: Lease | None, event: pb.RunEvent) -> None:
-        """A delta of the run of `lease` was sent: its tokens count in the blocks it holds."""
+    def _held_tokens(self, lease: Lease | None, event: pb.RunEvent) -> int:
+        """What a send of `event` adds to the blocks its run (`lease`) holds, in tokens;
+        0: nothing (not a delta, or no cache model)."""
+        if lease is None or self.cache is None or event.type not in _PACED:
+            return 0
+        return delta_tokens(event.delta)
+
+    def _decoded(self, lease: Lease | None, tokens: int) -> None:
+        """The run of `lease` sent a delta of `tokens` (`_held_tokens`): they count in the
+        blocks it holds."""
         cache = self.cache
-        if lease is None or cache is None or event.type not in _PACED:
-            return
-        if cache.decoded(lease, delta_tokens(event.delta)):
+        if tokens and lease is not None and cache is not None and cache.decoded(lease, tokens):
             self.state_changed()
 
-    async def _send_repeated(
+    async def _send(
         self, run: RunRecord, event: pb.RunEvent, n: int, pace: Pace, lease: Lease | None
     ) -> None:
-        """The benchmarks' fast path: serialize once, send the bytes n times."""
+        """Send `event` `n` times (a script's `repeat`), each delta at the decode pace and
+        counted in the blocks the run holds: serialized once, its bytes sent n times."""
         payload = Encoded(bytes(event))
         send = run.send
         paced = event.type in _PACED and pace.tokens_per_s
-        # What each send adds to the blocks the run holds, worked out once (`_decoded`).
-        cache = self.cache
-        counted = lease if cache is not None and event.type in _PACED else None
-        tokens = delta_tokens(event.delta)
+        tokens = self._held_tokens(lease, event)  # worked out once for every send
         for i in range(n):
             if paced:
                 await pace.wait(event.delta)
             await send(payload)
-            if counted is not None and cache is not None and cache.decoded(counted, tokens):
-                self.state_changed()
+            self._decoded(lease, tokens)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 # send_message does not yield while the window is open: never
                 # starve other RPCs (CancelRun among them).
@@ -424,14 +427,7 @@ class SimNode(NodeService):
         pace = Pace(self.kv.decode_tokens_per_s)
         for step in steps:
             if isinstance(step, Send):
-                event = step.event
-                if step.repeat > 1:
-                    await self._send_repeated(run, event, step.repeat, pace, lease)
-                else:
-                    if event.type in _PACED:
-                        await pace.wait(event.delta)
-                    await run.send(event)
-                    self._decoded(lease, event)
+                await self._send(run, step.event, step.repeat, pace, lease)
             elif isinstance(step, Sleep):
                 await asyncio.sleep(step.seconds)
             elif isinstance(step, Hang):
