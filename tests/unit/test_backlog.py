@@ -207,8 +207,9 @@ async def test_a_producer_that_waits_for_room_tells_the_stall() -> None:
     assert told == [("early", False), ("late", False), ("late", True)]
     assert isinstance(outcome[-1], trio.TooSlowError)
     released = EventBuffer(max_events=16, max_chars=100)
-    released.release()
-    released.on_stall(lambda cut: told.append(("released", cut)))
+    released.on_stall(lambda cut: told.append(("before release", cut)))
+    released.release()  # forgets the callback it had
+    released.on_stall(lambda cut: told.append(("after release", cut)))  # and takes none
     assert released.put_nowait(Delta("f" * 100))
     async with asyncio_loop():
         with trio.fail_after(10):
