@@ -14,7 +14,7 @@ from edge.contract._proto.iop.node import v1 as pb
 from edge.contract.prefix import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS
 from edge.node.convert import run_request_from_chat
 from edge.node.grpc import BoundedCodec
-from edge.node.wire import EncodedRunRequest, prepare_run_request
+from edge.node.wire import DEADLINE_ROOM, EncodedRunRequest, deadline_field, prepare_run_request
 from edge.nodes.kit import NodeCodec
 
 _TEXT = st.text(max_size=12)
@@ -136,3 +136,13 @@ def test_one_serialization_serves_every_attempt_with_its_own_deadline(
                                      pb.RunRequest)  # fmt: skip
         expected = _expected(request, deadline)
         assert bytes(decoded) == bytes(expected)
+
+
+@given(st.integers(-(2**63), 2**63 - 1))
+def test_an_attempts_deadline_is_written_as_the_generated_code_writes_it(deadline: int) -> None:
+    """The deadline field written by hand (on the loop, per attempt) is byte for byte the
+    generated code's, and fits the room the size check keeps for it."""
+    written = deadline_field(deadline)
+    assert written == bytes(pb.RunRequest(deadline_unix_ms=deadline))
+    assert len(written) <= DEADLINE_ROOM
+    assert len(deadline_field(-1)) == DEADLINE_ROOM
