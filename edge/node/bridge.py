@@ -23,13 +23,13 @@ import trio
 import trio_asyncio
 
 from edge.node.backlog import Backlog
-from edge.node.grpc import Accepted, Sent
+from edge.node.grpc import Accepted
 from edge.stream.events import Complete, Delta, Failed, LogprobDelta, NodeEvent, ReasoningDelta
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-Item = NodeEvent | Accepted | Sent
+Item = NodeEvent | Accepted
 
 _TEXT_EVENTS = frozenset({Delta, ReasoningDelta})
 _TERMINAL_EVENTS = frozenset({Complete, Failed})
@@ -126,7 +126,6 @@ class EventBuffer:
     __slots__ = (
         "_aborted",
         "_backlog",
-        "_chars",
         "_limit_s",
         "_max_chars",
         "_on_stall",
@@ -141,6 +140,8 @@ class EventBuffer:
         "_stalled",
         "_waiting",
         "cut_by_backlog",
+        "held_chars",
+        "sent_at",
         "terminal",
     )
 
@@ -158,7 +159,8 @@ class EventBuffer:
         self._receive = receive
         self._receive_nowait = receive.receive_nowait
         self._max_chars = max_chars
-        self._chars = 0
+        # Characters of delta text waiting for the writer (read by it; kept here).
+        self.held_chars = 0
         self._limit_s = limit_s
         # Where the text held is counted: the process's backlog until `release`,
         # then a tally of this buffer's own (nobody's total).
@@ -178,13 +180,15 @@ class EventBuffer:
         # The read loop handed over the node's terminal event: the node ended the
         # run, whether or not the writer has taken the event yet.
         self.terminal = False
-
-    @property
-    def held_chars(self) -> int:
-        """Characters of delta text waiting for the writer."""
-        return self._chars
+        # When the run's RunRequest was written to the node (trio's clock; None: not
+        # yet): `mark_sent`.
+        self.sent_at: float | None = None
 
     # --- producer (the node's read loop) ----------------------------------------
+
+    def mark_sent(self) -> None:
+        """The run's RunRequest is written to the node: noted, nobody woken."""
+        self.sent_at = trio.current_time()
 
     def put_nowait(self, item: Item) -> bool:
         """Queue `item` if both bounds leave room; False when the caller must `put`.
@@ -197,14 +201,14 @@ class EventBuffer:
                 self.terminal = True
             return True
         size = len(item.text) if type(item) in _TEXT_EVENTS else _size(item)  # type: ignore[union-attr]
-        held = self._chars
+        held = self.held_chars
         if held and held + size > self._max_chars:
             return False
         try:
             self._send_nowait(item)
         except trio.WouldBlock:
             return False
-        self._chars = held + size
+        self.held_chars = held + size
         backlog = self._backlog
         backlog.chars += size
         if backlog.chars > backlog.budget:
@@ -241,7 +245,7 @@ class EventBuffer:
                 if not self._stalled and (told := self._on_stall) is not None:
                     told(False)
                 self._stalled = True
-                while self._chars and self._chars + size > self._max_chars:
+                while self.held_chars and self.held_chars + size > self._max_chars:
                     self._waiting = True
                     await self._room.park()
                 await self._send.send(item)
@@ -249,7 +253,7 @@ class EventBuffer:
                 backlog.done_waiting(self)
         self._put_scope = None
         if not scope.cancelled_caught:  # the item is in
-            self._chars += size
+            self.held_chars += size
             backlog = self._backlog
             backlog.chars += size
             if backlog.chars > backlog.budget:
@@ -286,9 +290,9 @@ class EventBuffer:
             return
         self._released = True
         self._on_stall = None  # (a tap's owner: its run may be retired and let go)
-        self._backlog.chars -= self._chars
+        self._backlog.chars -= self.held_chars
         own = Backlog()
-        own.chars = self._chars
+        own.chars = self.held_chars
         self._backlog = own
 
     def abort(self) -> None:
@@ -320,14 +324,14 @@ class EventBuffer:
 
     # --- consumer (the stream's writer) -----------------------------------------
 
-    # The first items are always SENT and ACCEPTED, taken by whoever starts the run;
+    # The first item is always ACCEPTED, taken by whoever starts the run;
     # the consumer sees node events after them (typed so, to spare a check per event).
 
     def _taken(self, item: Item) -> NodeEvent:
         kind = type(item)
         if kind in _TEXT_EVENTS or kind is LogprobDelta:
             size = len(item.text) if kind in _TEXT_EVENTS else _size(item)  # type: ignore[union-attr]
-            self._chars -= size
+            self.held_chars -= size
             self._backlog.chars -= size
             if self._waiting:
                 self._waiting = False
@@ -338,7 +342,7 @@ class EventBuffer:
         item = self._receive_nowait()
         if type(item) in _TEXT_EVENTS:  # _taken, inlined: the per-event path
             size = len(item.text)  # type: ignore[union-attr]
-            self._chars -= size
+            self.held_chars -= size
             self._backlog.chars -= size
             if self._waiting:
                 self._waiting = False
@@ -351,5 +355,5 @@ class EventBuffer:
         return self._taken(await self._receive.receive())
 
     async def receive_start(self) -> Item:
-        """The next item while the run starts (SENT, then ACCEPTED), for its starter."""
+        """The next item while the run starts (ACCEPTED), for its starter."""
         return await self._receive.receive()

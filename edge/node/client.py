@@ -42,7 +42,7 @@ from edge.node.backlog import Backlog
 from edge.node.bridge import EventBuffer, call_asyncio, call_asyncio_settled
 from edge.node.describe import NodeDescription as NodeDescription
 from edge.node.describe import description_from_pb
-from edge.node.grpc import Accepted, GrpcNode, NodeWatch, Sent, settle_read
+from edge.node.grpc import Accepted, GrpcNode, NodeWatch, settle_read
 from edge.node.grpc import NodeSocket as NodeSocket
 from edge.node.grpc import WatchUnsupported as WatchUnsupported
 from edge.node.wire import EncodedRunRequest
@@ -271,22 +271,24 @@ class GrpcNodeClient:
         then lost until a deadline: vmagamedov/grpclib#216), then `accept_s` from there
         for the node to accept it. Raises as `start_run` says."""
         try:
-            limit, sent = trio.current_time() + accept_s, False
+            limit = trio.current_time() + accept_s
             while True:
                 with trio.move_on_at(limit) as waiting:
                     first = await events.receive_start()
-                if waiting.cancelled_caught:
-                    handle.cancel(EndCause.TIMEOUT)
-                    late = NodeTimeoutError(
-                        f"node {self.name} did not accept the run in {accept_s}s"
-                        if sent else f"the run could not be sent to node {self.name}"
-                        f" in {accept_s}s"
-                    )  # fmt: skip
-                    late.sent = sent
-                    raise late
-                if type(first) is not Sent:
+                if not waiting.cancelled_caught:
                     break
-                limit, sent = trio.current_time() + accept_s, True
+                sent_at = events.sent_at
+                if sent_at is not None and sent_at + accept_s > limit:
+                    limit = sent_at + accept_s  # written late: its wait counts from then
+                    continue
+                handle.cancel(EndCause.TIMEOUT)
+                late = NodeTimeoutError(
+                    f"node {self.name} did not accept the run in {accept_s}s"
+                    if sent_at is not None else f"the run could not be sent to node"
+                    f" {self.name} in {accept_s}s"
+                )  # fmt: skip
+                late.sent = sent_at is not None
+                raise late
         except trio.EndOfChannel:
             if handle.error is not None:
                 raise handle.error from None
@@ -355,7 +357,7 @@ class GrpcNodeClient:
         events: EventBuffer,
         metadata: Mapping[str, str] | None,
     ) -> None:
-        """The run's read: SENT, ACCEPTED, then the node's events into `events`, up to
+        """The run's read: marked sent, ACCEPTED, then the node's events into `events`, up to
         its terminal (`edge.node.grpc.GrpcNode.read_run`). A client whose runs go
         another way than the Run call reads them here (`edge.nodes.direct`)."""
         settle = partial(settle_read, settles=handle.settling)

@@ -126,7 +126,7 @@ def open_channel(where: NodeSocket, access: NodeAccess = _OPEN) -> Channel:
 
 
 class Accepted:
-    """The item a run sends into its sink after SENT: the node has accepted the run, in
+    """The first item a run puts into its sink: the node has accepted the run, in
     the life of its process `instance` names ("": the node does not say)."""
 
     __slots__ = ("instance",)
@@ -136,17 +136,6 @@ class Accepted:
 
 
 ACCEPTED = Accepted()
-
-
-class Sent:
-    """The item a run puts into its sink before ACCEPTED: its RunRequest is written to
-    the node's connection. The node's time to accept the run counts from here, not from
-    when the edge began (a connection to make, or this loop behind under load)."""
-
-    __slots__ = ()
-
-
-SENT = Sent()
 
 
 def _accepted(metadata: Mapping[str, str | bytes] | None) -> Accepted:
@@ -159,11 +148,18 @@ def _accepted(metadata: Mapping[str, str | bytes] | None) -> Accepted:
 
 
 class EventSink(Protocol):
-    """Where a run's events go; `put_nowait` says False when the sink is full."""
+    """Where a run's events go; `put_nowait` says False when the sink is full.
 
-    def put_nowait(self, item: NodeEvent | Accepted | Sent) -> bool: ...
+    `mark_sent`: the run's RunRequest is written to the node's connection. The node's
+    time to accept the run counts from then, not from when the edge began (a
+    connection to make, or this loop behind under load). A mark, not an item: the
+    run's starter, waiting for ACCEPTED, is not woken for it."""
 
-    def put(self, item: NodeEvent | Accepted | Sent) -> Awaitable[None]: ...
+    def put_nowait(self, item: NodeEvent | Accepted) -> bool: ...
+
+    def put(self, item: NodeEvent | Accepted) -> Awaitable[None]: ...
+
+    def mark_sent(self) -> None: ...
 
 
 def _describe_status(err: GRPCError) -> str:
@@ -352,10 +348,11 @@ class GrpcNode:
         sink: EventSink,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
-        """Run `request` on the node, putting SENT, ACCEPTED and then each event into
-        `sink`. Its caller starts it as a task of its own that trio's cancellation
-        does not reach (`edge.node.bridge.call_asyncio_settled`): cancelled, it is
-        never cut between a message's header and its body.
+        """Run `request` on the node, marking `sink` sent once the request is written,
+        then putting ACCEPTED and each event into it. Its caller starts it as a task of
+        its own that trio's cancellation does not reach
+        (`edge.node.bridge.call_asyncio_settled`): cancelled, it is never cut between a
+        message's header and its body.
 
         `metadata` goes with the Run call (the trace context's `traceparent`).
 
@@ -379,8 +376,7 @@ class GrpcNode:
             ) as stream:  # fmt: skip
                 await stream.send_message(request, end=True)
                 sent = True
-                if not sink.put_nowait(SENT):
-                    await sink.put(SENT)
+                sink.mark_sent()
                 await stream.recv_initial_metadata()
                 accepted = True
                 accept = _accepted(stream.initial_metadata)

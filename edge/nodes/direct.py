@@ -45,7 +45,7 @@ from edge.node.backlog import Backlog
 from edge.node.bridge import EventBuffer, Item
 from edge.node.client import GrpcNodeClient, NodeDescription, NodeSocket, RunHandle
 from edge.node.convert import event_from_pb
-from edge.node.grpc import SENT, Accepted
+from edge.node.grpc import Accepted
 from edge.node.wire import EncodedRunRequest
 from edge.nodes.kit import NodeSpans
 from edge.nodes.upstream.relay import TERMINAL, Relay
@@ -94,12 +94,12 @@ class DirectUpstreamClient(GrpcNodeClient):
         events: EventBuffer,
         metadata: Mapping[str, str] | None,
     ) -> None:
-        """The run relayed from here: SENT and ACCEPTED at once (there is no node to
+        """The run relayed from here: sent and ACCEPTED at once (there is no node to
         accept it), then the upstream's events, up to the terminal."""
         self._running += 1
         try:
             run, deadline_unix_ms, body = await self._prepared(request)
-            await _put(events, SENT)
+            events.mark_sent()
             await _put(events, Accepted(self._instance))
 
             sent, outcome = 0, "aborted"  # no terminal: the edge ended the run

@@ -39,7 +39,7 @@ from edge.fleet.pool import NodePool
 from edge.fleet.runs import Runs
 from edge.node.bridge import EventBuffer
 from edge.node.client import GrpcNodeClient, NodeDescription, RunHandle
-from edge.node.grpc import SENT, Accepted, NodeSocket
+from edge.node.grpc import Accepted, NodeSocket
 from edge.node.wire import PreparedRunRequest
 from edge.observe.metrics import EdgeMetrics
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
@@ -90,8 +90,8 @@ class ScriptNode(GrpcNodeClient):
         events: EventBuffer,
         metadata: Mapping[str, str] | None,
     ) -> None:
-        for item in (SENT, Accepted("")):
-            await _put(events, item)
+        events.mark_sent()
+        await _put(events, Accepted(""))
         for step in self.script:
             if step == "break":
                 raise NodeFailedError(f"node {self.name}: the stream broke")
