@@ -205,6 +205,24 @@ def index_kinds(port: int) -> list[str]:
     return sorted({str((n.get("cache") or {}).get("index")) for n in nodes if n.get("cache")})
 
 
+def routing_outcomes(port: int) -> dict[str, int]:
+    """How the edge on `port` chose each run's node under `cache_aware`, from its /metrics
+    (`iop_edge_cache_routing_total`, by outcome: hit, miss, load_bound, ...)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith('iop_edge_cache_routing_total{outcome="'):
+            labels, value = line.rsplit(" ", 1)
+            outcome = labels.split('"')[1]
+            if float(value):
+                out[outcome] = int(float(value))
+    return out
+
+
 @contextmanager
 def _apart(apart: bool, gateway: list[int], rest: list[int]) -> Iterator[bool]:
     with cores_apart(gateway, rest) if apart else nullcontext(False) as done:
@@ -249,9 +267,14 @@ def measure_cell(
                 raw = _play(pool, [*gw.targets, *others.targets], w, o, p)
                 cpu = gw.cpu() - c0
                 raw["index"] = index_kinds(gw.ports[0])
+                raw["routes"] = routing_outcomes(gw.ports[0])
         done = [r for r in raw["records"] + raw["other"] if "error" not in r]
         runs = fleet.runs_per_node(len(done))
-    return {**pressure_figures(raw, runs, cpu, w), "index": raw.get("index")}
+    return {
+        **pressure_figures(raw, runs, cpu, w),
+        "index": raw.get("index"),
+        "routes": raw.get("routes"),
+    }
 
 
 def measure_pressure(
@@ -288,5 +311,6 @@ def measure_pressure(
                 f"fleet: pressure ({mode}), {gateway}: hit {cell['hit_ratio']}, TTFT p50 "
                 f"{cell['ttft_p50_ms']} ms, p90 {cell['ttft_p90_ms']} ms, "
                 f"{cell['output_tok_per_s']} output tok/s, {cell['errors']} errors"
+                + (f", routed {cell['routes']}" if cell.get("routes") else "")
             )
     return out
