@@ -207,19 +207,23 @@ def index_kinds(port: int) -> list[str]:
 
 def routing_outcomes(port: int) -> dict[str, int]:
     """How the edge on `port` chose each run's node under `cache_aware`, from its /metrics
-    (`iop_edge_cache_routing_total`, by outcome: hit, miss, load_bound, ...)."""
+    (`routing_counts`; {}: no answer)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+            return routing_counts(resp.read().decode())
     except OSError:
         return {}
+
+
+def routing_counts(metrics: str) -> dict[str, int]:
+    """`iop_edge_cache_routing_total` by outcome (hit, miss, load_bound, ...) from the
+    Prometheus text `metrics`, the outcomes never counted left out."""
     out: dict[str, int] = {}
-    for line in text.splitlines():
+    for line in metrics.splitlines():
         if line.startswith('iop_edge_cache_routing_total{outcome="'):
             labels, value = line.rsplit(" ", 1)
-            outcome = labels.split('"')[1]
             if float(value):
-                out[outcome] = int(float(value))
+                out[labels.split('"')[1]] = int(float(value))
     return out
 
 

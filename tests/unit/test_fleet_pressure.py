@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+from prometheus_client import generate_latest
 
 from benchmarks.pressure import (
     QUICK,
@@ -17,9 +18,11 @@ from benchmarks.pressure import (
     merged,
     other,
     pressure_figures,
+    routing_counts,
     workload,
 )
 from benchmarks.prompts import CHARS_PER_TOKEN, arrivals
+from edge.observe.metrics import EdgeMetrics
 
 
 def _messages(body: bytes) -> list[dict[str, str]]:
@@ -144,3 +147,14 @@ def test_a_cells_figures_count_its_stages_and_its_answers_tokens() -> None:
     assert cell["output_tokens"] == 4 * w.requests
     assert cell["output_tok_per_s"] == pytest.approx(4 * w.requests / (w.arrivals[-1] + 1), 1e-3)
     assert (cell["hit_ratio"], cell["errors"]) == (0.5, 1)
+
+
+def test_a_cells_routing_outcomes_are_read_from_the_edges_counter() -> None:
+    """`routes`: the edge's `iop_edge_cache_routing_total` by outcome, as its metrics
+    render it (the catalog's own counter, so a renamed metric fails here)."""
+    metrics = EdgeMetrics()
+    for outcome in ("hit", "hit", "miss"):
+        metrics.cache_routed(outcome, "n1", 512)
+    text = generate_latest(metrics.registry).decode()
+    assert routing_counts(text) == {"hit": 2, "miss": 1}
+    assert routing_counts("") == {}
