@@ -324,8 +324,8 @@ class EventBuffer:
 
     # --- consumer (the stream's writer) -----------------------------------------
 
-    # The first item is always ACCEPTED, taken by whoever starts the run;
-    # the consumer sees node events after them (typed so, to spare a check per event).
+    # The first item is always ACCEPTED, taken by whoever starts the run; the
+    # consumer sees node events after it (typed so, to spare a check per event).
 
     def _taken(self, item: Item) -> NodeEvent:
         kind = type(item)
