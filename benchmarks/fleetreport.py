@@ -152,7 +152,12 @@ def render_pressure(p: dict[str, Any]) -> list[str]:
         f" at the ceiling; other traffic {s['other_rate']:g} req/s of {s['other_tokens']:,}"
         f"-token random prompts to {s['other_nodes']} node(s), not through the gateway"
     ]
-    titles = {"apart": "the gateway on a CPU of its own", "shared": "shared cores"}
+    titles = {
+        "apart": "the gateway on a CPU of its own",
+        "shared": "shared cores",
+        "replicas": f"{s.get('replicas', 3)} replicas of each gateway, the requests spread"
+        " over them in turn, on a CPU of their own",
+    }
     for mode, cells in p["cells"].items():
         out.append(f"\ncache pressure, {titles.get(mode, mode)}")
         rows = [_pressure_row(label, c, w.get("ceiling")) for label, c in cells.items()]
@@ -284,7 +289,12 @@ def _pressure_goals(p: dict[str, Any], goals: Goals) -> None:
     """The cache-pressure goals: the exact index against the approximate one and against
     SMG, with the gateway on a CPU of its own (the main row), then on shared cores; and
     the TTFT p50 goal beside SMG (the gateway apart) on this workload too."""
-    titles = {"apart": "gateway on its own CPU", "shared": "shared cores"}
+    replicas = (p.get("settings") or {}).get("replicas", 3)
+    titles = {
+        "apart": "gateway on its own CPU",
+        "shared": "shared cores",
+        "replicas": f"{replicas} gateway replicas",
+    }
     for mode, cells in (p.get("cells") or {}).items():
         exact, approx, smg = (cells.get(k) or {} for k in (EXACT, APPROXIMATE, "SMG"))
         label = f"cache pressure ({titles.get(mode, mode)})"

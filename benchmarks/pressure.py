@@ -16,7 +16,12 @@ when nothing is reused (`capacity`). The gateways, each on fresh nodes:
   HTTP worker as `benchmarks.fleetpeer` puts them (SMG speaks HTTP to its workers).
 
 First with the gateway on a CPU of its own (`cores_apart`: nodes, workers and the load
-generator on the other), the deployment's case, then on shared cores. Figures per
+generator on the other), the deployment's case, then on shared cores. Then (`replicas`)
+the approximate index, the exact one and SMG again, each as `replicas` gateways in front
+of the same nodes with the requests spread over them in turn, as a load balancer
+spreads them over a gateway's replicas; on a CPU of their own, which they share. Each
+replica's approximate index (and each SMG's tree) sees only the requests it routed; an
+exact index is the nodes' own report, the same in every replica. Figures per
 cell: `benchmarks.fleetreport.figures`, with TTFT p90 and output tokens a second (the
 answers' completion tokens over the time from the first request to the last answer),
 and TTFT p90 per stage.
@@ -32,7 +37,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +86,8 @@ class PressureSettings:
     other_rate: float = 3.0
     other_tokens: int = 2048
     other_nodes: int = 1
+    # the gateways of the `replicas` cells, the requests spread over them in turn (< 2: none)
+    replicas: int = 3
     seed: int = 45
     timeout_s: float = 300.0
 
@@ -132,6 +139,13 @@ def other(p: PressureSettings) -> Workload:
     return other_traffic(p.seed, p.other_rate, seconds, p.other_tokens)
 
 
+def spread(origin: list[tuple[int, int]], gateways: int) -> list[int]:
+    """The target of each request `merged` ordered: the workload's request i goes to
+    gateway i mod `gateways` (targets 0..gateways-1), the other traffic to target
+    `gateways` (its own gateway)."""
+    return [i % gateways if k == 0 else gateways for k, i in origin]
+
+
 def merged(
     w: Workload, o: Workload
 ) -> tuple[list[list[bytes]], list[float], list[tuple[int, int]]]:
@@ -178,17 +192,24 @@ def pressure_figures(
 
 
 def _play(
-    pool: Pool, targets: list[tuple[str, int]], w: Workload, o: Workload, p: PressureSettings
+    pool: Pool,
+    gateways: list[tuple[str, int]],
+    other_gateway: tuple[str, int],
+    w: Workload,
+    o: Workload,
+    p: PressureSettings,
 ) -> Any:
-    """The workload to `targets[0]` and the other traffic to `targets[1]`, in one open loop;
-    the records of the workload's requests, each with its index in it."""
+    """The workload spread over `gateways` (`spread`) and the other traffic to
+    `other_gateway`, in one open loop; the records of the workload's requests, each with
+    its index in it."""
     bodies, times, origin = merged(w, o)
+    n = len(gateways)
     raw = pool.run(
-        "fleet_open", p.timeout_s + 60, targets=targets, sequences=bodies, arrivals=times,
-        timeout_s=p.timeout_s, target_of=[k for k, _ in origin],
+        "fleet_open", p.timeout_s + 60, targets=[*gateways, other_gateway], sequences=bodies,
+        arrivals=times, timeout_s=p.timeout_s, target_of=spread(origin, n),
     )  # fmt: skip
-    mine = [{**r, "seq": origin[r["seq"]][1]} for r in raw["records"] if r["target"] == 0]
-    return {**raw, "records": mine, "other": [r for r in raw["records"] if r["target"] == 1]}
+    mine = [{**r, "seq": origin[r["seq"]][1]} for r in raw["records"] if r["target"] < n]
+    return {**raw, "records": mine, "other": [r for r in raw["records"] if r["target"] == n]}
 
 
 def index_kinds(port: int) -> list[str]:
@@ -227,6 +248,23 @@ def routing_counts(metrics: str) -> dict[str, int]:
     return out
 
 
+def _replica(where: Path, r: int, replicas: int) -> Path:
+    """Where replica `r` of `replicas` keeps its log (one gateway: `where` itself)."""
+    if replicas == 1:
+        return where
+    path = where / f"replica-{r}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for count in counts:
+        for key, value in count.items():
+            out[key] = out.get(key, 0) + value
+    return out
+
+
 @contextmanager
 def _apart(apart: bool, gateway: list[int], rest: list[int]) -> Iterator[bool]:
     with cores_apart(gateway, rest) if apart else nullcontext(False) as done:
@@ -234,9 +272,16 @@ def _apart(apart: bool, gateway: list[int], rest: list[int]) -> Iterator[bool]:
 
 
 def measure_cell(
-    pool: Pool, where: Path, p: PressureSettings, gateway: str, smg: Path | None, apart: bool
+    pool: Pool,
+    where: Path,
+    p: PressureSettings,
+    gateway: str,
+    smg: Path | None,
+    apart: bool,
+    replicas: int = 1,
 ) -> dict[str, Any]:
-    """The workload through one gateway on fresh nodes (and, for SMG, fresh workers)."""
+    """The workload through one gateway (`replicas` of it, the requests spread over them)
+    on fresh nodes (and, for SMG, fresh workers)."""
     where.mkdir(parents=True, exist_ok=True)
     w, o = workload(p), other(p)
     reports = gateway != "cache_aware, approximate"
@@ -253,25 +298,34 @@ def measure_cell(
             assert smg is not None
             (where / "workers").mkdir(exist_ok=True)
             nodes = [[a] for a in fleet.addresses]
-            with edges(where / "workers", nodes, "least_loaded", QUEUE_CONFIG) as workers:
+            with (
+                edges(where / "workers", nodes, "least_loaded", QUEUE_CONFIG) as workers,
+                ExitStack() as gateways,
+            ):
                 urls = [f"http://127.0.0.1:{port}" for port in workers.ports]
                 rest += [proc.pid for proc in workers.procs]
-                with smg_gateway(smg, where, urls) as (port, pid), _apart(apart, [pid], rest):
-                    c0 = cpu_s(pid)
-                    raw = _play(pool, [("127.0.0.1", port), *others.targets], w, o, p)
-                    cpu = cpu_s(pid) - c0
+                started = [
+                    gateways.enter_context(smg_gateway(smg, _replica(where, r, replicas), urls))
+                    for r in range(replicas)
+                ]
+                pids = [pid for _, pid in started]
+                with _apart(apart, pids, rest):
+                    c0 = sum(cpu_s(pid) for pid in pids)
+                    targets = [("127.0.0.1", port) for port, _ in started]
+                    raw = _play(pool, targets, others.targets[0], w, o, p)
+                    cpu = sum(cpu_s(pid) for pid in pids) - c0
         else:
             policy = gateway.split(",")[0]
             keys = "" if gateway == CAPPED else "max_runs = 0\n"
             with (
-                edges(where, [fleet.addresses], policy, QUEUE_CONFIG, keys) as gw,
+                edges(where, [fleet.addresses] * replicas, policy, QUEUE_CONFIG, keys) as gw,
                 _apart(apart, [proc.pid for proc in gw.procs], rest),
             ):
                 c0 = gw.cpu()
-                raw = _play(pool, [*gw.targets, *others.targets], w, o, p)
+                raw = _play(pool, gw.targets, others.targets[0], w, o, p)
                 cpu = gw.cpu() - c0
                 raw["index"] = index_kinds(gw.ports[0])
-                raw["routes"] = routing_outcomes(gw.ports[0])
+                raw["routes"] = _summed([routing_outcomes(port) for port in gw.ports])
         done = [r for r in raw["records"] + raw["other"] if "error" not in r]
         runs = fleet.runs_per_node(len(done))
     return {
@@ -304,12 +358,16 @@ def measure_pressure(
         },
         "smg_version": smg_version(smg) if smg is not None else None, "cells": {},
     }  # fmt: skip
-    modes = [("apart", True), ("shared", False)] if can_set_apart() else [("shared", False)]
-    for mode, apart in modes:
-        for gateway in (*GATEWAYS, CAPPED) if apart else GATEWAYS:
+    apart_ok = can_set_apart()
+    modes = [("apart", True, 1), ("shared", False, 1)] if apart_ok else [("shared", False, 1)]
+    if p.replicas > 1:
+        modes.append(("replicas", apart_ok, p.replicas))
+    for mode, apart, replicas in modes:
+        for gateway in _gateways(mode, apart):
             if gateway == "SMG" and smg is None:
                 continue
-            cell = measure_cell(pool, tmp / "pressure" / mode / gateway, p, gateway, smg, apart)
+            where = tmp / "pressure" / mode / gateway
+            cell = measure_cell(pool, where, p, gateway, smg, apart, replicas)
             out["cells"].setdefault(mode, {})[gateway] = cell
             say(
                 f"fleet: pressure ({mode}), {gateway}: hit {cell['hit_ratio']}, TTFT p50 "
@@ -318,3 +376,11 @@ def measure_pressure(
                 + (f", routed {cell['routes']}" if cell.get("routes") else "")
             )
     return out
+
+
+def _gateways(mode: str, apart: bool) -> tuple[str, ...]:
+    """The cells of `mode`: every gateway, with the edge-queue cell when apart; for
+    replicas, the two indexes and SMG."""
+    if mode == "replicas":
+        return GATEWAYS[1:]
+    return (*GATEWAYS, CAPPED) if apart else GATEWAYS

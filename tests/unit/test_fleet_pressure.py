@@ -19,6 +19,7 @@ from benchmarks.pressure import (
     other,
     pressure_figures,
     routing_counts,
+    spread,
     workload,
 )
 from benchmarks.prompts import CHARS_PER_TOKEN, arrivals
@@ -158,3 +159,15 @@ def test_a_cells_routing_outcomes_are_read_from_the_edges_counter() -> None:
     text = generate_latest(metrics.registry).decode()
     assert routing_counts(text) == {"hit": 2, "miss": 1}
     assert routing_counts("") == {}
+
+
+def test_the_workload_is_spread_over_the_replicas_in_turn_the_other_traffic_apart() -> None:
+    """With `replicas` gateways, the workload's request i goes to gateway i mod replicas
+    whatever other traffic comes between; the other traffic to the target after them."""
+    p = dataclasses.replace(QUICK, replicas=3)
+    _, _, origin = merged(workload(p), other(p))
+    targets = spread(origin, p.replicas)
+    for (kind, i), target in zip(origin, targets, strict=True):
+        assert target == (i % 3 if kind == 0 else 3)
+    assert {t for t in targets if t < 3} == {0, 1, 2}
+    assert spread(origin, 1) == [kind for kind, _ in origin]

@@ -92,3 +92,31 @@ def test_cache_pressure_goals_compare_the_exact_index_with_the_approximate_one_a
     )
     text = "\n".join(render_pressure(pressure))
     assert text.count("| 0.950   |") == 6
+
+
+def test_the_replicas_cells_have_a_table_and_goal_rows_of_their_own() -> None:
+    """The cells with each gateway replicated (`replicas`) are a table of their own, titled
+    with the count, and each cache-pressure goal is a row of theirs too."""
+    cell = {**_cell(0.85), "ttft_p90_ms": 400.0, "output_tok_per_s": 990.0}
+    smg = {**_cell(0.5), "ttft_p90_ms": 3600.0, "output_tok_per_s": 930.0}
+    pressure = {
+        "settings": {"stages": [[10.0, 6.0]], "stage_s": 6.0, "groups": 32,
+                     "prefix_tokens": 2048, "nodes": 4, "kv_tokens": 22464,
+                     "question_words": 32, "prefill_us_per_token": 200.0,
+                     "decode_tokens_per_s": 64.0, "max_runs": 8, "other_rate": 3.0,
+                     "other_tokens": 2048, "other_nodes": 1, "replicas": 3},
+        "workload": {"requests": 60, "prefix_share": 0.73, "ceiling": 0.95,
+                     "capacity_no_reuse": 32.2, "capacity_at_ceiling": 52.9},
+        "cells": {"replicas": {"cache_aware, exact": cell, "SMG": smg}},
+    }  # fmt: skip
+    rows = {goal: (measured, met) for goal, measured, met in goal_rows({"pressure": pressure})}
+    assert rows["cache pressure (3 gateway replicas): hit ratio, exact / SMG >= 1.2"] == (
+        "1.7x",
+        "yes",
+    )
+    assert rows["cache pressure (3 gateway replicas): TTFT p90, exact / SMG <= 1/5"] == (
+        "0.111x",
+        "yes",
+    )
+    text = "\n".join(render_pressure(pressure))
+    assert "cache pressure, 3 replicas of each gateway, the requests spread over them" in text
