@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=lambda text: tuple(x.strip() for x in text.split(",") if x.strip()),
         default=None,
         help="--fleet with these workloads only, comma-separated: shared, sessions, hot, "
-        "random, pressure (the cache-pressure workload: ~6 minutes with SMG)",
+        "random, pressure (the cache-pressure workload: ~7 minutes with SMG)",
     )
     p.add_argument(
         "--tenants",
