@@ -13,10 +13,12 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -154,14 +156,23 @@ async def edge_process(
     """`iop-edge --config <tmp>/<name>.toml --log-format FMT`, serving, killed on exit.
 
     `fd_limit`: the child's file-descriptor limit, soft and hard (default: inherited).
+    The edge's temporary folders (its run's, its response store's) go in a folder of
+    its own, removed after it (TMPDIR, unless `env` names one): killed, the edge cannot
+    remove them itself. A short path in the system's temporary folder, as the edge's
+    own would be: a Unix socket's path is bounded (108 bytes).
     """
     config = tmp / f"{name}.toml"
     config.write_text(config_toml)
-    process = _spawn(
-        [*_script("iop-edge"), "--config", str(config), "--log-format", log_format],
-        {**os.environ, **(env or {})},
-        fd_limit,
-    )
+    scratch = tempfile.mkdtemp(prefix="iop-test-")
+    try:
+        process = _spawn(
+            [*_script("iop-edge"), "--config", str(config), "--log-format", log_format],
+            {**os.environ, "TMPDIR": scratch, **(env or {})},
+            fd_limit,
+        )
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     edge = EdgeProcess(process)
     edge.resume_reading()
     edge._reader = threading.Thread(target=edge._read, daemon=True)
@@ -182,6 +193,7 @@ async def edge_process(
         edge._reader.join(10)  # EOF once the process is gone; then the pipe can close
         assert process.stderr is not None
         process.stderr.close()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def start_sim_on(port: int, runs_log: Path, *args: str) -> subprocess.Popen[str]:
