@@ -217,11 +217,13 @@ async def test_timeouts_close_every_upstream_request(
     nursery: trio.Nursery, generator: Generator, node_address: str
 ) -> None:
     """A run that reaches the edge's total time ends as a timeout for its client, and
-    its upstream request is closed (the node stops it as for a disconnect)."""
+    its upstream request is closed (the node stops it as for a disconnect). The clients
+    read until the edge ends the answer: on a loaded machine the total time may come
+    before the first chunk."""
     running = await start_edge(nursery, _config(node_address, total_s=0.3))
     async with trio.open_nursery() as clients:
         for _ in range(8):
-            clients.start_soon(_stream_then_leave, running.url, 1)
+            clients.start_soon(_stream_then_leave, running.url, None)
     await running.wait_idle()
     await _upstream_idle(generator)
     statuses = {outcome.status for _, outcome in running.outcomes}
