@@ -21,7 +21,8 @@ from edge.fleet.pool import NodePool
 from edge.fleet.run import Run
 from edge.fleet.runs import RunPlan, Runs
 from edge.node.bridge import EventBuffer
-from edge.node.client import NodeDescription, RunHandle
+from edge.node.client import GrpcNodeClient, NodeDescription, RunHandle
+from edge.node.grpc import NodeSocket
 from edge.node.wire import EncodedRunRequest, PreparedRunRequest
 from edge.observe.metrics import EdgeMetrics
 from edge.stream.session import SessionSettings, StreamSession
@@ -123,3 +124,29 @@ class RunKit:
         session = StreamSession(settings or SessionSettings(run_id="r1"))
         run = self.runs.open(node, nursery, plan, session)
         return await run.__aenter__()
+
+
+class PlayedClient(GrpcNodeClient):
+    """The product's gRPC node client, its node side played in this process: `play` runs
+    each run's node side in the run's read task (into its event buffer), and CancelRuns
+    are counted per run (by its handle's id) instead of sent."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, NodeSocket.tcp("127.0.0.1", 1))
+        self.cancels: dict[int, int] = {}
+
+    async def play(self, events: EventBuffer) -> None:
+        raise NotImplementedError
+
+    async def read_events(
+        self,
+        handle: RunHandle,
+        request: object,
+        events: EventBuffer,
+        metadata: Mapping[str, str] | None,
+    ) -> None:
+        await self.play(events)
+
+    async def cancel_on_node(self, handle: RunHandle) -> None:
+        assert not handle.finished, "a CancelRun for a run the node ended"
+        self.cancels[id(handle)] = self.cancels.get(id(handle), 0) + 1

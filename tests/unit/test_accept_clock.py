@@ -4,38 +4,30 @@ mark on the run's event buffer, not an item: the starter is woken by ACCEPTED al
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pytest
 import trio
 import trio.testing
 
 from edge.errors import NodeTimeoutError
 from edge.node.bridge import EventBuffer
-from edge.node.client import GrpcNodeClient, RunHandle
-from edge.node.grpc import Accepted, NodeSocket
+from edge.node.client import RunHandle
+from edge.node.grpc import Accepted
 from edge.node.wire import PreparedRunRequest
+from tests.unit.runkit import PlayedClient
 
 ACCEPT_S = 1.0
 
 
-class SlowNode(GrpcNodeClient):
+class SlowNode(PlayedClient):
     """A node that takes `write_s` to have the RunRequest written (None: never) and then
     `accept_s` to accept it (None: never)."""
 
     def __init__(self, write_s: float | None, accept_s: float | None) -> None:
-        super().__init__("slow", NodeSocket.tcp("127.0.0.1", 1))
+        super().__init__("slow")
         self.write_s = write_s
         self.accept_s = accept_s
-        self.cancels = 0
 
-    async def read_events(
-        self,
-        handle: RunHandle,
-        request: object,
-        events: EventBuffer,
-        metadata: Mapping[str, str] | None,
-    ) -> None:
+    async def play(self, events: EventBuffer) -> None:
         if self.write_s is None:
             await trio.sleep_forever()
         await trio.sleep(self.write_s)
@@ -45,9 +37,6 @@ class SlowNode(GrpcNodeClient):
         await trio.sleep(self.accept_s)
         assert events.put_nowait(Accepted("i"))
         await trio.sleep_forever()
-
-    async def cancel_on_node(self, handle: RunHandle) -> None:
-        self.cancels += 1
 
 
 async def _start(node: SlowNode) -> RunHandle | NodeTimeoutError:
@@ -73,9 +62,11 @@ async def test_a_run_written_late_has_accept_s_from_its_write(
 ) -> None:
     """Written at any time within `accept_s`, a run accepted within `accept_s` of its
     write starts, though the two add up past `accept_s`."""
-    handle = await _start(SlowNode(write_s, accept_s))
+    node = SlowNode(write_s, accept_s)
+    handle = await _start(node)
     assert isinstance(handle, RunHandle)
     assert handle.instance == "i"
+    assert list(node.cancels.values()) == [1]  # ended by the test: cancelled on the node once
 
 
 @pytest.mark.parametrize(
@@ -95,7 +86,8 @@ async def test_a_run_not_written_or_not_accepted_in_time_fails_saying_which(
 ) -> None:
     """Not written within `accept_s`: "could not be sent", `sent` False (another attempt
     may go to the node). Written, then not accepted within `accept_s` of the write:
-    "did not accept", `sent` True. The run is over either way, its wait bounded."""
+    "did not accept", `sent` True. Either way the wait is bounded and the run is over
+    when the start raises, cancelled on the node once."""
     node = SlowNode(write_s, accept_s)
     start = trio.current_time()
     raised = await _start(node)
@@ -104,3 +96,4 @@ async def test_a_run_not_written_or_not_accepted_in_time_fails_saying_which(
     assert raised.sent is sent
     waited = trio.current_time() - start
     assert waited == pytest.approx((write_s or 0.0) + ACCEPT_S, abs=0.01)
+    assert list(node.cancels.values()) == [1]

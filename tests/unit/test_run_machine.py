@@ -20,7 +20,6 @@ Whatever the order, after the request:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import trio
@@ -38,13 +37,14 @@ from edge.fleet.phase import Phase
 from edge.fleet.pool import NodePool
 from edge.fleet.runs import Runs
 from edge.node.bridge import EventBuffer
-from edge.node.client import GrpcNodeClient, NodeDescription, RunHandle
-from edge.node.grpc import Accepted, NodeSocket
+from edge.node.client import NodeDescription
+from edge.node.grpc import Accepted
 from edge.node.wire import PreparedRunRequest
 from edge.observe.metrics import EdgeMetrics
 from edge.stream.events import Complete, Delta, Failed, NodeEvent, ReasoningDelta, Usage
 from edge.stream.output import ErrorOut, FinishOut, OutEvent
 from edge.stream.session import SessionSettings, StreamSession
+from tests.unit.runkit import PlayedClient
 
 TIMEOUTS = TimeoutsConfig(first_event_s=5, idle_s=4, total_s=30)
 
@@ -75,21 +75,14 @@ class Client:
 _clients = st.builds(Client, st.sampled_from(["read", "leave", "drain"]), st.integers(0, 4))
 
 
-class ScriptNode(GrpcNodeClient):
+class ScriptNode(PlayedClient):
     """The product's gRPC node client, its node side playing `script` for every run."""
 
     def __init__(self, name: str, script: list[Step]) -> None:
-        super().__init__(name, NodeSocket.tcp("127.0.0.1", 1))
+        super().__init__(name)
         self.script = script
-        self.cancels: dict[int, int] = {}  # CancelRuns per run (by its handle's id)
 
-    async def read_events(
-        self,
-        handle: RunHandle,
-        request: object,
-        events: EventBuffer,
-        metadata: Mapping[str, str] | None,
-    ) -> None:
+    async def play(self, events: EventBuffer) -> None:
         events.mark_sent()
         await _put(events, Accepted(""))
         for step in self.script:
@@ -105,10 +98,6 @@ class ScriptNode(GrpcNodeClient):
             if isinstance(step, (Complete, Failed)):
                 return
         raise NodeFailedError(f"node {self.name}: the run ended without a terminal event")
-
-    async def cancel_on_node(self, handle: RunHandle) -> None:
-        assert not handle.finished, "a CancelRun for a run the node ended"
-        self.cancels[id(handle)] = self.cancels.get(id(handle), 0) + 1
 
 
 async def _put(events: EventBuffer, item: object) -> None:
