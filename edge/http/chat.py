@@ -223,17 +223,15 @@ class ChatService:
             # A key's cached prompt prefixes are its own unless it shares them.
             cache_scope = gate.key.cache_scope if gate is not None and gate.key is not None else ""
             large = len(body) + (resolved.nbytes if resolved is not None else 0)
+            prepare = partial(
+                self.prepare, api, body, run_id, scope.trace, config, resolved, cache_scope
+            )
             prepared: Prepared
             if large <= INLINE_BYTES:
-                prepared = self.prepare(
-                    api, body, run_id, scope.trace, config, resolved, cache_scope
-                )
+                prepared = prepare()
             else:
                 with self.gil.large(large):
-                    prepared = await trio.to_thread.run_sync(
-                        self.prepare, api, body, run_id, scope.trace, config, resolved,
-                        cache_scope, limiter=self.parsing,
-                    )  # fmt: skip
+                    prepared = await trio.to_thread.run_sync(prepare, limiter=self.parsing)
         finally:
             for peak in peaks:
                 peak()
