@@ -36,6 +36,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -257,14 +258,6 @@ def _replica(where: Path, r: int, replicas: int) -> Path:
     return path
 
 
-def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for count in counts:
-        for key, value in count.items():
-            out[key] = out.get(key, 0) + value
-    return out
-
-
 @contextmanager
 def _apart(apart: bool, gateway: list[int], rest: list[int]) -> Iterator[bool]:
     with cores_apart(gateway, rest) if apart else nullcontext(False) as done:
@@ -325,7 +318,8 @@ def measure_cell(
                 raw = _play(pool, gw.targets, others.targets[0], w, o, p)
                 cpu = gw.cpu() - c0
                 raw["index"] = index_kinds(gw.ports[0])
-                raw["routes"] = _summed([routing_outcomes(port) for port in gw.ports])
+                routes = sum((Counter(routing_outcomes(port)) for port in gw.ports), Counter())
+                raw["routes"] = dict(routes)
         done = [r for r in raw["records"] + raw["other"] if "error" not in r]
         runs = fleet.runs_per_node(len(done))
     return {
