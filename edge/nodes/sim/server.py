@@ -396,10 +396,11 @@ class SimNode(NodeService):
         return delta_tokens(event.delta)
 
     def _decoded(self, lease: Lease | None, tokens: int) -> None:
-        """The run of `lease` sent a delta of `tokens` (`_held_tokens`): they count in the
-        blocks it holds."""
-        cache = self.cache
-        if tokens and lease is not None and cache is not None and cache.decoded(lease, tokens):
+        """The run of `lease` sent a delta of `tokens` (`_held_tokens`, not 0: so there is
+        a lease and a cache model): they count in the blocks it holds."""
+        assert lease is not None
+        assert self.cache is not None
+        if self.cache.decoded(lease, tokens):
             self.state_changed()
 
     async def _send(
@@ -415,7 +416,8 @@ class SimNode(NodeService):
             if paced:
                 await pace.wait(event.delta)
             await send(payload)
-            self._decoded(lease, tokens)
+            if tokens:
+                self._decoded(lease, tokens)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 # send_message does not yield while the window is open: never
                 # starve other RPCs (CancelRun among them).
